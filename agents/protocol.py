@@ -1,0 +1,340 @@
+"""The agent -> service wire contract, version 1 (DESIGN.md §3), as msgspec Structs.
+
+This module is the single definition of the contract: ingest validates against it and the
+agent's tests check what the agent sends against it. It depends on msgspec only, never on
+the service. The agent's runtime modules build plain dicts and do not import it, so a GPU
+node runs the agent with the standard library alone.
+
+Renaming or removing a field is a versioned change (/api/v2); adding an optional field is not.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+PROTOCOL_VERSION = 1
+
+# Limits that keep one batch bounded; ingest answers 400/413 beyond them.
+MAX_RECORDS_PER_BATCH = 5000
+MAX_BATCH_BYTES = 8 * 1024 * 1024
+MAX_COLLECTIVE_ENTRIES = 512
+MAX_SHARDS = 4096
+
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+UtcTime = Annotated[datetime, Meta(tz=True)]
+Name = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@/\-]+$")]
+Code = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:\-]+$")]
+Short = Annotated[str, Meta(max_length=256)]
+GpuId = Annotated[str, Meta(min_length=1, max_length=96)]
+Count = Annotated[int, Meta(ge=0)]
+Rank = Annotated[int, Meta(ge=0, le=1_000_000)]
+Generation = Annotated[int, Meta(ge=0)]
+Pct = Annotated[float, Meta(ge=0, le=100)]
+NonNeg = Annotated[float, Meta(ge=0)]
+# JSON has no NaN: non-finite floats travel as these strings and are kept (a NaN loss is
+# the very fault the console exists to catch).
+Real = float | Literal["NaN", "Infinity", "-Infinity"]
+
+GroupState = Literal[
+    "initializing",
+    "running",
+    "quiescing",
+    "checkpointing",
+    "recovering",
+    "completed",
+    "failed",
+    "stopped",
+]
+GROUP_STATES: tuple[str, ...] = GroupState.__args__  # type: ignore[attr-defined]
+
+
+class _Record(Struct, forbid_unknown_fields=True, tag_field="kind", omit_defaults=True):
+    ts: UtcTime
+
+
+class Heartbeat(_Record, tag="heartbeat"):
+    uptime_s: NonNeg = 0.0
+    spool_depth: Count = 0
+    dropped: Count = 0
+
+
+class DeviceSample(_Record, tag="device_sample"):
+    gpu: GpuId
+    index: Annotated[int, Meta(ge=0, le=1024)]
+    temp_c: Annotated[float, Meta(ge=-50, le=200)] | None = None
+    power_w: Annotated[float, Meta(ge=0, le=10_000)] | None = None
+    sm_clock_mhz: NonNeg | None = None
+    mem_clock_mhz: NonNeg | None = None
+    util_pct: Pct | None = None
+    mem_used_bytes: Count | None = None
+    ecc_sbe: Count | None = None
+    ecc_dbe: Count | None = None
+    retired_or_remapped_pending: Count | None = None
+    throttle_reasons: Annotated[list[Code], Meta(max_length=32)] = []
+    nvlink_errors: Count | None = None
+    pcie_replays: Count | None = None
+
+
+class DeviceEvent(_Record, tag="device_event"):
+    gpu: GpuId
+    event: Code
+    code: int | None = None
+    detail: Short | None = None
+
+
+class Process(_Record, tag="process"):
+    group: Name
+    generation: Generation
+    rank: Rank
+    event: Literal["started", "exited"]
+    pid: Count | None = None
+    gpu: GpuId | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: Code | None = None
+    error_type: Annotated[str, Meta(max_length=128)] | None = None
+
+
+class Phases(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    compute: NonNeg | None = None
+    collective: NonNeg | None = None
+    input: NonNeg | None = None
+    checkpoint: NonNeg | None = None
+    optimizer: NonNeg | None = None
+
+
+class Step(_Record, tag="step"):
+    group: Name
+    generation: Generation
+    rank: Rank
+    step: Count
+    tokens: Count = 0
+    data_cursor: Count | None = None
+    duration_ms: NonNeg | None = None
+    phases: Phases | None = None
+    loss: Real | None = None
+    grad_norm: Real | None = None
+    loss_scale: Real | None = None
+    overflow: bool | None = None
+
+
+class CollectiveEntry(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    seq: Count
+    op: Code
+    pg: Annotated[str, Meta(max_length=64)] = "default"
+    numel: Count | None = None
+    dtype: Code | None = None
+    state: Literal["scheduled", "started", "completed"] = "scheduled"
+    started_ts: UtcTime | None = None
+
+
+class Collective(_Record, tag="collective"):
+    group: Name
+    generation: Generation
+    rank: Rank
+    entries: Annotated[list[CollectiveEntry], Meta(max_length=MAX_COLLECTIVE_ENTRIES)]
+
+
+class Shard(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    path: Annotated[str, Meta(min_length=1, max_length=512)]
+    bytes: Count | None = None
+    sha256: Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")] | None = None
+
+
+class Manifest(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    shards: Annotated[list[Shard], Meta(max_length=MAX_SHARDS)] = []
+    total_bytes: Count | None = None
+    format: Code | None = None
+
+
+class Checkpoint(_Record, tag="checkpoint"):
+    group: Name
+    generation: Generation
+    checkpoint_id: Name
+    phase: Literal["staging", "written", "committed", "verified", "corrupt", "modified"]
+    step: Count | None = None
+    manifest: Manifest | None = None
+    duration_ms: NonNeg | None = None
+    detail: Short | None = None
+
+
+class Topology(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    dp: Annotated[int, Meta(ge=1)] = 1
+    tp: Annotated[int, Meta(ge=1)] = 1
+    pp: Annotated[int, Meta(ge=1)] = 1
+    ep: Annotated[int, Meta(ge=1)] = 1
+
+
+class Transition(_Record, tag="transition"):
+    group: Name
+    generation: Generation
+    to_state: GroupState
+    from_state: GroupState | None = None
+    reason: Code | None = None
+    restart_count: Count | None = None
+    world_size: Count | None = None
+    topology: Topology | None = None
+    data_cursor: Count | None = None
+    model_version: Name | None = None
+
+
+class ServingWindowStats(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    seconds: Annotated[float, Meta(gt=0, le=3600)]
+    requests: Count = 0
+    slo_met: Count = 0
+    ttft_ms_p50: NonNeg | None = None
+    ttft_ms_p99: NonNeg | None = None
+    tpot_ms_p50: NonNeg | None = None
+    tpot_ms_p99: NonNeg | None = None
+    e2e_ms_p99: NonNeg | None = None
+    queued: Count = 0
+    active: Count = 0
+    preempted: Count = 0
+    cancelled: Count = 0
+    kv_used_pct: Pct | None = None
+    prefix_hit_pct: Pct | None = None
+    evictions: Count = 0
+    oom: Count = 0
+    timeouts: Count = 0
+    retries: Count = 0
+    duplicate_tokens: Count = 0
+
+
+class Serving(_Record, tag="serving"):
+    group: Name
+    worker: Name
+    window: ServingWindowStats
+    model_version: Name | None = None
+    adapter_version: Name | None = None
+    kv_schema: Name | None = None
+    ready: bool = False
+    draining: bool = False
+    generation: Generation = 0
+
+
+Record = (
+    Heartbeat
+    | DeviceSample
+    | DeviceEvent
+    | Process
+    | Step
+    | Collective
+    | Checkpoint
+    | Transition
+    | Serving
+)
+RECORD_KINDS: tuple[str, ...] = tuple(
+    t.__struct_config__.tag  # type: ignore[attr-defined]
+    for t in (
+        Heartbeat,
+        DeviceSample,
+        DeviceEvent,
+        Process,
+        Step,
+        Collective,
+        Checkpoint,
+        Transition,
+        Serving,
+    )
+)
+
+
+class AgentInfo(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    id: Annotated[str, Meta(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9\-]+$")]
+    node: Name
+    version: Annotated[str, Meta(max_length=32)] = "unknown"
+    boot_id: Annotated[str, Meta(max_length=64)] | None = None
+
+
+class Batch(Struct, forbid_unknown_fields=True):
+    agent: AgentInfo
+    seq: Annotated[int, Meta(ge=0)]
+    sent_at: UtcTime
+    records: Annotated[list[Record], Meta(max_length=MAX_RECORDS_PER_BATCH)]
+
+
+class ContractError(ValueError):
+    """A batch that breaks the contract; `message` names the record, field, value and fix."""
+
+    def __init__(self, message: str, *, index: int | None = None, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.index = index
+        self.field = field
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"error": self.message, "record": self.index, "field": self.field}
+
+
+_decoder = msgspec.json.Decoder(Batch)
+_PATH = re.compile(r"`\$\.(?P<path>[^`]+)`")
+_RECORD_PATH = re.compile(r"^records\[(?P<index>\d+)\]\.?(?P<field>.*)$")
+
+
+def decode_batch(body: bytes) -> Batch:
+    """Decode and validate one batch; raise ContractError that a human can act on."""
+    try:
+        return _decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise _explain(str(exc), body) from None
+    except msgspec.DecodeError as exc:
+        raise ContractError(f"body is not valid JSON: {exc}") from None
+
+
+def encode_batch(batch: Batch) -> bytes:
+    return msgspec.json.encode(batch)
+
+
+def to_float(value: float | str | None) -> float | None:
+    """Turn a contract number (maybe "NaN"/"Infinity") into a Python float."""
+    if value is None or isinstance(value, float | int):
+        return value  # type: ignore[return-value]
+    return NON_FINITE[value]
+
+
+def _explain(raw: str, body: bytes) -> ContractError:
+    match = _PATH.search(raw)
+    reason = _PATH.sub("", raw)
+    reason = re.sub(r"\s*-\s*at\s*$", "", reason).strip()
+    reason = re.sub(r"^Expected `([^`]+)`, got `[^`]+`$", r"expected \1", reason)
+    if not match:
+        return ContractError(f"batch: {reason}")
+    path = match.group("path")
+    rec = _RECORD_PATH.match(path)
+    if rec is None:
+        return ContractError(f'batch field "{path}": {reason}', field=path)
+    index = int(rec.group("index"))
+    field = rec.group("field")
+    unknown = re.match(r"^Object contains unknown field `([^`]+)`$", reason)
+    if unknown:
+        name = f"{field}.{unknown.group(1)}" if field else unknown.group(1)
+        return ContractError(
+            f'record {index}: field "{name}" is not part of contract v1 (remove it)',
+            index=index,
+            field=name,
+        )
+    field = field or "kind"
+    value = _lookup(body, index, field)
+    got = f", got {value}" if value is not None else ""
+    return ContractError(
+        f'record {index}: field "{field}": {reason}{got}', index=index, field=field
+    )
+
+
+def _lookup(body: bytes, index: int, field: str) -> str | None:
+    """Best-effort: fetch the offending raw value for the error message (error path only)."""
+    try:
+        node: Any = msgspec.json.decode(body)["records"][index]
+        for part in re.findall(r"[^.\[\]]+", field):
+            node = node[int(part)] if isinstance(node, list) else node[part]
+    except (msgspec.DecodeError, KeyError, IndexError, TypeError, ValueError):
+        return None
+    text = msgspec.json.encode(node).decode()
+    return text if len(text) <= 80 else text[:77] + "..."

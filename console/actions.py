@@ -1,0 +1,219 @@
+"""The one write path for console state: node health, diagnosis results, incidents.
+
+Every function is keyword-only, atomic, and publishes live events only after commit.
+(Remediation actions and approvals live in console.remediation, the same way.)
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+
+from console import events, live
+from console.choices import IncidentState, Role
+from console.models import Alert, ConsistencyGroup, Incident, Node
+
+log = logging.getLogger(__name__)
+
+# An incident resolves once its root cause has been absent this long (flap damping), and a
+# root cause that comes back within REOPEN_WITHIN of its resolve reopens the same incident.
+SETTLE = timedelta(seconds=15)
+REOPEN_WITHIN = timedelta(minutes=10)
+
+
+def _on_commit_publish(channel: str, kind: str, data: Any) -> None:
+    transaction.on_commit(lambda: live.publish(channel, kind, data))
+
+
+@transaction.atomic
+def set_node_health(*, name: str, health: str, actor: Any | None) -> None:
+    updated = Node.objects.filter(name=name).exclude(health=health).update(health=health)
+    if updated:
+        from console.queries import node_payloads
+
+        def publish() -> None:
+            for payload in node_payloads(names=[name]):
+                live.publish(events.FLEET, "node.changed", payload)
+
+        transaction.on_commit(publish)
+
+
+def incident_payload(incident: Incident) -> dict[str, Any]:
+    return {
+        "id": incident.pk,
+        "group": incident.group.name if incident.group else None,
+        "generation": incident.generation,
+        "state": incident.state,
+        "kind": incident.kind,
+        "subject": incident.subject,
+        "role": incident.role,
+        "severity": incident.severity,
+        "summary": incident.summary,
+        "symptom_count": incident.symptom_count,
+        "opened_at": incident.opened_at.isoformat(),
+        "resolved_at": incident.resolved_at.isoformat() if incident.resolved_at else None,
+        "recovery": incident.recovery,
+        "version": incident.version,
+    }
+
+
+@transaction.atomic
+def record_diagnosis(*, group_name: str, diagnosis: Any, now: datetime) -> list[int]:
+    """Fold findings into incidents: one per root cause (or undetermined cluster).
+
+    Returns the ids of incidents opened or changed. Re-running with the same findings
+    changes nothing (idempotent under Celery redelivery).
+    """
+    group = ConsistencyGroup.objects.select_for_update().get(name=group_name)
+    findings = [f.to_dict() for f in diagnosis.findings]
+    by_id = {f["id"]: f for f in findings}
+    heads = [f for f in findings if f["role"] in (Role.ROOT_CAUSE, Role.UNDETERMINED)]
+    followers: dict[str, list[dict[str, Any]]] = {h["id"]: [] for h in heads}
+    undetermined_head = next((h for h in heads if h["role"] == Role.UNDETERMINED), None)
+    for f in findings:
+        if f["role"] != Role.SYMPTOM:
+            continue
+        parent = next((c for c in f["caused_by"] if c in followers), None)
+        if parent is None and undetermined_head is not None:
+            parent = undetermined_head["id"]
+        if parent is not None:
+            followers[parent].append(f)
+
+    changed: list[int] = []
+    live_fps: set[str] = set()
+    for head in heads:
+        live_fps.add(head["fingerprint"])
+        incident, was_changed = _upsert_incident(group, head, followers[head["id"]], now)
+        if was_changed:
+            changed.append(incident.pk)
+    for incident in group.incidents.exclude(state=IncidentState.RESOLVED).exclude(
+        fingerprint__in=live_fps
+    ):
+        if _settle(incident, now):
+            changed.append(incident.pk)
+
+    group.summary = {
+        **group.summary,
+        **_summary(diagnosis),
+        "diagnosed_at": now.isoformat(),
+        "finding_count": len(by_id),
+    }
+    group.save(update_fields=["summary"])
+    if changed:
+        payloads = [
+            incident_payload(i)
+            for i in Incident.objects.filter(pk__in=changed).select_related("group")
+        ]
+        for payload in payloads:
+            _on_commit_publish(events.group_channel(group.name), "incident.changed", payload)
+            _on_commit_publish(events.FLEET, "incident.changed", payload)
+    _on_commit_publish(events.group_channel(group.name), "group.changed", {"name": group.name})
+    return changed
+
+
+def _summary(diagnosis: Any) -> dict[str, Any]:
+    to_dict = getattr(diagnosis, "summary_dict", None)
+    return to_dict() if callable(to_dict) else {}
+
+
+def _upsert_incident(
+    group: ConsistencyGroup, head: dict[str, Any], symptoms: list[dict[str, Any]], now: datetime
+) -> tuple[Incident, bool]:
+    fp = head["fingerprint"]
+    incident = (
+        Incident.objects.select_for_update()
+        .filter(group=group, fingerprint=fp)
+        .filter(Q(resolved_at=None) | Q(resolved_at__gte=now - REOPEN_WITHIN))
+        .order_by("-opened_at")
+        .first()
+    )
+    created = incident is None
+    if incident is None:
+        incident = Incident(
+            group=group,
+            generation=group.generation,
+            fingerprint=fp,
+            opened_at=now,
+            timeline={"first_evidence": head["first_seen"], "detected": now.isoformat()},
+        )
+    before = (incident.state, incident.symptom_count, incident.severity, incident.clear_since)
+    if incident.state == IncidentState.RESOLVED:
+        incident.state = IncidentState.OPEN
+        incident.resolved_at = None
+        incident.timeline = {**incident.timeline, "reopened": now.isoformat()}
+    incident.kind, incident.subject = head["kind"], head["subject"]
+    incident.role, incident.severity = head["role"], head["severity"]
+    incident.summary = head["summary"][:512]
+    incident.root_cause = head
+    incident.recovery = head.get("recovery") or {}
+    incident.symptom_count = len(symptoms)
+    incident.clear_since = None
+    after = (incident.state, incident.symptom_count, incident.severity, incident.clear_since)
+    changed = created or before != after
+    if changed:
+        incident.version += 0 if created else 1
+    try:
+        with transaction.atomic():
+            incident.save()
+    except IntegrityError:
+        # Another worker opened it first: the partial unique index decided; update theirs.
+        incident = Incident.objects.get(group=group, fingerprint=fp, resolved_at=None)
+        changed = False
+    _sync_alerts(incident, [head, *symptoms], now)
+    return incident, changed
+
+
+def _sync_alerts(incident: Incident, findings: list[dict[str, Any]], now: datetime) -> None:
+    existing = {a.finding_id: a for a in incident.alerts.all()}
+    seen = set()
+    new, updated = [], []
+    for f in findings:
+        seen.add(f["id"])
+        alert = existing.get(f["id"])
+        if alert is None:
+            new.append(
+                Alert(
+                    incident=incident,
+                    finding_id=f["id"],
+                    kind=f["kind"],
+                    subject=f["subject"],
+                    role=f["role"],
+                    severity=f["severity"],
+                    summary=f["summary"][:512],
+                    caused_by=f["caused_by"],
+                    evidence=f["evidence"],
+                    first_seen=f["first_seen"],
+                    last_seen=f["last_seen"],
+                )
+            )
+        elif not alert.active or alert.last_seen.isoformat() != f["last_seen"]:
+            alert.active, alert.last_seen, alert.evidence = True, f["last_seen"], f["evidence"]
+            updated.append(alert)
+    for fid, alert in existing.items():
+        if fid not in seen and alert.active:
+            alert.active = False
+            updated.append(alert)
+    Alert.objects.bulk_create(new, ignore_conflicts=True)
+    if updated:
+        Alert.objects.bulk_update(updated, ["active", "last_seen", "evidence"])
+
+
+def _settle(incident: Incident, now: datetime) -> bool:
+    """The root cause is gone: start the settle clock, resolve once it has run out."""
+    if incident.clear_since is None:
+        incident.clear_since = now
+        incident.save(update_fields=["clear_since", "updated_at"])
+        return False
+    if now - incident.clear_since < SETTLE:
+        return False
+    incident.state = IncidentState.RESOLVED
+    incident.resolved_at = now
+    incident.version += 1
+    incident.timeline = {**incident.timeline, "resolved": now.isoformat()}
+    incident.save(update_fields=["state", "resolved_at", "version", "timeline", "updated_at"])
+    incident.alerts.filter(active=True).update(active=False)
+    return True

@@ -1,0 +1,63 @@
+"""After-commit hand-off from ingest: live websocket updates and debounced diagnosis.
+
+Both are best-effort by design: if Redis is down the batch is already stored, the page shows
+its "live connection lost" banner, and the periodic sweep diagnoses the touched groups once
+the broker is back. Nothing here may raise into the ingest response.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.core.cache import cache
+
+from console import events, queries
+
+log = logging.getLogger(__name__)
+
+
+def publish(channel: str, kind: str, data: Any) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(
+            channel, {"type": "push", "event": events.make_event(kind, data)}
+        )
+    except Exception:  # live updates must never break a write
+        log.warning("live: could not publish %s to %s", kind, channel, exc_info=True)
+
+
+def after_ingest(*, groups: list[str], nodes: list[str]) -> None:
+    for node in queries.node_payloads(names=nodes):
+        publish(events.FLEET, "node.changed", node)
+    for name in groups:
+        schedule_diagnosis(name)
+
+
+def schedule_diagnosis(group: str) -> None:
+    """Debounce: at most one pending diagnosis per group per debounce window."""
+    from console.tasks import diagnose_group
+
+    delay_ms = settings.DIAGNOSIS_DEBOUNCE_MS
+    try:
+        # The task deletes this key when it starts, so a batch arriving during a run
+        # schedules the next one; the timeout only guards against a lost task.
+        if not cache.add(pending_key(group), 1, timeout=30):
+            return
+        diagnose_group.apply_async(args=[group], countdown=delay_ms / 1000)
+    except Exception:  # broker down: the sweep catches up
+        log.warning("live: could not schedule diagnosis of %s", group, exc_info=True)
+
+
+def pending_key(group: str) -> str:
+    return f"diag-pending:{group}"
+
+
+def actions_for_node(node: Any) -> list[dict[str, Any]]:
+    """Approved actions for this node ride back on the ingest response."""
+    return queries.dispatchable_actions(node)

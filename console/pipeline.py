@@ -1,0 +1,58 @@
+"""The diagnosis pipeline: database rows -> snapshot -> pure engine -> incidents.
+
+Reads go through console.snapshots, writes through console.actions; this module only
+sequences them and decides which groups a sweep should look at.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Q
+
+from console import actions
+from console.choices import Health
+from console.models import ConsistencyGroup, Node
+
+NODE_SILENT_AFTER = timedelta(seconds=10)
+
+
+def diagnose(*, group_name: str, now: datetime) -> None:
+    from console import snapshots
+    from console.diagnosis import diagnose as run_engine
+
+    snapshot = snapshots.load(group_name=group_name, now=now)
+    if snapshot is None:
+        return
+    result = run_engine(snapshot, now)
+    actions.record_diagnosis(group_name=group_name, diagnosis=result, now=now)
+
+
+def mark_silent_nodes(*, now: datetime) -> list[str]:
+    cutoff = now - NODE_SILENT_AFTER
+    silent = list(
+        Node.objects.filter(last_seen__lt=cutoff)
+        .exclude(health=Health.DOWN)
+        .values_list("name", flat=True)
+    )
+    for name in silent:
+        actions.set_node_health(name=name, health=Health.DOWN, actor=None)
+    return silent
+
+
+def groups_to_sweep(*, now: datetime, window: timedelta) -> list[str]:
+    return list(
+        ConsistencyGroup.objects.filter(
+            Q(last_activity__gte=now - window) | Q(incidents__state__in=["open", "acknowledged"])
+        )
+        .exclude(state__in=["completed", "stopped"])
+        .distinct()
+        .values_list("name", flat=True)
+    )
+
+
+def maintain_telemetry(*, now: datetime) -> None:
+    from ingest import retention
+
+    retention.run(now=now, keep_days=settings.TELEMETRY_RETENTION_DAYS)

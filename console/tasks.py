@@ -1,0 +1,42 @@
+"""Celery tasks: thin wrappers that take names/ids, never model instances.
+
+Stable explicit names; idempotent (a redelivered task re-diagnoses and converges on the same
+incidents because the database allows one open incident per fingerprint).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from celery import shared_task
+from django.core.cache import cache
+from django.utils import timezone
+
+from console import live, pipeline
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="console.diagnose_group", acks_late=True, max_retries=3, default_retry_delay=1)
+def diagnose_group(group: str) -> None:
+    try:
+        cache.delete(live.pending_key(group))
+    except Exception:  # a stale debounce key only delays the next run
+        log.warning("diagnose_group: could not clear debounce key", exc_info=True)
+    pipeline.diagnose(group_name=group, now=timezone.now())
+
+
+@shared_task(name="console.sweep", acks_late=True, expires=5)
+def sweep() -> None:
+    """Silence emits no records: find what went quiet and diagnose it."""
+    now = timezone.now()
+    for name in pipeline.mark_silent_nodes(now=now):
+        log.info("sweep: node %s stopped reporting", name)
+    for name in pipeline.groups_to_sweep(now=now, window=timedelta(minutes=30)):
+        pipeline.diagnose(group_name=name, now=now)
+
+
+@shared_task(name="console.maintain_telemetry", acks_late=True)
+def maintain_telemetry() -> None:
+    pipeline.maintain_telemetry(now=timezone.now())

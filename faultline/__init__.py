@@ -1,0 +1,1 @@
+"""Faultline's wiring: settings, URLs, ASGI/WSGI, Celery and the command line."""

@@ -1,0 +1,17 @@
+"""Celery app: the worker runs diagnosis and notifications, beat runs the sweeps."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "faultline.settings")
+
+app = Celery("faultline")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks(["console"])
+app.conf.beat_schedule = {
+    "sweep": {"task": "console.sweep", "schedule": 1.0},
+    "maintain-telemetry": {"task": "console.maintain_telemetry", "schedule": 3600.0},
+}

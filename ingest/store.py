@@ -1,0 +1,528 @@
+"""Store one validated batch atomically: receipt, telemetry (COPY), live state, contracts.
+
+Either everything of a batch is written or nothing is. The (agent_id, seq) receipt is
+inserted first, so a replayed batch stops there and changes nothing. Telemetry goes in
+with COPY (no ORM objects per record: the hot path budget is validation and encoding).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import F
+from psycopg.types.json import Jsonb
+
+from agents import protocol as p
+from console.choices import GroupKind, Health
+from console.models import ConsistencyGroup, Device, Node, Rank
+from ingest import fencing
+from ingest.models import AgentState, ContractViolation
+
+THROTTLE_WARN = {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake"}
+CRITICAL_EVENTS = {"xid", "ecc_dbe", "gpu_lost"}
+
+
+@dataclass
+class IngestResult:
+    ack_seq: int
+    duplicate: bool
+    records: int = 0
+    groups: list[str] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    violations: int = 0
+
+
+class FutureRecordError(ValueError):
+    """A record stamped too far ahead of the batch's own send time."""
+
+
+def ingest_batch(*, node: Node, batch: p.Batch, now: datetime, max_future_s: int) -> IngestResult:
+    skew = batch.sent_at - now
+    shift = skew if abs(skew) > timedelta(seconds=5) else timedelta(0)
+    _check_future(batch, max_future_s)
+    with transaction.atomic():
+        if not _claim_receipt(batch, now):
+            AgentState.objects.filter(agent_id=batch.agent.id).update(
+                duplicates=F("duplicates") + 1, last_seen=now
+            )
+            return IngestResult(ack_seq=batch.seq, duplicate=True)
+        _update_agent(node, batch, now, skew)
+        writer = _Writer(node=node, agent_id=batch.agent.id, now=now, shift=shift)
+        writer.add(batch.records)
+        writer.flush()
+        return IngestResult(
+            ack_seq=batch.seq,
+            duplicate=False,
+            records=len(batch.records),
+            groups=sorted(writer.touched_groups),
+            nodes=[node.name],
+            violations=writer.violation_count,
+        )
+
+
+def _check_future(batch: p.Batch, max_future_s: int) -> None:
+    limit = batch.sent_at + timedelta(seconds=max_future_s)
+    for index, rec in enumerate(batch.records):
+        if rec.ts > limit:
+            raise FutureRecordError(
+                f'record {index}: field "ts": {rec.ts.isoformat()} is more than '
+                f"{max_future_s} s after the batch's sent_at {batch.sent_at.isoformat()}"
+            )
+
+
+def _claim_receipt(batch: p.Batch, now: datetime) -> bool:
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO ingest_batchreceipt (agent_id, seq, received_at, records) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT (agent_id, seq) DO NOTHING RETURNING id",
+            [batch.agent.id, batch.seq, now, len(batch.records)],
+        )
+        return cur.fetchone() is not None
+
+
+def _update_agent(node: Node, batch: p.Batch, now: datetime, skew: timedelta) -> None:
+    state, _ = AgentState.objects.select_for_update().get_or_create(
+        agent_id=batch.agent.id, defaults={"node": node}
+    )
+    seq = batch.seq
+    if state.last_seq is None:
+        pass
+    elif seq > state.last_seq + 1:
+        state.gaps += seq - state.last_seq - 1
+        state.gap_ranges = ([*state.gap_ranges, [state.last_seq + 1, seq - 1]])[-100:]
+    elif seq < state.last_seq:
+        state.gap_ranges, filled = _fill_gap(state.gap_ranges, seq)
+        state.gaps -= filled
+    state.last_seq = max(seq, state.last_seq if state.last_seq is not None else seq)
+    state.batches += 1
+    state.records += len(batch.records)
+    state.last_seen = now
+    state.clock_skew_ms = round(skew.total_seconds() * 1000, 1)
+    state.version = batch.agent.version
+    state.boot_id = batch.agent.boot_id or ""
+    state.node = node
+    for rec in batch.records:
+        if isinstance(rec, p.Heartbeat):
+            state.spool_depth, state.dropped = rec.spool_depth, rec.dropped
+    state.save()
+
+
+def _fill_gap(ranges: list[list[int]], seq: int) -> tuple[list[list[int]], int]:
+    out: list[list[int]] = []
+    filled = 0
+    for first, last in ranges:
+        if first <= seq <= last:
+            filled = 1
+            if first < seq:
+                out.append([first, seq - 1])
+            if seq < last:
+                out.append([seq + 1, last])
+        else:
+            out.append([first, last])
+    return out, filled
+
+
+def _f(value: float | str | None) -> float | None:
+    return p.to_float(value)
+
+
+def _j(value: Any) -> Jsonb | None:
+    return None if value is None else Jsonb(value)
+
+
+def _plain(struct: Any) -> Any:
+    import msgspec
+
+    return msgspec.to_builtins(struct) if struct is not None else None
+
+
+class _Writer:
+    """Collects rows and live-state changes for one batch, then writes them in bulk."""
+
+    def __init__(self, *, node: Node, agent_id: str, now: datetime, shift: timedelta) -> None:
+        self.node, self.agent_id, self.now, self.shift = node, agent_id, now, shift
+        self.rows: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+        self.devices: dict[str, dict[str, Any]] = {}
+        self.device_events: dict[str, str] = {}
+        self.ranks: dict[tuple[str, int], dict[str, Any]] = {}
+        self.groups: dict[str, tuple[ConsistencyGroup, fencing.GroupView]] = {}
+        self.violations: list[fencing.Violation] = []
+        self.touched_groups: set[str] = set()
+        self.violation_count = 0
+        self.last_seen = now
+
+    # -- collection --------------------------------------------------------------------
+    def add(self, records: list[Any]) -> None:
+        self._load_groups(records)
+        for rec in records:
+            ts = rec.ts - self.shift
+            handler = getattr(self, f"_on_{rec.__struct_config__.tag}")
+            handler(rec, ts)
+
+    def _load_groups(self, records: list[Any]) -> None:
+        wanted: dict[str, str] = {}
+        for rec in records:
+            name = getattr(rec, "group", None)
+            if name is None:
+                continue
+            kind = GroupKind.SERVING if isinstance(rec, p.Serving) else GroupKind.TRAINING
+            if isinstance(rec, p.Transition):
+                kind = wanted.get(name, GroupKind.UNKNOWN)
+            wanted.setdefault(name, kind)
+            if wanted[name] == GroupKind.UNKNOWN:
+                wanted[name] = kind
+        if not wanted:
+            return
+        existing = set(
+            ConsistencyGroup.objects.filter(name__in=wanted).values_list("name", flat=True)
+        )
+        missing = [
+            ConsistencyGroup(name=n, kind=k, state_since=self.now)
+            for n, k in wanted.items()
+            if n not in existing
+        ]
+        ConsistencyGroup.objects.bulk_create(missing, ignore_conflicts=True)
+        new_names = {g.name for g in missing}
+        # Lock in name order so two batches touching the same groups never deadlock.
+        for group in (
+            ConsistencyGroup.objects.select_for_update()
+            .filter(name__in=sorted(wanted))
+            .order_by("name")
+        ):
+            if group.kind == GroupKind.UNKNOWN and wanted[group.name] != GroupKind.UNKNOWN:
+                group.kind = wanted[group.name]
+            view = fencing.GroupView(
+                name=group.name,
+                generation=group.generation,
+                fenced_at=group.state_since,
+                restart_count=group.restart_count,
+                data_cursor=group.data_cursor,
+                model_version=group.model_version,
+                last_checkpoint_step=group.last_checkpoint_step,
+                is_new=group.name in new_names and group.last_activity is None,
+                versions_seen=list(group.summary.get("versions_seen", [])),
+            )
+            self.groups[group.name] = (group, view)
+
+    def _fence(self, rec: Any, ts: datetime, *, is_transition: bool = False) -> bool:
+        """True when the record may move live state; flags stale writers."""
+        group, view = self.groups[rec.group]
+        self.touched_groups.add(group.name)
+        verdict = fencing.classify_generation(view, rec.generation, is_transition=is_transition)
+        if verdict == "stale":
+            self.violations.append(
+                fencing.stale_violation(view, rec.__struct_config__.tag, rec.generation, ts)
+            )
+            return False
+        if verdict == "ahead":
+            return False
+        if view.is_new:
+            view.generation = rec.generation
+            group.generation = rec.generation
+            view.is_new = False
+        group.last_activity = max(group.last_activity or ts, ts)
+        return True
+
+    def _on_heartbeat(self, rec: p.Heartbeat, ts: datetime) -> None:
+        self.last_seen = max(self.last_seen, ts)
+
+    def _on_device_sample(self, rec: p.DeviceSample, ts: datetime) -> None:
+        self.rows["devicesample"].append(
+            (
+                ts, self.node.pk, rec.gpu, rec.index, rec.temp_c, rec.power_w,
+                rec.sm_clock_mhz, rec.mem_clock_mhz, rec.util_pct, rec.mem_used_bytes,
+                rec.ecc_sbe, rec.ecc_dbe, rec.retired_or_remapped_pending,
+                Jsonb(rec.throttle_reasons), rec.nvlink_errors, rec.pcie_replays,
+            )
+        )  # fmt: skip
+        sample = _plain(rec)
+        sample.pop("kind", None)
+        sample["ts"] = ts.isoformat()
+        self.devices[rec.gpu] = {"index": rec.index, "sample": sample, "ts": ts}
+
+    def _on_device_event(self, rec: p.DeviceEvent, ts: datetime) -> None:
+        self.rows["deviceevent"].append(
+            (ts, self.node.pk, rec.gpu, rec.event, rec.code, rec.detail)
+        )
+        if rec.event in CRITICAL_EVENTS:
+            self.device_events[rec.gpu] = rec.event
+
+    def _on_step(self, rec: p.Step, ts: datetime) -> None:
+        applied = self._fence(rec, ts)
+        group, _ = self.groups[rec.group]
+        self.rows["steprecord"].append(
+            (
+                ts, self.node.pk, group.pk, rec.generation, not applied, rec.rank, rec.step,
+                rec.tokens, rec.data_cursor, rec.duration_ms, _j(_plain(rec.phases)),
+                _f(rec.loss), _f(rec.grad_norm), _f(rec.loss_scale), rec.overflow,
+            )
+        )  # fmt: skip
+        if applied:
+            entry = self._rank(group, rec.rank, rec.generation)
+            if entry.get("last_step") is None or rec.step >= entry["last_step"]:
+                entry.update(last_step=rec.step, last_step_at=ts)
+            if rec.data_cursor is not None:
+                entry["cursor_seen"] = [*entry.get("cursor_seen", []), rec.data_cursor]
+
+    def _on_collective(self, rec: p.Collective, ts: datetime) -> None:
+        applied = self._fence(rec, ts)
+        group, _ = self.groups[rec.group]
+        entries = [_plain(e) for e in rec.entries]
+        self.rows["collectivewindow"].append(
+            (ts, self.node.pk, group.pk, rec.generation, not applied, rec.rank, Jsonb(entries))
+        )
+        if applied:
+            self._rank(group, rec.rank, rec.generation)
+
+    def _on_process(self, rec: p.Process, ts: datetime) -> None:
+        applied = self._fence(rec, ts)
+        group, _ = self.groups[rec.group]
+        self.rows["processrecord"].append(
+            (
+                ts, self.node.pk, group.pk, rec.generation, not applied, rec.rank, rec.event,
+                rec.pid, rec.gpu, rec.exit_code, rec.signal, rec.reason, rec.error_type,
+            )
+        )  # fmt: skip
+        if applied:
+            entry = self._rank(group, rec.rank, rec.generation)
+            entry["process_state"] = rec.event
+            if rec.gpu:
+                entry["gpu"] = rec.gpu
+
+    def _on_checkpoint(self, rec: p.Checkpoint, ts: datetime) -> None:
+        applied = self._fence(rec, ts)
+        group, view = self.groups[rec.group]
+        self.rows["checkpointrecord"].append(
+            (
+                ts, self.node.pk, group.pk, rec.generation, not applied, rec.checkpoint_id,
+                rec.step, rec.phase, _j(_plain(rec.manifest)), rec.duration_ms, rec.detail,
+            )
+        )  # fmt: skip
+        if applied:
+            violation = fencing.check_checkpoint_order(view, rec)
+            if violation:
+                self.violations.append(violation)
+            elif rec.phase == "committed" and rec.step is not None:
+                view.last_checkpoint_step = rec.step
+                group.last_checkpoint_step = rec.step
+
+    def _on_transition(self, rec: p.Transition, ts: datetime) -> None:
+        group, view = self.groups[rec.group]
+        self.violations.extend(fencing.check_transition(view, rec))
+        applied = self._fence(rec, ts, is_transition=True)
+        self.rows["transitionrecord"].append(
+            (
+                ts, self.node.pk, group.pk, rec.generation, not applied, rec.from_state,
+                rec.to_state, rec.reason, rec.restart_count, rec.world_size,
+                _j(_plain(rec.topology)), rec.data_cursor, rec.model_version,
+            )
+        )  # fmt: skip
+        if not applied:
+            return
+        if rec.generation > view.generation:
+            view.generation = group.generation = rec.generation
+            view.fenced_at = ts
+            view.versions_seen = []
+        group.state = rec.to_state
+        group.state_since = ts
+        if rec.restart_count is not None:
+            view.restart_count = group.restart_count = max(view.restart_count, rec.restart_count)
+        if rec.world_size is not None:
+            group.world_size = rec.world_size
+        if rec.topology is not None:
+            group.topology = _plain(rec.topology)
+        if rec.data_cursor is not None:
+            view.data_cursor = group.data_cursor = rec.data_cursor
+        if rec.model_version:
+            if view.model_version and view.model_version not in view.versions_seen:
+                view.versions_seen.append(view.model_version)
+            view.model_version = group.model_version = rec.model_version
+        group.summary = {**group.summary, "versions_seen": view.versions_seen[-20:]}
+
+    def _on_serving(self, rec: p.Serving, ts: datetime) -> None:
+        applied = self._fence(rec, ts)
+        group, _ = self.groups[rec.group]
+        self.rows["servingwindow"].append(
+            (
+                ts, self.node.pk, group.pk, rec.generation, not applied, rec.worker,
+                rec.model_version, rec.adapter_version, rec.kv_schema, rec.ready,
+                rec.draining, Jsonb(_plain(rec.window)),
+            )
+        )  # fmt: skip
+
+    def _rank(self, group: ConsistencyGroup, rank: int, generation: int) -> dict[str, Any]:
+        return self.ranks.setdefault((group.name, rank), {"generation": generation})
+
+    # -- writing -------------------------------------------------------------------------
+    def flush(self) -> None:
+        self._copy_rows()
+        self._write_devices()
+        self._write_ranks()
+        self._write_groups()
+        self._write_violations()
+        Node.objects.filter(pk=self.node.pk).update(last_seen=self.last_seen)
+
+    def _copy_rows(self) -> None:
+        with connection.cursor() as cur:
+            raw = cur.cursor
+            for table, rows in self.rows.items():
+                cols = COLUMNS[table]
+                with raw.copy(f"COPY ingest_{table} ({', '.join(cols)}) FROM STDIN") as copy:
+                    for row in rows:
+                        copy.write_row(row)
+
+    def _write_devices(self) -> None:
+        if not self.devices and not self.device_events:
+            return
+        known = {
+            d.uuid: d for d in Device.objects.filter(uuid__in=[*self.devices, *self.device_events])
+        }
+        changed: list[Device] = []
+        for uuid, info in self.devices.items():
+            dev = known.get(uuid) or Device(uuid=uuid, node=self.node, index=info["index"])
+            dev.node, dev.index = self.node, info["index"]
+            dev.last_sample, dev.last_seen = info["sample"], info["ts"]
+            dev.health = sample_health(info["sample"])
+            known[uuid] = dev
+            changed.append(dev)
+        for uuid in self.device_events:
+            dev = known.get(uuid)
+            if dev is None:
+                dev = Device(uuid=uuid, node=self.node, index=0, last_seen=self.now)
+                known[uuid] = dev
+                changed.append(dev)
+            dev.health = Health.CRITICAL
+            if dev not in changed:
+                changed.append(dev)
+        Device.objects.bulk_create(
+            changed,
+            update_conflicts=True,
+            unique_fields=["uuid"],
+            update_fields=["node", "index", "last_sample", "last_seen", "health"],
+        )
+        worst = node_health([d.health for d in Device.objects.filter(node=self.node)])
+        Node.objects.filter(pk=self.node.pk).update(health=worst)
+
+    def _write_ranks(self) -> None:
+        if not self.ranks:
+            return
+        groups = {name: g for name, (g, _) in self.groups.items()}
+        existing = {
+            (r.group.name, r.rank): r
+            for r in Rank.objects.filter(group__in=groups.values()).select_related("group")
+            if (r.group.name, r.rank) in self.ranks
+        }
+        out: list[Rank] = []
+        for (gname, rank), entry in self.ranks.items():
+            row = existing.get((gname, rank)) or Rank(group=groups[gname], rank=rank)
+            new_generation = row.pk is None or row.generation != entry["generation"]
+            row.node = self.node
+            row.generation = entry["generation"]
+            if new_generation:
+                row.data_cursor = None
+            if "last_step" in entry and (
+                new_generation or row.last_step is None or entry["last_step"] >= row.last_step
+            ):
+                row.last_step, row.last_step_at = entry["last_step"], entry["last_step_at"]
+            for cursor in entry.get("cursor_seen", []):
+                violation = fencing.check_rank_cursor(
+                    gname, rank, entry["generation"], row.data_cursor, cursor
+                )
+                if violation:
+                    self.violations.append(violation)
+                row.data_cursor = cursor
+            row.process_state = entry.get("process_state", row.process_state)
+            row.gpu = entry.get("gpu", row.gpu)
+            out.append(row)
+        Rank.objects.bulk_create(
+            out,
+            update_conflicts=True,
+            unique_fields=["group", "rank"],
+            update_fields=[
+                "node", "gpu", "generation", "last_step", "last_step_at", "data_cursor",
+                "process_state",
+            ],
+        )  # fmt: skip
+
+    def _write_groups(self) -> None:
+        for group, _view in self.groups.values():
+            group.save()
+
+    def _write_violations(self) -> None:
+        seen: set[tuple[str, str, int]] = set()
+        rows = []
+        for v in self.violations:
+            key = (v.kind, v.subject, v.generation)
+            if key in seen:
+                continue  # one finding per batch per contract breach, not one per record
+            seen.add(key)
+            group_name = v.subject.split(":", 1)[1].split("/", 1)[0]
+            group = self.groups[group_name][0]
+            rows.append(
+                ContractViolation(
+                    ts=self.now,
+                    group=group,
+                    generation=v.generation,
+                    kind=v.kind,
+                    subject=v.subject,
+                    evidence=v.evidence,
+                    agent_id=self.agent_id,
+                )
+            )
+        ContractViolation.objects.bulk_create(rows)
+        self.violation_count = len(rows)
+
+
+def sample_health(sample: dict[str, Any]) -> str:
+    """A GPU's health from its newest sample: DBE or pending remaps are critical."""
+    if (sample.get("ecc_dbe") or 0) > 0 or (sample.get("retired_or_remapped_pending") or 0) > 0:
+        return Health.CRITICAL
+    temp = sample.get("temp_c")
+    if set(sample.get("throttle_reasons") or []) & THROTTLE_WARN or (
+        temp is not None and not math.isnan(temp) and temp >= 85
+    ):
+        return Health.WARNING
+    return Health.OK
+
+
+_ORDER = [Health.OK, Health.UNKNOWN, Health.WARNING, Health.CRITICAL, Health.DOWN]
+
+
+def node_health(healths: list[str]) -> str:
+    return max(healths, key=_ORDER.index, default=Health.OK)
+
+
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "devicesample": (
+        "ts", "node_id", "gpu", "index", "temp_c", "power_w", "sm_clock_mhz", "mem_clock_mhz",
+        "util_pct", "mem_used_bytes", "ecc_sbe", "ecc_dbe", "retired_or_remapped_pending",
+        "throttle_reasons", "nvlink_errors", "pcie_replays",
+    ),
+    "deviceevent": ("ts", "node_id", "gpu", "event", "code", "detail"),
+    "steprecord": (
+        "ts", "node_id", "group_id", "generation", "stale", "rank", "step", "tokens",
+        "data_cursor", "duration_ms", "phases", "loss", "grad_norm", "loss_scale", "overflow",
+    ),
+    "collectivewindow": ("ts", "node_id", "group_id", "generation", "stale", "rank", "entries"),
+    "processrecord": (
+        "ts", "node_id", "group_id", "generation", "stale", "rank", "event", "pid", "gpu",
+        "exit_code", "signal", "reason", "error_type",
+    ),
+    "checkpointrecord": (
+        "ts", "node_id", "group_id", "generation", "stale", "checkpoint_id", "step", "phase",
+        "manifest", "duration_ms", "detail",
+    ),
+    "transitionrecord": (
+        "ts", "node_id", "group_id", "generation", "stale", "from_state", "to_state", "reason",
+        "restart_count", "world_size", "topology", "data_cursor", "model_version",
+    ),
+    "servingwindow": (
+        "ts", "node_id", "group_id", "generation", "stale", "worker", "model_version",
+        "adapter_version", "kv_schema", "ready", "draining", "window",
+    ),
+}  # fmt: skip

@@ -1,0 +1,219 @@
+"""POST /api/v1/ingest: strict, idempotent, fenced; nothing of a bad batch is stored."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from console.models import ConsistencyGroup, Device, Node, Rank
+from ingest.auth import revoke_tokens
+from ingest.models import (
+    AgentState,
+    BatchReceipt,
+    ContractViolation,
+    DeviceSample,
+    StepRecord,
+)
+from tests.conftest import iso, make_batch
+
+pytestmark = pytest.mark.django_db
+
+
+def sample(gpu: str = "GPU-0", index: int = 0, **fields: object) -> dict:
+    return {"kind": "device_sample", "gpu": gpu, "index": index, "temp_c": 51.0, **fields}
+
+
+def step(rank: int, step_no: int, *, group: str = "job", gen: int = 1, **fields: object) -> dict:
+    return {
+        "kind": "step",
+        "group": group,
+        "generation": gen,
+        "rank": rank,
+        "step": step_no,
+        "tokens": 1024,
+        "duration_ms": 900.0,
+        **fields,
+    }
+
+
+def transition(to: str, *, group: str = "job", gen: int = 1, **fields: object) -> dict:
+    return {"kind": "transition", "group": group, "generation": gen, "to_state": to, **fields}
+
+
+def test_it_stores_heartbeats_and_device_samples_and_lists_them(post_batch, cast, client):
+    response = post_batch(
+        make_batch([{"kind": "heartbeat", "uptime_s": 5}, sample(), sample("GPU-1", 1)])
+    )
+    assert response.status_code == 202
+    assert response.json()["duplicate"] is False
+    assert DeviceSample.objects.count() == 2
+    client.force_login(cast["viewer"])
+    devices = client.get("/api/v1/devices/?node=node-1").json()["results"]
+    assert [d["uuid"] for d in devices] == ["GPU-0", "GPU-1"]
+    assert devices[0]["last_sample"]["temp_c"] == 51.0
+
+
+def test_it_acknowledges_a_replayed_batch_without_changing_anything(post_batch):
+    batch = make_batch([sample()])
+    assert post_batch(batch).json() == {"ack_seq": batch["seq"], "duplicate": False, "actions": []}
+    replay = post_batch(batch)
+    assert replay.status_code == 202
+    assert replay.json()["duplicate"] is True
+    assert DeviceSample.objects.count() == 1
+    state = AgentState.objects.get()
+    assert (state.batches, state.duplicates) == (1, 1)
+
+
+def test_it_rejects_a_bad_record_naming_index_field_and_value_and_stores_nothing(post_batch):
+    batch = make_batch([sample(), {"kind": "heartbeat"}, sample(temp_c="hot")])
+    response = post_batch(batch)
+    assert response.status_code == 400
+    body = response.json()
+    assert body["record"] == 2 and body["field"] == "temp_c"
+    assert '"hot"' in body["error"]
+    assert DeviceSample.objects.count() == 0
+    assert BatchReceipt.objects.count() == 0
+
+
+def test_it_refuses_unknown_fields(post_batch):
+    response = post_batch(make_batch([sample(prompt="secret user text")]))
+    assert response.status_code == 400
+    assert response.json()["field"] == "prompt"
+    assert "not part of contract v1" in response.json()["error"]
+
+
+def test_it_refuses_an_unknown_record_kind(post_batch):
+    response = post_batch(make_batch([{"kind": "gossip"}]))
+    assert response.status_code == 400
+    assert response.json()["record"] == 0
+
+
+def test_it_keeps_a_nan_loss(post_batch):
+    post_batch(make_batch([step(0, 7, loss="NaN", grad_norm="Infinity")]))
+    row = StepRecord.objects.get()
+    assert row.loss != row.loss  # NaN is the only value unequal to itself
+    assert row.grad_norm == float("inf")
+
+
+def test_it_accepts_gzip():
+    batch = make_batch([sample()])
+    from django.test import Client
+
+    from ingest.auth import issue_token
+
+    token = issue_token(node_name="node-1")
+    response = Client().post(
+        "/api/v1/ingest",
+        data=gzip.compress(json.dumps(batch).encode()),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {token}", "Content-Encoding": "gzip"},
+    )
+    assert response.status_code == 202
+    assert DeviceSample.objects.count() == 1
+
+
+def test_it_refuses_a_batch_naming_another_node(post_batch, agent_token):
+    token = agent_token("node-1")
+    response = post_batch(make_batch([sample()], node="node-2"), token=token)
+    assert response.status_code == 403
+    assert "node-1" in response.json()["error"]
+    assert DeviceSample.objects.count() == 0
+
+
+def test_it_refuses_revoked_and_missing_tokens(post_batch, agent_token, client):
+    token = agent_token("node-1")
+    revoke_tokens(node_name="node-1")
+    assert post_batch(make_batch([sample()]), token=token).status_code == 401
+    assert (
+        client.post("/api/v1/ingest", data="{}", content_type="application/json").status_code == 401
+    )
+    assert DeviceSample.objects.count() == 0
+
+
+def test_it_rate_limits_an_agent_with_retry_after(post_batch, settings):
+    settings.INGEST_RATE_PER_MIN = 2
+    codes = [post_batch(make_batch([sample()])).status_code for _ in range(3)]
+    assert codes[:2] == [202, 202]
+    last = post_batch(make_batch([sample()]))
+    assert last.status_code == 429
+    assert int(last["Retry-After"]) > 0
+
+
+def test_it_rejects_records_far_in_the_future_of_their_batch(post_batch):
+    ahead = datetime.now(UTC) + timedelta(minutes=10)
+    response = post_batch(make_batch([sample(ts=iso(ahead))]))
+    assert response.status_code == 400
+    assert 'field "ts"' in response.json()["error"]
+    assert DeviceSample.objects.count() == 0
+
+
+def test_it_records_sequence_gaps_and_fills_them_when_late_batches_arrive(post_batch, cast, client):
+    for seq in (1, 2, 6):
+        post_batch(make_batch([sample()], seq=seq, agent_id="agent-gaps-0001"))
+    state = AgentState.objects.get(agent_id="agent-gaps-0001")
+    assert (state.last_seq, state.gaps, state.gap_ranges) == (6, 3, [[3, 5]])
+    post_batch(make_batch([sample()], seq=4, agent_id="agent-gaps-0001"))
+    state.refresh_from_db()
+    assert (state.gaps, state.gap_ranges) == (2, [[3, 3], [5, 5]])
+    client.force_login(cast["viewer"])
+    row = client.get("/api/v1/agents/").json()["results"][0]
+    assert row["gaps"] == 2 and row["batches"] == 4 and row["clock_skew_ms"] is not None
+
+
+def test_it_measures_clock_skew_and_keeps_a_skewed_agents_records(post_batch):
+    skewed = datetime.now(UTC) + timedelta(minutes=10)
+    response = post_batch(make_batch([sample()], sent_at=skewed))
+    assert response.status_code == 202
+    state = AgentState.objects.get()
+    assert 590_000 < state.clock_skew_ms < 610_000
+    stored = DeviceSample.objects.get().ts
+    assert abs((stored - datetime.now(UTC)).total_seconds()) < 30  # corrected by the skew
+
+
+def test_it_moves_the_generation_only_through_a_transition(post_batch):
+    post_batch(make_batch([transition("running", gen=1), step(0, 1)]))
+    post_batch(make_batch([step(0, 50, gen=2)]))  # ahead of the active generation
+    group = ConsistencyGroup.objects.get(name="job")
+    assert group.generation == 1
+    assert Rank.objects.get(group=group, rank=0).last_step == 1
+    post_batch(make_batch([transition("recovering", gen=2, restart_count=1), step(0, 40, gen=2)]))
+    group.refresh_from_db()
+    assert (group.generation, group.state, group.restart_count) == (2, "recovering", 1)
+    assert Rank.objects.get(group=group, rank=0).last_step == 40
+
+
+def test_it_stores_and_flags_records_of_a_stale_generation_without_moving_live_state(post_batch):
+    post_batch(make_batch([transition("running", gen=3), step(0, 10, gen=3)]))
+    response = post_batch(make_batch([step(0, 99, gen=2)]))
+    assert response.status_code == 202
+    stale = StepRecord.objects.get(generation=2)
+    assert stale.stale is True
+    assert Rank.objects.get(rank=0).last_step == 10
+    violation = ContractViolation.objects.get()
+    assert violation.kind in {"stale_generation", "split_brain"}
+    assert violation.evidence["active_generation"] == 3
+
+
+def test_it_flags_a_restart_count_that_goes_backwards(post_batch):
+    post_batch(make_batch([transition("running", gen=1, restart_count=2)]))
+    post_batch(make_batch([transition("recovering", gen=1, restart_count=1)]))
+    violation = ContractViolation.objects.get()
+    assert violation.kind == "non_monotonic"
+    assert violation.evidence == {"field": "restart_count", "was": 2, "now": 1}
+
+
+def test_it_flags_a_rank_data_cursor_regression(post_batch):
+    post_batch(make_batch([step(0, 1, data_cursor=1000)]))
+    post_batch(make_batch([step(0, 2, data_cursor=400)]))
+    violation = ContractViolation.objects.get()
+    assert violation.kind == "data_cursor_regression"
+    assert violation.subject == "rank:job/0"
+
+
+def test_it_marks_a_gpu_with_double_bit_errors_critical(post_batch):
+    post_batch(make_batch([sample(ecc_dbe=1)]))
+    assert Device.objects.get().health == "critical"
+    assert Node.objects.get(name="node-1").health == "critical"
