@@ -116,8 +116,15 @@ def record_diagnosis(*, group_name: str, diagnosis: Any, now: datetime) -> list[
 
 
 def _summary(diagnosis: Any) -> dict[str, Any]:
-    to_dict = getattr(diagnosis, "summary_dict", None)
-    return to_dict() if callable(to_dict) else {}
+    """What the group page and GET /groups/<name>/ show between diagnoses."""
+    data = diagnosis.to_dict()
+    return {
+        "goodput": data["goodput"],
+        "tail_ratio": data["tail_ratio"],
+        "phase_medians_ms": data["phase_medians_ms"],
+        "newest_valid_checkpoint": data["checkpoint"],
+        "recovery_advice": data["recovery"],
+    }
 
 
 def _upsert_incident(

@@ -1,0 +1,81 @@
+"""Wiring a user relies on: env settings fail loudly, health endpoints, deployment files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from faultline.env import ConfigError, database_from_url, env_bool, env_int, env_secret
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_it_refuses_a_boolean_typo(monkeypatch):
+    monkeypatch.setenv("FAULTLINE_X", "ture")
+    with pytest.raises(ConfigError, match="FAULTLINE_X='ture' is not a boolean"):
+        env_bool("FAULTLINE_X")
+
+
+def test_it_refuses_a_non_integer_and_a_value_below_minimum(monkeypatch):
+    monkeypatch.setenv("FAULTLINE_N", "ten")
+    with pytest.raises(ConfigError, match="not an integer"):
+        env_int("FAULTLINE_N", 1)
+    monkeypatch.setenv("FAULTLINE_N", "0")
+    with pytest.raises(ConfigError, match="below the minimum 1"):
+        env_int("FAULTLINE_N", 5, minimum=1)
+
+
+def test_it_reads_secrets_from_a_file(monkeypatch, tmp_path):
+    secret = tmp_path / "key"
+    secret.write_text("s3cret\n")
+    monkeypatch.setenv("FAULTLINE_K_FILE", str(secret))
+    assert env_secret("FAULTLINE_K") == "s3cret"
+
+
+def test_it_parses_socket_and_tcp_database_urls():
+    sock = database_from_url("postgresql://postgres:@/faultline?host=/tmp/pg")
+    assert (sock["NAME"], sock["HOST"], sock["USER"]) == ("faultline", "/tmp/pg", "postgres")
+    tcp = database_from_url("postgres://u:p%40ss@db:5433/fl")
+    assert (tcp["HOST"], tcp["PORT"], tcp["PASSWORD"]) == ("db", "5433", "p@ss")
+    with pytest.raises(ConfigError, match="postgres://"):
+        database_from_url("mysql://x/y")
+
+
+@pytest.mark.django_db
+def test_it_reports_liveness_and_readiness_without_secrets(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {
+        "ready": True,
+        "checks": {"database": True, "migrations": True, "broker": True},
+    }
+
+
+def test_it_ships_a_compose_file_with_every_role_and_healthchecks():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"postgres", "redis", "web", "ws", "worker", "beat"} <= set(services)
+    assert services["postgres"]["image"] == "postgres:16"
+    assert services["redis"]["image"] == "redis:7"
+    for name in ("postgres", "redis", "web", "ws", "worker"):
+        assert "healthcheck" in services[name], name
+    for name in ("web", "ws", "worker", "beat"):
+        env = services[name]["environment"]
+        assert env["DATABASE_URL"].startswith("postgres://")
+        assert env["REDIS_URL"].startswith("redis://")
+        assert "${FAULTLINE_SECRET_KEY:?" in env["FAULTLINE_SECRET_KEY"]  # never in git
+    assert (ROOT / "Dockerfile").exists()
+
+
+@pytest.mark.django_db
+def test_it_has_no_missing_migrations():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("makemigrations", "--check", "--dry-run", stdout=out)
+    assert "No changes detected" in out.getvalue()
