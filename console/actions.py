@@ -15,7 +15,7 @@ from django.db.models import Q
 
 from console import events, live
 from console.choices import IncidentState, Role
-from console.models import Alert, ConsistencyGroup, Incident, Node
+from console.models import Alert, ConsistencyGroup, Incident, IncidentComment, Node
 
 log = logging.getLogger(__name__)
 
@@ -224,3 +224,71 @@ def _settle(incident: Incident, now: datetime) -> bool:
     incident.save(update_fields=["state", "resolved_at", "version", "timeline", "updated_at"])
     incident.alerts.filter(active=True).update(active=False)
     return True
+
+
+class IncidentChangeError(ValueError):
+    """A person's change to an incident that cannot apply (stale version, resolved...)."""
+
+
+def _locked_incident(incident_id: int, expected_version: int | None) -> Incident:
+    incident = Incident.objects.select_for_update().select_related("group").get(pk=incident_id)
+    # Versioned updates: an acknowledge that raced an auto-resolve must not un-resolve it.
+    if expected_version is not None and incident.version != expected_version:
+        raise IncidentChangeError(
+            f"incident #{incident_id} changed (version {incident.version}, you saw "
+            f"{expected_version}): reload and try again"
+        )
+    return incident
+
+
+def _publish_incident(incident: Incident) -> None:
+    payload = incident_payload(incident)
+    if incident.group is not None:
+        _on_commit_publish(events.group_channel(incident.group.name), "incident.changed", payload)
+    _on_commit_publish(events.FLEET, "incident.changed", payload)
+
+
+@transaction.atomic
+def acknowledge_incident(
+    *, incident_id: int, actor: Any, now: datetime, expected_version: int | None = None
+) -> Incident:
+    incident = _locked_incident(incident_id, expected_version)
+    if incident.state == IncidentState.RESOLVED:
+        raise IncidentChangeError(f"incident #{incident_id} is already resolved")
+    if incident.state == IncidentState.ACKNOWLEDGED:
+        return incident
+    incident.state = IncidentState.ACKNOWLEDGED
+    incident.acknowledged_by, incident.acknowledged_at = actor, now
+    incident.version += 1
+    incident.timeline = {**incident.timeline, "acknowledged": now.isoformat()}
+    incident.save(
+        update_fields=["state", "acknowledged_by", "acknowledged_at", "version", "timeline",
+                       "updated_at"]
+    )  # fmt: skip
+    _publish_incident(incident)
+    return incident
+
+
+@transaction.atomic
+def assign_incident(
+    *, incident_id: int, assignee: Any, actor: Any, expected_version: int | None = None
+) -> Incident:
+    incident = _locked_incident(incident_id, expected_version)
+    incident.assignee = assignee
+    incident.version += 1
+    incident.save(update_fields=["assignee", "version", "updated_at"])
+    _publish_incident(incident)
+    return incident
+
+
+@transaction.atomic
+def comment_on_incident(*, incident_id: int, actor: Any, body: str) -> IncidentComment:
+    text = body.strip()
+    if not text:
+        raise IncidentChangeError("a comment cannot be empty")
+    if len(text) > 4000:
+        raise IncidentChangeError(f"a comment is at most 4000 characters, got {len(text)}")
+    incident = _locked_incident(incident_id, None)
+    comment = IncidentComment.objects.create(incident=incident, author=actor, body=text)
+    _publish_incident(incident)
+    return comment

@@ -143,6 +143,14 @@ class Incident(models.Model):
     acknowledged_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
     )
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    assignee = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="assigned_incidents",
+    )
     version = models.PositiveIntegerField(default=1)
 
     class Meta:
@@ -185,6 +193,21 @@ class Alert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.subject}"
+
+
+class IncidentComment(models.Model):
+    """A note on an incident by a person; never edited, shown on the timeline."""
+
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="comments")
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
+    body = models.TextField(max_length=4000)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created"]
+
+    def __str__(self) -> str:
+        return f"comment on #{self.incident_id} by {self.author_id}"
 
 
 class Membership(models.Model):

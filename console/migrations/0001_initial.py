@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -15,160 +14,372 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='ConsistencyGroup',
+            name="ConsistencyGroup",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=128, unique=True)),
-                ('kind', models.CharField(choices=[('training', 'Training'), ('serving', 'Serving'), ('unknown', 'Unknown')], default='unknown', max_length=16)),
-                ('state', models.CharField(choices=[('initializing', 'Initializing'), ('running', 'Running'), ('quiescing', 'Quiescing'), ('checkpointing', 'Checkpointing'), ('recovering', 'Recovering'), ('completed', 'Completed'), ('failed', 'Failed'), ('stopped', 'Stopped')], default='initializing', max_length=16)),
-                ('generation', models.PositiveIntegerField(default=0)),
-                ('restart_count', models.PositiveIntegerField(default=0)),
-                ('world_size', models.PositiveIntegerField(blank=True, null=True)),
-                ('topology', models.JSONField(blank=True, default=dict)),
-                ('data_cursor', models.BigIntegerField(blank=True, null=True)),
-                ('model_version', models.CharField(blank=True, default='', max_length=128)),
-                ('last_checkpoint_step', models.BigIntegerField(blank=True, null=True)),
-                ('labels', models.JSONField(blank=True, default=dict)),
-                ('state_since', models.DateTimeField(blank=True, null=True)),
-                ('last_activity', models.DateTimeField(blank=True, null=True)),
-                ('summary', models.JSONField(blank=True, default=dict)),
-                ('created', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=128, unique=True)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("training", "Training"),
+                            ("serving", "Serving"),
+                            ("unknown", "Unknown"),
+                        ],
+                        default="unknown",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("initializing", "Initializing"),
+                            ("running", "Running"),
+                            ("quiescing", "Quiescing"),
+                            ("checkpointing", "Checkpointing"),
+                            ("recovering", "Recovering"),
+                            ("completed", "Completed"),
+                            ("failed", "Failed"),
+                            ("stopped", "Stopped"),
+                        ],
+                        default="initializing",
+                        max_length=16,
+                    ),
+                ),
+                ("generation", models.PositiveIntegerField(default=0)),
+                ("restart_count", models.PositiveIntegerField(default=0)),
+                ("world_size", models.PositiveIntegerField(blank=True, null=True)),
+                ("topology", models.JSONField(blank=True, default=dict)),
+                ("data_cursor", models.BigIntegerField(blank=True, null=True)),
+                ("model_version", models.CharField(blank=True, default="", max_length=128)),
+                ("last_checkpoint_step", models.BigIntegerField(blank=True, null=True)),
+                ("labels", models.JSONField(blank=True, default=dict)),
+                ("state_since", models.DateTimeField(blank=True, null=True)),
+                ("last_activity", models.DateTimeField(blank=True, null=True)),
+                ("summary", models.JSONField(blank=True, default=dict)),
+                ("created", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Node',
+            name="Node",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=128, unique=True)),
-                ('pool', models.CharField(blank=True, default='', max_length=64)),
-                ('labels', models.JSONField(blank=True, default=dict)),
-                ('health', models.CharField(choices=[('ok', 'Ok'), ('warning', 'Warning'), ('critical', 'Critical'), ('down', 'Down'), ('unknown', 'Unknown')], default='unknown', max_length=16)),
-                ('agent_version', models.CharField(blank=True, default='', max_length=32)),
-                ('first_seen', models.DateTimeField(auto_now_add=True)),
-                ('last_seen', models.DateTimeField(blank=True, null=True)),
-                ('quarantined', models.BooleanField(default=False)),
-                ('cordoned', models.BooleanField(default=False)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=128, unique=True)),
+                ("pool", models.CharField(blank=True, default="", max_length=64)),
+                ("labels", models.JSONField(blank=True, default=dict)),
+                (
+                    "health",
+                    models.CharField(
+                        choices=[
+                            ("ok", "Ok"),
+                            ("warning", "Warning"),
+                            ("critical", "Critical"),
+                            ("down", "Down"),
+                            ("unknown", "Unknown"),
+                        ],
+                        default="unknown",
+                        max_length=16,
+                    ),
+                ),
+                ("agent_version", models.CharField(blank=True, default="", max_length=32)),
+                ("first_seen", models.DateTimeField(auto_now_add=True)),
+                ("last_seen", models.DateTimeField(blank=True, null=True)),
+                ("quarantined", models.BooleanField(default=False)),
+                ("cordoned", models.BooleanField(default=False)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Incident',
+            name="Incident",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('generation', models.PositiveIntegerField(default=0)),
-                ('fingerprint', models.CharField(max_length=128)),
-                ('state', models.CharField(choices=[('open', 'Open'), ('acknowledged', 'Acknowledged'), ('resolved', 'Resolved')], default='open', max_length=16)),
-                ('kind', models.CharField(max_length=48)),
-                ('subject', models.CharField(max_length=256)),
-                ('role', models.CharField(choices=[('root_cause', 'Root Cause'), ('symptom', 'Symptom'), ('undetermined', 'Undetermined')], default='root_cause', max_length=16)),
-                ('severity', models.CharField(choices=[('critical', 'Critical'), ('major', 'Major'), ('minor', 'Minor'), ('info', 'Info')], max_length=16)),
-                ('summary', models.CharField(max_length=512)),
-                ('root_cause', models.JSONField(default=dict)),
-                ('symptom_count', models.PositiveIntegerField(default=0)),
-                ('recovery', models.JSONField(blank=True, default=dict)),
-                ('timeline', models.JSONField(blank=True, default=dict)),
-                ('opened_at', models.DateTimeField()),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('clear_since', models.DateTimeField(blank=True, null=True)),
-                ('resolved_at', models.DateTimeField(blank=True, null=True)),
-                ('version', models.PositiveIntegerField(default=1)),
-                ('acknowledged_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL)),
-                ('group', models.ForeignKey(null=True, on_delete=django.db.models.deletion.CASCADE, related_name='incidents', to='console.consistencygroup')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("generation", models.PositiveIntegerField(default=0)),
+                ("fingerprint", models.CharField(max_length=128)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("open", "Open"),
+                            ("acknowledged", "Acknowledged"),
+                            ("resolved", "Resolved"),
+                        ],
+                        default="open",
+                        max_length=16,
+                    ),
+                ),
+                ("kind", models.CharField(max_length=48)),
+                ("subject", models.CharField(max_length=256)),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[
+                            ("root_cause", "Root Cause"),
+                            ("symptom", "Symptom"),
+                            ("undetermined", "Undetermined"),
+                        ],
+                        default="root_cause",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "severity",
+                    models.CharField(
+                        choices=[
+                            ("critical", "Critical"),
+                            ("major", "Major"),
+                            ("minor", "Minor"),
+                            ("info", "Info"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("summary", models.CharField(max_length=512)),
+                ("root_cause", models.JSONField(default=dict)),
+                ("symptom_count", models.PositiveIntegerField(default=0)),
+                ("recovery", models.JSONField(blank=True, default=dict)),
+                ("timeline", models.JSONField(blank=True, default=dict)),
+                ("opened_at", models.DateTimeField()),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                ("clear_since", models.DateTimeField(blank=True, null=True)),
+                ("resolved_at", models.DateTimeField(blank=True, null=True)),
+                ("version", models.PositiveIntegerField(default=1)),
+                (
+                    "acknowledged_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "group",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="incidents",
+                        to="console.consistencygroup",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-opened_at'],
+                "ordering": ["-opened_at"],
             },
         ),
         migrations.CreateModel(
-            name='Alert',
+            name="Alert",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('finding_id', models.CharField(max_length=64)),
-                ('kind', models.CharField(max_length=48)),
-                ('subject', models.CharField(max_length=256)),
-                ('role', models.CharField(choices=[('root_cause', 'Root Cause'), ('symptom', 'Symptom'), ('undetermined', 'Undetermined')], max_length=16)),
-                ('severity', models.CharField(choices=[('critical', 'Critical'), ('major', 'Major'), ('minor', 'Minor'), ('info', 'Info')], max_length=16)),
-                ('summary', models.CharField(blank=True, default='', max_length=512)),
-                ('caused_by', models.JSONField(blank=True, default=list)),
-                ('evidence', models.JSONField(blank=True, default=dict)),
-                ('first_seen', models.DateTimeField()),
-                ('last_seen', models.DateTimeField()),
-                ('active', models.BooleanField(default=True)),
-                ('incident', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='alerts', to='console.incident')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("finding_id", models.CharField(max_length=64)),
+                ("kind", models.CharField(max_length=48)),
+                ("subject", models.CharField(max_length=256)),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[
+                            ("root_cause", "Root Cause"),
+                            ("symptom", "Symptom"),
+                            ("undetermined", "Undetermined"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "severity",
+                    models.CharField(
+                        choices=[
+                            ("critical", "Critical"),
+                            ("major", "Major"),
+                            ("minor", "Minor"),
+                            ("info", "Info"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("summary", models.CharField(blank=True, default="", max_length=512)),
+                ("caused_by", models.JSONField(blank=True, default=list)),
+                ("evidence", models.JSONField(blank=True, default=dict)),
+                ("first_seen", models.DateTimeField()),
+                ("last_seen", models.DateTimeField()),
+                ("active", models.BooleanField(default=True)),
+                (
+                    "incident",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="alerts",
+                        to="console.incident",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['incident', 'role', 'subject'],
+                "ordering": ["incident", "role", "subject"],
             },
         ),
         migrations.CreateModel(
-            name='Membership',
+            name="Membership",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('role', models.CharField(choices=[('viewer', 'Viewer'), ('operator', 'Operator'), ('approver', 'Approver'), ('admin', 'Admin')], default='viewer', max_length=16)),
-                ('user', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='membership', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[
+                            ("viewer", "Viewer"),
+                            ("operator", "Operator"),
+                            ("approver", "Approver"),
+                            ("admin", "Admin"),
+                        ],
+                        default="viewer",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "user",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="membership",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Device',
+            name="Device",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('uuid', models.CharField(max_length=96, unique=True)),
-                ('index', models.PositiveIntegerField()),
-                ('health', models.CharField(choices=[('ok', 'Ok'), ('warning', 'Warning'), ('critical', 'Critical'), ('down', 'Down'), ('unknown', 'Unknown')], default='unknown', max_length=16)),
-                ('last_sample', models.JSONField(blank=True, default=dict)),
-                ('last_seen', models.DateTimeField(blank=True, null=True)),
-                ('isolated', models.BooleanField(default=False)),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='devices', to='console.node')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("uuid", models.CharField(max_length=96, unique=True)),
+                ("index", models.PositiveIntegerField()),
+                (
+                    "health",
+                    models.CharField(
+                        choices=[
+                            ("ok", "Ok"),
+                            ("warning", "Warning"),
+                            ("critical", "Critical"),
+                            ("down", "Down"),
+                            ("unknown", "Unknown"),
+                        ],
+                        default="unknown",
+                        max_length=16,
+                    ),
+                ),
+                ("last_sample", models.JSONField(blank=True, default=dict)),
+                ("last_seen", models.DateTimeField(blank=True, null=True)),
+                ("isolated", models.BooleanField(default=False)),
+                (
+                    "node",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="devices",
+                        to="console.node",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['node__name', 'index'],
+                "ordering": ["node__name", "index"],
             },
         ),
         migrations.CreateModel(
-            name='Rank',
+            name="Rank",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('rank', models.PositiveIntegerField()),
-                ('gpu', models.CharField(blank=True, default='', max_length=96)),
-                ('generation', models.PositiveIntegerField(default=0)),
-                ('last_step', models.BigIntegerField(blank=True, null=True)),
-                ('last_step_at', models.DateTimeField(blank=True, null=True)),
-                ('data_cursor', models.BigIntegerField(blank=True, null=True)),
-                ('process_state', models.CharField(blank=True, default='', max_length=16)),
-                ('group', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='ranks', to='console.consistencygroup')),
-                ('node', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to='console.node')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("rank", models.PositiveIntegerField()),
+                ("gpu", models.CharField(blank=True, default="", max_length=96)),
+                ("generation", models.PositiveIntegerField(default=0)),
+                ("last_step", models.BigIntegerField(blank=True, null=True)),
+                ("last_step_at", models.DateTimeField(blank=True, null=True)),
+                ("data_cursor", models.BigIntegerField(blank=True, null=True)),
+                ("process_state", models.CharField(blank=True, default="", max_length=16)),
+                (
+                    "group",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="ranks",
+                        to="console.consistencygroup",
+                    ),
+                ),
+                (
+                    "node",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to="console.node",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['group', 'rank'],
+                "ordering": ["group", "rank"],
             },
         ),
         migrations.AddIndex(
-            model_name='incident',
-            index=models.Index(fields=['state', '-opened_at'], name='console_inc_state_0a22e9_idx'),
+            model_name="incident",
+            index=models.Index(fields=["state", "-opened_at"], name="console_inc_state_0a22e9_idx"),
         ),
         migrations.AddConstraint(
-            model_name='incident',
-            constraint=models.UniqueConstraint(condition=models.Q(('state', 'resolved'), _negated=True), fields=('group', 'fingerprint'), name='one_open_incident_per_fingerprint'),
+            model_name="incident",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("state", "resolved"), _negated=True),
+                fields=("group", "fingerprint"),
+                name="one_open_incident_per_fingerprint",
+            ),
         ),
         migrations.AddIndex(
-            model_name='alert',
-            index=models.Index(fields=['role', 'active'], name='console_ale_role_4bac4f_idx'),
+            model_name="alert",
+            index=models.Index(fields=["role", "active"], name="console_ale_role_4bac4f_idx"),
         ),
         migrations.AddConstraint(
-            model_name='alert',
-            constraint=models.UniqueConstraint(fields=('incident', 'finding_id'), name='alert_unique'),
+            model_name="alert",
+            constraint=models.UniqueConstraint(
+                fields=("incident", "finding_id"), name="alert_unique"
+            ),
         ),
         migrations.AddIndex(
-            model_name='device',
-            index=models.Index(fields=['node', 'index'], name='console_dev_node_id_fcae15_idx'),
+            model_name="device",
+            index=models.Index(fields=["node", "index"], name="console_dev_node_id_fcae15_idx"),
         ),
         migrations.AddConstraint(
-            model_name='rank',
-            constraint=models.UniqueConstraint(fields=('group', 'rank'), name='rank_unique'),
+            model_name="rank",
+            constraint=models.UniqueConstraint(fields=("group", "rank"), name="rank_unique"),
         ),
     ]

@@ -1,0 +1,47 @@
+"""Thresholds and defaults for the diagnosis engine.
+
+Owns every tunable number the rules use, so docs/diagnosis.md and the code cannot drift.
+Must not read settings or the environment: the caller builds a `DiagnosisConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnosisConfig:
+    """Tunable thresholds; defaults are documented in docs/diagnosis.md."""
+
+    # progress: a rank is hung after max(multiplier x (median + k*MAD) step time, floor)
+    hang_mad_k: float = 5.0
+    hang_multiplier: float = 3.0
+    hang_floor_s: float = 60.0
+    # a group that never reported a step is only stalled after this long in its generation
+    warmup_timeout_s: float = 1800.0
+    # a checkpoint in progress excuses silence for at most this long
+    checkpoint_grace_s: float = 1800.0
+    # nodes: heartbeat older than this counts as stopped
+    heartbeat_timeout_s: float = 45.0
+    # stragglers
+    straggler_ratio: float = 1.25
+    straggler_mad_k: float = 5.0
+    straggler_min_steps: int = 3
+    clock_drop_ratio: float = 0.9
+    # numerics
+    grad_explosion_factor: float = 10.0
+    loss_scale_floor: float = 1.0
+    loss_scale_collapse_factor: float = 1024.0
+    # devices: cumulative NVLink error counter above which a link is suspect
+    nvlink_errors_limit: int = 10
+    # restarts: more than `retry_limit` restarts within `retry_window_s` is a storm
+    retry_window_s: float = 3600.0
+    retry_limit: int = 3
+    # goodput window
+    goodput_window_s: float = 3600.0
+    # serving
+    slo_target: float = 0.95
+    serving_retry_ratio: float = 0.1
+    serving_retry_min: int = 20
+    # evidence lists are capped so 4,096-rank findings stay small
+    max_evidence_items: int = 16

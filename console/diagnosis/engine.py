@@ -1,0 +1,200 @@
+"""The diagnosis engine: runs the rule registry in order and attaches recovery advice.
+
+Owns the rule order (evidence first, collective correctness before timeouts, hangs
+only for what nothing else explains, slowdowns last), the ordering of findings, the
+`Recovery` of every root cause and the `Diagnosis` result. Must stay pure: no Django,
+no I/O, no clock reads; the caller passes `now`. Same snapshot and `now`, same result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from console.diagnosis.config import DiagnosisConfig
+from console.diagnosis.findings import MINOR, ROOT_CAUSE, SEVERITY_RANK, Finding, Recovery
+from console.diagnosis.goodput import Goodput, compute_goodput
+from console.diagnosis.rules import (
+    checkpoints,
+    collectives,
+    contracts,
+    device,
+    nodes,
+    numerics,
+    process,
+    progress,
+    restarts,
+    serving,
+    stragglers,
+)
+from console.diagnosis.rules.base import Context
+from console.diagnosis.snapshot import GroupSnapshot
+from console.diagnosis.stats import median
+
+Rule = Callable[[Context], None]
+
+# Order matters: a rule may link only to findings of rules before it.
+RULES: tuple[tuple[str, Rule], ...] = (
+    ("contracts", contracts.run),
+    ("checkpoints", checkpoints.run),
+    ("restarts", restarts.run),
+    ("numerics", numerics.run),
+    ("device", device.run),
+    ("nodes", nodes.run),
+    ("process", process.run),
+    ("collectives", collectives.run),
+    ("progress", progress.run),
+    ("stragglers", stragglers.run),
+    ("serving", serving.run),
+)
+
+# Root causes that need no restart at all: the group keeps running, slower or noisier.
+NO_RESTART = frozenset(
+    {
+        "thermal_throttle",
+        "power_throttle",
+        "row_remap_pending",
+        "nvlink_errors",
+        "agent_silent",
+        "input_stall",
+        "network_slow",
+        "slo_breach",
+        "checkpoint_partial",
+        "checkpoint_corrupt",
+        "checkpoint_missing_shard",
+        "checkpoint_modified",
+    }
+)
+# Root causes whose node must be left out of the restarted group.
+EXCLUDE_NODE = frozenset({"xid", "gpu_lost", "ecc_dbe", "node_down"})
+ROLE_ORDER = {"root_cause": 0, "undetermined": 1, "symptom": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """Everything one `diagnose` call concluded about one group at `now`."""
+
+    group: str
+    generation: int
+    at: datetime
+    findings: tuple[Finding, ...]
+    goodput: Goodput
+    tail_ratio: float | None = None
+    phase_medians_ms: dict[str, float] = field(default_factory=dict)
+    checkpoint: str | None = None  # newest valid checkpoint id
+    recovery: Recovery | None = None  # group-level advice; None when nothing is wrong
+
+    @property
+    def root_causes(self) -> list[Finding]:
+        return [f for f in self.findings if f.role == ROOT_CAUSE]
+
+    def symptoms_of(self, finding_id: str) -> list[Finding]:
+        return [f for f in self.findings if finding_id in f.caused_by]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "generation": self.generation,
+            "at": self.at.isoformat(),
+            "findings": [f.to_dict() for f in self.findings],
+            "goodput": self.goodput.to_dict(),
+            "tail_ratio": self.tail_ratio,
+            "phase_medians_ms": dict(self.phase_medians_ms),
+            "checkpoint": self.checkpoint,
+            "recovery": None if self.recovery is None else self.recovery.to_dict(),
+        }
+
+
+def _losses(ctx: Context) -> tuple[int | None, int | None, float | None]:
+    """Steps, tokens and GPU-hours lost if the group restarts from the valid checkpoint."""
+    steps = [s for r in ctx.snap.ranks for s in ctx.steps(r)]
+    if not steps:
+        return None, None, None
+    current = max(s.step for s in steps)
+    ckpt = ctx.valid_checkpoint
+    base = ckpt.step if ckpt is not None and ckpt.step is not None else 0
+    lost = max(current - base, 0)
+    by_step: dict[int, int] = {}
+    for s in steps:
+        by_step[s.step] = by_step.get(s.step, 0) + (s.tokens or 0)
+    tokens = round(lost * median(list(by_step.values()))) if by_step else None
+    durs = ctx.recent_durations_s
+    gpu_h = round(lost * median(durs) * len(ctx.snap.ranks) / 3600.0, 3) if durs else None
+    return lost, tokens, gpu_h
+
+
+def _recovery(
+    ctx: Context, f: Finding, losses: tuple[int | None, int | None, float | None]
+) -> Recovery:
+    """May automation restart the group for root cause `f`, from where, at what cost."""
+    ckpt = ctx.valid_checkpoint
+    ckpt_id = None if ckpt is None else ckpt.checkpoint_id
+    storm = next(
+        (r for fid, r in ctx.unsafe_reasons.items() if ctx.findings[fid].kind == "retry_storm"),
+        None,
+    )
+    if f.id in ctx.unsafe_reasons:
+        return Recovery(False, ctx.unsafe_reasons[f.id], ckpt_id, *losses)
+    if storm is not None:
+        return Recovery(False, storm, ckpt_id, *losses)
+    if f.kind in NO_RESTART or f.severity == MINOR:
+        return Recovery(True, f"no restart needed: {f.summary}", ckpt_id)
+    if ctx.snap.kind == "training" and ckpt is None:
+        return Recovery(
+            False, "no committed, checksummed checkpoint to restore from", None, *losses
+        )
+    where = f.evidence.get("node")
+    reason = f"restart from checkpoint {ckpt_id}" if ckpt_id else "restart the worker"
+    if where and f.kind in EXCLUDE_NODE:
+        reason += f" without {where}"
+    if f.evidence.get("action"):
+        reason += f"; {f.evidence['action']}"
+    return Recovery(True, reason, ckpt_id, *losses)
+
+
+def _group_recovery(roots: list[Finding]) -> Recovery | None:
+    if not roots:
+        return None
+    blocking = [f for f in roots if f.recovery is not None and not f.recovery.auto_restart_safe]
+    lead = blocking[0] if blocking else roots[0]
+    rec = lead.recovery
+    assert rec is not None  # every root cause got one above
+    if blocking:
+        return replace(rec, reason=f"{lead.kind} on {lead.subject}: {rec.reason}")
+    return rec
+
+
+def _order(f: Finding) -> tuple[object, ...]:
+    return (ROLE_ORDER[f.role], SEVERITY_RANK[f.severity], f.first_seen, f.kind, f.subject)
+
+
+def diagnose(
+    snapshot: GroupSnapshot, now: datetime, config: DiagnosisConfig | None = None
+) -> Diagnosis:
+    """Run every rule over `snapshot` at `now`; root causes first, then symptoms."""
+    cfg = config or DiagnosisConfig()
+    ctx = Context(snapshot, now, cfg)
+    for _name, rule in RULES:
+        rule(ctx)
+    losses = _losses(ctx)
+    findings = [
+        replace(f, recovery=_recovery(ctx, f, losses)) if f.role == ROOT_CAUSE else f
+        for f in ctx.findings.values()
+    ]
+    findings.sort(key=_order)
+    roots = [f for f in findings if f.role == ROOT_CAUSE]
+    return Diagnosis(
+        group=snapshot.group,
+        generation=snapshot.generation,
+        at=now,
+        findings=tuple(findings),
+        goodput=compute_goodput(
+            snapshot, now, window_s=cfg.goodput_window_s, stall_threshold_s=ctx.stall_threshold_s
+        ),
+        tail_ratio=ctx.tail_ratio,
+        phase_medians_ms=dict(ctx.phase_medians_ms),
+        checkpoint=None if ctx.valid_checkpoint is None else ctx.valid_checkpoint.checkpoint_id,
+        recovery=_group_recovery([f for f in roots if f.severity != MINOR] or roots),
+    )

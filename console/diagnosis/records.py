@@ -1,0 +1,183 @@
+"""Leaf record dataclasses of a group snapshot, one per contract record shape.
+
+Owns the frozen shapes of steps, processes, collectives, devices, checkpoints,
+transitions and serving windows (DESIGN §3 names). Must not do I/O or import Django.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+PHASES = ("compute", "collective", "input", "checkpoint", "optimizer")
+
+
+@dataclass(frozen=True, slots=True)
+class Phases:
+    compute: float | None = None
+    collective: float | None = None
+    input: float | None = None
+    checkpoint: float | None = None
+    optimizer: float | None = None
+
+    def get(self, name: str) -> float | None:
+        value: float | None = getattr(self, name)
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    ts: datetime
+    generation: int
+    step: int
+    duration_ms: float | None = None
+    phases: Phases = field(default_factory=Phases)
+    tokens: int | None = None
+    loss: float | None = None
+    grad_norm: float | None = None
+    loss_scale: float | None = None
+    overflow: bool | None = None
+    data_cursor: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRecord:
+    ts: datetime
+    generation: int
+    event: str  # started | exited
+    pid: int | None = None
+    gpu: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None  # oom | exception | killed | clean | ...
+    error_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveEntry:
+    seq: int
+    pg: str
+    op: str
+    numel: int | None
+    dtype: str | None
+    state: str  # scheduled | started | completed
+    started_ts: datetime | None = None
+
+    @property
+    def signature(self) -> tuple[str, str, int | None, str | None]:
+        return (self.pg, self.op, self.numel, self.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveWindow:
+    ts: datetime
+    generation: int
+    entries: tuple[CollectiveEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    name: str
+    last_heartbeat: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSample:
+    ts: datetime
+    temp_c: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    util_pct: float | None = None
+    mem_used_bytes: int | None = None
+    ecc_sbe: int | None = None
+    ecc_dbe: int | None = None
+    retired_or_remapped_pending: bool | int | None = None
+    throttle_reasons: tuple[str, ...] = ()
+    nvlink_errors: int | None = None
+    pcie_replays: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceEvent:
+    ts: datetime
+    event: str  # xid | ecc_dbe | thermal | gpu_lost | ...
+    code: int | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceState:
+    gpu: str
+    node: str | None
+    index: int | None
+    sample: DeviceSample | None = None  # latest
+    events: tuple[DeviceEvent, ...] = ()  # oldest first
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    path: str
+    bytes: int | None
+    sha256: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    shards: tuple[Shard, ...] = ()
+    total_bytes: int | None = None
+    format: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointEvent:
+    ts: datetime
+    generation: int
+    phase: str  # staging | written | committed | verified | corrupt
+    step: int | None
+    manifest: Manifest | None
+    duration_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointState:
+    checkpoint_id: str
+    step: int | None
+    phase: str  # latest phase
+    manifest: Manifest | None  # latest manifest reported
+    events: tuple[CheckpointEvent, ...]  # oldest first
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    ts: datetime
+    generation: int
+    from_state: str | None
+    to_state: str
+    reason: str | None = None
+    restart_count: int | None = None
+    world_size: int | None = None
+    data_cursor: int | None = None
+    model_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServingWindow:
+    ts: datetime
+    worker: str
+    model_version: str | None = None
+    adapter_version: str | None = None
+    kv_schema: str | None = None
+    ready: bool | None = None
+    draining: bool | None = None
+    window: Mapping[str, Any] = field(default_factory=dict)  # DESIGN §3 window fields
+
+
+@dataclass(frozen=True, slots=True)
+class ContractFinding:
+    kind: str
+    subject: str
+    evidence: Mapping[str, Any]
+    ts: datetime | None = None

@@ -1,0 +1,1 @@
+"""Rule families of the diagnosis engine, one module each; `engine.RULES` orders them."""

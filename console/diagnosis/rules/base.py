@@ -1,0 +1,220 @@
+"""The shared context every rule reads and writes during one diagnosis.
+
+Owns indexes over the snapshot (rank, GPU, node), the findings emitted so far (by id,
+in emission order), causal lookups (rank -> GPU -> node) and the group's step-time
+statistics. Must not decide findings itself: each rule module does that.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from datetime import datetime
+from functools import cached_property
+from typing import Any
+
+from console.diagnosis.config import DiagnosisConfig
+from console.diagnosis.findings import (
+    MINOR,
+    ROOT_CAUSE,
+    SEVERITY_RANK,
+    SYMPTOM,
+    Finding,
+    gpu_subject,
+    make_finding,
+    node_subject,
+    rank_subject,
+)
+from console.diagnosis.snapshot import DeviceState, GroupSnapshot, RankState, StepRecord
+from console.diagnosis.stats import mad, median
+
+# Device faults that stop a rank outright (as opposed to slowing it down).
+HARD_DEVICE_KINDS = frozenset({"xid", "gpu_lost", "ecc_dbe"})
+# States in which silence is expected: the group is writing a checkpoint or pausing.
+QUIET_STATES = frozenset({"checkpointing", "quiescing"})
+IN_PROGRESS_PHASES = frozenset({"staging", "written"})
+TERMINAL_STATES = frozenset({"completed", "finished", "stopped", "failed", "cancelled"})
+RECENT_STEPS = 32
+
+
+class Context:
+    """Mutable working state of one `diagnose` call; rules append findings to it."""
+
+    def __init__(self, snap: GroupSnapshot, now: datetime, cfg: DiagnosisConfig) -> None:
+        self.snap = snap
+        self.now = now
+        self.cfg = cfg
+        self.findings: dict[str, Finding] = {}
+        self._by_subject: dict[str, list[str]] = defaultdict(list)
+        self.ranks: dict[int, RankState] = {r.rank: r for r in snap.ranks}
+        # Filtering steps by generation is the hot path at 4,096 ranks: do it once.
+        self._steps: dict[int, tuple[StepRecord, ...]] = {
+            r.rank: r.current_steps for r in snap.ranks
+        }
+        self.devices: dict[str, DeviceState] = {d.gpu: d for d in snap.devices}
+        self.ranks_on_gpu: dict[str, list[int]] = defaultdict(list)
+        self.ranks_on_node: dict[str, list[int]] = defaultdict(list)
+        for r in snap.ranks:
+            if r.gpu:
+                self.ranks_on_gpu[r.gpu].append(r.rank)
+            if r.node:
+                self.ranks_on_node[r.node].append(r.rank)
+        # Set by rules for the engine's recovery advice.
+        self.valid_checkpoint: Any = None  # CheckpointState | None
+        self.unsafe_reasons: dict[str, str] = {}  # finding id -> why restart is unsafe
+        self.tail_ratio: float | None = None  # set by `stragglers`
+        self.phase_medians_ms: dict[str, float] = {}  # set by `stragglers`
+
+    # -- emitting ------------------------------------------------------------------
+    def new(self, **kw: Any) -> Finding:
+        """`make_finding` with this group and generation filled in."""
+        return make_finding(group=self.snap.group, generation=self.snap.generation, **kw)
+
+    def put(self, finding: Finding) -> Finding:
+        """Add or replace (same id) a finding; a replacement keeps the higher severity."""
+        old = self.findings.get(finding.id)
+        if old is None:
+            self._by_subject[finding.subject].append(finding.id)
+        elif SEVERITY_RANK[old.severity] < SEVERITY_RANK[finding.severity]:
+            finding = replace(finding, severity=old.severity)
+        self.findings[finding.id] = finding
+        return finding
+
+    def on(self, subject: str) -> list[Finding]:
+        return [self.findings[i] for i in self._by_subject.get(subject, ())]
+
+    # -- causality -----------------------------------------------------------------
+    def root_of(self, finding: Finding) -> Finding:
+        """Follow `caused_by` to the root cause (first cause at each hop)."""
+        seen = {finding.id}
+        while finding.role == SYMPTOM and finding.caused_by:
+            nxt = self.findings.get(finding.caused_by[0])
+            if nxt is None or nxt.id in seen:
+                break
+            seen.add(nxt.id)
+            finding = nxt
+        return finding
+
+    def device_cause(self, gpu: str | None) -> Finding | None:
+        """The hard device root cause on `gpu`, if any."""
+        if not gpu:
+            return None
+        for f in self.on(gpu_subject(gpu)):
+            # A minor Xid (63, 92) is bookkeeping: it stops no rank.
+            if f.kind in HARD_DEVICE_KINDS and f.role == ROOT_CAUSE and f.severity != MINOR:
+                return f
+        return None
+
+    def node_cause(self, node: str | None) -> Finding | None:
+        if not node:
+            return None
+        for f in self.on(node_subject(node)):
+            if f.kind == "node_down":
+                return f
+        return None
+
+    def rank_cause(self, rank: int, kinds: Iterable[str] | None = None) -> Finding | None:
+        """What stopped `rank`: its GPU, then its node, then its own process record."""
+        r = self.ranks.get(rank)
+        if r is None:
+            return None
+        hit = self.device_cause(r.gpu) or self.node_cause(r.node)
+        if hit is not None:
+            return hit
+        wanted = None if kinds is None else set(kinds)
+        for f in self.on(rank_subject(self.snap.group, rank)):
+            if wanted is None or f.kind in wanted:
+                return self.root_of(f)
+        return None
+
+    def covered(self, rank: int) -> bool:
+        """True when some finding already speaks for this rank (no second story)."""
+        r = self.ranks[rank]
+        return bool(
+            self.on(rank_subject(self.snap.group, rank))
+            or self.device_cause(r.gpu)
+            or self.node_cause(r.node)
+        )
+
+    def steps(self, r: RankState) -> tuple[StepRecord, ...]:
+        """The rank's steps of the active generation, oldest first."""
+        return self._steps[r.rank]
+
+    def last_step(self, r: RankState) -> StepRecord | None:
+        cur = self._steps[r.rank]
+        return cur[-1] if cur else None
+
+    # -- progress statistics ---------------------------------------------------------
+    @cached_property
+    def recent_durations_s(self) -> list[float]:
+        out: list[float] = []
+        for r in self.snap.ranks:
+            steps = self.steps(r)[-RECENT_STEPS:]
+            out.extend(s.duration_ms / 1000.0 for s in steps if s.duration_ms is not None)
+        return out
+
+    @cached_property
+    def stall_threshold_s(self) -> float | None:
+        """max(multiplier x (median + k*MAD), floor); None when there is no history."""
+        d = self.recent_durations_s
+        if not d:
+            return None
+        m = median(d)
+        expected = m + self.cfg.hang_mad_k * mad(d, m)
+        return max(self.cfg.hang_multiplier * expected, self.cfg.hang_floor_s)
+
+    def last_progress(self, r: RankState) -> datetime | None:
+        """Newest step of the active generation, else the rank's start in it."""
+        last = self.last_step(r)
+        if last is not None:
+            return last.ts
+        starts = [p.ts for p in r.processes if p.generation == r.generation]
+        return starts[-1] if starts else None
+
+    @cached_property
+    def quiet_since(self) -> datetime | None:
+        """Since when the group is (or may be) checkpointing or quiescing; None if not."""
+        snap = self.snap
+        if snap.state in QUIET_STATES:
+            into = [t.ts for t in snap.transitions if t.to_state == snap.state]
+            return into[-1] if into else self.now
+        lasts = [s for s in (self.last_step(r) for r in snap.ranks) if s is not None]
+        newest_step = max((s.ts for s in lasts), default=None)
+        # The last step spent time in the checkpoint phase: async staging may still run.
+        ckpt_steps = [s.ts for s in lasts if (s.phases.checkpoint or 0) > 0]
+        if ckpt_steps and newest_step is not None and max(ckpt_steps) == newest_step:
+            return newest_step
+        for c in snap.checkpoints:
+            if c.phase in IN_PROGRESS_PHASES and (
+                newest_step is None or c.events[-1].ts >= newest_step
+            ):
+                return c.events[0].ts
+        return None
+
+    @property
+    def quiet(self) -> bool:
+        """Checkpointing or quiescing, and still within `checkpoint_grace_s`."""
+        since = self.quiet_since
+        return (
+            since is not None and (self.now - since).total_seconds() <= self.cfg.checkpoint_grace_s
+        )
+
+    @cached_property
+    def generation_start(self) -> datetime | None:
+        ts = [t.ts for t in self.snap.transitions if t.generation == self.snap.generation]
+        return ts[0] if ts else None
+
+    def capped(self, items: Sequence[Any]) -> list[Any]:
+        """Evidence lists stay short: the first `max_evidence_items` items."""
+        return list(items[: self.cfg.max_evidence_items])
+
+    def age_s(self, ts: datetime | None) -> float | None:
+        return None if ts is None else (self.now - ts).total_seconds()
+
+    def gpu_label(self, gpu: str | None) -> str:
+        """'node-17 GPU 5' when the device is known, else the UUID."""
+        dev = self.devices.get(gpu or "")
+        if dev is None or dev.index is None:
+            return f"GPU {gpu}"
+        return f"{dev.node or '?'} GPU {dev.index}"

@@ -1,0 +1,130 @@
+"""Numerics rule family: NaN/Inf loss, gradient explosion, loss-scale collapse.
+
+Owns `nan_loss`, `grad_explosion` and `loss_scale_collapse`, each a group root cause
+that blocks automatic restart (skipping a bad step masks corruption). Must not flag
+a mixed-precision overflow step whose non-finite gradient the loss scaler skipped.
+"""
+
+from __future__ import annotations
+
+from math import isfinite
+
+from console.diagnosis.findings import CRITICAL, MAJOR, ROOT_CAUSE, group_subject
+from console.diagnosis.rules.base import RECENT_STEPS, Context
+from console.diagnosis.snapshot import StepRecord
+from console.diagnosis.stats import median
+
+
+def _emit(
+    ctx: Context,
+    kind: str,
+    severity: str,
+    summary: str,
+    bad: list[tuple[int, StepRecord]],
+    extra: dict[str, object],
+) -> None:
+    first = min(bad, key=lambda x: x[1].ts)
+    f = ctx.put(
+        ctx.new(
+            kind=kind,
+            subject=group_subject(ctx.snap.group),
+            role=ROOT_CAUSE,
+            severity=severity,
+            summary=summary,
+            first_seen=first[1].ts,
+            last_seen=max(s.ts for _, s in bad),
+            evidence={
+                "first_rank": first[0],
+                "first_step": first[1].step,
+                "ranks": ctx.capped(sorted({rk for rk, _ in bad})),
+                **extra,
+            },
+        )
+    )
+    ctx.unsafe_reasons[f.id] = (
+        f"{kind}: a restart would replay or skip corrupt numerics; a human must find the "
+        "bad data or model state first"
+    )
+
+
+def _bad(x: float | None) -> bool:
+    return x is not None and not isfinite(x)
+
+
+def _exploded(x: float | None, limit: float) -> bool:
+    return x is not None and (not isfinite(x) or x > limit)
+
+
+def run(ctx: Context) -> None:
+    # Plain loops over per-rank slices: at 4,096 ranks, building a (rank, step) tuple per
+    # record costs more in garbage collection than the checks themselves.
+    per_rank = [(r.rank, ctx.steps(r)[-RECENT_STEPS:]) for r in ctx.snap.ranks]
+    per_rank = [(rk, ss) for rk, ss in per_rank if ss]
+    if not per_rank:
+        return
+    nan = [(rk, s) for rk, ss in per_rank for s in ss if _bad(s.loss)]
+    if nan:
+        rk, s = min(nan, key=lambda x: (x[1].step, x[0]))
+        _emit(
+            ctx,
+            "nan_loss",
+            CRITICAL,
+            f"Non-finite loss ({s.loss}) in {ctx.snap.group} from step {s.step} (rank {rk})",
+            nan,
+            {"loss": s.loss, "steps": ctx.capped(sorted({x.step for _, x in nan}))},
+        )
+    # Explosion: the newest grad norm against the median of the group's earlier ones.
+    last_step = max(ss[-1].step for _, ss in per_rank)
+    earlier = [
+        s.grad_norm
+        for _, ss in per_rank
+        for s in ss
+        if s.step < last_step and s.grad_norm is not None and isfinite(s.grad_norm)
+    ]
+    latest = [
+        (rk, ss[-1])
+        for rk, ss in per_rank
+        if ss[-1].step == last_step and ss[-1].grad_norm is not None
+    ]
+    if earlier and latest:
+        base = median(earlier)
+        limit = ctx.cfg.grad_explosion_factor * base
+        boom = [(rk, s) for rk, s in latest if not s.overflow and _exploded(s.grad_norm, limit)]
+        if boom:
+            worst = max(boom, key=lambda x: x[1].grad_norm or 0.0)[1].grad_norm
+            _emit(
+                ctx,
+                "grad_explosion",
+                MAJOR,
+                f"Gradient norm {worst} at step {last_step} is over "
+                f"{ctx.cfg.grad_explosion_factor:g}x the recent median {base:.3g}",
+                boom,
+                {"grad_norm": worst, "median_grad_norm": base, "limit": limit},
+            )
+    peak = max(
+        (s.loss_scale for _, ss in per_rank for s in ss if s.loss_scale is not None), default=None
+    )
+    newest = [(rk, ss[-1]) for rk, ss in per_rank if ss[-1].step == last_step]
+    scales = [s.loss_scale for _, s in newest if s.loss_scale is not None]
+    if peak is None or not scales:
+        return
+    now_scale = min(scales)
+    floor = ctx.cfg.loss_scale_floor
+    if now_scale < floor or (
+        now_scale > 0 and peak / now_scale >= ctx.cfg.loss_scale_collapse_factor
+    ):
+        overflows = sum(1 for _, ss in per_rank for s in ss if s.overflow)
+        _emit(
+            ctx,
+            "loss_scale_collapse",
+            MAJOR,
+            f"Loss scale collapsed to {now_scale:g} (peak {peak:g}) after "
+            f"{overflows} overflow step(s)",
+            newest,
+            {
+                "loss_scale": now_scale,
+                "peak_loss_scale": peak,
+                "overflow_steps": overflows,
+                "floor": floor,
+            },
+        )

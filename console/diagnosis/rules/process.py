@@ -1,0 +1,94 @@
+"""Process rule family: a rank's process exited, ran out of memory or raised.
+
+Owns `process_exit`, `oom` and `exception`, and spotting a deterministic OOM (the same
+step failing again after a restart). Must run after `device` so a crash explained by
+the rank's GPU is filed as that GPU's symptom, not as a second root cause.
+"""
+
+from __future__ import annotations
+
+from console.diagnosis.findings import CRITICAL, MAJOR, ROOT_CAUSE, SYMPTOM, rank_subject
+from console.diagnosis.rules.base import TERMINAL_STATES, Context
+from console.diagnosis.snapshot import ProcessRecord, RankState
+
+
+def _step_at(r: RankState, p: ProcessRecord) -> int | None:
+    """The last step the rank reported before `p` (in p's generation)."""
+    steps = [s.step for s in r.steps if s.generation == p.generation and s.ts <= p.ts]
+    return steps[-1] if steps else None
+
+
+def _kind(p: ProcessRecord) -> str:
+    if p.reason == "oom":
+        return "oom"
+    if p.reason == "exception":
+        return "exception"
+    return "process_exit"
+
+
+def deterministic_ooms(ctx: Context) -> dict[int, list[int]]:
+    """Step -> generations in which some rank went OOM at that step (2+ = deterministic)."""
+    by_step: dict[int, set[int]] = {}
+    for r in ctx.snap.ranks:
+        for p in r.processes:
+            if p.event == "exited" and p.reason == "oom":
+                step = _step_at(r, p)
+                if step is not None:
+                    by_step.setdefault(step, set()).add(p.generation)
+    return {s: sorted(g) for s, g in by_step.items() if len(g) > 1}
+
+
+def run(ctx: Context) -> None:
+    repeats = deterministic_ooms(ctx)
+    for r in ctx.snap.ranks:
+        p = r.last_process
+        if p is None or p.event != "exited" or p.generation != ctx.snap.generation:
+            continue
+        clean = p.reason == "clean" or (p.exit_code == 0 and p.signal is None and not p.reason)
+        if clean and ctx.snap.state in TERMINAL_STATES:
+            continue  # the job finished; a clean exit is the expected end
+        kind = _kind(p)
+        step = _step_at(r, p)
+        cause = ctx.device_cause(p.gpu or r.gpu) or ctx.node_cause(r.node)
+        what = {
+            "oom": "out of memory",
+            "exception": f"raised {p.error_type or 'an exception'}",
+            "process_exit": (
+                "exited cleanly mid-run"
+                if clean
+                else f"exited (code {p.exit_code}, signal {p.signal}, {p.reason or 'no reason'})"
+            ),
+        }[kind]
+        ev: dict[str, object] = {
+            "rank": r.rank,
+            "node": r.node,
+            "gpu": p.gpu or r.gpu,
+            "pid": p.pid,
+            "exit_code": p.exit_code,
+            "signal": p.signal,
+            "reason": p.reason,
+            "error_type": p.error_type,
+            "exited_at": p.ts,
+            "last_step": step,
+        }
+        again = repeats.get(step) if kind == "oom" and step is not None else None
+        if again:
+            ev["deterministic"] = {"step": step, "generations": again}
+        f = ctx.put(
+            ctx.new(
+                kind=kind,
+                subject=rank_subject(ctx.snap.group, r.rank),
+                role=SYMPTOM if cause else ROOT_CAUSE,
+                severity=MAJOR if cause else CRITICAL,
+                summary=f"Rank {r.rank} on {r.node or '?'} {what}"
+                + (f" at step {step}" if step is not None else ""),
+                first_seen=p.ts,
+                evidence=ev,
+                caused_by=(cause.id,) if cause else (),
+            )
+        )
+        if again:
+            ctx.unsafe_reasons[f.id] = (
+                f"deterministic OOM: step {step} ran out of memory in generations "
+                f"{again}; the same configuration will fail again"
+            )

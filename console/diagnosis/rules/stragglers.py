@@ -1,0 +1,197 @@
+"""Straggler rule family: tail ratio and phase decomposition of slow ranks.
+
+Owns `ctx.tail_ratio` (p99 of per-rank mean step time over the median), `straggler`
+symptoms and their causes: a throttled GPU inflating compute (`thermal_throttle`,
+`power_throttle`), input inflated on a healthy GPU (`input_stall`), collectives inflated
+on the ranks of one node (`network_slow`). Must skip ranks another finding explains.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from console.diagnosis.findings import (
+    MAJOR,
+    MINOR,
+    ROOT_CAUSE,
+    SYMPTOM,
+    UNDETERMINED,
+    Finding,
+    gpu_subject,
+    node_subject,
+    rank_subject,
+)
+from console.diagnosis.records import PHASES
+from console.diagnosis.rules.base import RECENT_STEPS, Context
+from console.diagnosis.rules.device import throttle_kind
+from console.diagnosis.snapshot import RankState
+from console.diagnosis.stats import mad, median, percentile
+
+
+def _means(ctx: Context, r: RankState) -> tuple[float, dict[str, float]] | None:
+    steps = [s for s in ctx.steps(r)[-RECENT_STEPS:] if s.duration_ms is not None]
+    if not steps:
+        return None
+    total = sum(s.duration_ms for s in steps) / len(steps)  # type: ignore[misc]
+    phases = {p: sum(s.phases.get(p) or 0.0 for s in steps) / len(steps) for p in PHASES}
+    return total, phases
+
+
+def _throttle_cause(ctx: Context, r: RankState, ev: dict[str, object]) -> Finding | None:
+    dev = ctx.devices.get(r.gpu or "")
+    if dev is None or dev.sample is None:
+        return None
+    s = dev.sample
+    kind = throttle_kind(s.throttle_reasons)
+    if kind is None:
+        return None
+    return ctx.put(
+        ctx.new(
+            kind=kind,
+            subject=gpu_subject(dev.gpu),
+            role=ROOT_CAUSE,
+            severity=MAJOR,
+            summary=f"{kind.replace('_', ' ').capitalize()} on {ctx.gpu_label(dev.gpu)} "
+            f"(rank {r.rank}) slows the whole group: compute {ev['compute_ms']:.0f} ms vs "
+            f"median {ev['median_compute_ms']:.0f} ms",
+            first_seen=s.ts,
+            evidence={
+                "gpu": dev.gpu,
+                "node": dev.node,
+                "index": dev.index,
+                "throttle_reasons": list(s.throttle_reasons),
+                "temp_c": s.temp_c,
+                "power_w": s.power_w,
+                "sm_clock_mhz": s.sm_clock_mhz,
+                **ev,
+            },
+        )
+    )
+
+
+def run(ctx: Context) -> None:
+    cfg = ctx.cfg
+    stats: dict[int, tuple[float, dict[str, float]]] = {}
+    for r in ctx.snap.ranks:
+        # Every rank with history counts toward the tail ratio; only unexplained ranks
+        # may be called stragglers below.
+        if len(ctx.steps(r)) >= cfg.straggler_min_steps:
+            m = _means(ctx, r)
+            if m is not None:
+                stats[r.rank] = m
+    if len(stats) < 2:
+        return
+    means = [m for m, _ in stats.values()]
+    med = median(means)
+    if med <= 0:
+        return
+    ctx.tail_ratio = percentile(means, 99) / med
+    ph_med = {p: median([ph[p] for _, ph in stats.values()]) for p in PHASES}
+    ctx.phase_medians_ms = ph_med
+    limit = max(med * cfg.straggler_ratio, med + cfg.straggler_mad_k * mad(means, med))
+    slow = sorted(rk for rk, (m, _) in stats.items() if m > limit and not ctx.covered(rk))
+    if not slow or any(f.kind == "group_stall" for f in ctx.findings.values()):
+        return
+    net_slow: dict[str, list[int]] = defaultdict(list)
+    causes: dict[int, Finding | None] = {}
+    for rk in slow:
+        r = ctx.ranks[rk]
+        mean, ph = stats[rk]
+        excess = {p: ph[p] - ph_med[p] for p in PHASES}
+        dominant = max(PHASES, key=lambda p: excess[p])
+        ev: dict[str, object] = {
+            "rank": rk,
+            "node": r.node,
+            "gpu": r.gpu,
+            "mean_step_ms": round(mean, 3),
+            "median_step_ms": round(med, 3),
+            "ratio": round(mean / med, 3),
+            "dominant_phase": dominant,
+            "compute_ms": ph["compute"],
+            "median_compute_ms": ph_med["compute"],
+            "phase_ms": {p: round(ph[p], 3) for p in PHASES},
+            "median_phase_ms": {p: round(ph_med[p], 3) for p in PHASES},
+        }
+        cause = None
+        if dominant == "compute":
+            cause = _throttle_cause(ctx, r, ev)
+        elif dominant == "input" and _throttle_cause_kind(ctx, r) is None:
+            cause = ctx.put(
+                ctx.new(
+                    kind="input_stall",
+                    subject=rank_subject(ctx.snap.group, rk),
+                    role=ROOT_CAUSE,
+                    severity=MAJOR,
+                    summary=f"Input pipeline stalls rank {rk} on {r.node or '?'}: "
+                    f"input {ph['input']:.0f} ms vs median {ph_med['input']:.0f} ms per step",
+                    first_seen=ctx.steps(r)[-RECENT_STEPS:][0].ts,
+                    last_seen=ctx.steps(r)[-1].ts,
+                    evidence=ev,
+                    key="input",
+                )
+            )
+        elif dominant == "collective" and r.node:
+            net_slow[r.node].append(rk)
+        causes[rk] = cause
+    # Collective time inflated only on the ranks of one node: that node's network.
+    if len(net_slow) == 1:
+        node, ranks = next(iter(net_slow.items()))
+        c = ctx.put(
+            ctx.new(
+                kind="network_slow",
+                subject=node_subject(node),
+                role=ROOT_CAUSE,
+                severity=MAJOR,
+                summary=f"Slow network on {node}: collectives of rank(s) {ranks[:4]} take "
+                f"{max(stats[x][1]['collective'] for x in ranks):.0f} ms vs median "
+                f"{ph_med['collective']:.0f} ms",
+                first_seen=ctx.steps(ctx.ranks[ranks[0]])[-RECENT_STEPS:][0].ts,
+                last_seen=ctx.now,
+                evidence={
+                    "node": node,
+                    "ranks": ctx.capped(ranks),
+                    "median_collective_ms": ph_med["collective"],
+                },
+            )
+        )
+        for rk in ranks:
+            causes[rk] = c
+    for rk in slow:
+        r = ctx.ranks[rk]
+        mean, ph = stats[rk]
+        cause = causes.get(rk)
+        ctx.put(
+            ctx.new(
+                kind="straggler",
+                subject=rank_subject(ctx.snap.group, rk),
+                role=SYMPTOM if cause else UNDETERMINED,
+                severity=MAJOR if mean / med >= 1.5 else MINOR,
+                summary=f"Rank {rk} on {r.node or '?'} straggles at {mean / med:.2f}x the median "
+                f"step time" + (f": {cause.summary}" if cause else " (cause undetermined)"),
+                first_seen=ctx.steps(r)[-RECENT_STEPS:][0].ts,
+                last_seen=ctx.steps(r)[-1].ts,
+                evidence={
+                    "rank": rk,
+                    "node": r.node,
+                    "gpu": r.gpu,
+                    "mean_step_ms": round(mean, 3),
+                    "median_step_ms": round(med, 3),
+                    "tail_ratio": round(ctx.tail_ratio, 3),
+                    "phase_ms": {p: round(ph[p], 3) for p in PHASES},
+                    **(
+                        {}
+                        if cause
+                        else {
+                            "missing_evidence": "no throttle, input or "
+                            "single-node network signal; suspect shape skew or host contention"
+                        }
+                    ),
+                },
+                caused_by=[cause.id] if cause else [],
+            )
+        )
+
+
+def _throttle_cause_kind(ctx: Context, r: RankState) -> str | None:
+    dev = ctx.devices.get(r.gpu or "")
+    return None if dev is None or dev.sample is None else throttle_kind(dev.sample.throttle_reasons)

@@ -1,0 +1,355 @@
+"""Frozen snapshot of one consistency group at a moment, and `build_snapshot`.
+
+Owns the plain-data shape the rules read and the one translation from contract-shaped
+record dicts (DESIGN §3 field names, `ts` as aware datetimes) into it. Must not do I/O,
+read the clock or import Django: the database adapter and the tests both call it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from console.diagnosis.records import (
+    PHASES,
+    CheckpointEvent,
+    CheckpointState,
+    CollectiveEntry,
+    CollectiveWindow,
+    ContractFinding,
+    DeviceEvent,
+    DeviceSample,
+    DeviceState,
+    Manifest,
+    NodeState,
+    Phases,
+    ProcessRecord,
+    ServingWindow,
+    Shard,
+    StepRecord,
+    Transition,
+)
+
+__all__ = [
+    "PHASES",
+    "CheckpointEvent",
+    "CheckpointState",
+    "CollectiveEntry",
+    "CollectiveWindow",
+    "ContractFinding",
+    "DeviceEvent",
+    "DeviceSample",
+    "DeviceState",
+    "GroupSnapshot",
+    "Manifest",
+    "NodeState",
+    "Phases",
+    "ProcessRecord",
+    "RankState",
+    "ServingWindow",
+    "Shard",
+    "StepRecord",
+    "Transition",
+    "build_snapshot",
+]
+
+RANK_KINDS = frozenset({"step", "process", "collective"})
+
+
+@dataclass(frozen=True, slots=True)
+class RankState:
+    rank: int
+    node: str | None
+    gpu: str | None
+    steps: tuple[StepRecord, ...] = ()  # oldest first, every generation
+    processes: tuple[ProcessRecord, ...] = ()  # oldest first, every generation
+    collective: CollectiveWindow | None = None  # latest window of the active generation
+    generation: int = 0
+
+    @property
+    def current_steps(self) -> tuple[StepRecord, ...]:
+        return tuple(s for s in self.steps if s.generation == self.generation)
+
+    @property
+    def last_step(self) -> StepRecord | None:
+        cur = self.current_steps
+        return cur[-1] if cur else None
+
+    @property
+    def last_process(self) -> ProcessRecord | None:
+        return self.processes[-1] if self.processes else None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSnapshot:
+    group: str
+    kind: str  # training | serving
+    state: str
+    generation: int
+    taken_at: datetime
+    ranks: tuple[RankState, ...] = ()  # sorted by rank
+    nodes: tuple[NodeState, ...] = ()
+    devices: tuple[DeviceState, ...] = ()
+    checkpoints: tuple[CheckpointState, ...] = ()
+    transitions: tuple[Transition, ...] = ()  # oldest first
+    serving: tuple[ServingWindow, ...] = ()  # latest window per worker
+    contract_findings: tuple[ContractFinding, ...] = ()
+
+
+def _num(value: Any) -> float | None:
+    # Contract NaN/Infinity may still arrive as the strings "NaN"/"Infinity"; float()
+    # parses both, so the fault the console exists to catch is never lost.
+    return None if value is None else float(value)
+
+
+def _manifest(raw: Mapping[str, Any] | None) -> Manifest | None:
+    if raw is None:
+        return None
+    shards = tuple(
+        Shard(path=s.get("path", ""), bytes=s.get("bytes"), sha256=s.get("sha256"))
+        for s in raw.get("shards") or ()
+    )
+    return Manifest(shards=shards, total_bytes=raw.get("total_bytes"), format=raw.get("format"))
+
+
+def _step(r: Mapping[str, Any]) -> StepRecord:
+    # The hot path of build_snapshot (one call per step record): positional arguments
+    # and bound lookups keep a 4,096-rank group cheap to rebuild.
+    g = r.get
+    ph = g("phases") or {}
+    p = ph.get
+    return StepRecord(
+        r["ts"],
+        int(g("generation") or 0),
+        int(r["step"]),
+        _num(g("duration_ms")),
+        Phases(
+            _num(p("compute")),
+            _num(p("collective")),
+            _num(p("input")),
+            _num(p("checkpoint")),
+            _num(p("optimizer")),
+        ),
+        g("tokens"),
+        _num(g("loss")),
+        _num(g("grad_norm")),
+        _num(g("loss_scale")),
+        g("overflow"),
+        g("data_cursor"),
+    )
+
+
+def _process(r: Mapping[str, Any]) -> ProcessRecord:
+    return ProcessRecord(
+        ts=r["ts"],
+        generation=int(r.get("generation") or 0),
+        event=r["event"],
+        pid=r.get("pid"),
+        gpu=r.get("gpu"),
+        exit_code=r.get("exit_code"),
+        signal=r.get("signal"),
+        reason=r.get("reason"),
+        error_type=r.get("error_type"),
+    )
+
+
+def _window(r: Mapping[str, Any]) -> CollectiveWindow:
+    entries = tuple(
+        CollectiveEntry(
+            seq=int(e["seq"]),
+            pg=str(e.get("pg")),
+            op=str(e.get("op")),
+            numel=e.get("numel"),
+            dtype=e.get("dtype"),
+            state=e.get("state", "scheduled"),
+            started_ts=e.get("started_ts"),
+        )
+        for e in r.get("entries") or ()
+    )
+    return CollectiveWindow(ts=r["ts"], generation=int(r.get("generation") or 0), entries=entries)
+
+
+def _sample(r: Mapping[str, Any]) -> DeviceSample:
+    return DeviceSample(
+        ts=r["ts"],
+        temp_c=r.get("temp_c"),
+        power_w=r.get("power_w"),
+        sm_clock_mhz=r.get("sm_clock_mhz"),
+        mem_clock_mhz=r.get("mem_clock_mhz"),
+        util_pct=r.get("util_pct"),
+        mem_used_bytes=r.get("mem_used_bytes"),
+        ecc_sbe=r.get("ecc_sbe"),
+        ecc_dbe=r.get("ecc_dbe"),
+        retired_or_remapped_pending=r.get("retired_or_remapped_pending"),
+        throttle_reasons=tuple(r.get("throttle_reasons") or ()),
+        nvlink_errors=r.get("nvlink_errors"),
+        pcie_replays=r.get("pcie_replays"),
+    )
+
+
+def build_snapshot(
+    *,
+    group: str,
+    generation: int,
+    state: str,
+    records: list[dict[str, Any]],
+    nodes: dict[str, datetime | None],
+    contract_findings: list[dict[str, Any]],
+    now: datetime,
+) -> GroupSnapshot:
+    """Build a `GroupSnapshot` from contract-shaped record dicts (DESIGN §3 names).
+
+    Records of other groups are ignored; device records are kept (the caller passes
+    the devices of the group's nodes). Unknown kinds are ignored: names may gain fields.
+    """
+    recs = sorted(records, key=lambda r: r["ts"])
+    steps: dict[int, list[StepRecord]] = defaultdict(list)
+    procs: dict[int, list[ProcessRecord]] = defaultdict(list)
+    windows: dict[int, CollectiveWindow] = {}
+    rank_gens: dict[int, int] = {}
+    rank_gpu: dict[int, str] = {}
+    rank_node: dict[int, str] = {}
+    dev_node: dict[str, str | None] = {}
+    dev_index: dict[str, int | None] = {}
+    samples: dict[str, DeviceSample] = {}
+    events: dict[str, list[DeviceEvent]] = defaultdict(list)
+    ckpt: dict[str, list[CheckpointEvent]] = defaultdict(list)
+    transitions: list[Transition] = []
+    serving: dict[str, ServingWindow] = {}
+    heartbeats = dict(nodes)
+    for r in recs:
+        kind = r.get("kind")
+        if kind in ("device_sample", "device_event"):
+            gpu = r["gpu"]
+            if r.get("node") is not None or gpu not in dev_node:
+                dev_node[gpu] = r.get("node")
+            if kind == "device_sample":
+                dev_index[gpu] = r.get("index")
+                samples[gpu] = _sample(r)
+            else:
+                dev_index.setdefault(gpu, r.get("index"))
+                events[gpu].append(
+                    DeviceEvent(
+                        ts=r["ts"], event=r["event"], code=r.get("code"), detail=r.get("detail")
+                    )
+                )
+            continue
+        if r.get("group") not in (None, group):
+            continue
+        gen = int(r.get("generation") or 0)
+        if kind in RANK_KINDS:
+            if r.get("rank") is None:
+                continue  # validated upstream; a rankless per-rank record says nothing here
+            rank = int(r["rank"])
+            rank_gens[rank] = max(rank_gens.get(rank, gen), gen)
+            if r.get("node"):
+                rank_node[rank] = r["node"]
+        if kind == "step":
+            steps[rank].append(_step(r))
+        elif kind == "process":
+            procs[rank].append(_process(r))
+            if r.get("gpu"):
+                rank_gpu[rank] = r["gpu"]
+        elif kind == "collective":
+            if gen == generation:
+                windows[rank] = _window(r)
+        elif kind == "checkpoint":
+            ckpt[str(r["checkpoint_id"])].append(
+                CheckpointEvent(
+                    ts=r["ts"],
+                    generation=gen,
+                    phase=r["phase"],
+                    step=r.get("step"),
+                    manifest=_manifest(r.get("manifest")),
+                    duration_ms=_num(r.get("duration_ms")),
+                )
+            )
+        elif kind == "transition":
+            transitions.append(
+                Transition(
+                    ts=r["ts"],
+                    generation=gen,
+                    from_state=r.get("from_state"),
+                    to_state=r["to_state"],
+                    reason=r.get("reason"),
+                    restart_count=r.get("restart_count"),
+                    world_size=r.get("world_size"),
+                    data_cursor=r.get("data_cursor"),
+                    model_version=r.get("model_version"),
+                )
+            )
+        elif kind == "serving":
+            serving[r["worker"]] = ServingWindow(
+                ts=r["ts"],
+                worker=r["worker"],
+                model_version=r.get("model_version"),
+                adapter_version=r.get("adapter_version"),
+                kv_schema=r.get("kv_schema"),
+                ready=r.get("ready"),
+                draining=r.get("draining"),
+                window=r.get("window") or {},
+            )
+        elif kind == "heartbeat" and r.get("node"):
+            prev = heartbeats.get(r["node"])
+            heartbeats[r["node"]] = r["ts"] if prev is None else max(prev, r["ts"])
+    # Ranks of the active generation; if it has reported nothing yet, nobody is
+    # expected to make progress (a fresh generation is warming up).
+    active = sorted(rk for rk, g in rank_gens.items() if g == generation)
+    ranks = tuple(
+        RankState(
+            rank=rk,
+            node=rank_node.get(rk) or dev_node.get(rank_gpu.get(rk, "")),
+            gpu=rank_gpu.get(rk),
+            steps=tuple(steps.get(rk, ())),
+            processes=tuple(procs.get(rk, ())),
+            collective=windows.get(rk),
+            generation=generation,
+        )
+        for rk in active
+    )
+    devices = tuple(
+        DeviceState(
+            gpu=g,
+            node=dev_node.get(g),
+            index=dev_index.get(g),
+            sample=samples.get(g),
+            events=tuple(events.get(g, ())),
+        )
+        for g in sorted(dev_node)
+    )
+    checkpoints = tuple(
+        CheckpointState(
+            checkpoint_id=cid,
+            step=next((e.step for e in reversed(evs) if e.step is not None), None),
+            phase=evs[-1].phase,
+            manifest=next((e.manifest for e in reversed(evs) if e.manifest is not None), None),
+            events=tuple(evs),
+        )
+        for cid, evs in sorted(ckpt.items())
+    )
+    kind = "serving" if serving and not ranks else "training"
+    return GroupSnapshot(
+        group=group,
+        kind=kind,
+        state=state,
+        generation=generation,
+        taken_at=now,
+        ranks=ranks,
+        nodes=tuple(NodeState(name=n, last_heartbeat=t) for n, t in sorted(heartbeats.items())),
+        devices=devices,
+        checkpoints=checkpoints,
+        transitions=tuple(transitions),
+        serving=tuple(serving[w] for w in sorted(serving)),
+        contract_findings=tuple(
+            ContractFinding(
+                kind=c["kind"],
+                subject=c["subject"],
+                evidence=dict(c.get("evidence") or {}),
+                ts=c.get("ts"),
+            )
+            for c in contract_findings
+        ),
+    )
