@@ -231,7 +231,9 @@ class IncidentChangeError(ValueError):
 
 
 def _locked_incident(incident_id: int, expected_version: int | None) -> Incident:
-    incident = Incident.objects.select_for_update().select_related("group").get(pk=incident_id)
+    incident = (
+        Incident.objects.select_for_update(of=("self",)).select_related("group").get(pk=incident_id)
+    )
     # Versioned updates: an acknowledge that raced an auto-resolve must not un-resolve it.
     if expected_version is not None and incident.version != expected_version:
         raise IncidentChangeError(

@@ -21,6 +21,8 @@ class DiagnosisConfig:
     warmup_timeout_s: float = 1800.0
     # a checkpoint in progress excuses silence for at most this long
     checkpoint_grace_s: float = 1800.0
+    # process: exits this much later than the first one are its teardown/cascade
+    cascade_tolerance_s: float = 1.0
     # nodes: heartbeat older than this counts as stopped
     heartbeat_timeout_s: float = 45.0
     # stragglers

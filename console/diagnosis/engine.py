@@ -14,7 +14,14 @@ from datetime import datetime
 from typing import Any
 
 from console.diagnosis.config import DiagnosisConfig
-from console.diagnosis.findings import MINOR, ROOT_CAUSE, SEVERITY_RANK, Finding, Recovery
+from console.diagnosis.findings import (
+    MINOR,
+    ROOT_CAUSE,
+    SEVERITY_RANK,
+    UNDETERMINED,
+    Finding,
+    Recovery,
+)
 from console.diagnosis.goodput import Goodput, compute_goodput
 from console.diagnosis.rules import (
     checkpoints,
@@ -135,6 +142,15 @@ def _recovery(
         (r for fid, r in ctx.unsafe_reasons.items() if ctx.findings[fid].kind == "retry_storm"),
         None,
     )
+    if f.role == UNDETERMINED:
+        missing = f.evidence.get("missing_evidence") or f.summary
+        return Recovery(
+            False,
+            f"cause undetermined ({missing}): a human must look before "
+            "restarting, or the same fault recurs",
+            ckpt_id,
+            *losses,
+        )
     if f.id in ctx.unsafe_reasons:
         return Recovery(False, ctx.unsafe_reasons[f.id], ckpt_id, *losses)
     if storm is not None:
@@ -166,6 +182,11 @@ def _group_recovery(roots: list[Finding]) -> Recovery | None:
     return rec
 
 
+def _heads(f: Finding) -> bool:
+    """Root causes, and undetermined findings that head their own cluster, get advice."""
+    return f.role == ROOT_CAUSE or (f.role == UNDETERMINED and not f.caused_by)
+
+
 def _order(f: Finding) -> tuple[object, ...]:
     return (ROLE_ORDER[f.role], SEVERITY_RANK[f.severity], f.first_seen, f.kind, f.subject)
 
@@ -180,11 +201,12 @@ def diagnose(
         rule(ctx)
     losses = _losses(ctx)
     findings = [
-        replace(f, recovery=_recovery(ctx, f, losses)) if f.role == ROOT_CAUSE else f
+        replace(f, recovery=_recovery(ctx, f, losses)) if _heads(f) else f
         for f in ctx.findings.values()
     ]
     findings.sort(key=_order)
     roots = [f for f in findings if f.role == ROOT_CAUSE]
+    unknown = [f for f in findings if f.role == UNDETERMINED and f.recovery is not None]
     return Diagnosis(
         group=snapshot.group,
         generation=snapshot.generation,
@@ -196,5 +218,5 @@ def diagnose(
         tail_ratio=ctx.tail_ratio,
         phase_medians_ms=dict(ctx.phase_medians_ms),
         checkpoint=None if ctx.valid_checkpoint is None else ctx.valid_checkpoint.checkpoint_id,
-        recovery=_group_recovery([f for f in roots if f.severity != MINOR] or roots),
+        recovery=_group_recovery([f for f in roots if f.severity != MINOR] or unknown or roots),
     )

@@ -1,13 +1,22 @@
 """Process rule family: a rank's process exited, ran out of memory or raised.
 
 Owns `process_exit`, `oom` and `exception`, and spotting a deterministic OOM (the same
-step failing again after a restart). Must run after `device` so a crash explained by
-the rank's GPU is filed as that GPU's symptom, not as a second root cause.
+step failing again after a restart). The first exit of a generation is the
+initiator; later exits (launcher teardown, peers' NCCL errors) are its symptoms. Must
+run after `device` so a crash explained by the rank's GPU is filed as that GPU's
+symptom, not as a second root cause.
 """
 
 from __future__ import annotations
 
-from console.diagnosis.findings import CRITICAL, MAJOR, ROOT_CAUSE, SYMPTOM, rank_subject
+from console.diagnosis.findings import (
+    CRITICAL,
+    MAJOR,
+    ROOT_CAUSE,
+    SYMPTOM,
+    Finding,
+    rank_subject,
+)
 from console.diagnosis.rules.base import TERMINAL_STATES, Context
 from console.diagnosis.snapshot import ProcessRecord, RankState
 
@@ -38,8 +47,9 @@ def deterministic_ooms(ctx: Context) -> dict[int, list[int]]:
     return {s: sorted(g) for s, g in by_step.items() if len(g) > 1}
 
 
-def run(ctx: Context) -> None:
-    repeats = deterministic_ooms(ctx)
+def _exits(ctx: Context) -> list[tuple[RankState, ProcessRecord, bool]]:
+    """(rank, exit record, clean) for ranks whose latest record is an exit, oldest first."""
+    out = []
     for r in ctx.snap.ranks:
         p = r.last_process
         if p is None or p.event != "exited" or p.generation != ctx.snap.generation:
@@ -47,9 +57,28 @@ def run(ctx: Context) -> None:
         clean = p.reason == "clean" or (p.exit_code == 0 and p.signal is None and not p.reason)
         if clean and ctx.snap.state in TERMINAL_STATES:
             continue  # the job finished; a clean exit is the expected end
+        out.append((r, p, clean))
+    out.sort(key=lambda x: (x[1].ts, x[0].rank))
+    return out
+
+
+def run(ctx: Context) -> None:
+    repeats = deterministic_ooms(ctx)
+    exits = _exits(ctx)
+    first_ts = exits[0][1].ts if exits else None
+    initiator: Finding | None = None
+    for r, p, clean in exits:
         kind = _kind(p)
         step = _step_at(r, p)
         cause = ctx.device_cause(p.gpu or r.gpu) or ctx.node_cause(r.node)
+        # Exits after the first one are the teardown or cascade it set off (peers killed by
+        # the launcher, NCCL errors raised by the survivors); an OOM is always its own.
+        late = (
+            first_ts is not None and (p.ts - first_ts).total_seconds() > ctx.cfg.cascade_tolerance_s
+        )
+        teardown = cause is None and initiator is not None and late and kind != "oom"
+        if teardown and initiator is not None:
+            cause = ctx.root_of(initiator)
         what = {
             "oom": "out of memory",
             "exception": f"raised {p.error_type or 'an exception'}",
@@ -70,6 +99,7 @@ def run(ctx: Context) -> None:
             "error_type": p.error_type,
             "exited_at": p.ts,
             "last_step": step,
+            "teardown": teardown,
         }
         again = repeats.get(step) if kind == "oom" and step is not None else None
         if again:
@@ -87,6 +117,8 @@ def run(ctx: Context) -> None:
                 caused_by=(cause.id,) if cause else (),
             )
         )
+        if initiator is None:
+            initiator = f
         if again:
             ctx.unsafe_reasons[f.id] = (
                 f"deterministic OOM: step {step} ran out of memory in generations "
