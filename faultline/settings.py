@@ -116,6 +116,7 @@ if env_bool("FAULTLINE_DB_POOL", True):
         "timeout": 10,
     }
 _db["CONN_MAX_AGE"] = 0
+_db["TEST"] = {"NAME": env_str("FAULTLINE_TEST_DB_NAME") or None}
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

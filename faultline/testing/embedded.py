@@ -16,7 +16,9 @@ _embedded: Embedded | None = None
 
 if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
     _data = Path(os.environ.get("FAULTLINE_TEST_DATA_DIR", Path.cwd() / ".faultline" / "test"))
-    _embedded = start_embedded(_data.resolve())
+    # Several pytest sessions may run at once (developers, helpers): they share the embedded
+    # Postgres server but each gets its own Valkey and its own test database.
+    _embedded = start_embedded(_data.resolve(), valkey_subdir=f"valkey-{os.getpid()}")
     if _embedded.database_url:
         os.environ["DATABASE_URL"] = _embedded.database_url
     if _embedded.redis_url:
@@ -26,8 +28,12 @@ if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
 # Django's test database is created and dropped by the test run: a connection pool would
 # hold connections open across that and block DROP DATABASE.
 os.environ.setdefault("FAULTLINE_DB_POOL", "0")
+os.environ.setdefault("FAULTLINE_TEST_DB_NAME", f"test_faultline_{os.getpid()}")
 
 
 def pytest_unconfigure(config: object) -> None:
     if _embedded is not None:
         _embedded.stop()
+        import shutil
+
+        shutil.rmtree(_data / f"valkey-{os.getpid()}", ignore_errors=True)

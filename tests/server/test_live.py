@@ -1,0 +1,65 @@
+"""Websocket live views: authentication, topics, and events published after commit."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser
+
+from console import events, live
+from console.routing import websocket_urlpatterns
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def _connect(path: str, user) -> WebsocketCommunicator:
+    """The consumer behind the router, with the user the auth middleware would have set."""
+    comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), path)
+    comm.scope["user"] = user
+    return comm
+
+
+def test_it_refuses_anonymous_sockets():
+    async def run():
+        comm = await _connect("/ws/live/fleet/", AnonymousUser())
+        connected, code = await comm.connect()
+        assert connected is False
+        assert code == 4401
+
+    asyncio.run(run())
+
+
+def test_it_refuses_unknown_topics(cast):
+    async def run():
+        comm = await _connect("/ws/live/secrets/", cast["viewer"])
+        connected, code = await comm.connect()
+        assert (connected, code) == (False, 4404)
+
+    asyncio.run(run())
+
+
+def test_it_pushes_fleet_and_group_events_to_subscribers(cast):
+    async def run():
+        fleet = await _connect("/ws/live/fleet/", cast["viewer"])
+        group = await _connect("/ws/live/group:job-a/", cast["viewer"])
+        assert (await fleet.connect())[0] and (await group.connect())[0]
+        assert (await fleet.receive_json_from())["type"] == "hello"
+        assert (await group.receive_json_from())["topic"] == "group:job-a"
+        from asgiref.sync import sync_to_async
+
+        await sync_to_async(live.publish)(events.FLEET, "node.changed", {"name": "n1"})
+        await sync_to_async(live.publish)(
+            events.group_channel("job-a"), "incident.changed", {"id": 7}
+        )
+        node_event = await fleet.receive_json_from(timeout=5)
+        incident_event = await group.receive_json_from(timeout=5)
+        assert node_event["type"] == "node.changed" and node_event["data"] == {"name": "n1"}
+        assert incident_event["type"] == "incident.changed" and incident_event["version"] > 0
+        assert await fleet.receive_nothing(timeout=0.3)  # group events stay on their topic
+        await fleet.disconnect()
+        await group.disconnect()
+
+    asyncio.run(run())
