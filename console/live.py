@@ -35,7 +35,9 @@ def publish(channel: str, kind: str, data: Any) -> None:
 def after_ingest(*, groups: list[str], nodes: list[str]) -> None:
     for node in queries.node_payloads(names=nodes):
         publish(events.FLEET, "node.changed", node)
-    for name in groups:
+    # A device event (Xid, GPU lost) names no group: diagnose every group with ranks on the
+    # node at once, so the root cause is named within a second, not at the next sweep.
+    for name in sorted(set(groups) | set(queries.groups_on_nodes(nodes))):
         schedule_diagnosis(name)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from django.db.models import Count, Prefetch, Q, QuerySet
 
 from console import events
-from console.models import ConsistencyGroup, Device, Incident, Node
+from console.models import ConsistencyGroup, Device, Incident, Node, Rank
 
 
 def nodes_with_devices(names: list[str] | None = None) -> QuerySet[Node]:
@@ -42,6 +42,12 @@ def node_payload(node: Node) -> events.NodePayload:
 
 def node_payloads(names: list[str] | None = None) -> list[events.NodePayload]:
     return [node_payload(n) for n in nodes_with_devices(names)]
+
+
+def groups_on_nodes(names: list[str]) -> list[str]:
+    return list(
+        Rank.objects.filter(node__name__in=names).values_list("group__name", flat=True).distinct()
+    )
 
 
 def groups_overview() -> QuerySet[ConsistencyGroup]:

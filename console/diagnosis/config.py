@@ -16,7 +16,7 @@ class DiagnosisConfig:
     # progress: a rank is hung after max(multiplier x (median + k*MAD) step time, floor)
     hang_mad_k: float = 5.0
     hang_multiplier: float = 3.0
-    hang_floor_s: float = 60.0
+    hang_floor_s: float = 5.0  # issue goal: silent hang seen within max(3x median step, 5 s)
     # a group that never reported a step is only stalled after this long in its generation
     warmup_timeout_s: float = 1800.0
     # a checkpoint in progress excuses silence for at most this long

@@ -8,7 +8,7 @@ statistics. Must not decide findings itself: each rule module does that.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 from functools import cached_property
@@ -26,7 +26,13 @@ from console.diagnosis.findings import (
     node_subject,
     rank_subject,
 )
-from console.diagnosis.snapshot import DeviceState, GroupSnapshot, RankState, StepRecord
+from console.diagnosis.snapshot import (
+    CheckpointState,
+    DeviceState,
+    GroupSnapshot,
+    RankState,
+    StepRecord,
+)
 from console.diagnosis.stats import mad, median
 
 # Device faults that stop a rank outright (as opposed to slowing it down).
@@ -61,7 +67,7 @@ class Context:
             if r.node:
                 self.ranks_on_node[r.node].append(r.rank)
         # Set by rules for the engine's recovery advice.
-        self.valid_checkpoint: Any = None  # CheckpointState | None
+        self.valid_checkpoint: CheckpointState | None = None  # set by `checkpoints`
         self.unsafe_reasons: dict[str, str] = {}  # finding id -> why restart is unsafe
         self.tail_ratio: float | None = None  # set by `stragglers`
         self.phase_medians_ms: dict[str, float] = {}  # set by `stragglers`
@@ -114,19 +120,16 @@ class Context:
                 return f
         return None
 
-    def rank_cause(self, rank: int, kinds: Iterable[str] | None = None) -> Finding | None:
-        """What stopped `rank`: its GPU, then its node, then its own process record."""
+    def rank_cause(self, rank: int) -> Finding | None:
+        """What stopped `rank`: its GPU, then its node, then a finding on the rank itself."""
         r = self.ranks.get(rank)
         if r is None:
             return None
         hit = self.device_cause(r.gpu) or self.node_cause(r.node)
         if hit is not None:
             return hit
-        wanted = None if kinds is None else set(kinds)
-        for f in self.on(rank_subject(self.snap.group, rank)):
-            if wanted is None or f.kind in wanted:
-                return self.root_of(f)
-        return None
+        own = self.on(rank_subject(self.snap.group, rank))
+        return self.root_of(own[0]) if own else None
 
     def covered(self, rank: int) -> bool:
         """True when some finding already speaks for this rank (no second story)."""

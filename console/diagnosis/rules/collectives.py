@@ -143,17 +143,27 @@ def run(ctx: Context) -> None:
     if ctx.quiet:
         return  # ranks wait in barriers while a checkpoint is written: not a timeout
     threshold = ctx.stall_threshold_s or ctx.cfg.hang_floor_s
-    blocked: dict[int, list[tuple[int, CollectiveEntry, datetime]]] = defaultdict(list)
+    pending: dict[int, list[tuple[int, CollectiveEntry, datetime]]] = defaultdict(list)
     for rank, w in sorted(windows.items()):
         waits = [(e, e.started_ts) for e in w.entries if e.state == "started" and e.started_ts]
-        if not waits:
+        if not waits or ctx.covered(rank):
             continue
         e, since = min(waits, key=lambda x: x[0].seq)
-        if (ctx.now - since).total_seconds() > threshold and not ctx.covered(rank):
-            blocked[e.seq].append((rank, e, since))
-    for seq, waiting in sorted(blocked.items()):
+        pending[e.seq].append((rank, e, since))
+    for seq, all_waiting in sorted(pending.items()):
         at_seq = by_seq[seq]
         missing = [rk for rk in ctx.ranks if rk not in at_seq or at_seq[rk].state not in ENTERED]
+        # A wait already explained by a root cause (the rank it waits for lost its GPU, exited,
+        # or mismatched) is a symptom at once: the page names the cause within a second
+        # instead of after a timeout. An unexplained wait must outlast the stall threshold.
+        explained = seq in mismatches or any(ctx.rank_cause(rk) for rk in missing)
+        waiting = [
+            (rank, e, since)
+            for rank, e, since in all_waiting
+            if explained or (ctx.now - since).total_seconds() > threshold
+        ]
+        if not waiting:
+            continue
         causes: list[Finding] = []
         if seq in mismatches:
             causes.append(mismatches[seq])

@@ -69,6 +69,10 @@ def _throttle_cause(ctx: Context, r: RankState, ev: dict[str, object]) -> Findin
     )
 
 
+def _limit(ratio: float, k: float, values: list[float], med: float) -> float:
+    return max(med * ratio, med + k * mad(values, med))
+
+
 def run(ctx: Context) -> None:
     cfg = ctx.cfg
     stats: dict[int, tuple[float, dict[str, float]]] = {}
@@ -81,15 +85,26 @@ def run(ctx: Context) -> None:
                 stats[r.rank] = m
     if len(stats) < 2:
         return
+    # In synchronous training every rank's step lasts as long as the slowest one's: the
+    # straggler shows in its busy time (step minus collective wait), its peers in waiting.
     means = [m for m, _ in stats.values()]
+    busy = {rk: m - ph["collective"] for rk, (m, ph) in stats.items()}
     med = median(means)
-    if med <= 0:
+    busy_med = median(list(busy.values()))
+    if med <= 0 or busy_med <= 0:
         return
-    ctx.tail_ratio = percentile(means, 99) / med
+    ctx.tail_ratio = max(
+        percentile(means, 99) / med, percentile(list(busy.values()), 99) / busy_med
+    )
     ph_med = {p: median([ph[p] for _, ph in stats.values()]) for p in PHASES}
     ctx.phase_medians_ms = ph_med
-    limit = max(med * cfg.straggler_ratio, med + cfg.straggler_mad_k * mad(means, med))
-    slow = sorted(rk for rk, (m, _) in stats.items() if m > limit and not ctx.covered(rk))
+    limit = _limit(cfg.straggler_ratio, cfg.straggler_mad_k, means, med)
+    busy_limit = _limit(cfg.straggler_ratio, cfg.straggler_mad_k, list(busy.values()), busy_med)
+    slow = sorted(
+        rk
+        for rk, (m, _) in stats.items()
+        if (m > limit or busy[rk] > busy_limit) and not ctx.covered(rk)
+    )
     if not slow or any(f.kind == "group_stall" for f in ctx.findings.values()):
         return
     net_slow: dict[str, list[int]] = defaultdict(list)
@@ -105,7 +120,9 @@ def run(ctx: Context) -> None:
             "gpu": r.gpu,
             "mean_step_ms": round(mean, 3),
             "median_step_ms": round(med, 3),
-            "ratio": round(mean / med, 3),
+            "ratio": round(max(mean / med, busy[rk] / busy_med), 3),
+            "busy_ms": round(busy[rk], 3),
+            "median_busy_ms": round(busy_med, 3),
             "dominant_phase": dominant,
             "compute_ms": ph["compute"],
             "median_compute_ms": ph_med["compute"],
@@ -160,14 +177,15 @@ def run(ctx: Context) -> None:
         r = ctx.ranks[rk]
         mean, ph = stats[rk]
         cause = causes.get(rk)
+        ratio = max(mean / med, busy[rk] / busy_med)
         ctx.put(
             ctx.new(
                 kind="straggler",
                 subject=rank_subject(ctx.snap.group, rk),
                 role=SYMPTOM if cause else UNDETERMINED,
-                severity=MAJOR if mean / med >= 1.5 else MINOR,
-                summary=f"Rank {rk} on {r.node or '?'} straggles at {mean / med:.2f}x the median "
-                f"step time" + (f": {cause.summary}" if cause else " (cause undetermined)"),
+                severity=MAJOR if ratio >= 1.5 else MINOR,
+                summary=f"Rank {rk} on {r.node or '?'} straggles at {ratio:.2f}x the median "
+                f"step/busy time" + (f": {cause.summary}" if cause else " (cause undetermined)"),
                 first_seen=ctx.steps(r)[-RECENT_STEPS:][0].ts,
                 last_seen=ctx.steps(r)[-1].ts,
                 evidence={

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+from tests.diagnosis.factory import (
+    GROUP,
+    T0,
+    device_event,
+    gpu_of,
+    node_of,
+    process,
+    snap,
+    step,
+    training,
+)
+
+
+def test_it_keeps_a_nan_loss_as_nan() -> None:
+    s = snap([step(0, 1, T0, loss=float("nan"))])
+    assert math.isnan(s.ranks[0].steps[0].loss)
+
+
+def test_it_parses_contract_nan_strings() -> None:
+    s = snap([step(0, 1, T0, loss="NaN", grad_norm="Infinity")])
+    rec = s.ranks[0].steps[0]
+    assert math.isnan(rec.loss) and rec.grad_norm == math.inf
+
+
+def test_it_maps_rank_to_gpu_and_node_through_process_and_device_records() -> None:
+    s = snap(training(ranks=16, steps=3))
+    r9 = s.ranks[9]
+    assert (r9.rank, r9.gpu, r9.node) == (9, gpu_of(9), node_of(9))
+
+
+def test_it_keeps_only_ranks_of_the_active_generation() -> None:
+    recs = [step(0, 1, T0, gen=1), step(1, 1, T0, gen=2)]
+    assert [r.rank for r in snap(recs, gen=2).ranks] == [1]
+
+
+def test_it_orders_steps_by_time() -> None:
+    recs = [step(0, 2, T0 + timedelta(seconds=1)), step(0, 1, T0)]
+    assert [s.step for s in snap(recs).ranks[0].steps] == [1, 2]
+
+
+def test_it_ignores_other_groups_and_unknown_kinds() -> None:
+    other = step(3, 1, T0)
+    other["group"] = "someone-else"
+    s = snap([other, {"kind": "future_thing", "ts": T0, "group": GROUP}])
+    assert s.ranks == ()
+
+
+def test_it_collects_device_events_under_their_gpu_with_node() -> None:
+    s = snap([device_event(5, T0, "xid", 79)])
+    (dev,) = s.devices
+    assert (dev.gpu, dev.node, dev.events[0].code) == (gpu_of(5), node_of(5), 79)
+
+
+def test_it_calls_a_group_with_only_serving_records_serving() -> None:
+    rec = {
+        "kind": "serving",
+        "ts": T0,
+        "group": GROUP,
+        "worker": "w0",
+        "ready": True,
+        "draining": False,
+        "window": {"seconds": 60, "requests": 0},
+    }
+    assert snap([rec]).kind == "serving"
+
+
+def test_it_takes_the_latest_process_gpu_for_a_rank() -> None:
+    recs = [process(0, T0, "started"), step(0, 1, T0)]
+    recs[0]["gpu"] = "GPU-x"
+    assert snap(recs).ranks[0].gpu == "GPU-x"
