@@ -15,3 +15,5 @@ app.conf.beat_schedule = {
     "sweep": {"task": "console.sweep", "schedule": 1.0},
     "maintain-telemetry": {"task": "console.maintain_telemetry", "schedule": 3600.0},
 }
+app.autodiscover_tasks(["console"], related_name="notify_tasks")
+app.conf.beat_schedule["escalation-sweep"] = {"task": "console.escalation_sweep", "schedule": 10.0}

@@ -65,6 +65,12 @@ def _django_setup() -> None:
     django.setup()
 
 
+def _close_db() -> None:
+    from django.db import connections
+
+    connections.close_all()
+
+
 def _ensure_admin() -> str | None:
     """Create the first admin; return the generated password (shown once) if we made one."""
     from django.contrib.auth import get_user_model
@@ -167,6 +173,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
         call_command("migrate", interactive=False, verbosity=0)
         login = _ensure_admin()
+        _close_db()  # the supervisor holds no connection: Postgres can stop cleanly later
         _runtime_file(data_dir).write_text(
             json.dumps(
                 {
@@ -197,7 +204,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         return code
     finally:
         _runtime_file(data_dir).unlink(missing_ok=True)
-        emb.stop()
+        emb.stop(force=True)
 
 
 def _with_django(args: argparse.Namespace) -> Embedded:
@@ -223,6 +230,7 @@ def cmd_token(args: argparse.Namespace) -> int:
             print(f"revoked {count} token(s) of node {args.node}")
         return 0
     finally:
+        _close_db()
         emb.stop()
 
 
@@ -240,6 +248,7 @@ def cmd_user(args: argparse.Namespace) -> int:
         print(f"user {args.name} created with role {args.role}")
         return 0
     finally:
+        _close_db()
         emb.stop()
 
 
@@ -252,6 +261,7 @@ def cmd_manage(args: argparse.Namespace) -> int:
         execute_from_command_line(["faultline manage", *args.rest])
         return 0
     finally:
+        _close_db()
         emb.stop()
 
 

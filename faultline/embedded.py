@@ -43,7 +43,9 @@ class Embedded:
     _valkey: subprocess.Popen[bytes] | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
-    def stop(self) -> None:
+    def stop(self, *, force: bool = False) -> None:
+        """Stop what we started. `force` (used by `faultline up`) stops Postgres even if
+        pgserver still lists other handles, e.g. a CLI process that was killed."""
         if self._valkey is not None and self._valkey.poll() is None:
             self._valkey.send_signal(signal.SIGTERM)
             try:
@@ -53,7 +55,23 @@ class Embedded:
         self._valkey = None
         if self._pg is not None:
             self._pg.cleanup()  # type: ignore[attr-defined]
+            if force:
+                _force_stop_postgres(self._pg)
             self._pg = None
+
+
+def _force_stop_postgres(server: object) -> None:
+    from pgserver._commands import pg_ctl
+
+    pgdata: Path = server.pgdata  # type: ignore[attr-defined]
+    if (pgdata / "postmaster.pid").exists():
+        with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            pg_ctl(
+                ["-w", "-m", "fast", "stop"],
+                pgdata=pgdata,
+                user=server.system_user,  # type: ignore[attr-defined]
+                timeout=30,
+            )
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -33,7 +33,7 @@ def test_it_refuses_the_api_to_anonymous_callers(service):
     import urllib.request
 
     with pytest.raises(urllib.error.HTTPError) as err:
-        urllib.request.urlopen(service.url + "/api/v1/nodes/", timeout=5)  # noqa: S310
+        urllib.request.urlopen(service.url + "/api/v1/nodes/", timeout=5)
     assert err.value.code == 401
 
 

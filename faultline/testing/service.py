@@ -1,0 +1,148 @@
+"""Run a real `faultline up` on free ports and drive it from outside (tests and benches).
+
+Starts the service exactly as a user would, with embedded Postgres and Valkey under a data
+directory of its own, and offers the few client calls the system tests and benchmarks need.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from faultline.embedded import free_port
+
+ADMIN = ("admin", "admin-pass-for-tests")
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Service:
+    url: str
+    port: int
+    ws_port: int
+    data_dir: Path
+    proc: subprocess.Popen[bytes]
+    log: Path
+    agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def api(self, path: str, *, auth: tuple[str, str] = ADMIN) -> Any:
+        request = urllib.request.Request(self.url + path)
+        basic = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {basic}")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def cli(self, *args: str) -> str:
+        out = subprocess.run(
+            [str(BIN / "faultline"), *args, "--data-dir", str(self.data_dir)],
+            env=service_env(self.data_dir),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return out.stdout
+
+    def token(self, node: str) -> str:
+        return self.cli("token", "create", node).strip().splitlines()[-1]
+
+    def start_agent(self, node: str, *extra: str) -> subprocess.Popen[bytes]:
+        state = self.data_dir / "agents" / node
+        state.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.Popen(
+            [
+                str(BIN / "faultline-agent"),
+                "run",
+                "--server",
+                self.url,
+                "--token",
+                self.token(node),
+                "--node",
+                node,
+                "--fake-gpus",
+                "8",
+                "--state-dir",
+                str(state),
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(state / "agent.log", "wb"),  # noqa: SIM115 - lives with the process
+        )
+        self.agents.append(proc)
+        return proc
+
+
+def service_env(data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL"))}
+    env.update(
+        FAULTLINE_DATA_DIR=str(data_dir),
+        FAULTLINE_ADMIN_USER=ADMIN[0],
+        FAULTLINE_ADMIN_PASSWORD=ADMIN[1],
+        FAULTLINE_DB_POOL="1",
+    )
+    return env
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except (urllib.error.URLError, ConnectionError, OSError) as exc:
+            last = exc
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+def start_service(data_dir: Path) -> Service:
+    port, ws_port = free_port(), free_port()
+    log = data_dir / "up.log"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [str(BIN / "faultline"), "up", "--port", str(port), "--ws-port", str(ws_port),
+         "--data-dir", str(data_dir), "--workers", "2", "--worker-concurrency", "1"],
+        env=service_env(data_dir),
+        stdout=open(log, "wb"),  # noqa: SIM115 - lives with the process
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    service = Service(f"http://127.0.0.1:{port}", port, ws_port, data_dir, proc, log)
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"faultline up exited: {log.read_text()[-2000:]}")
+        with urllib.request.urlopen(service.url + "/readyz", timeout=2) as r:
+            return json.loads(r.read())["ready"]
+
+    wait_for(ready, 90, "faultline up to become ready")
+    return service
+
+
+def stop_service(service: Service) -> int:
+    for agent in service.agents:
+        if agent.poll() is None:
+            agent.send_signal(signal.SIGTERM)
+    for agent in service.agents:
+        try:
+            agent.wait(10)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+    service.proc.send_signal(signal.SIGTERM)
+    try:
+        return service.proc.wait(40)
+    except subprocess.TimeoutExpired:
+        os.killpg(service.proc.pid, signal.SIGKILL)
+        raise
