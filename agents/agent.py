@@ -1,0 +1,222 @@
+"""The node agent process: wires collectors, spool, sender, listener, watcher and executor.
+
+Owns the agent's lifecycle and the sampling tick (heartbeat + one device_sample per GPU per
+interval). It must not contain collection, spooling or HTTP logic itself — those live in
+their own modules — and it imports only the standard library and this package.
+SIGTERM/SIGINT: stop collecting, flush what the server will take, persist, exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from agents import __version__
+from agents.checkpoints import CheckpointWatcher, RootConfig
+from agents.executor import Executor
+from agents.fake_nvml import FakeNvml, parse_scripts
+from agents.listener import Listener
+from agents.nvml import GpuBackend, load_backend
+from agents.sender import AgentInfo, AuthError, Sender
+from agents.spool import DEFAULT_MAX_BYTES, SAMPLE_KINDS, Identity, Spool
+from agents.wire import Record, record
+
+log = logging.getLogger("faultline.agent")
+
+DEFAULT_STATE_DIR = "/var/lib/faultline-agent"
+
+
+@dataclass
+class Config:
+    server: str = ""
+    token: str = ""
+    node: str = field(default_factory=socket.gethostname)
+    state_dir: Path = Path(DEFAULT_STATE_DIR)
+    interval: float = 1.0
+    fake_gpus: int = 0
+    fake_scripts: list[str] = field(default_factory=list)
+    checkpoint_roots: list[RootConfig] = field(default_factory=list)
+    dry_run: bool = False
+    spool_max_bytes: int = DEFAULT_MAX_BYTES
+    reporter_socket: str | None = None
+    reporter_udp_port: int | None = None
+    reporter_socket_mode: int = 0o660
+    hooks: dict[str, str] = field(default_factory=dict)
+    hook_timeout_s: float = 60.0
+    action_poll_s: float = 15.0
+    verify_rate_mb_s: float = 100.0
+    max_batch_records: int = 1000
+
+
+def boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:64] or None
+    except OSError:
+        return None
+
+
+def make_backend(config: Config, out: IO[str]) -> GpuBackend | None:
+    if config.fake_gpus > 0:
+        return FakeNvml(config.node, config.fake_gpus, scripts=parse_scripts(config.fake_scripts))
+    return load_backend(out)
+
+
+class Agent:
+    def __init__(
+        self, config: Config, *, backend: GpuBackend | None = None, out: IO[str] | None = None
+    ) -> None:
+        self.config = config
+        self.out = out or sys.stdout
+        state = Path(config.state_dir)
+        state.mkdir(parents=True, exist_ok=True)
+        self.identity = Identity(state)
+        self.spool = Spool(state, max_bytes=config.spool_max_bytes)
+        self.backend = backend if backend is not None else make_backend(config, self.out)
+        self.info = AgentInfo(self.identity.agent_id, config.node, __version__, boot_id())
+        self.executor = Executor(
+            state,
+            node=config.node,
+            hooks=config.hooks,
+            server=config.server,
+            token=config.token,
+            dry_run=config.dry_run,
+            timeout_s=config.hook_timeout_s,
+        )
+        self.sender = Sender(
+            self.spool,
+            self.identity,
+            self.info,
+            server=config.server or "http://127.0.0.1",
+            token=config.token,
+            state_dir=state,
+            interval=config.interval,
+            max_records=config.max_batch_records,
+            dry_run=config.dry_run,
+            on_actions=self.executor.submit,
+            out=self.out,
+        )
+        self.listener = Listener(
+            self.enqueue,
+            socket_path=config.reporter_socket or str(state / "reporter.sock"),
+            udp_port=config.reporter_udp_port,
+            mode=config.reporter_socket_mode,
+        )
+        self.watcher = (
+            CheckpointWatcher(
+                config.checkpoint_roots,
+                self.enqueue,
+                state_dir=state,
+                interval_s=max(config.interval, 1.0),
+                verify_rate_bytes=int(config.verify_rate_mb_s * 1024 * 1024),
+            )
+            if config.checkpoint_roots
+            else None
+        )
+        self.started = time.monotonic()
+        self.stop_event = threading.Event()
+        self.error: str | None = None
+
+    def enqueue(self, rec: Record) -> None:
+        self.spool.append(rec)
+        if rec.get("kind") not in SAMPLE_KINDS:
+            # Fencing needs the newest generation per group; workload records carry it.
+            self.executor.observe(rec.get("group"), rec.get("generation"))
+            self.sender.wake()
+
+    def tick(self) -> None:
+        """One sampling round: a heartbeat and a device_sample per GPU."""
+        self.enqueue(
+            record(
+                "heartbeat",
+                uptime_s=round(time.monotonic() - self.started, 3),
+                spool_depth=self.spool.depth,
+                dropped=self.spool.dropped,
+            )
+        )
+        if self.backend is not None:
+            for index in range(self.backend.device_count()):
+                try:
+                    self.enqueue(self.backend.sample(index))
+                except Exception:
+                    log.exception("GPU %d: sample failed", index)
+        self.spool.sync()
+
+    def _send_loop(self) -> None:
+        try:
+            self.sender.run(self.stop_event)
+        except AuthError as exc:
+            self.error = str(exc)
+            self.stop_event.set()
+        except Exception as exc:
+            log.exception("sender crashed")
+            self.error = f"sender crashed: {exc}"
+            self.stop_event.set()
+
+    def start(self) -> list[threading.Thread]:
+        if self.backend is not None:
+            self.backend.start_events(self.enqueue)
+        self.listener.start()
+        self.executor.start(poll_s=self.config.action_poll_s if self.config.server else 0)
+        if self.watcher is not None:
+            self.watcher.start()
+        sender = threading.Thread(target=self._send_loop, name="sender", daemon=True)
+        sender.start()
+        return [sender]
+
+    def run(self, *, install_signals: bool = True, max_ticks: int | None = None) -> int:
+        """Run until SIGTERM/SIGINT (or `max_ticks`); returns the process exit code."""
+        # A short GIL switch interval keeps the reporter socket's receive thread responsive
+        # while the sender serialises a large batch (the kernel queues few datagrams).
+        sys.setswitchinterval(0.001)
+        if install_signals:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda *_: self.stop_event.set())
+        threads = self.start()
+        ticks = 0
+        next_at = time.monotonic()
+        while not self.stop_event.is_set():
+            self.tick()
+            ticks += 1
+            if max_ticks is not None and ticks >= max_ticks:
+                break
+            next_at += self.config.interval
+            self.stop_event.wait(max(0.0, next_at - time.monotonic()))
+        return self.shutdown(threads)
+
+    def shutdown(self, threads: list[threading.Thread] | None = None) -> int:
+        self.stop_event.set()
+        self.sender.stop()
+        for thread in threads or []:
+            thread.join(timeout=self.sender.timeout + 1)
+        self.listener.stop()
+        if self.watcher is not None:
+            self.watcher.stop()
+        self.executor.stop()
+        if self.backend is not None:
+            self.backend.close()
+        if self.error is None:
+            try:
+                self.sender.flush(deadline_s=min(5.0, self.config.interval * 5))
+            except AuthError as exc:
+                self.error = str(exc)
+        self.spool.close()
+        if self.error:
+            print(f"faultline-agent: {self.error}", file=sys.stderr, flush=True)
+            return 2
+        return 0
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "agent_id": self.identity.agent_id,
+            "next_seq": self.identity.next_seq,
+            "spool_depth": self.spool.depth,
+            "spool_bytes": self.spool.bytes,
+            "dropped": self.spool.dropped,
+        }

@@ -1,0 +1,374 @@
+"""Watch checkpoint roots and report each checkpoint's life: staging -> written -> committed,
+then verified or corrupt, and modified if a committed checkpoint changes afterwards.
+
+Owns reading checkpoint directories on this node; it never writes into them and never
+unpickles anything (torch DCP `.metadata` is a pickle: only its presence is used).
+Understood layouts, one checkpoint per sub-directory of a configured root:
+  torch.distributed.checkpoint: `*.distcp` shards, `.metadata` written last by the
+    coordinator (-> written); committed on a `COMMITTED` marker or once sizes hold still
+    for one scan after `.metadata` appears.
+  manifest: `manifest.json` {"shards": [{"path", "bytes", "sha256"}]} (-> written) and a
+    `COMMITTED` marker (-> committed).
+Group, generation, step and checkpoint id come from `faultline.json` in the checkpoint
+dir ({"group", "generation", "step", "checkpoint_id"}), else from the root's config, with
+the step parsed from the directory name (`step_000100` -> 100).
+Hashing runs in one low-priority thread at a bounded read rate so it cannot starve the
+trainer's own checkpoint I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agents.spool import read_json, write_atomic
+from agents.wire import Record, record
+
+log = logging.getLogger("faultline.agent.checkpoints")
+
+MARKER = "COMMITTED"
+META = "faultline.json"
+MAX_SHARDS = 4096
+_NOT_SHARDS = frozenset({MARKER, META})
+_NAME_RE = re.compile(r"[^A-Za-z0-9_.:@/\-]+")
+
+
+@dataclass(frozen=True)
+class RootConfig:
+    path: Path
+    group: str | None = None
+    generation: int | None = None
+
+
+@dataclass
+class _Seen:
+    phase: str = ""
+    first_seen: float = 0.0
+    sizes: dict[str, int] | None = None
+    snapshot: dict[str, list[int]] | None = None
+    verified: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        return {"phase": self.phase, "snapshot": self.snapshot, "verified": self.verified}
+
+
+def _files(directory: Path) -> dict[str, tuple[int, int]]:
+    """{relative path: (size, mtime_ns)} for every file under `directory`."""
+    out: dict[str, tuple[int, int]] = {}
+    for dirpath, _, names in os.walk(directory):
+        for name in names:
+            full = Path(dirpath) / name
+            try:
+                st = full.stat()
+            except FileNotFoundError:
+                continue
+            out[str(full.relative_to(directory))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _listing(files: dict[str, tuple[int, int]], fmt: str) -> dict[str, Any]:
+    """A manifest from what is on disk (no expected hashes: those come from verification)."""
+    names = sorted(k for k in files if k not in _NOT_SHARDS)[:MAX_SHARDS]
+    shards: list[dict[str, Any]] = [{"path": k, "bytes": files[k][0]} for k in names]
+    return {"shards": shards, "total_bytes": sum(files[k][0] for k in names), "format": fmt}
+
+
+def _step_from_name(name: str) -> int | None:
+    digits = re.findall(r"\d+", name)
+    return int(digits[-1]) if digits else None
+
+
+class CheckpointWatcher:
+    def __init__(
+        self,
+        roots: list[RootConfig],
+        sink: Callable[[Record], None],
+        *,
+        state_dir: Path,
+        interval_s: float = 2.0,
+        verify_rate_bytes: int = 100 * 1024 * 1024,
+    ) -> None:
+        self.roots = roots
+        self.sink = sink
+        self.interval_s = interval_s
+        self.verify_rate_bytes = max(1, verify_rate_bytes)
+        self._state_path = Path(state_dir) / "checkpoints.json"
+        self._state_path.parent.mkdir(parents=True, exist_ok=True)
+        saved = read_json(self._state_path, {})
+        self._seen: dict[str, _Seen] = {
+            key: _Seen(
+                phase=v.get("phase", ""),
+                snapshot=v.get("snapshot"),
+                verified=bool(v.get("verified")),
+            )
+            for key, v in saved.items()
+        }
+        self._verify: queue.Queue[tuple[Path, dict[str, Any]] | None] = queue.Queue()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._warned: set[str] = set()
+        self._queued: set[str] = set()
+
+    # -- identity of a checkpoint --------------------------------------------------------
+    def _describe(self, root: RootConfig, directory: Path) -> dict[str, Any] | None:
+        meta = read_json(directory / META, {})
+        meta = meta if isinstance(meta, dict) else {}
+        group = meta.get("group") or root.group
+        generation = meta.get("generation", root.generation)
+        if not group or not isinstance(generation, int):
+            if str(directory) not in self._warned:
+                self._warned.add(str(directory))
+                log.warning(
+                    "%s: no group/generation (write %s or configure the root)", directory, META
+                )
+            return None
+        ckpt_id = str(meta.get("checkpoint_id") or directory.name)
+        step = meta.get("step")
+        return {
+            "group": _NAME_RE.sub("_", str(group))[:128],
+            "generation": generation,
+            "checkpoint_id": _NAME_RE.sub("_", ckpt_id)[:128],
+            "step": step if isinstance(step, int) else _step_from_name(directory.name),
+        }
+
+    # -- scanning ------------------------------------------------------------------------
+    def scan(self) -> None:
+        """One pass over every root; emits records for whatever changed since the last."""
+        for root in self.roots:
+            try:
+                children = sorted(p for p in Path(root.path).iterdir() if p.is_dir())
+            except FileNotFoundError:
+                continue
+            for directory in children:
+                try:
+                    self._check(root, directory)
+                except OSError as exc:
+                    log.warning("%s: cannot read checkpoint (%s)", directory, exc)
+        self._save()
+
+    def _check(self, root: RootConfig, directory: Path) -> None:
+        key = str(directory)
+        seen = self._seen.setdefault(key, _Seen(first_seen=time.monotonic()))
+        if not seen.first_seen:
+            seen.first_seen = time.monotonic()
+        files = _files(directory)
+        if not files:
+            return
+        ident = self._describe(root, directory)
+        if ident is None:
+            return
+        if seen.phase in ("committed", "verified", "corrupt", "modified"):
+            self._check_modified(directory, ident, seen, files)
+            if seen.phase == "committed" and not seen.verified and key not in self._queued:
+                # Committed before a restart, never verified: verify it now.
+                fmt, manifest, _ = self._phase(directory, files, seen)
+                self._queue_verify(directory, {**ident, "manifest": manifest, "format": fmt})
+            return
+        fmt, manifest, phase = self._phase(directory, files, seen)
+        if phase == seen.phase:
+            return
+        duration = (time.monotonic() - seen.first_seen) * 1000.0 if phase == "committed" else None
+        self._emit(ident, phase, manifest=manifest, duration_ms=duration)
+        seen.phase = phase
+        if phase == "committed":
+            seen.snapshot = {k: list(v) for k, v in files.items() if k not in _NOT_SHARDS}
+            if not seen.verified:
+                self._queue_verify(directory, {**ident, "manifest": manifest, "format": fmt})
+
+    def _queue_verify(self, directory: Path, job: dict[str, Any]) -> None:
+        self._queued.add(str(directory))
+        self._verify.put((directory, job))
+
+    def _phase(
+        self, directory: Path, files: dict[str, tuple[int, int]], seen: _Seen
+    ) -> tuple[str, dict[str, Any], str]:
+        sizes = {k: v[0] for k, v in files.items()}
+        if ".metadata" in files or any(k.endswith(".distcp") for k in files):
+            manifest = _listing(files, "torch_dcp")
+            if ".metadata" not in files:
+                phase = "staging"
+            elif MARKER in files or (seen.phase == "written" and seen.sizes == sizes):
+                phase = "committed"
+            else:
+                phase = "written"
+            seen.sizes = sizes
+            return "torch_dcp", manifest, phase
+        if "manifest.json" in files:
+            listed = read_json(directory / "manifest.json", {})
+            raw = listed.get("shards", []) if isinstance(listed, dict) else []
+            shards: list[dict[str, Any]] = []
+            for item in raw[:MAX_SHARDS]:
+                if isinstance(item, dict) and item.get("path"):
+                    shard: dict[str, Any] = {"path": str(item["path"])[:512]}
+                    if isinstance(item.get("bytes"), int):
+                        shard["bytes"] = item["bytes"]
+                    if isinstance(item.get("sha256"), str):
+                        shard["sha256"] = item["sha256"].lower()
+                    shards.append(shard)
+            total = sum(s.get("bytes", 0) for s in shards)
+            manifest = {"shards": shards, "total_bytes": total, "format": "manifest"}
+            return "manifest", manifest, "committed" if MARKER in files else "written"
+        return "files", _listing(files, "files"), "committed" if MARKER in files else "staging"
+
+    def _check_modified(
+        self,
+        directory: Path,
+        ident: dict[str, Any],
+        seen: _Seen,
+        files: dict[str, tuple[int, int]],
+    ) -> None:
+        now = {k: list(v) for k, v in files.items() if k not in _NOT_SHARDS}
+        before = seen.snapshot or {}
+        if now == before:
+            return
+        changed = sorted(k for k in set(now) | set(before) if now.get(k) != before.get(k))
+        what = ", ".join(
+            f"{k} {'removed' if k not in now else 'added' if k not in before else 'changed'}"
+            for k in changed[:5]
+        )
+        self._emit(ident, "modified", detail=f"committed checkpoint changed: {what}"[:256])
+        seen.phase = "modified"
+        seen.snapshot = now  # report each change once
+
+    def _emit(
+        self,
+        ident: dict[str, Any],
+        phase: str,
+        *,
+        manifest: dict[str, Any] | None = None,
+        duration_ms: float | None = None,
+        detail: str | None = None,
+    ) -> None:
+        self.sink(
+            record(
+                "checkpoint",
+                **ident,
+                phase=phase,
+                manifest=manifest,
+                duration_ms=None if duration_ms is None else round(duration_ms, 3),
+                detail=detail,
+            )
+        )
+
+    # -- verification --------------------------------------------------------------------
+    def verify(self, directory: Path, job: dict[str, Any]) -> Record:
+        """Hash every shard; emit and return `verified` or `corrupt` (naming the shard)."""
+        manifest = job["manifest"]
+        checked: list[dict[str, Any]] = []
+        problem: str | None = None
+        for shard in manifest.get("shards", []):
+            path = directory / shard["path"]
+            try:
+                size = path.stat().st_size
+                digest = self._hash(path)
+            except FileNotFoundError:
+                problem = problem or f"shard {shard['path']}: missing"
+                continue
+            except OSError as exc:
+                problem = problem or f"shard {shard['path']}: unreadable ({exc.strerror})"
+                continue
+            if shard.get("bytes") is not None and shard["bytes"] != size:
+                problem = (
+                    problem or f"shard {shard['path']}: {size} bytes, expected {shard['bytes']}"
+                )
+            elif shard.get("sha256") and shard["sha256"] != digest:
+                problem = problem or f"shard {shard['path']}: sha256 mismatch"
+            elif size == 0 and job["format"] == "torch_dcp":
+                problem = problem or f"shard {shard['path']}: empty"
+            checked.append({"path": shard["path"], "bytes": size, "sha256": digest})
+        result_manifest = {
+            "shards": checked,
+            "total_bytes": sum(s["bytes"] for s in checked),
+            "format": job["format"],
+        }
+        ident = {k: job[k] for k in ("group", "generation", "checkpoint_id", "step")}
+        phase = "corrupt" if problem else "verified"
+        rec = record(
+            "checkpoint",
+            **ident,
+            phase=phase,
+            manifest=result_manifest,
+            detail=problem and problem[:256],
+        )
+        self.sink(rec)
+        seen = self._seen.get(str(directory))
+        if seen is not None:
+            seen.verified = True
+            if seen.phase == "committed":
+                seen.phase = phase
+        self._save()
+        return rec
+
+    def _hash(self, path: Path) -> str:
+        """sha256 at no more than `verify_rate_bytes` per second."""
+        digest = hashlib.sha256()
+        chunk = min(4 * 1024 * 1024, self.verify_rate_bytes)
+        with open(path, "rb") as fh:
+            started = time.monotonic()
+            done = 0
+            while block := fh.read(chunk):
+                digest.update(block)
+                done += len(block)
+                ahead = done / self.verify_rate_bytes - (time.monotonic() - started)
+                if ahead > 0 and self._stop.wait(ahead):
+                    raise OSError(0, "agent stopping")
+        return digest.hexdigest()
+
+    def _verify_loop(self) -> None:
+        with contextlib.suppress(AttributeError, OSError):
+            # Lowest CPU priority for this thread only (Linux: per-thread nice).
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        while True:
+            job = self._verify.get()
+            if job is None:
+                return
+            try:
+                self.verify(*job)
+            except Exception:
+                log.exception("checkpoint verification failed")
+
+    def drain_verification(self) -> None:
+        """Run queued verifications in the caller's thread (tests, one-shot checks)."""
+        while True:
+            try:
+                job = self._verify.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                self.verify(*job)
+
+    def _scan_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.scan()
+            except Exception:
+                log.exception("checkpoint scan failed")
+            self._stop.wait(self.interval_s)
+
+    def _save(self) -> None:
+        body = {k: v.as_json() for k, v in self._seen.items() if v.phase}
+        with contextlib.suppress(OSError):
+            write_atomic(self._state_path, json.dumps(body).encode())
+
+    def start(self) -> None:
+        for target, name in ((self._scan_loop, "ckpt-scan"), (self._verify_loop, "ckpt-verify")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._verify.put(None)
+        for thread in self._threads:
+            thread.join(timeout=2)

@@ -1,0 +1,241 @@
+"""`faultline-agent` command line: run, check, version.
+
+Owns turning flags, environment and an optional TOML file into an `agents.agent.Config`
+(precedence: flag > environment > TOML > default) and the human-facing output of `check`.
+It must not hold agent logic; `main()` is the console-script entry point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from agents import __version__
+from agents.agent import DEFAULT_STATE_DIR, Agent, Config, make_backend
+from agents.checkpoints import RootConfig
+from agents.sender import opener_for
+from agents.spool import Identity, Spool
+
+
+class ConfigError(ValueError):
+    """Bad configuration; the message names the setting, the value and the fix."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="faultline-agent", description="Faultline node agent")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (
+        ("run", "collect and ship telemetry until SIGTERM"),
+        ("check", "check GPUs, driver, spool and server; exit 1 on a problem"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--config", type=Path, help="TOML file (keys as the long flags)")
+        p.add_argument("--server", help="service URL, e.g. https://faultline.example:8443")
+        p.add_argument("--token", help="agent token (or FAULTLINE_AGENT_TOKEN[_FILE])")
+        p.add_argument("--node", help="node name (default: hostname)")
+        p.add_argument("--fake-gpus", type=int, help="use N fake GPUs instead of NVML")
+        p.add_argument(
+            "--fake-script",
+            action="append",
+            default=None,
+            help="fake GPU fault, e.g. 0:temp_ramp or 3:xid79 (repeatable)",
+        )
+        p.add_argument("--interval", type=float, help="sampling interval, seconds (default 1)")
+        p.add_argument("--state-dir", type=Path, help=f"default {DEFAULT_STATE_DIR}")
+        p.add_argument(
+            "--checkpoint-root",
+            action="append",
+            default=None,
+            help="checkpoint root to watch (repeatable)",
+        )
+        p.add_argument(
+            "--dry-run",
+            action="store_true",
+            default=None,
+            help="print batches instead of sending; hooks are not run",
+        )
+        p.add_argument("--log-level", default=os.environ.get("FAULTLINE_AGENT_LOG", "INFO"))
+    sub.add_parser("version", help="print the agent version")
+    return parser
+
+
+def _env_float(name: str) -> float | None:
+    value = os.environ.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} must be a number") from None
+
+
+def _token(args: argparse.Namespace, toml: dict[str, Any]) -> str:
+    if args.token:
+        return str(args.token)
+    if os.environ.get("FAULTLINE_AGENT_TOKEN"):
+        return os.environ["FAULTLINE_AGENT_TOKEN"]
+    token_file = os.environ.get("FAULTLINE_AGENT_TOKEN_FILE") or toml.get("token_file")
+    if token_file:
+        try:
+            return Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"token file {token_file}: {exc.strerror}") from None
+    return str(toml.get("token", ""))
+
+
+def _roots(flags: list[str] | None, toml: dict[str, Any]) -> list[RootConfig]:
+    if flags:
+        return [RootConfig(Path(p)) for p in flags]
+    roots = []
+    for item in toml.get("checkpoint_roots", []):
+        if isinstance(item, str):
+            roots.append(RootConfig(Path(item)))
+        elif isinstance(item, dict) and "path" in item:
+            roots.append(RootConfig(Path(item["path"]), item.get("group"), item.get("generation")))
+        else:
+            raise ConfigError(
+                f"checkpoint_roots entry {item!r} must be a path or "
+                "{path=..., group=..., generation=...}"
+            )
+    return roots
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    toml: dict[str, Any] = {}
+    config_path = args.config or (
+        Path(p) if (p := os.environ.get("FAULTLINE_AGENT_CONFIG")) else None
+    )
+    if config_path is not None:
+        try:
+            toml = tomllib.loads(Path(config_path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"config file {config_path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {config_path}: {exc}") from None
+    cfg = Config()
+
+    def pick(flag: Any, env: str, key: str, default: Any) -> Any:
+        if flag is not None:
+            return flag
+        if os.environ.get(env) not in (None, ""):
+            return os.environ[env]
+        return toml.get(key, default)
+
+    cfg.server = str(pick(args.server, "FAULTLINE_SERVER", "server", ""))
+    cfg.token = _token(args, toml)
+    cfg.node = str(pick(args.node, "FAULTLINE_NODE", "node", cfg.node))
+    cfg.state_dir = Path(
+        pick(args.state_dir, "FAULTLINE_AGENT_STATE_DIR", "state_dir", DEFAULT_STATE_DIR)
+    )
+    interval = (
+        args.interval if args.interval is not None else _env_float("FAULTLINE_AGENT_INTERVAL")
+    )
+    cfg.interval = float(interval if interval is not None else toml.get("interval", 1.0))
+    if cfg.interval <= 0:
+        raise ConfigError(f"interval {cfg.interval} must be > 0 seconds")
+    cfg.fake_gpus = int(args.fake_gpus if args.fake_gpus is not None else toml.get("fake_gpus", 0))
+    cfg.fake_scripts = list(args.fake_script or toml.get("fake_scripts", []))
+    cfg.checkpoint_roots = _roots(args.checkpoint_root, toml)
+    cfg.dry_run = bool(args.dry_run if args.dry_run is not None else toml.get("dry_run", False))
+    cfg.spool_max_bytes = int(toml.get("spool_max_mb", 256)) * 1024 * 1024
+    cfg.reporter_socket = toml.get("reporter_socket")
+    cfg.reporter_udp_port = toml.get("reporter_udp_port")
+    mode = toml.get("reporter_socket_mode", "660")
+    try:
+        cfg.reporter_socket_mode = int(str(mode), 8)
+    except ValueError:
+        raise ConfigError(f'reporter_socket_mode {mode!r} must be octal, e.g. "660"') from None
+    cfg.hooks = {str(k): str(v) for k, v in toml.get("hooks", {}).items()}
+    cfg.hook_timeout_s = float(toml.get("hook_timeout_s", 60.0))
+    cfg.action_poll_s = float(toml.get("action_poll_s", 15.0))
+    cfg.verify_rate_mb_s = float(toml.get("verify_rate_mb_s", 100.0))
+    if not cfg.dry_run and (not cfg.server or not cfg.token):
+        raise ConfigError(
+            "a server and a token are needed: pass --server URL and --token "
+            "(or FAULTLINE_AGENT_TOKEN / FAULTLINE_AGENT_TOKEN_FILE), or --dry-run"
+        )
+    return cfg
+
+
+def check(cfg: Config) -> int:
+    """Print what the agent would see; 0 when everything needed works."""
+    problems: list[str] = []
+    backend = make_backend(cfg, sys.stdout)
+    if backend is None:
+        problems.append("no GPU collection (NVML missing)")
+    else:
+        print(f"driver: {backend.driver_version() or 'unknown'} ({backend.name})")
+        for i in range(backend.device_count()):
+            sample = backend.sample(i)
+            print(
+                f"gpu {i}: {backend.uuid(i)} temp_c={sample.get('temp_c')} "
+                f"power_w={sample.get('power_w')} throttle={sample.get('throttle_reasons')}"
+            )
+        if backend.device_count() == 0:
+            problems.append("NVML reports no GPUs")
+        backend.close()
+    try:
+        identity = Identity(cfg.state_dir)
+        spool = Spool(cfg.state_dir, max_bytes=cfg.spool_max_bytes)
+        print(
+            f"spool: {cfg.state_dir} depth={spool.depth} bytes={spool.bytes} "
+            f"dropped={spool.dropped} agent_id={identity.agent_id} next_seq={identity.next_seq}"
+        )
+        spool.close()
+    except OSError as exc:
+        problems.append(f"state dir {cfg.state_dir}: {exc.strerror}")
+    if cfg.server:
+        url = cfg.server.rstrip("/") + "/api/v1/agents/actions"
+        request = urllib.request.Request(  # noqa: S310 -- server URL comes from config
+            url, headers={"Authorization": f"Bearer {cfg.token}"}
+        )
+        try:
+            with opener_for(cfg.server).open(request, timeout=5) as response:
+                print(f"server: {cfg.server} reachable (HTTP {response.status})")
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                problems.append(f"server {cfg.server} refused the token (HTTP {exc.code})")
+            else:
+                print(f"server: {cfg.server} reachable (HTTP {exc.code})")
+        except OSError as exc:
+            problems.append(f"server {cfg.server} unreachable: {exc}")
+    elif not cfg.dry_run:
+        problems.append("no server configured")
+    for problem in problems:
+        print(f"PROBLEM: {problem}")
+    print("ok" if not problems else f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "version":
+        print(f"faultline-agent {__version__}")
+        return 0
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        cfg = build_config(args)
+    except ConfigError as exc:
+        print(f"faultline-agent: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "check":
+        return check(cfg)
+    agent = Agent(cfg)
+    print(json.dumps({"agent": "started", **agent.status(), "node": cfg.node}), file=sys.stderr)
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

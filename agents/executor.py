@@ -1,0 +1,279 @@
+"""Runs approved actions on this node through configured hooks, exactly once per action id.
+
+Owns action execution: it receives approved actions (riding back on ingest responses, or
+polled from `GET <server>/api/v1/agents/actions`), runs the hook configured for the action
+kind with a timeout, and reports `{"status", "exit_code", "output"}` to
+`POST <server>/api/v1/actions/<id>/result`. It must never decide *whether* an action is
+wise — the service's gates and human approvers do — but it does refuse what is provably
+stale: an action for an older generation than the newest it has seen for that group
+(fencing, DESIGN.md §1 contract 1). Hooks run as argument lists, never through a shell.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import shlex
+import subprocess
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from agents.sender import opener_for
+from agents.spool import read_json, write_atomic
+
+log = logging.getLogger("faultline.agent.executor")
+
+OUTPUT_LIMIT = 4096
+
+# Examples documented in docs/agent.md; nothing runs unless configured.
+EXAMPLE_HOOKS = {
+    "cordon": "kubectl cordon {node}",
+    "drain": 'scontrol update nodename={node} state=drain reason="{reason}"',
+}
+
+
+class _SafeDict(dict):  # type: ignore[type-arg]
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+class Executor:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        node: str,
+        hooks: dict[str, str],
+        server: str = "",
+        token: str = "",
+        dry_run: bool = False,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.node = node
+        self.hooks = dict(hooks)
+        self.server = server.rstrip("/")
+        self.token = token
+        self.dry_run = dry_run
+        self.timeout_s = timeout_s
+        self._path = Path(state_dir) / "executor.json"
+        state = read_json(self._path, {})
+        self.done: dict[str, dict[str, Any]] = state.get("done", {})
+        self.generations: dict[str, int] = state.get("generations", {})
+        for result in self.done.values():
+            if result.get("status") == "running":
+                # The agent died while the hook ran: never rerun it blind, say so instead.
+                result.update(
+                    status="failed",
+                    exit_code=None,
+                    reported=False,
+                    output="agent restarted while the hook ran; outcome unknown",
+                )
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._opener = opener_for(server) if server else None
+
+    # -- state -----------------------------------------------------------------------
+    def _save(self) -> None:
+        body = {"done": self.done, "generations": self.generations}
+        write_atomic(self._path, json.dumps(body).encode())
+
+    def observe(self, group: str | None, generation: Any) -> None:
+        """Learn a group's generation from any record or action naming it."""
+        if not group or not isinstance(generation, int):
+            return
+        with self._lock:
+            if generation > self.generations.get(group, -1):
+                self.generations[group] = generation
+                self._save()
+
+    # -- execution -------------------------------------------------------------------
+    def handle(self, action: dict[str, Any]) -> dict[str, Any] | None:
+        """Run one action; None when this action id was already handled (idempotent)."""
+        action_id = str(action.get("id", ""))
+        if not action_id:
+            log.warning("action without id ignored: %s", action)
+            return None
+        with self._lock:
+            if action_id in self.done:
+                return None
+            group = action.get("group")
+            generation = action.get("generation")
+            newest = self.generations.get(group, -1) if group else -1
+            stale = isinstance(generation, int) and generation < newest
+            # Reserve the id before running so a duplicate delivery cannot run it twice.
+            self.done[action_id] = {"status": "running", "reported": False}
+            self._save()
+        if stale:
+            result = {
+                "status": "failed",
+                "exit_code": None,
+                "output": f"refused: generation {generation} of group {group} is older than "
+                f"generation {newest} already seen on this node",
+            }
+        else:
+            self.observe(group, generation)
+            result = self._run(action)
+        with self._lock:
+            self.done[action_id] = {**result, "reported": False}
+            self._save()
+        self._report(action_id)
+        return result
+
+    def _argv(self, action: dict[str, Any]) -> list[str] | None:
+        template = self.hooks.get(str(action.get("kind")))
+        if not template:
+            return None
+        params = action.get("params") or {}
+        values = _SafeDict(
+            {k: str(v) for k, v in params.items()} if isinstance(params, dict) else {}
+        )
+        values.update(
+            node=self.node,
+            target=str(action.get("target") or self.node),
+            group=str(action.get("group") or ""),
+            generation=str(action.get("generation") or ""),
+            kind=str(action.get("kind")),
+            action_id=str(action.get("id")),
+            reason=str(
+                params.get("reason")
+                if isinstance(params, dict) and params.get("reason")
+                else f"faultline action {action.get('id')}"
+            ),
+        )
+        return [part.format_map(values) for part in shlex.split(template)]
+
+    def _run(self, action: dict[str, Any]) -> dict[str, Any]:
+        argv = self._argv(action)
+        if argv is None:
+            return {
+                "status": "failed",
+                "exit_code": None,
+                "output": f"no hook configured for action kind {action.get('kind')!r}",
+            }
+        if self.dry_run:
+            return {
+                "status": "succeeded",
+                "exit_code": 0,
+                "output": f"dry-run: would run {shlex.join(argv)}",
+            }
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=self.timeout_s, check=False)
+        except subprocess.TimeoutExpired as exc:
+            partial = (exc.stdout or b"") + (exc.stderr or b"")
+            return {
+                "status": "failed",
+                "exit_code": None,
+                "output": _bound(
+                    f"timed out after {self.timeout_s:g}s\n" + partial.decode(errors="replace")
+                ),
+            }
+        except OSError as exc:
+            return {"status": "failed", "exit_code": None, "output": f"cannot run hook: {exc}"}
+        output = (done.stdout + done.stderr).decode(errors="replace")
+        return {
+            "status": "succeeded" if done.returncode == 0 else "failed",
+            "exit_code": done.returncode,
+            "output": _bound(output),
+        }
+
+    # -- reporting -------------------------------------------------------------------
+    def _report(self, action_id: str) -> bool:
+        if self._opener is None:
+            return False
+        result = self.done.get(action_id, {})
+        body = {k: result.get(k) for k in ("status", "exit_code", "output")}
+        url = f"{self.server}/api/v1/actions/{urllib.parse.quote(action_id)}/result"
+        request = urllib.request.Request(  # noqa: S310 -- server URL comes from config
+            url,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"},
+        )
+        try:
+            with self._opener.open(request, timeout=10) as response:
+                ok = 200 <= int(response.status) < 300
+        except urllib.error.HTTPError as exc:
+            # 409/404: the service already has a result or forgot the action; stop trying.
+            ok = exc.code in (404, 409)
+            log.warning("action %s result: HTTP %s", action_id, exc.code)
+        except OSError as exc:
+            log.warning("action %s result not delivered yet: %s", action_id, exc)
+            ok = False
+        if ok:
+            with self._lock:
+                self.done[action_id]["reported"] = True
+                self._save()
+        return ok
+
+    def poll_once(self) -> int:
+        """Fetch approved actions for this node and queue them; returns how many arrived."""
+        for action_id, result in list(self.done.items()):
+            if not result.get("reported") and result.get("status") != "running":
+                self._report(action_id)
+        if self._opener is None:
+            return 0
+        url = f"{self.server}/api/v1/agents/actions?node={urllib.parse.quote(self.node)}"
+        request = urllib.request.Request(  # noqa: S310 -- server URL comes from config
+            url, headers={"Authorization": f"Bearer {self.token}"}
+        )
+        try:
+            with self._opener.open(request, timeout=10) as response:
+                payload = json.loads(response.read() or b"[]")
+        except (OSError, ValueError) as exc:
+            log.debug("action poll failed: %s", exc)
+            return 0
+        actions = payload.get("actions", []) if isinstance(payload, dict) else payload
+        if isinstance(actions, list):
+            self.submit(actions)
+            return len(actions)
+        return 0
+
+    # -- threads ---------------------------------------------------------------------
+    def submit(self, actions: list[dict[str, Any]]) -> None:
+        for action in actions:
+            if isinstance(action, dict):
+                self._queue.put(action)
+
+    def _work(self) -> None:
+        while True:
+            action = self._queue.get()
+            if action is None:
+                return
+            try:
+                self.handle(action)
+            except Exception:
+                log.exception("action %s failed to run", action.get("id"))
+
+    def _poll(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self.poll_once()
+
+    def start(self, *, poll_s: float = 15.0) -> None:
+        worker = threading.Thread(target=self._work, name="executor", daemon=True)
+        worker.start()
+        self._threads.append(worker)
+        if poll_s > 0:
+            poller = threading.Thread(
+                target=self._poll, args=(poll_s,), daemon=True, name="action-poll"
+            )
+            poller.start()
+            self._threads.append(poller)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._queue.put(None)
+        for thread in self._threads:
+            thread.join(timeout=2)
+
+
+def _bound(text: str) -> str:
+    if len(text) <= OUTPUT_LIMIT:
+        return text
+    return text[: OUTPUT_LIMIT // 2] + "\n...[truncated]...\n" + text[-OUTPUT_LIMIT // 2 :]

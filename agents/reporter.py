@@ -1,0 +1,456 @@
+"""In-process reporter for training and serving code: one JSON datagram per call.
+
+Owns the workload side of telemetry: `step`, `collective`, `checkpoint`, `transition`,
+`serving_window`, and automatic `process` started/exited records (atexit, chained signal
+handlers, uncaught exceptions with OOM classified by exception type name). It sends to the
+local agent over a Unix datagram socket (loopback UDP when configured or where AF_UNIX is
+missing). It must never block, never raise into the caller and never import anything
+beyond the standard library: a telemetry outage must not drag the workload down. When no
+agent listens, records are counted as dropped and the training loop carries on.
+
+    from agents import reporter
+    reporter.init(group="llama-70b", generation=3, rank=int(os.environ["RANK"]))
+    reporter.step(step, tokens=n, loss=loss.item(), duration_ms=ms)
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from types import FrameType, TracebackType
+from typing import Any
+
+from agents.wire import iso_ts, real
+
+DEFAULT_SOCKET = "/var/lib/faultline-agent/reporter.sock"
+MAX_DATAGRAM = 60 * 1024
+_MESSAGE_LIMIT = 200
+
+_PATH_RE = re.compile(r"(?:[A-Za-z]:)?(?:[/\\][\w.\-@+~]+){2,}[/\\]?")
+_HEX_RE = re.compile(r"0x[0-9a-fA-F]{6,}")
+_NUM_RE = re.compile(r"\d{5,}")
+_SPACE_RE = re.compile(r"\s+")
+# One encoder for the process: json.dumps() with options builds a new one per call.
+_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
+def scrub(message: str, limit: int = _MESSAGE_LIMIT) -> str:
+    """Strip what identifies people or data from an exception message, then bound it.
+
+    Paths can name users, datasets and customers; long numbers can be ids or sample
+    contents. Neither belongs in telemetry (DESIGN.md §1, contract 8).
+    """
+    text = _PATH_RE.sub("<path>", message)
+    text = _HEX_RE.sub("<hex>", text)
+    text = _NUM_RE.sub("<n>", text)
+    text = _SPACE_RE.sub(" ", text).strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def classify_exception(exc: BaseException) -> str:
+    """`reason` for a process that died of `exc`, judged by type name (no torch import)."""
+    for klass in type(exc).__mro__:
+        name = klass.__name__
+        if name == "MemoryError" or "OutOfMemory" in name:
+            return "oom"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    return "exception"
+
+
+def error_type(exc: BaseException) -> str:
+    klass = type(exc)
+    module = klass.__module__
+    name = (
+        klass.__qualname__
+        if module in ("builtins", "__main__")
+        else f"{module}.{klass.__qualname__}"
+    )
+    return name[:128]
+
+
+def _env_int(name: str, *fallbacks: str) -> int | None:
+    for key in (name, *fallbacks):
+        value = os.environ.get(key)
+        if value not in (None, ""):
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _maybe_real(value: Any) -> Any:
+    return real(value) if isinstance(value, float) else value
+
+
+class Reporter:
+    """Sends records to the local agent. Every public method swallows every error."""
+
+    def __init__(
+        self,
+        *,
+        socket_path: str | None = None,
+        udp: tuple[str, int] | None = None,
+        group: str | None = None,
+        generation: int | None = None,
+        rank: int | None = None,
+        gpu: str | None = None,
+    ) -> None:
+        self.socket_path = (
+            socket_path or os.environ.get("FAULTLINE_REPORTER_SOCKET") or (DEFAULT_SOCKET)
+        )
+        self.group = group or os.environ.get("FAULTLINE_GROUP")
+        self.generation = (
+            generation if generation is not None else _env_int("FAULTLINE_GENERATION") or 0
+        )
+        self.rank = rank if rank is not None else _env_int("FAULTLINE_RANK", "RANK") or 0
+        self.gpu = gpu or os.environ.get("FAULTLINE_GPU")
+        self.sent = 0
+        self.dropped = 0
+        self._exited = False
+        self._exit_code: int | None = None
+        self._unix: socket.socket | None = None
+        self._unix_retry_at = 0.0
+        self._udp: socket.socket | None = None
+        if udp is None:
+            spec = os.environ.get("FAULTLINE_REPORTER_UDP", "")
+            if spec:
+                host, _, port = spec.rpartition(":")
+                with contextlib.suppress(ValueError):
+                    udp = (host or "127.0.0.1", int(port))
+        try:
+            if hasattr(socket, "AF_UNIX"):
+                self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                self._unix.setblocking(False)
+            if udp is not None or self._unix is None:
+                self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                self._udp.setblocking(False)
+                # connect() so a closed port surfaces as ConnectionRefusedError (a drop).
+                self._udp.connect(udp or ("127.0.0.1", 7465))
+        except OSError:
+            pass
+
+    # -- transport -------------------------------------------------------------------
+    def _send(self, rec: dict[str, Any]) -> None:
+        try:
+            data = _encode(rec).encode()
+        except (TypeError, ValueError):
+            self.dropped += 1
+            return
+        if len(data) > MAX_DATAGRAM:
+            self.dropped += 1
+            return
+        if self._unix is not None and time.monotonic() >= self._unix_retry_at:
+            try:
+                self._unix.sendto(data, self.socket_path)
+                self.sent += 1
+                return
+            except (FileNotFoundError, ConnectionRefusedError):
+                # No agent: stop paying for failing syscalls for a second.
+                self._unix_retry_at = time.monotonic() + 1.0
+            except OSError:
+                pass  # full buffer (agent busy): drop this one, try the next
+            if self._udp is None:
+                self.dropped += 1
+                return
+        if self._udp is not None:
+            try:
+                self._udp.send(data)
+                self.sent += 1
+                return
+            except OSError:
+                pass
+        self.dropped += 1
+
+    def _scoped(
+        self, kind: str, group: str | None, generation: int | None, rank: int | None
+    ) -> dict[str, Any]:
+        return {
+            "kind": kind,
+            "ts": iso_ts(),
+            "group": group or self.group,
+            "generation": self.generation if generation is None else generation,
+            "rank": self.rank if rank is None else rank,
+        }
+
+    # -- public API: each swallows everything ----------------------------------------
+    def step(
+        self,
+        step: int,
+        *,
+        tokens: int = 0,
+        data_cursor: int | None = None,
+        duration_ms: float | None = None,
+        phases: dict[str, float] | None = None,
+        loss: float | None = None,
+        grad_norm: float | None = None,
+        loss_scale: float | None = None,
+        overflow: bool | None = None,
+        group: str | None = None,
+        generation: int | None = None,
+        rank: int | None = None,
+    ) -> None:
+        try:
+            rec = self._scoped("step", group, generation, rank)
+            rec["step"] = step
+            rec["tokens"] = tokens
+            if data_cursor is not None:
+                rec["data_cursor"] = data_cursor
+            if duration_ms is not None:
+                rec["duration_ms"] = duration_ms
+            if phases:
+                rec["phases"] = phases
+            if loss is not None:
+                rec["loss"] = _maybe_real(loss)
+            if grad_norm is not None:
+                rec["grad_norm"] = _maybe_real(grad_norm)
+            if loss_scale is not None:
+                rec["loss_scale"] = _maybe_real(loss_scale)
+            if overflow is not None:
+                rec["overflow"] = overflow
+            self._send(rec)
+        except Exception:  # noqa: BLE001 -- never raise into the workload; count it
+            self.dropped += 1
+
+    def collective(
+        self,
+        entries: Iterable[dict[str, Any]],
+        *,
+        group: str | None = None,
+        generation: int | None = None,
+        rank: int | None = None,
+    ) -> None:
+        """The rank's latest window of collective calls (seq, pg, op, numel, dtype, state)."""
+        try:
+            rec = self._scoped("collective", group, generation, rank)
+            rec["entries"] = list(entries)[-512:]
+            self._send(rec)
+        except Exception:  # noqa: BLE001 -- never raise into the workload; count it
+            self.dropped += 1
+
+    def checkpoint(
+        self,
+        checkpoint_id: str,
+        phase: str,
+        *,
+        step: int | None = None,
+        manifest: dict[str, Any] | None = None,
+        duration_ms: float | None = None,
+        group: str | None = None,
+        generation: int | None = None,
+    ) -> None:
+        try:
+            rec = self._scoped("checkpoint", group, generation, None)
+            del rec["rank"]
+            rec.update(checkpoint_id=checkpoint_id, phase=phase)
+            for key, value in (
+                ("step", step),
+                ("manifest", manifest),
+                ("duration_ms", duration_ms),
+            ):
+                if value is not None:
+                    rec[key] = value
+            self._send(rec)
+        except Exception:  # noqa: BLE001 -- never raise into the workload; count it
+            self.dropped += 1
+
+    def transition(
+        self,
+        to_state: str,
+        *,
+        from_state: str | None = None,
+        reason: str | None = None,
+        restart_count: int | None = None,
+        world_size: int | None = None,
+        topology: dict[str, int] | None = None,
+        data_cursor: int | None = None,
+        model_version: str | None = None,
+        group: str | None = None,
+        generation: int | None = None,
+    ) -> None:
+        try:
+            rec = self._scoped("transition", group, generation, None)
+            del rec["rank"]
+            rec["to_state"] = to_state
+            for key, value in (
+                ("from_state", from_state),
+                ("reason", reason),
+                ("restart_count", restart_count),
+                ("world_size", world_size),
+                ("topology", topology),
+                ("data_cursor", data_cursor),
+                ("model_version", model_version),
+            ):
+                if value is not None:
+                    rec[key] = value
+            self._send(rec)
+        except Exception:  # noqa: BLE001 -- never raise into the workload; count it
+            self.dropped += 1
+
+    def serving_window(
+        self,
+        worker: str,
+        window: dict[str, Any],
+        *,
+        model_version: str | None = None,
+        adapter_version: str | None = None,
+        kv_schema: str | None = None,
+        ready: bool = False,
+        draining: bool = False,
+        group: str | None = None,
+        generation: int | None = None,
+    ) -> None:
+        """One serving window's counters and percentiles (`window["seconds"]` required)."""
+        try:
+            rec = self._scoped("serving", group, generation, None)
+            del rec["rank"]
+            rec.update(worker=worker, window=window, ready=ready, draining=draining)
+            for key, value in (
+                ("model_version", model_version),
+                ("adapter_version", adapter_version),
+                ("kv_schema", kv_schema),
+            ):
+                if value is not None:
+                    rec[key] = value
+            self._send(rec)
+        except Exception:  # noqa: BLE001 -- never raise into the workload; count it
+            self.dropped += 1
+
+    def process(
+        self,
+        event: str,
+        *,
+        exit_code: int | None = None,
+        sig: int | None = None,
+        reason: str | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        try:
+            if event == "exited":
+                if self._exited:
+                    return  # one exit per process, whichever hook sees it first
+                self._exited = True
+            rec = self._scoped("process", None, None, None)
+            rec.update(event=event, pid=os.getpid())
+            if self.gpu:
+                rec["gpu"] = self.gpu
+            for key, value in (("exit_code", exit_code), ("signal", sig), ("reason", reason)):
+                if value is not None:
+                    rec[key] = value
+            if error is not None:
+                rec["error_type"] = error_type(error)
+                # Not a contract field: the agent logs it locally and keeps it off the wire.
+                rec["message"] = scrub(str(error))
+            self._send(rec)
+        except Exception:  # noqa: BLE001 -- never raise into the workload; count it
+            self.dropped += 1
+
+    # -- automatic process records ----------------------------------------------------
+    def install_hooks(self) -> None:
+        """Send `started` now and `exited` from atexit, SIGTERM/SIGHUP or an uncaught
+        exception; existing handlers and hooks are chained, never replaced."""
+        try:
+            self.process("started")
+            atexit.register(self._at_exit)
+            previous_hook = sys.excepthook
+
+            def excepthook(
+                kind: type[BaseException], exc: BaseException, tb: TracebackType | None
+            ) -> None:
+                self.process(
+                    "exited",
+                    exit_code=1,
+                    reason=classify_exception(exc),
+                    error=exc,
+                    sig=signal.SIGINT if isinstance(exc, KeyboardInterrupt) else None,
+                )
+                previous_hook(kind, exc, tb)
+
+            sys.excepthook = excepthook
+            original_exit = sys.exit
+
+            def exit_with_code(code: Any = None) -> None:
+                self._exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+                original_exit(code)
+
+            sys.exit = exit_with_code  # type: ignore[assignment] # atexit reports the code
+            if threading.current_thread() is threading.main_thread():
+                for signum in (signal.SIGTERM, signal.SIGHUP):
+                    self._chain_signal(signum)
+        except Exception:  # noqa: BLE001 -- never raise into the workload; count it
+            self.dropped += 1
+
+    def _at_exit(self) -> None:
+        code = self._exit_code if self._exit_code is not None else 0
+        self.process("exited", exit_code=code, reason="clean" if code == 0 else "exit_code")
+
+    def _chain_signal(self, signum: int) -> None:
+        previous = signal.getsignal(signum)
+        if previous == signal.SIG_IGN:
+            return  # the process ignores it: it will not exit, so there is nothing to report
+
+        def handler(sig: int, frame: FrameType | None) -> None:
+            self.process("exited", sig=sig, exit_code=128 + sig, reason="killed")
+            if callable(previous):
+                previous(sig, frame)
+            else:
+                signal.signal(sig, signal.SIG_DFL)
+                os.kill(os.getpid(), sig)
+
+        signal.signal(signum, handler)
+
+    def close(self) -> None:
+        for sock in (self._unix, self._udp):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+
+_default: Reporter | None = None
+_lock = threading.Lock()
+
+
+def init(*, hooks: bool = True, **kwargs: Any) -> Reporter:
+    """Configure the module-level reporter (idempotent per process)."""
+    global _default
+    with _lock:
+        if _default is None:
+            _default = Reporter(**kwargs)
+            if hooks and _default.group:
+                _default.install_hooks()
+        return _default
+
+
+def get() -> Reporter:
+    return _default if _default is not None else init(hooks=False)
+
+
+def _forward(name: str) -> Callable[..., None]:
+    def call(*args: Any, **kwargs: Any) -> None:
+        # try/except rather than contextlib.suppress: this sits on the per-call hot path.
+        try:  # noqa: SIM105
+            getattr(get(), name)(*args, **kwargs)
+        except Exception:  # noqa: BLE001, S110 -- the reporter never raises into the workload
+            pass
+
+    call.__name__ = name
+    call.__doc__ = getattr(Reporter, name).__doc__
+    return call
+
+
+step = _forward("step")
+collective = _forward("collective")
+checkpoint = _forward("checkpoint")
+transition = _forward("transition")
+serving_window = _forward("serving_window")
+process = _forward("process")

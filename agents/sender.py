@@ -1,0 +1,256 @@
+"""Ship spooled records to the service: batching, gzip, auth, acks, retries, dead letters.
+
+Owns the HTTP conversation of DESIGN.md §3 (`POST <server>/api/v1/ingest`). A batch's
+`seq` is fixed when the spool builds it and reused on every retry, so the service's
+`(agent.id, seq)` de-duplication makes retries harmless. It must never retry a batch the
+service rejected as invalid (400) — that batch goes to a dead-letter file — and never
+hammer a server that says "later" (429/503 honour Retry-After).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import gzip
+import json
+import logging
+import random
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from agents.spool import Identity, Spool, write_atomic
+from agents.wire import iso_ts
+
+log = logging.getLogger("faultline.agent.sender")
+
+# A misconfigured proxy answering "Retry-After: 86400" must not silence a node for a day.
+MAX_RETRY_AFTER_S = 600.0
+
+ActionSink = Callable[[list[dict[str, Any]]], None]
+
+
+class AuthError(RuntimeError):
+    """The service refused the token (401/403): retrying cannot help, a human must act."""
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    id: str
+    node: str
+    version: str
+    boot_id: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "node": self.node, "version": self.version}
+        if self.boot_id:
+            out["boot_id"] = self.boot_id
+        return out
+
+
+def opener_for(server: str) -> urllib.request.OpenerDirector:
+    """An opener that ignores *_proxy variables for a loopback server (tests, sidecars)."""
+    host = urllib.parse.urlsplit(server).hostname or ""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    return urllib.request.build_opener()
+
+
+def retry_after_seconds(value: str | None, default: float) -> float:
+    """Seconds from a Retry-After header (delta-seconds or HTTP-date)."""
+    if not value:
+        return default
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return default
+    return max(0.0, when.timestamp() - time.time())
+
+
+class Sender:
+    """Drains the spool into the service, one batch in flight at a time."""
+
+    def __init__(
+        self,
+        spool: Spool,
+        identity: Identity,
+        info: AgentInfo,
+        *,
+        server: str,
+        token: str,
+        state_dir: Path,
+        interval: float = 1.0,
+        max_records: int = 1000,
+        timeout: float = 10.0,
+        backoff_base: float = 0.5,
+        backoff_cap: float = 30.0,
+        dry_run: bool = False,
+        on_actions: ActionSink | None = None,
+        out: IO[str] | None = None,
+    ) -> None:
+        self.spool = spool
+        self.identity = identity
+        self.info = info
+        self.url = server.rstrip("/") + "/api/v1/ingest"
+        self.token = token
+        self.interval = interval
+        self.max_records = max_records
+        self.timeout = timeout
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.dry_run = dry_run
+        self.on_actions = on_actions
+        self.out = out or sys.stdout
+        self.dead_letter_dir = Path(state_dir) / "deadletter"
+        self.failures = 0
+        self.sent_batches = 0
+        self.quarantined = 0
+        self._opener = opener_for(server)
+        self._wake = threading.Event()
+        self.linger = min(0.05, interval)
+
+    def wake(self) -> None:
+        """Send soon: an event (Xid, process exit) should not wait for the next tick."""
+        self._wake.set()
+
+    def envelope(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "agent": self.info.as_dict(),
+            "seq": batch["seq"],
+            "sent_at": iso_ts(),
+            "records": batch["records"],
+        }
+
+    def _backoff(self) -> float:
+        # Exponential with full jitter: a fleet of agents must not retry in lockstep.
+        ceiling = min(self.backoff_cap, self.backoff_base * (2 ** min(self.failures, 16)))
+        return random.uniform(self.backoff_base / 2, max(self.backoff_base, ceiling))
+
+    def _post(self, body: bytes) -> tuple[int, Any, bytes]:
+        request = urllib.request.Request(  # noqa: S310 -- URL scheme comes from config
+            self.url,
+            data=body,
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "Content-Encoding": "gzip",
+                "Authorization": f"Bearer {self.token}",
+                "User-Agent": f"faultline-agent/{self.info.version}",
+            },
+        )
+        try:
+            with self._opener.open(request, timeout=self.timeout) as response:
+                return response.status, response.headers, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers, exc.read()
+
+    def send_once(self) -> tuple[str, float]:
+        """Try one batch. Returns (outcome, seconds to wait before the next try)."""
+        batch = self.spool.pending_batch() or self.spool.build_batch(
+            self.identity, max_records=self.max_records
+        )
+        if batch is None:
+            return "idle", self.interval
+        envelope = self.envelope(batch)
+        if self.dry_run:
+            print(json.dumps(envelope, separators=(",", ":")), file=self.out, flush=True)
+            self.spool.ack(batch["seq"])
+            return "acked", self._next_wait()
+        body = gzip.compress(json.dumps(envelope, separators=(",", ":")).encode(), 5)
+        try:
+            status, headers, payload = self._post(body)
+        except (OSError, urllib.error.URLError) as exc:
+            self.failures += 1
+            wait = self._backoff()
+            log.warning(
+                "ingest unreachable (%s); batch seq=%s retried in %.1fs", exc, batch["seq"], wait
+            )
+            return "retry", wait
+        if status in (200, 202):
+            self.failures = 0
+            self.sent_batches += 1
+            self.spool.ack(batch["seq"])
+            self._deliver_actions(payload)
+            return "acked", self._next_wait()
+        if status in (400, 413):
+            # Final answers: retrying the same bytes can only fail the same way.
+            self._quarantine(batch, payload)
+            return "quarantined", 0.0
+        if status in (401, 403):
+            raise AuthError(
+                f"the service refused this agent's token (HTTP {status}) at {self.url}: "
+                "check --token / FAULTLINE_AGENT_TOKEN(_FILE) and that the agent is registered"
+            )
+        self.failures += 1
+        if status in (429, 503):
+            retry_after = headers.get("Retry-After") if headers else None
+            wait = min(MAX_RETRY_AFTER_S, retry_after_seconds(retry_after, self._backoff()))
+        else:
+            wait = self._backoff()
+        log.warning(
+            "ingest answered HTTP %s; batch seq=%s retried in %.1fs", status, batch["seq"], wait
+        )
+        return "retry", wait
+
+    def _next_wait(self) -> float:
+        # Drain a backlog at full speed; otherwise batch by time.
+        return 0.0 if self.spool.depth >= self.max_records else self.interval
+
+    def _deliver_actions(self, payload: bytes) -> None:
+        if self.on_actions is None:
+            return
+        try:
+            actions = json.loads(payload or b"{}").get("actions") or []
+        except (ValueError, AttributeError):
+            return
+        if actions:
+            self.on_actions(actions)
+
+    def _quarantine(self, batch: dict[str, Any], payload: bytes) -> None:
+        """A 400 is final: keep the batch and the service's reason, never resend it."""
+        try:
+            error = json.loads(payload)
+        except ValueError:
+            error = {"error": payload[:500].decode(errors="replace")}
+        log.error(
+            "ingest rejected batch seq=%s: %s (dead-lettered)", batch["seq"], json.dumps(error)
+        )
+        self.dead_letter_dir.mkdir(parents=True, exist_ok=True)
+        body = json.dumps({"error": error, "batch": batch}).encode()
+        write_atomic(self.dead_letter_dir / f"batch-{batch['seq']}.json", body)
+        self.quarantined += 1
+        self.spool.ack(batch["seq"])
+
+    def run(self, stop: threading.Event) -> None:
+        """Loop until `stop`; AuthError propagates so the agent can stop with its message."""
+        while not stop.is_set():
+            _, wait = self.send_once()
+            if wait > 0 and self._wake.wait(wait) and not stop.is_set():
+                # Linger briefly after a wake-up: an Xid or a burst of exits usually
+                # brings company, and one batch is cheaper than ten.
+                time.sleep(self.linger)
+            self._wake.clear()
+
+    def stop(self) -> None:
+        self._wake.set()
+
+    def flush(self, deadline_s: float = 5.0) -> bool:
+        """Best-effort drain before exit; True when the spool is empty."""
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            outcome, _wait = self.send_once()
+            if outcome == "idle":
+                return True
+            if outcome == "retry":
+                return False
+        return self.spool.depth == 0

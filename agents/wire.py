@@ -1,0 +1,57 @@
+"""Small helpers that shape values for the v1 wire contract (DESIGN.md §3).
+
+Owns timestamp formatting and the non-finite-float rule. Standard library only; it must not
+know about transports, spools or the service.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+Record = dict[str, Any]
+
+
+_second_cache: tuple[int, str] = (-1, "")
+
+
+def iso_ts(epoch: float | None = None) -> str:
+    """ISO 8601 UTC with milliseconds and a `Z`, e.g. 2026-11-29T10:00:00.123Z.
+
+    The formatted second is cached: the reporter stamps every call inside a training loop
+    and must stay within a few microseconds.
+    """
+    global _second_cache
+    now = time.time() if epoch is None else epoch
+    whole = int(now)
+    cached_second, prefix = _second_cache
+    if cached_second != whole:
+        prefix = datetime.fromtimestamp(whole, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+        _second_cache = (whole, prefix)
+    return f"{prefix}{int((now - whole) * 1000):03d}Z"
+
+
+def real(value: float | int | None) -> float | int | str | None:
+    """A number as JSON can carry it: NaN/inf become "NaN"/"Infinity"/"-Infinity".
+
+    Losing a NaN loss would hide the very fault the console exists to catch, so non-finite
+    values travel as the contract's strings rather than being dropped or zeroed.
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        if math.isnan(value):
+            return "NaN"
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
+def record(kind: str, ts: str | None = None, **fields: Any) -> Record:
+    """A record dict with `kind` and `ts` first; None-valued fields are omitted."""
+    out: Record = {"kind": kind, "ts": ts or iso_ts()}
+    for key, value in fields.items():
+        if value is not None:
+            out[key] = value
+    return out

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from agents.executor import OUTPUT_LIMIT, Executor
+
+from .conftest import StubIngest
+
+PY = sys.executable
+
+
+def _action(action_id: str = "a1", generation: int = 4, kind: str = "cordon") -> dict:
+    return {
+        "id": action_id,
+        "kind": kind,
+        "target": "node-1",
+        "group": "g",
+        "generation": generation,
+        "params": {"reason": "xid 79"},
+    }
+
+
+def _executor(tmp_path: Path, **kw) -> Executor:
+    marker = tmp_path / "ran.txt"
+    hooks = kw.pop(
+        "hooks",
+        {
+            "cordon": f"{PY} -c \"import sys; open(sys.argv[1], 'a').write(sys.argv[2] + chr(10))\""
+            f" {marker} {{node}}:{{reason}}",
+        },
+    )
+    return Executor(tmp_path, node="node-1", hooks=hooks, **kw)
+
+
+def test_it_runs_the_hook_with_the_action_filled_in(tmp_path: Path) -> None:
+    result = _executor(tmp_path).handle(_action())
+    assert result is not None and result["status"] == "succeeded"
+    assert result["exit_code"] == 0
+    assert (tmp_path / "ran.txt").read_text() == "node-1:xid 79\n"
+
+
+def test_it_runs_an_action_id_once_even_after_a_restart(tmp_path: Path) -> None:
+    _executor(tmp_path).handle(_action())
+    assert _executor(tmp_path).handle(_action()) is None  # a new process, same state dir
+    assert (tmp_path / "ran.txt").read_text().count("\n") == 1
+
+
+def test_it_refuses_an_action_from_an_older_generation(tmp_path: Path) -> None:
+    executor = _executor(tmp_path)
+    executor.observe("g", 5)
+    result = executor.handle(_action(generation=4))
+    assert result["status"] == "failed"
+    assert "older than generation 5" in result["output"]
+    assert not (tmp_path / "ran.txt").exists()
+
+
+def test_it_learns_the_newest_generation_from_actions_it_runs(tmp_path: Path) -> None:
+    executor = _executor(tmp_path)
+    executor.handle(_action("a1", generation=7))
+    assert executor.handle(_action("a2", generation=6))["status"] == "failed"
+
+
+def test_it_does_not_run_hooks_in_dry_run(tmp_path: Path) -> None:
+    result = _executor(tmp_path, dry_run=True).handle(_action())
+    assert result["output"].startswith("dry-run: would run")
+    assert not (tmp_path / "ran.txt").exists()
+
+
+def test_it_fails_an_action_kind_without_a_hook(tmp_path: Path) -> None:
+    result = _executor(tmp_path).handle(_action(kind="reboot"))
+    assert result["status"] == "failed" and "no hook" in result["output"]
+
+
+def test_it_times_out_a_hung_hook_and_bounds_output(tmp_path: Path) -> None:
+    hooks = {"cordon": f"{PY} -c \"print('x' * 100000); import time; time.sleep(10)\""}
+    result = _executor(tmp_path, hooks=hooks, timeout_s=1.0).handle(_action())
+    assert result["status"] == "failed" and result["exit_code"] is None
+    assert "timed out" in result["output"]
+    assert len(result["output"]) <= OUTPUT_LIMIT + 100
+
+
+def test_it_reports_results_and_polls_for_actions(tmp_path: Path, stub: StubIngest) -> None:
+    stub.polled_actions = [_action("a9")]
+    executor = _executor(tmp_path, server=stub.url, token="t")
+    assert executor.poll_once() == 1
+    executor.handle(executor._queue.get_nowait())
+    assert stub.results["a9"]["status"] == "succeeded"
+    assert stub.results["a9"]["exit_code"] == 0

@@ -1,0 +1,219 @@
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+from agents import listener as listener_mod
+from agents.listener import Listener, check
+from agents.protocol import Checkpoint, Process, Serving, Step, Transition
+from agents.protocol import Collective as CollectiveRecord
+from agents.reporter import Reporter, classify_exception, scrub
+
+from .conftest import validate
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _listen(short_dir: Path) -> tuple[Listener, list[dict[str, Any]]]:
+    got: list[dict[str, Any]] = []
+    lis = Listener(got.append, socket_path=short_dir / "r.sock")
+    lis.start()
+    return lis, got
+
+
+def _wait_for(got: list, n: int, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < end:
+        time.sleep(0.01)
+
+
+def test_it_never_raises_and_counts_drops_when_no_agent_listens(short_dir: Path) -> None:
+    rep = Reporter(socket_path=str(short_dir / "nobody.sock"), group="g")
+    rep.step(1, loss=1.0)
+    rep.transition("running")
+    rep.collective([{"seq": 1, "op": "all_reduce"}])
+    rep.step(2, loss=object())  # not JSON-serialisable: dropped, not raised
+    assert rep.dropped == 4 and rep.sent == 0
+
+
+def test_it_delivers_every_workload_kind_as_valid_contract_records(short_dir: Path) -> None:
+    lis, got = _listen(short_dir)
+    rep = Reporter(socket_path=lis.socket_path, group="llama", generation=3, rank=5)
+    rep.step(
+        10,
+        tokens=4096,
+        loss=math.nan,
+        duration_ms=812.5,
+        phases={"compute": 600.0, "collective": 200.0},
+    )
+    rep.collective(
+        [
+            {
+                "seq": 7,
+                "pg": "default",
+                "op": "all_reduce",
+                "numel": 1024,
+                "dtype": "bfloat16",
+                "state": "started",
+            }
+        ]
+    )
+    rep.checkpoint("ckpt-10", "committed", step=10)
+    rep.transition(
+        "running",
+        from_state="initializing",
+        world_size=8,
+        topology={"dp": 2, "tp": 4, "pp": 1, "ep": 1},
+    )
+    rep.serving_window("w0", {"seconds": 10.0, "requests": 0}, ready=True)
+    rep.process("started")
+    _wait_for(got, 6)
+    lis.stop()
+    batch = validate(got)
+    types = [type(r) for r in batch.records]
+    assert types == [Step, CollectiveRecord, Checkpoint, Transition, Serving, Process]
+    assert got[0]["loss"] == "NaN" and got[0]["rank"] == 5 and got[0]["generation"] == 3
+    assert rep.dropped == 0
+
+
+def test_it_rejects_device_kinds_and_unknown_fields_from_workloads() -> None:
+    assert check(b'{"kind":"device_event","gpu":"GPU-1","event":"xid","code":79}')[0] is None
+    assert check(b'{"kind":"step","group":"g","generation":1,"rank":0,"step":1,"x":1}')[0] is None
+    assert check(b'{"kind":"step","group":"g","generation":1}')[0] is None
+    assert check(b"not json")[0] is None
+    ok, _ = check(b'{"kind":"step","group":"g","generation":1,"rank":0,"step":1}')
+    assert ok is not None and ok["ts"].endswith("Z")  # only a missing ts is stamped
+
+
+def test_it_turns_a_bare_nan_from_a_foreign_sender_into_the_contract_string() -> None:
+    rec, _ = check(b'{"kind":"step","group":"g","generation":1,"rank":0,"step":1,"loss":NaN}')
+    assert rec is not None and rec["loss"] == "NaN"
+    validate([rec])
+
+
+def test_its_listener_fields_match_the_contract_structs() -> None:
+    structs = {
+        "process": Process,
+        "step": Step,
+        "collective": CollectiveRecord,
+        "checkpoint": Checkpoint,
+        "transition": Transition,
+        "serving": Serving,
+    }
+    for kind, struct in structs.items():
+        contract = set(struct.__struct_fields__) - {"ts"}
+        assert listener_mod.FIELDS[kind] == contract, kind
+
+
+def test_it_classifies_oom_by_exception_type_name() -> None:
+    class OutOfMemoryError(RuntimeError):  # torch.OutOfMemoryError's shape, without torch
+        pass
+
+    assert classify_exception(OutOfMemoryError("CUDA out of memory")) == "oom"
+    assert classify_exception(MemoryError()) == "oom"
+    assert classify_exception(ValueError("x")) == "exception"
+    assert classify_exception(KeyboardInterrupt()) == "interrupted"
+
+
+def test_it_scrubs_paths_and_long_numbers_and_truncates_messages() -> None:
+    text = scrub("cannot open /home/alice/data/shard_000123.bin for sample 9876543210 " * 10)
+    assert "alice" not in text and "9876543210" not in text
+    assert "<path>" in text and "<n>" in text
+    assert len(text) <= 200
+
+
+def _run_child(
+    short_dir: Path, body: str, *, kill_after: float | None = None
+) -> list[dict[str, Any]]:
+    lis, got = _listen(short_dir)
+    code = textwrap.dedent(f"""
+        import time
+        from agents import reporter
+        reporter.init(group="g", generation=2, rank=1, socket_path={lis.socket_path!r})
+        {body}
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stderr=subprocess.PIPE,
+    )
+    if kill_after is not None:
+        time.sleep(kill_after)
+        proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=20)
+    _wait_for(got, 2)
+    lis.stop()
+    validate(got)
+    return got
+
+
+def test_it_reports_started_and_a_clean_exit(short_dir: Path) -> None:
+    got = _run_child(short_dir, "reporter.step(1)")
+    events = [
+        (r.get("event"), r.get("reason"), r.get("exit_code")) for r in got if r["kind"] == "process"
+    ]
+    assert events == [("started", None, None), ("exited", "clean", 0)]
+
+
+def test_it_reports_an_uncaught_oom_with_its_type(short_dir: Path) -> None:
+    got = _run_child(
+        short_dir,
+        textwrap.dedent("""
+        class OutOfMemoryError(RuntimeError):
+            pass
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+    """).replace("\n", "\n        "),
+    )
+    exited = [r for r in got if r.get("event") == "exited"]
+    assert len(exited) == 1
+    assert exited[0]["reason"] == "oom"
+    assert exited[0]["error_type"] == "OutOfMemoryError"
+    assert "message" not in exited[0]  # not a contract field
+
+
+def test_it_reports_a_sigterm_and_still_dies_of_it(short_dir: Path) -> None:
+    got = _run_child(short_dir, "time.sleep(30)", kill_after=1.0)
+    exited = [r for r in got if r.get("event") == "exited"]
+    assert [(r["reason"], r["signal"]) for r in exited] == [("killed", signal.SIGTERM)]
+
+
+def test_it_reports_the_exit_code_given_to_sys_exit(short_dir: Path) -> None:
+    got = _run_child(short_dir, "import sys; sys.exit(3)")
+    exited = [r for r in got if r.get("event") == "exited"]
+    assert [(r["exit_code"], r["reason"]) for r in exited] == [(3, "exit_code")]
+
+
+def test_it_falls_back_to_loopback_udp_when_configured(short_dir: Path) -> None:
+    got: list[dict[str, Any]] = []
+    lis = Listener(got.append, socket_path=short_dir / "r.sock", udp_port=0)
+    lis.start()
+    rep = Reporter(
+        socket_path=str(short_dir / "absent.sock"), udp=("127.0.0.1", lis.udp_port), group="g"
+    )
+    rep.step(5)
+    _wait_for(got, 1)
+    lis.stop()
+    assert [r["step"] for r in got] == [5] and rep.sent == 1
+
+
+def test_it_never_blocks_when_the_agent_stops_reading(short_dir: Path) -> None:
+    import socket
+
+    stuck = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    stuck.bind(str(short_dir / "stuck.sock"))  # bound, never read: its queue fills up
+    rep = Reporter(socket_path=str(short_dir / "stuck.sock"), group="g")
+    started = time.monotonic()
+    for n in range(2000):
+        rep.step(n)
+    elapsed = time.monotonic() - started
+    stuck.close()
+    assert rep.dropped > 0 and rep.sent + rep.dropped == 2000
+    assert elapsed < 1.0

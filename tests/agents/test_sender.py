@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agents.sender import AgentInfo, AuthError, Sender, retry_after_seconds
+from agents.spool import Identity, Spool
+from agents.wire import real, record
+
+from .conftest import StubIngest
+
+
+def _sender(tmp_path: Path, stub: StubIngest, **kw) -> Sender:
+    identity = Identity(tmp_path)
+    spool = Spool(tmp_path)
+    info = AgentInfo(identity.agent_id, "node-1", "0.1.0", "boot-1")
+    kw.setdefault("backoff_base", 0.05)
+    kw.setdefault("backoff_cap", 0.3)
+    return Sender(
+        spool,
+        identity,
+        info,
+        server=stub.url,
+        token="tok-1",
+        state_dir=tmp_path,
+        interval=0.05,
+        **kw,
+    )
+
+
+def _step(n: int, **extra) -> dict:
+    return record("step", group="g", generation=1, rank=0, step=n, **extra)
+
+
+def test_it_posts_gzip_with_the_bearer_token_and_the_exact_envelope(
+    tmp_path: Path, stub: StubIngest
+) -> None:
+    sender = _sender(tmp_path, stub)
+    sender.spool.append(_step(1))
+    assert sender.send_once()[0] == "acked"
+    seq, headers = stub.attempts[0]
+    assert headers["Content-Encoding"] == "gzip"
+    assert headers["Authorization"] == "Bearer tok-1"
+    envelope = stub.batches[0]
+    assert set(envelope) == {"agent", "seq", "sent_at", "records"}
+    assert set(envelope["agent"]) == {"id", "node", "version", "boot_id"}
+    assert envelope["seq"] == seq == 1
+
+
+def test_it_sends_a_nan_loss_as_the_contract_string(tmp_path: Path, stub: StubIngest) -> None:
+    sender = _sender(tmp_path, stub)
+    sender.spool.append(_step(1, loss=real(math.nan), grad_norm=real(-math.inf)))
+    sender.send_once()
+    (rec,) = stub.records()
+    assert rec["loss"] == "NaN" and rec["grad_norm"] == "-Infinity"
+    assert stub.invalid == []
+
+
+def test_it_delivers_every_record_exactly_once_across_a_server_outage(
+    tmp_path: Path, stub: StubIngest
+) -> None:
+    sender = _sender(tmp_path, stub, max_records=7)
+    stop = threading.Event()
+    thread = threading.Thread(target=sender.run, args=(stop,), daemon=True)
+    thread.start()
+    stub.drop_response_once_for = 2  # stored, ack lost: the same seq must come again
+    total = 300
+    for n in range(total):
+        sender.spool.append(_step(n))
+        if n == 100:
+            stub.stop()  # the service goes away for a few seconds mid-stream
+        if n == 200:
+            time.sleep(2.5)
+            stub.start()
+        time.sleep(0.005)
+    deadline = time.monotonic() + 20
+    while len(stub.records()) < total and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    sender.stop()
+    thread.join(timeout=5)
+    steps = [r["step"] for r in stub.records()]
+    assert sorted(steps) == list(range(total))  # all there, none twice
+    assert stub.duplicates >= 1  # the lost ack was retried with the same seq
+    seqs = [seq for seq, _ in stub.attempts]
+    assert seqs.count(2) >= 2
+    assert stub.invalid == []
+
+
+def test_it_dead_letters_a_rejected_batch_and_moves_on(tmp_path: Path, stub: StubIngest) -> None:
+    sender = _sender(tmp_path, stub)
+    bad = _step(1)
+    bad["temperature"] = "hot"  # not a contract field: the stub answers 400
+    sender.spool.append(bad)
+    assert sender.send_once()[0] == "quarantined"
+    sender.spool.append(_step(2))
+    assert sender.send_once()[0] == "acked"
+    dead = json.loads((tmp_path / "deadletter" / "batch-1.json").read_text())
+    assert "temperature" in dead["error"]["error"]
+    assert dead["batch"]["records"][0]["temperature"] == "hot"
+    assert [seq for seq, _ in stub.attempts] == [1, 2]  # never retried
+
+
+def test_it_stops_with_a_clear_message_on_401(tmp_path: Path, stub: StubIngest) -> None:
+    stub.script.append((401, {}, b'{"error": "bad token"}'))
+    sender = _sender(tmp_path, stub)
+    sender.spool.append(_step(1))
+    with pytest.raises(AuthError, match="refused this agent's token"):
+        sender.send_once()
+    assert sender.spool.pending_batch() is not None  # kept for when the token is fixed
+
+
+def test_it_honours_retry_after_on_503_and_keeps_the_seq(tmp_path: Path, stub: StubIngest) -> None:
+    stub.script.append((503, {"Retry-After": "7"}, b""))
+    sender = _sender(tmp_path, stub)
+    sender.spool.append(_step(1))
+    assert sender.send_once() == ("retry", 7.0)
+    sender.spool.append(_step(2))
+    assert sender.send_once()[0] == "acked"
+    assert [seq for seq, _ in stub.attempts] == [1, 1]
+    assert [r["step"] for r in stub.records()] == [1]
+
+
+def test_it_backs_off_exponentially_with_jitter_while_unreachable(
+    tmp_path: Path, stub: StubIngest
+) -> None:
+    stub.stop()
+    sender = _sender(tmp_path, stub, backoff_base=0.1, backoff_cap=100.0)
+    sender.spool.append(_step(1))
+    waits = [sender.send_once()[1] for _ in range(6)]
+    assert all(w <= 0.1 * 2 ** (i + 1) for i, w in enumerate(waits))
+    assert max(waits[3:]) > max(waits[:2])
+
+
+def test_it_reads_retry_after_as_seconds_or_http_date() -> None:
+    assert retry_after_seconds("12", 1.0) == 12.0
+    assert retry_after_seconds(None, 3.0) == 3.0
+    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", 5.0) == 0.0
+    assert retry_after_seconds("soon", 5.0) == 5.0
+
+
+def test_it_hands_actions_from_the_ingest_response_to_the_executor(
+    tmp_path: Path, stub: StubIngest
+) -> None:
+    got: list = []
+    stub.actions = [
+        {
+            "id": "a1",
+            "kind": "cordon",
+            "target": "node-1",
+            "group": "g",
+            "generation": 1,
+            "params": {},
+        }
+    ]
+    sender = _sender(tmp_path, stub, on_actions=got.extend)
+    sender.spool.append(_step(1))
+    sender.send_once()
+    assert [a["id"] for a in got] == ["a1"]
+
+
+def test_it_compresses_batches(tmp_path: Path, stub: StubIngest) -> None:
+    sender = _sender(tmp_path, stub)
+    for n in range(200):
+        sender.spool.append(_step(n))
+    batch = sender.spool.build_batch(sender.identity)
+    raw = json.dumps(sender.envelope(batch)).encode()
+    assert len(gzip.compress(raw)) < len(raw) / 5
