@@ -190,11 +190,14 @@ class Watcher:
 
         async with websockets.connect(self.url, additional_headers=self.headers) as ws:
             self.ready.set()
-            async for message in ws:
-                event = json.loads(message)
-                if event["type"] == "incident.changed":
-                    key = (event["data"]["group"], event["data"]["kind"])
-                    self.seen.setdefault(key, time.monotonic())
+            try:
+                async for message in ws:
+                    event = json.loads(message)
+                    if event["type"] == "incident.changed":
+                        key = (event["data"]["group"], event["data"]["kind"])
+                        self.seen.setdefault(key, time.monotonic())
+            except websockets.ConnectionClosed:
+                return  # the service is shutting down at the end of the run
 
     def wait(self, group: str, kinds: set[str], since: float, timeout: float) -> float | None:
         deadline = time.monotonic() + timeout
