@@ -71,17 +71,7 @@ def record_diagnosis(*, group_name: str, diagnosis: Any, now: datetime) -> list[
     group = ConsistencyGroup.objects.select_for_update().get(name=group_name)
     findings = [f.to_dict() for f in diagnosis.findings]
     by_id = {f["id"]: f for f in findings}
-    heads = [f for f in findings if f["role"] in (Role.ROOT_CAUSE, Role.UNDETERMINED)]
-    followers: dict[str, list[dict[str, Any]]] = {h["id"]: [] for h in heads}
-    undetermined_head = next((h for h in heads if h["role"] == Role.UNDETERMINED), None)
-    for f in findings:
-        if f["role"] != Role.SYMPTOM:
-            continue
-        parent = next((c for c in f["caused_by"] if c in followers), None)
-        if parent is None and undetermined_head is not None:
-            parent = undetermined_head["id"]
-        if parent is not None:
-            followers[parent].append(f)
+    heads, followers = _fold(findings, by_id)
 
     changed: list[int] = []
     live_fps: set[str] = set()
@@ -113,6 +103,30 @@ def record_diagnosis(*, group_name: str, diagnosis: Any, now: datetime) -> list[
             _on_commit_publish(events.FLEET, "incident.changed", payload)
     _on_commit_publish(events.group_channel(group.name), "group.changed", {"name": group.name})
     return changed
+
+
+def _fold(
+    findings: list[dict[str, Any]], by_id: dict[str, dict[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """Group findings into incidents: each head (a root cause, or an undetermined finding
+    that nothing else explains) with everything whose `caused_by` chain leads to it."""
+
+    def head_of(f: dict[str, Any], seen: frozenset[str] = frozenset()) -> dict[str, Any]:
+        for cause in f["caused_by"]:
+            if cause in by_id and cause not in seen:
+                return head_of(by_id[cause], seen | {f["id"]})
+        return f
+
+    heads: list[dict[str, Any]] = []
+    followers: dict[str, list[dict[str, Any]]] = {}
+    for f in findings:
+        head = head_of(f)
+        if head["id"] not in followers:
+            heads.append(head)
+            followers[head["id"]] = []
+        if head is not f:
+            followers[head["id"]].append(f)
+    return heads, followers
 
 
 def _summary(diagnosis: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import F
+from django.db.models.functions import Coalesce, Greatest
 from psycopg.types.json import Jsonb
 
 from agents import protocol as p
@@ -154,13 +155,14 @@ class _Writer:
         self.violations: list[fencing.Violation] = []
         self.touched_groups: set[str] = set()
         self.violation_count = 0
-        self.last_seen = now
+        self.last_seen: datetime | None = None  # newest record time: when the node was alive
 
     # -- collection --------------------------------------------------------------------
     def add(self, records: list[Any]) -> None:
         self._load_groups(records)
         for rec in records:
             ts = rec.ts - self.shift
+            self.last_seen = ts if self.last_seen is None else max(self.last_seen, ts)
             handler = getattr(self, f"_on_{rec.__struct_config__.tag}")
             handler(rec, ts)
 
@@ -229,7 +231,7 @@ class _Writer:
         return True
 
     def _on_heartbeat(self, rec: p.Heartbeat, ts: datetime) -> None:
-        self.last_seen = max(self.last_seen, ts)
+        return  # heartbeats only prove liveness (self.last_seen) and spool state
 
     def _on_device_sample(self, rec: p.DeviceSample, ts: datetime) -> None:
         self.rows["devicesample"].append(
@@ -365,14 +367,19 @@ class _Writer:
         self._write_ranks()
         self._write_groups()
         self._write_violations()
-        Node.objects.filter(pk=self.node.pk).update(last_seen=self.last_seen)
+        if self.last_seen is not None:
+            # A replayed backlog must not move last_seen backwards.
+            Node.objects.filter(pk=self.node.pk).update(
+                last_seen=Greatest(Coalesce("last_seen", self.last_seen), self.last_seen)
+            )
 
     def _copy_rows(self) -> None:
         with connection.cursor() as cur:
             raw = cur.cursor
             for table, rows in self.rows.items():
                 cols = COLUMNS[table]
-                with raw.copy(f"COPY ingest_{table} ({', '.join(cols)}) FROM STDIN") as copy:
+                quoted = ", ".join(f'"{c}"' for c in cols)  # "window" is reserved
+                with raw.copy(f"COPY ingest_{table} ({quoted}) FROM STDIN") as copy:
                     for row in rows:
                         copy.write_row(row)
 
