@@ -33,8 +33,10 @@ def sweep() -> None:
     now = timezone.now()
     for name in pipeline.mark_silent_nodes(now=now):
         log.info("sweep: node %s stopped reporting", name)
+    # Queue, don't run inline: workers diagnose groups in parallel, and the debounce key
+    # keeps at most one pending diagnosis per group however often the sweep fires.
     for name in pipeline.groups_to_sweep(now=now, window=timedelta(minutes=30)):
-        pipeline.diagnose(group_name=name, now=now)
+        live.schedule_diagnosis(name)
 
 
 @shared_task(name="console.maintain_telemetry", acks_late=True)

@@ -16,7 +16,9 @@ class DiagnosisConfig:
     # progress: a rank is hung after max(multiplier x (median + k*MAD) step time, floor)
     hang_mad_k: float = 5.0
     hang_multiplier: float = 3.0
-    hang_floor_s: float = 5.0  # issue goal: silent hang seen within max(3x median step, 5 s)
+    # 4 s leaves room for the sweep (1 s) inside the goal: silent hang seen within
+    # max(3 x median step, 5 s). The MAD term keeps jittery groups quiet.
+    hang_floor_s: float = 4.0
     # a group that never reported a step is only stalled after this long in its generation
     warmup_timeout_s: float = 1800.0
     # a checkpoint in progress excuses silence for at most this long

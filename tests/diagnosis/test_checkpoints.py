@@ -13,7 +13,7 @@ from tests.diagnosis.factory import (
     training,
 )
 
-NOW = T0 + timedelta(seconds=5)
+NOW = T0 + timedelta(seconds=3)  # inside the 4 s hang floor: healthy ranks are not hung
 C = T0 - timedelta(seconds=3)
 
 
