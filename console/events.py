@@ -39,7 +39,9 @@ class NodePayload(TypedDict):
 
 
 class Event(TypedDict):
-    type: Literal["node.changed", "group.changed", "incident.changed", "action.changed"]
+    type: Literal[
+        "node.changed", "group.changed", "incident.changed", "action.changed", "breaker.changed"
+    ]
     version: int
     data: Any
 

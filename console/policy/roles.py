@@ -51,11 +51,13 @@ MINIMUM_ROLE: dict[Permission, Role] = {
     Permission.CANCEL: Role.OPERATOR,
     Permission.APPROVE: Role.APPROVER,
     Permission.REJECT: Role.APPROVER,
-    # Closing the breaker re-enables automation after it misbehaved, and policies and
-    # silences decide what automation and paging may do: admin only.
+    # Closing the breaker re-enables automation after it misbehaved, and policies decide
+    # what automation may do: admin only. Silences are the on-call operator's tool during
+    # maintenance; they are bounded (reason required, at most 72 h), audited, and never
+    # hold back a resolve.
     Permission.CLOSE_BREAKER: Role.ADMIN,
     Permission.MANAGE_POLICIES: Role.ADMIN,
-    Permission.MANAGE_SILENCES: Role.ADMIN,
+    Permission.MANAGE_SILENCES: Role.OPERATOR,
 }
 
 

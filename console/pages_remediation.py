@@ -1,0 +1,77 @@
+"""Pages for remediation: the approvals queue and the audit log.
+
+Thin: read through console.remediation, render, and for the vote form call
+`vote_on_action`. The server checks the role on every POST (a hidden button is not a
+permission) and Django's CSRF middleware guards the form. The audit page is read-only.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from console import remediation
+from console.choices import UserRole
+from console.models import Action
+from console.policy.votes import VoteRefused
+from console.roles import has_role
+
+
+@login_required
+@require_GET
+def approvals(request: HttpRequest) -> HttpResponse:
+    can_vote = has_role(request.user, UserRole.APPROVER)
+    return render(
+        request,
+        "console/approvals.html",
+        {
+            "can_vote": can_vote,
+            "waiting": remediation.waiting_for(request.user),
+            "proposed": Action.objects.filter(state="proposed")
+            .select_related("proposed_by", "node", "group")
+            .order_by("proposed_at")[:200],
+            "breaker": remediation.breaker_payload(),
+        },
+    )
+
+
+@login_required
+@require_POST
+def vote(request: HttpRequest, pk: int) -> HttpResponse:
+    if not has_role(request.user, UserRole.APPROVER):
+        return HttpResponseForbidden("voting needs the approver role")
+    decision = request.POST.get("decision")
+    if decision not in ("approve", "reject"):
+        return HttpResponse('decision must be "approve" or "reject"', status=400)
+    try:
+        outcome = remediation.vote_on_action(
+            action_id=pk,
+            actor=request.user,
+            approve=decision == "approve",
+            now=timezone.now(),
+            reason=request.POST.get("reason", "")[:512],
+        )
+    except VoteRefused as exc:
+        messages.error(request, str(exc))
+    except remediation.NotFound as exc:
+        return HttpResponse(str(exc), status=404)
+    else:
+        messages.info(
+            request, f"action {pk} is {outcome.action.state}: " + "; ".join(outcome.reasons)
+        )
+    return redirect("approvals")
+
+
+@login_required
+@require_GET
+def audit(request: HttpRequest) -> HttpResponse:
+    verb = request.GET.get("verb", "").strip()
+    actor = request.GET.get("actor", "").strip()
+    rows = remediation.audit_log(verb=verb or None, actor=actor or None)
+    page = Paginator(rows, 100).get_page(request.GET.get("page"))
+    return render(request, "console/audit.html", {"page": page, "verb": verb, "actor": actor})

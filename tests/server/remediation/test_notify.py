@@ -1,0 +1,185 @@
+"""Escalation pages through a real local HTTP receiver: once per step, resolves always sent."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from console import notify_tasks, paging, remediation
+from console.models import (
+    ConsistencyGroup,
+    EscalationPolicy,
+    Incident,
+    IncidentEscalation,
+    NotificationChannel,
+    NotificationDelivery,
+)
+from console.notify import transport, webhook
+
+pytestmark = pytest.mark.django_db
+SECRET = "hook-secret"
+
+
+class Receiver:
+    """A local webhook endpoint: records each body; answers `status` (500 → retry)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.status = 200
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                webhook.verify(raw, dict(self.headers), SECRET, remediation_now())
+                if owner.status == 200:
+                    owner.bodies.append(json.loads(raw))
+                self.send_response(owner.status)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def remediation_now():  # type: ignore[no-untyped-def]
+    from django.utils import timezone
+
+    return timezone.now()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.server.shutdown()
+    r.server.server_close()
+
+
+@pytest.fixture
+def incident(receiver: Receiver, now) -> Incident:  # type: ignore[no-untyped-def]
+    NotificationChannel.objects.create(name="hook", kind="webhook", url=receiver.url, secret=SECRET)
+    EscalationPolicy.objects.create(
+        name="critical", severities=["critical"], steps=[{"delay_s": 0, "channels": ["hook"]}]
+    )
+    group = ConsistencyGroup.objects.create(name="llama")
+    return Incident.objects.create(
+        group=group,
+        fingerprint="fp",
+        kind="xid",
+        subject="gpu:GPU-1",
+        severity="critical",
+        summary="Xid 79 on GPU-1",
+        opened_at=now,
+    )
+
+
+def _sweep_and_deliver(now, times: int = 1) -> list[str]:  # type: ignore[no-untyped-def]
+    """Run the sweep, then deliver each enqueued send `times` times (Celery redelivery)."""
+    enqueued = notify_tasks.schedule_due(now=now)
+    statuses = []
+    for _ in range(times):
+        for incident_id, key, channel, event in enqueued:
+            statuses.append(
+                notify_tasks.deliver(
+                    incident_id=incident_id, key=key, channel=channel, event=event, now=now
+                )
+            )
+    return statuses
+
+
+def test_it_pages_once_even_when_the_task_is_delivered_twice(incident, receiver, now):
+    assert _sweep_and_deliver(now, times=2) == ["sent", "sent"]
+    assert [b["event"] for b in receiver.bodies] == ["trigger"]
+    assert _sweep_and_deliver(now + timedelta(seconds=10)) == []
+    assert len(receiver.bodies) == 1
+
+
+def test_it_freezes_the_policy_when_the_incident_opens(incident, now):
+    notify_tasks.schedule_due(now=now)
+    EscalationPolicy.objects.update(steps=[{"delay_s": 999, "channels": ["other"]}])
+    snapshot = IncidentEscalation.objects.get(incident=incident).snapshot
+    assert snapshot["steps"][0]["channels"] == ["hook"]
+
+
+def test_it_always_sends_the_resolve_of_an_incident_that_paged(incident, receiver, now):
+    _sweep_and_deliver(now)
+    paging.create_silence(
+        matchers={"group": "llama"},
+        starts_at=now,
+        ends_at=now + timedelta(hours=1),
+        reason="maintenance",
+        actor=_admin(),
+        now=now,
+    )
+    Incident.objects.filter(pk=incident.pk).update(state="resolved", resolved_at=now)
+    _sweep_and_deliver(now + timedelta(seconds=1), times=2)
+    assert [b["event"] for b in receiver.bodies] == ["trigger", "resolve"]
+    assert IncidentEscalation.objects.get(incident=incident).done is True
+
+
+def test_it_holds_a_page_back_while_silenced_and_says_which_silence(incident, receiver, now):
+    silence = paging.create_silence(
+        matchers={"kind": "xid"},
+        starts_at=now,
+        ends_at=now + timedelta(hours=1),
+        reason="firmware rollout",
+        actor=_admin(),
+        now=now,
+    )
+    assert _sweep_and_deliver(now) == []
+    assert receiver.bodies == []
+    assert IncidentEscalation.objects.get(incident=incident).silenced_by_id == silence.pk
+
+
+def test_it_retries_a_5xx_and_then_sends_exactly_once(incident, receiver, now):
+    enqueued = notify_tasks.schedule_due(now=now)
+    ((incident_id, key, channel, event),) = enqueued
+    receiver.status = 503
+    with pytest.raises(transport.RetryableError, match="HTTP 503"):
+        notify_tasks.deliver(
+            incident_id=incident_id, key=key, channel=channel, event=event, now=now
+        )
+    delivery = NotificationDelivery.objects.get(incident=incident, key=key)
+    assert (delivery.status, delivery.attempts) == ("retrying", 1)
+    receiver.status = 200
+    for _ in range(2):
+        notify_tasks.deliver(
+            incident_id=incident_id, key=key, channel=channel, event=event, now=now
+        )
+    assert len(receiver.bodies) == 1
+
+
+def test_it_declares_retries_with_backoff_on_the_send_task():
+    task = notify_tasks.send_notification
+    assert task.name == "console.send_notification"
+    assert task.autoretry_for == (transport.RetryableError,)
+    assert task.retry_backoff and task.max_retries == 10
+
+
+def _admin():  # type: ignore[no-untyped-def]
+    from console.accounts import create_user
+
+    return create_user(username="silencer", role="admin", password="pw-silencer-123")
+
+
+def test_it_expires_stale_proposals_in_the_sweep(pool, cast, now):
+    action = remediation.propose_action(
+        kind="cordon_node",
+        target="node:n-01",
+        reason="xid 79",
+        actor=cast["operator"],
+        now=now - timedelta(hours=2),
+    )
+    assert notify_tasks.escalation_sweep() == {"expired": 1, "enqueued": 0}
+    action.action.refresh_from_db()
+    assert action.action.state == "expired"
