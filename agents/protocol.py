@@ -216,7 +216,8 @@ class Serving(_Record, tag="serving"):
     kv_schema: Name | None = None
     ready: bool = False
     draining: bool = False
-    generation: Generation = 0
+    # None: the worker takes no part in generation fencing and follows the group's.
+    generation: Generation | None = None
 
 
 Record = (

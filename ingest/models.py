@@ -2,12 +2,18 @@
 
 Telemetry rows are written with COPY by ingest.store and read by console.snapshots; they
 keep the contract's field names so a row turns back into a contract record unchanged.
+DeviceSample, StepRecord, CollectiveWindow and ServingWindow are partitioned by day in
+Postgres (migration 0002, ingest.partitions): the models stay managed and describe the
+columns and indexes; the real primary key is (id, ts), which Django need not know since
+`id` alone is unique (one sequence). Foreign keys carry no index of their own: every read
+leads with group or gpu, and each index costs the 8-rows-per-GPU-per-second insert path.
 `stale` marks records from a generation older than the group's active one: stored for
 the evidence, never applied to live state.
 """
 
 from __future__ import annotations
 
+from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 
 from console.models import ConsistencyGroup, Node
@@ -69,7 +75,7 @@ class DeviceSample(models.Model):
     """Periodic GPU health sample (contract kind `device_sample`)."""
 
     ts = models.DateTimeField()
-    node = models.ForeignKey(Node, on_delete=models.CASCADE, db_constraint=False)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, db_constraint=False, db_index=False)
     gpu = models.CharField(max_length=96)
     index = models.PositiveIntegerField()
     temp_c = models.FloatField(null=True)
@@ -86,7 +92,11 @@ class DeviceSample(models.Model):
     pcie_replays = models.BigIntegerField(null=True)
 
     class Meta:
-        indexes = [models.Index(fields=["gpu", "-ts"]), models.Index(fields=["-ts"])]
+        # BRIN on ts: minute rollups scan by time; rows arrive roughly in time order.
+        indexes = [
+            models.Index(fields=["gpu", "-ts"]),
+            BrinIndex(fields=["ts"], name="ingest_devi_ts_brin"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.gpu} {self.ts:%H:%M:%S}"
@@ -111,8 +121,10 @@ class DeviceEvent(models.Model):
 
 class _GroupRecord(models.Model):
     ts = models.DateTimeField()
-    node = models.ForeignKey(Node, on_delete=models.CASCADE, db_constraint=False)
-    group = models.ForeignKey(ConsistencyGroup, on_delete=models.CASCADE, db_constraint=False)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, db_constraint=False, db_index=False)
+    group = models.ForeignKey(
+        ConsistencyGroup, on_delete=models.CASCADE, db_constraint=False, db_index=False
+    )
     generation = models.PositiveIntegerField()
     stale = models.BooleanField(default=False)
 
@@ -139,8 +151,9 @@ class StepRecord(_GroupRecord):
 
     class Meta:
         indexes = [
-            models.Index(fields=["group", "-ts"]),
+            models.Index(fields=["group", "generation", "-ts"]),
             models.Index(fields=["group", "rank", "-ts"]),
+            BrinIndex(fields=["ts"], name="ingest_step_ts_brin"),
         ]
 
 
@@ -151,7 +164,8 @@ class CollectiveWindow(_GroupRecord):
     entries = models.JSONField(default=list)
 
     class Meta:
-        indexes = [models.Index(fields=["group", "rank", "-ts"])]
+        # The snapshot takes the newest window per rank of the active generation.
+        indexes = [models.Index(fields=["group", "generation", "rank", "-ts"])]
 
 
 class ProcessRecord(_GroupRecord):
@@ -231,3 +245,48 @@ class ContractViolation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.subject}"
+
+
+class StepRollup(models.Model):
+    """One group's training steps over one minute: p50/p99 step time, tokens, ranks.
+
+    Maintained by ingest.rollups from non-stale StepRecord rows; a re-run recomputes the
+    minute in place (unique group+minute), so late rows are folded in, never counted twice.
+    """
+
+    group = models.ForeignKey(ConsistencyGroup, on_delete=models.CASCADE, db_constraint=False)
+    minute = models.DateTimeField()
+    generation = models.PositiveIntegerField()
+    steps = models.PositiveIntegerField()
+    ranks = models.PositiveIntegerField()
+    tokens = models.BigIntegerField()
+    step_ms_p50 = models.FloatField(null=True)
+    step_ms_p99 = models.FloatField(null=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["group", "minute"], name="steprollup_group_minute")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.group_id} {self.minute:%H:%M}"
+
+
+class DeviceRollup(models.Model):
+    """One node's GPU samples over one minute: hottest GPU, slowest SM clock, throttling."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, db_constraint=False)
+    minute = models.DateTimeField()
+    samples = models.PositiveIntegerField()
+    gpus = models.PositiveIntegerField()
+    max_temp_c = models.FloatField(null=True)
+    min_sm_clock_mhz = models.FloatField(null=True)
+    throttled_gpus = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "minute"], name="devicerollup_node_minute")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} {self.minute:%H:%M}"

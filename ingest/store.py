@@ -8,23 +8,33 @@ with COPY (no ORM objects per record: the hot path budget is validation and enco
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
+import psycopg
 from django.db import connection, transaction
-from django.db.models import F
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models import F, Q
 from psycopg.types.json import Jsonb
 
 from agents import protocol as p
 from console.choices import GroupKind, Health
-from console.models import ConsistencyGroup, Device, Node, Rank
+from console.models import ConsistencyGroup, Node, Rank
 from ingest import fencing
 from ingest.models import AgentState, ContractViolation
+from ingest.scrub import scrub_text
 
-THROTTLE_WARN = {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake"}
+# Names as agents/nvml.py decodes them (hw_power_brake_slowdown; the short form is legacy).
+THROTTLE_WARN = {
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "sw_thermal_slowdown",
+    "hw_power_brake",
+    "hw_power_brake_slowdown",
+}
 CRITICAL_EVENTS = {"xid", "ecc_dbe", "gpu_lost"}
 
 
@@ -38,7 +48,18 @@ class IngestResult:
     violations: int = 0
 
 
-class FutureRecordError(ValueError):
+class RecordError(ValueError):
+    """A record that passed the contract but cannot be stored; 400 naming record and field."""
+
+    def __init__(self, message: str, *, index: int | None = None, field: str | None = None):
+        super().__init__(message)
+        self.message, self.index, self.field = message, index, field
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"error": self.message, "record": self.index, "field": self.field}
+
+
+class FutureRecordError(RecordError):
     """A record stamped too far ahead of the batch's own send time."""
 
 
@@ -55,7 +76,13 @@ def ingest_batch(*, node: Node, batch: p.Batch, now: datetime, max_future_s: int
         _update_agent(node, batch, now, skew)
         writer = _Writer(node=node, agent_id=batch.agent.id, now=now, shift=shift)
         writer.add(batch.records)
-        writer.flush()
+        # COPY and the live-state statements use the raw psycopg connection: map its errors
+        # to Django's (OperationalError -> 503 in the view), numbers out of range to a 400.
+        with connection.wrap_database_errors:
+            try:
+                writer.flush()
+            except psycopg.errors.DataError as exc:
+                raise _out_of_range(exc, batch) from None
         return IngestResult(
             ack_seq=batch.seq,
             duplicate=False,
@@ -72,8 +99,48 @@ def _check_future(batch: p.Batch, max_future_s: int) -> None:
         if rec.ts > limit:
             raise FutureRecordError(
                 f'record {index}: field "ts": {rec.ts.isoformat()} is more than '
-                f"{max_future_s} s after the batch's sent_at {batch.sent_at.isoformat()}"
+                f"{max_future_s} s after the batch's sent_at {batch.sent_at.isoformat()}",
+                index=index,
+                field="ts",
             )
+
+
+_COPY_CONTEXT = re.compile(r"COPY ingest_(\w+), line (\d+), column (\w+)")
+_KIND_OF_TABLE = {
+    "devicesample": "device_sample",
+    "deviceevent": "device_event",
+    "steprecord": "step",
+    "collectivewindow": "collective",
+    "processrecord": "process",
+    "checkpointrecord": "checkpoint",
+    "transitionrecord": "transition",
+    "servingwindow": "serving",
+}
+
+
+def _out_of_range(exc: psycopg.errors.DataError, batch: p.Batch) -> RecordError:
+    """Name the record behind a COPY row Postgres refused (a number beyond its column).
+
+    The contract bounds most numbers; the rest (generation, codes, counters) are bounded by
+    their columns. Line N of a table's COPY is the N-th record of that kind, so the index
+    is found again only on this error path, at no cost to good batches.
+    """
+    match = _COPY_CONTEXT.search(getattr(exc.diag, "context", None) or "")
+    if match is None:
+        return RecordError(
+            f"batch: a value is out of range for storage ({exc.diag.message_primary})"
+        )
+    table, line, column = match.group(1), int(match.group(2)), match.group(3)
+    kind = _KIND_OF_TABLE.get(table)
+    field = column.removesuffix("_id")
+    same_kind = [i for i, r in enumerate(batch.records) if r.__struct_config__.tag == kind]
+    index = same_kind[line - 1] if 0 < line <= len(same_kind) else None
+    where = f"record {index}" if index is not None else f"a {kind} record"
+    return RecordError(
+        f'{where}: field "{field}": value is out of range for storage ({exc.diag.message_primary})',
+        index=index,
+        field=field,
+    )
 
 
 def _claim_receipt(batch: p.Batch, now: datetime) -> bool:
@@ -132,13 +199,16 @@ def _f(value: float | str | None) -> float | None:
     return p.to_float(value)
 
 
+# msgspec encodes contract Structs straight to JSON bytes, 5-10x faster than json.dumps of
+# their to_builtins() copies; the JSON is the same (omit_defaults, ISO times with "Z").
+_JSON = msgspec.json.Encoder()
+
+
 def _j(value: Any) -> Jsonb | None:
-    return None if value is None else Jsonb(value)
+    return None if value is None else Jsonb(value, dumps=_JSON.encode)
 
 
 def _plain(struct: Any) -> Any:
-    import msgspec
-
     return msgspec.to_builtins(struct) if struct is not None else None
 
 
@@ -160,11 +230,25 @@ class _Writer:
     # -- collection --------------------------------------------------------------------
     def add(self, records: list[Any]) -> None:
         self._load_groups(records)
+        handlers = {
+            p.Heartbeat: self._on_heartbeat,
+            p.DeviceSample: self._on_device_sample,
+            p.DeviceEvent: self._on_device_event,
+            p.Process: self._on_process,
+            p.Step: self._on_step,
+            p.Collective: self._on_collective,
+            p.Checkpoint: self._on_checkpoint,
+            p.Transition: self._on_transition,
+            p.Serving: self._on_serving,
+        }
+        shift = self.shift if self.shift else None
+        last_seen = self.last_seen
         for rec in records:
-            ts = rec.ts - self.shift
-            self.last_seen = ts if self.last_seen is None else max(self.last_seen, ts)
-            handler = getattr(self, f"_on_{rec.__struct_config__.tag}")
-            handler(rec, ts)
+            ts = rec.ts if shift is None else rec.ts - shift
+            if last_seen is None or ts > last_seen:
+                last_seen = ts
+            handlers[type(rec)](rec, ts)
+        self.last_seen = last_seen
 
     def _load_groups(self, records: list[Any]) -> None:
         wanted: dict[str, str] = {}
@@ -239,17 +323,15 @@ class _Writer:
                 ts, self.node.pk, rec.gpu, rec.index, rec.temp_c, rec.power_w,
                 rec.sm_clock_mhz, rec.mem_clock_mhz, rec.util_pct, rec.mem_used_bytes,
                 rec.ecc_sbe, rec.ecc_dbe, rec.retired_or_remapped_pending,
-                Jsonb(rec.throttle_reasons), rec.nvlink_errors, rec.pcie_replays,
+                _j(rec.throttle_reasons), rec.nvlink_errors, rec.pcie_replays,
             )
         )  # fmt: skip
-        sample = _plain(rec)
-        sample.pop("kind", None)
-        sample["ts"] = ts.isoformat()
-        self.devices[rec.gpu] = {"index": rec.index, "sample": sample, "ts": ts}
+        # Only the newest sample per GPU becomes live state: turn it into a dict at flush.
+        self.devices[rec.gpu] = {"index": rec.index, "rec": rec, "ts": ts}
 
     def _on_device_event(self, rec: p.DeviceEvent, ts: datetime) -> None:
         self.rows["deviceevent"].append(
-            (ts, self.node.pk, rec.gpu, rec.event, rec.code, rec.detail)
+            (ts, self.node.pk, rec.gpu, rec.event, rec.code, scrub_text(rec.detail))
         )
         if rec.event in CRITICAL_EVENTS:
             self.device_events[rec.gpu] = rec.event
@@ -260,7 +342,7 @@ class _Writer:
         self.rows["steprecord"].append(
             (
                 ts, self.node.pk, group.pk, rec.generation, not applied, rec.rank, rec.step,
-                rec.tokens, rec.data_cursor, rec.duration_ms, _j(_plain(rec.phases)),
+                rec.tokens, rec.data_cursor, rec.duration_ms, _j(rec.phases),
                 _f(rec.loss), _f(rec.grad_norm), _f(rec.loss_scale), rec.overflow,
             )
         )  # fmt: skip
@@ -274,9 +356,8 @@ class _Writer:
     def _on_collective(self, rec: p.Collective, ts: datetime) -> None:
         applied = self._fence(rec, ts)
         group, _ = self.groups[rec.group]
-        entries = [_plain(e) for e in rec.entries]
         self.rows["collectivewindow"].append(
-            (ts, self.node.pk, group.pk, rec.generation, not applied, rec.rank, Jsonb(entries))
+            (ts, self.node.pk, group.pk, rec.generation, not applied, rec.rank, _j(rec.entries))
         )
         if applied:
             self._rank(group, rec.rank, rec.generation)
@@ -287,7 +368,8 @@ class _Writer:
         self.rows["processrecord"].append(
             (
                 ts, self.node.pk, group.pk, rec.generation, not applied, rec.rank, rec.event,
-                rec.pid, rec.gpu, rec.exit_code, rec.signal, rec.reason, rec.error_type,
+                rec.pid, rec.gpu, rec.exit_code, rec.signal, scrub_text(rec.reason, limit=64),
+                scrub_text(rec.error_type, limit=128),
             )
         )  # fmt: skip
         if applied:
@@ -302,7 +384,8 @@ class _Writer:
         self.rows["checkpointrecord"].append(
             (
                 ts, self.node.pk, group.pk, rec.generation, not applied, rec.checkpoint_id,
-                rec.step, rec.phase, _j(_plain(rec.manifest)), rec.duration_ms, rec.detail,
+                rec.step, rec.phase, _j(rec.manifest), rec.duration_ms,
+                scrub_text(rec.detail),
             )
         )  # fmt: skip
         if applied:
@@ -320,8 +403,8 @@ class _Writer:
         self.rows["transitionrecord"].append(
             (
                 ts, self.node.pk, group.pk, rec.generation, not applied, rec.from_state,
-                rec.to_state, rec.reason, rec.restart_count, rec.world_size,
-                _j(_plain(rec.topology)), rec.data_cursor, rec.model_version,
+                rec.to_state, scrub_text(rec.reason, limit=64), rec.restart_count, rec.world_size,
+                _j(rec.topology), rec.data_cursor, rec.model_version,
             )
         )  # fmt: skip
         if not applied:
@@ -347,13 +430,20 @@ class _Writer:
         group.summary = {**group.summary, "versions_seen": view.versions_seen[-20:]}
 
     def _on_serving(self, rec: p.Serving, ts: datetime) -> None:
-        applied = self._fence(rec, ts)
-        group, _ = self.groups[rec.group]
+        group, view = self.groups[rec.group]
+        generation = rec.generation
+        if generation is None:
+            # A worker outside generation fencing (most serving stacks) follows the group.
+            generation, applied = view.generation, True
+            self.touched_groups.add(group.name)
+            group.last_activity = max(group.last_activity or ts, ts)
+        else:
+            applied = self._fence(rec, ts)
         self.rows["servingwindow"].append(
             (
-                ts, self.node.pk, group.pk, rec.generation, not applied, rec.worker,
+                ts, self.node.pk, group.pk, generation, not applied, rec.worker,
                 rec.model_version, rec.adapter_version, rec.kv_schema, rec.ready,
-                rec.draining, Jsonb(_plain(rec.window)),
+                rec.draining, _j(rec.window),
             )
         )  # fmt: skip
 
@@ -363,15 +453,10 @@ class _Writer:
     # -- writing -------------------------------------------------------------------------
     def flush(self) -> None:
         self._copy_rows()
-        self._write_devices()
+        self._write_devices_and_node()
         self._write_ranks()
         self._write_groups()
         self._write_violations()
-        if self.last_seen is not None:
-            # A replayed backlog must not move last_seen backwards.
-            Node.objects.filter(pk=self.node.pk).update(
-                last_seen=Greatest(Coalesce("last_seen", self.last_seen), self.last_seen)
-            )
 
     def _copy_rows(self) -> None:
         with connection.cursor() as cur:
@@ -383,47 +468,52 @@ class _Writer:
                     for row in rows:
                         copy.write_row(row)
 
-    def _write_devices(self) -> None:
-        if not self.devices and not self.device_events:
-            return
-        known = {
-            d.uuid: d for d in Device.objects.filter(uuid__in=[*self.devices, *self.device_events])
-        }
-        changed: list[Device] = []
+    def _write_devices_and_node(self) -> None:
+        """Upsert the GPUs this batch saw and the node's health and last_seen: one round trip.
+
+        Three statements sent together (client-side binding allows that); the node update
+        runs last, so the worst-of-devices health sees this batch's GPUs.
+        """
+        devices = []
         for uuid, info in self.devices.items():
-            dev = known.get(uuid) or Device(uuid=uuid, node=self.node, index=info["index"])
-            dev.node, dev.index = self.node, info["index"]
-            dev.last_sample, dev.last_seen = info["sample"], info["ts"]
-            dev.health = sample_health(info["sample"])
-            known[uuid] = dev
-            changed.append(dev)
-        for uuid in self.device_events:
-            dev = known.get(uuid)
-            if dev is None:
-                dev = Device(uuid=uuid, node=self.node, index=0, last_seen=self.now)
-                known[uuid] = dev
-                changed.append(dev)
-            dev.health = Health.CRITICAL
-            if dev not in changed:
-                changed.append(dev)
-        Device.objects.bulk_create(
-            changed,
-            update_conflicts=True,
-            unique_fields=["uuid"],
-            update_fields=["node", "index", "last_sample", "last_seen", "health"],
-        )
-        worst = node_health([d.health for d in Device.objects.filter(node=self.node)])
-        Node.objects.filter(pk=self.node.pk).update(health=worst)
+            sample = _plain(info["rec"])
+            sample.pop("kind", None)
+            sample["ts"] = info["ts"].isoformat()
+            health = Health.CRITICAL if uuid in self.device_events else sample_health(sample)
+            devices.append(
+                {"uuid": uuid, "index": info["index"], "sample": sample, "seen": sample["ts"],
+                 "health": health}
+            )  # fmt: skip
+        events_only = [u for u in self.device_events if u not in self.devices]
+        params = {
+            "node": self.node.pk,
+            "now": self.now,
+            "devices": Jsonb(devices, dumps=_JSON.encode),
+            "events_only": Jsonb(events_only, dumps=_JSON.encode),
+            "seen": self.last_seen,
+            "touched": bool(devices or events_only),
+        }
+        sql = ";".join(
+            [*([_DEVICE_UPSERT] if devices else []),
+             *([_EVENT_DEVICE_UPSERT] if events_only else []),
+             _NODE_UPDATE]
+        )  # fmt: skip
+        with psycopg.ClientCursor(connection.connection) as cur:
+            cur.execute(sql, params)
 
     def _write_ranks(self) -> None:
         if not self.ranks:
             return
         groups = {name: g for name, (g, _) in self.groups.items()}
-        existing = {
-            (r.group.name, r.rank): r
-            for r in Rank.objects.filter(group__in=groups.values()).select_related("group")
-            if (r.group.name, r.rank) in self.ranks
-        }
+        # Fetch only the ranks this batch names: a 16k-rank group must not cost 16k rows.
+        wanted: dict[str, list[int]] = defaultdict(list)
+        for gname, rank in self.ranks:
+            wanted[gname].append(rank)
+        match = Q()
+        for gname, ranks in wanted.items():
+            match |= Q(group_id=groups[gname].pk, rank__in=ranks)
+        names = {g.pk: name for name, g in groups.items()}
+        existing = {(names[r.group_id], r.rank): r for r in Rank.objects.filter(match)}
         out: list[Rank] = []
         for (gname, rank), entry in self.ranks.items():
             row = existing.get((gname, rank)) or Rank(group=groups[gname], rank=rank)
@@ -503,6 +593,37 @@ _ORDER = [Health.OK, Health.UNKNOWN, Health.WARNING, Health.CRITICAL, Health.DOW
 def node_health(healths: list[str]) -> str:
     return max(healths, key=_ORDER.index, default=Health.OK)
 
+
+_DEVICE_UPSERT = """
+INSERT INTO console_device (uuid, node_id, index, last_sample, last_seen, health, isolated)
+SELECT x.uuid, %(node)s, x.index, x.sample, x.seen, x.health, false
+FROM jsonb_to_recordset(%(devices)s)
+    AS x(uuid text, index int, sample jsonb, seen timestamptz, health text)
+ON CONFLICT (uuid) DO UPDATE SET node_id = EXCLUDED.node_id, index = EXCLUDED.index,
+    last_sample = EXCLUDED.last_sample, last_seen = EXCLUDED.last_seen, health = EXCLUDED.health
+"""
+
+# A GPU named only by an event (Xid, gpu_lost) keeps its last sample; it turns critical.
+_EVENT_DEVICE_UPSERT = """
+INSERT INTO console_device (uuid, node_id, index, last_sample, last_seen, health, isolated)
+SELECT x.uuid, %(node)s, 0, '{}'::jsonb, %(now)s, 'critical', false
+FROM jsonb_array_elements_text(%(events_only)s) AS x(uuid)
+ON CONFLICT (uuid) DO UPDATE SET node_id = EXCLUDED.node_id, health = 'critical'
+"""
+
+# last_seen never moves backwards (a replayed backlog); health is the worst GPU's, and is
+# recomputed only when this batch touched a GPU.
+_NODE_UPDATE = """
+UPDATE console_node SET
+    last_seen = CASE WHEN %(seen)s::timestamptz IS NULL THEN last_seen
+                     ELSE greatest(coalesce(last_seen, %(seen)s::timestamptz), %(seen)s) END,
+    health = CASE WHEN NOT %(touched)s THEN health ELSE coalesce((
+        SELECT o.h FROM (VALUES ('ok', 0), ('unknown', 1), ('warning', 2), ('critical', 3),
+                                ('down', 4)) AS o(h, r)
+        WHERE o.h IN (SELECT d.health FROM console_device d WHERE d.node_id = %(node)s)
+        ORDER BY o.r DESC LIMIT 1), 'ok') END
+WHERE id = %(node)s
+"""
 
 COLUMNS: dict[str, tuple[str, ...]] = {
     "devicesample": (

@@ -11,7 +11,7 @@ import zlib
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import DatabaseError, OperationalError
+from django.db import DatabaseError, DataError, OperationalError
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -20,7 +20,7 @@ from django.views.decorators.http import require_POST
 from agents import protocol
 from console import live
 from ingest.auth import authenticate
-from ingest.store import FutureRecordError, ingest_batch
+from ingest.store import RecordError, ingest_batch
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +90,12 @@ def ingest(request: HttpRequest) -> JsonResponse:
             now=timezone.now(),
             max_future_s=settings.INGEST_MAX_FUTURE_S,
         )
-    except FutureRecordError as exc:
-        return _error(400, str(exc))
+    except RecordError as exc:
+        return JsonResponse(exc.as_dict(), status=400)
+    except DataError as exc:
+        # A number the contract allows but a live-state column cannot hold: the agent's
+        # fault, so 400 (a retry would fail the same way), and nothing was stored.
+        return _error(400, f"batch: a value is out of range for storage ({exc})")
     except OperationalError:
         log.warning("ingest: database unavailable", exc_info=True)
         return _error(503, "database unavailable: retry later", retry_after=5)

@@ -1,0 +1,77 @@
+"""Start and stop the project's HTTP servers for benchmarks: gunicorn (WSGI) or uvicorn (ASGI).
+
+Both get the same number of worker processes and the same environment, so a benchmark
+compares the servers, not their settings. Used by bench/ingest.py; imports no Django.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def command(server: str, port: int, workers: int) -> list[str]:
+    py = sys.executable
+    if server == "gunicorn":
+        return [
+            py, "-m", "gunicorn", "faultline.wsgi:application", "--bind", f"127.0.0.1:{port}",
+            "--workers", str(workers), "--worker-class", "sync", "--backlog", "2048",
+            "--timeout", "60", "--log-level", "warning",
+        ]  # fmt: skip
+    if server == "uvicorn":
+        return [
+            py, "-m", "uvicorn", "faultline.asgi:application", "--host", "127.0.0.1",
+            "--port", str(port), "--workers", str(workers), "--lifespan", "off",
+            "--log-level", "warning", "--no-access-log",
+        ]  # fmt: skip
+    raise ValueError(f"unknown server {server!r}: use gunicorn or uvicorn")
+
+
+def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Poll until the server answers HTTP at all (any status), or fail loudly."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        try:
+            conn.request("GET", "/healthz")
+            conn.getresponse().read()
+            return
+        except OSError:
+            time.sleep(0.1)
+        finally:
+            conn.close()
+    raise RuntimeError(f"server on port {port} not ready after {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def running(server: str, port: int, env: dict[str, str], workers: int = 2) -> Iterator[int]:
+    """Run `server` on `port` for the duration of the block; yields the server's pid."""
+    proc = subprocess.Popen(
+        command(server, port, workers),
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_ready(port, proc)
+        yield proc.pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)

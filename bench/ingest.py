@@ -1,0 +1,462 @@
+"""Benchmark ingest over real HTTP against a raw single-connection COPY of the same rows.
+
+Starts what it needs (embedded Postgres and Valkey under a temp dir unless DATABASE_URL and
+REDIS_URL are given), migrates, issues one token per simulated node, and then:
+
+1. N agent threads, each one 8-GPU node, POST gzip batches back to back over keep-alive
+   http.client connections to gunicorn (2 sync workers) running the project's WSGI app.
+   Per simulated second a node sends 8 device samples, 8 steps, 8 collective windows and a
+   heartbeat; now and then a device event, a checkpoint or a transition. A batch holds
+   `--batch-seconds` of that (an agent catching up, or one with a longer interval).
+2. With --compare-asgi, the same load against uvicorn (2 workers, the ASGI app).
+3. The rows the gunicorn run stored, written again by one psycopg connection with COPY
+   into the same tables: the ceiling for this machine's Postgres.
+
+Prints records/s, request p50/p99 and the ratio to raw COPY; the last line reads
+`records/s N p99_ms N ratio N` (gunicorn). `--quick` fits in about a minute.
+
+    python bench/ingest.py [--quick] [--compare-asgi] [--agents 8] [--seconds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import http.client
+import os
+import secrets
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import msgspec  # noqa: E402 -- after the path setup above
+
+from bench import http_servers  # noqa: E402
+from faultline.embedded import free_port, start_embedded  # noqa: E402
+
+GPUS = 8
+NODES_PER_GROUP = 4
+
+
+# -- load ------------------------------------------------------------------------------------
+@dataclass
+class Agent:
+    index: int
+    node: str
+    group: str
+    token: str = ""
+    batches: list[list[dict[str, Any]]] = field(default_factory=list)
+
+
+def node_records(agent: Agent, second: int, ts: str, ts_dt: datetime) -> list[dict[str, Any]]:
+    """One simulated second of one 8-GPU training node."""
+    a, g0 = agent.index, (agent.index % NODES_PER_GROUP) * GPUS
+    out: list[dict[str, Any]] = [
+        {"kind": "heartbeat", "ts": ts, "uptime_s": float(second), "spool_depth": 0}
+    ]
+    started = (ts_dt - timedelta(milliseconds=40)).isoformat()
+    for g in range(GPUS):
+        gpu = f"GPU-bench-{a:04d}-{g}"
+        out.append(
+            {
+                "kind": "device_sample", "ts": ts, "gpu": gpu, "index": g,
+                "temp_c": 55.0 + (second + g) % 20, "power_w": 610.0 + g, "util_pct": 97.0,
+                "sm_clock_mhz": 1980.0 - (40.0 if (second + g) % 50 == 0 else 0.0),
+                "mem_clock_mhz": 2619.0, "mem_used_bytes": 71_000_000_000, "ecc_sbe": 0,
+                "ecc_dbe": 0, "retired_or_remapped_pending": 0, "nvlink_errors": 0,
+                "pcie_replays": 0,
+                "throttle_reasons": ["sw_power_cap"] if (second + g) % 97 == 0 else [],
+            }
+        )  # fmt: skip
+        common = {"ts": ts, "group": agent.group, "generation": 1, "rank": g0 + g}
+        out.append(
+            {
+                "kind": "step", **common, "step": second, "tokens": 8192,
+                "duration_ms": 950.0 + (second * 7 + g * 13) % 60,
+                "phases": {"compute": 700.0, "collective": 180.0, "input": 20.0,
+                           "optimizer": 40.0},
+                "loss": 2.31, "grad_norm": 1.07, "loss_scale": 65536.0, "overflow": False,
+            }
+        )  # fmt: skip
+        out.append(
+            {
+                "kind": "collective", **common,
+                "entries": [
+                    {"seq": second * 4 + i, "op": "allreduce", "numel": 1 << 20,
+                     "dtype": "bf16", "state": "completed", "started_ts": started}
+                    for i in range(4)
+                ],
+            }
+        )  # fmt: skip
+    if second % 30 == 7:
+        out.append(
+            {"kind": "device_event", "ts": ts, "gpu": f"GPU-bench-{a:04d}-0",
+             "event": "thermal", "detail": "slowdown threshold crossed"}
+        )  # fmt: skip
+    if second % 60 == 59:
+        out.append(
+            {
+                "kind": "checkpoint", "ts": ts, "group": agent.group, "generation": 1,
+                "checkpoint_id": f"ck-{second}", "phase": "committed", "step": second,
+                "manifest": {"shards": [{"path": f"shard-{i}", "bytes": 1 << 30}
+                                        for i in range(8)], "format": "dcp"},
+            }
+        )  # fmt: skip
+    return out
+
+
+def build_batches(agents: list[Agent], batches_each: int, batch_seconds: int) -> int:
+    """Records end 'now' and run back in time: a node catching up on its spool."""
+    seconds = batches_each * batch_seconds
+    end = datetime.now(UTC).replace(microsecond=0)
+    stamps = [(end - timedelta(seconds=seconds - s)) for s in range(seconds)]
+    iso = [t.isoformat().replace("+00:00", "Z") for t in stamps]
+    total = 0
+    for agent in agents:
+        first = {
+            "kind": "transition", "ts": iso[0], "group": agent.group, "generation": 1,
+            "to_state": "running", "restart_count": 0, "world_size": NODES_PER_GROUP * GPUS,
+            "model_version": "m-1",
+        }  # fmt: skip
+        agent.batches = []
+        for b in range(batches_each):
+            recs: list[dict[str, Any]] = [first] if b == 0 else []
+            for s in range(b * batch_seconds, (b + 1) * batch_seconds):
+                recs += node_records(agent, s, iso[s], stamps[s])
+            agent.batches.append(recs)
+            total += len(recs)
+    return total
+
+
+# -- HTTP load -------------------------------------------------------------------------------
+@dataclass
+class Result:
+    server: str
+    records: int = 0
+    batches: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    sent: dict[int, int] = field(default_factory=dict)  # agent index -> batches acked
+    server_cpu_s: float = 0.0  # web server process tree, user + system
+    postgres_cpu_s: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds else 0.0
+
+    def pct(self, q: float) -> float:
+        if not self.latencies:
+            return 0.0
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+class _Connection(http.client.HTTPConnection):
+    """http.client writes headers and body in two sends: without TCP_NODELAY, Nagle holds
+    the body until the server's delayed ACK (~40 ms) on every request to a sync server."""
+
+    def connect(self) -> None:
+        super().connect()
+        if NODELAY:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+NODELAY = True
+
+
+def _send_all(
+    agent: Agent, port: int, agent_id: str, deadline: float, result: Result, lock: threading.Lock
+) -> None:
+    conn = _Connection("127.0.0.1", port, timeout=60)
+    ident = msgspec.json.encode({"id": agent_id, "node": agent.node, "version": "bench"})
+    headers = {
+        "Authorization": f"Bearer {agent.token}",
+        "Content-Type": "application/json",
+        "Content-Encoding": "gzip",
+    }
+    records = batches = errors = 0
+    latencies: list[float] = []
+    for seq, recs in enumerate(agent.batches, start=1):
+        if time.monotonic() >= deadline:
+            break
+        sent_at = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        body = b'{"agent":%s,"seq":%d,"sent_at":"%s","records":%s}' % (
+            ident,
+            seq,
+            sent_at.encode(),
+            msgspec.json.encode(recs),
+        )
+        payload = gzip.compress(body, 1)  # agents use 5; the server's inflate cost is alike
+        t0 = time.perf_counter()
+        try:
+            conn.request("POST", "/api/v1/ingest", payload, headers)
+            response = conn.getresponse()
+            response.read()
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            errors += 1
+            continue
+        latencies.append(time.perf_counter() - t0)
+        if response.status == 202:
+            records += len(recs)
+            batches += 1
+        else:
+            errors += 1
+    conn.close()
+    with lock:
+        result.records += records
+        result.batches += batches
+        result.errors += errors
+        result.latencies += latencies
+        result.sent[agent.index] = batches
+
+
+def run_load(server: str, agents: list[Agent], env: dict[str, str], seconds: float) -> Result:
+    port = free_port()
+    result = Result(server)
+    lock = threading.Lock()
+    run_id = secrets.token_hex(4)
+    with http_servers.running(server, port, env) as pid:
+        cpu0 = _cpu(pid), _postgres_cpu()
+        deadline = time.monotonic() + seconds
+        threads = [
+            threading.Thread(
+                target=_send_all,
+                args=(a, port, f"bench-{run_id}-{a.index:04d}", deadline, result, lock),
+            )
+            for a in agents
+        ]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        result.seconds = time.perf_counter() - t0
+        result.server_cpu_s = _cpu(pid) - cpu0[0]
+        result.postgres_cpu_s = _postgres_cpu() - cpu0[1]
+    return result
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds of a process and its children (the server's workers)."""
+    import psutil
+
+    total = 0.0
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = proc.cpu_times()
+                total += t.user + t.system
+    return total
+
+
+POSTMASTER_PID: Path | None = None  # the embedded server's; None with a given DATABASE_URL
+
+
+def _postgres_cpu() -> float:
+    """CPU seconds of our Postgres: the postmaster and its backends (nan if not ours).
+
+    Exited backends take their CPU with them, so the figure is a floor; with one long-lived
+    connection per worker (the pool) that loss is small.
+    """
+    import psutil
+
+    if POSTMASTER_PID is None or not POSTMASTER_PID.exists():
+        return float("nan")
+    total = 0.0
+    with contextlib.suppress(psutil.Error, ValueError, IndexError):
+        root = psutil.Process(int(POSTMASTER_PID.read_text().split()[0]))
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = proc.cpu_times()
+                total += t.user + t.system
+    return total
+
+
+# -- raw COPY baseline -----------------------------------------------------------------------
+def copy_baseline(database_url: str, agents: list[Agent], sent: dict[int, int]) -> Result:
+    """The same rows the HTTP run stored, by one connection: COPY per table per 50 batches."""
+    import psycopg
+    from psycopg.types.json import Jsonb
+
+    from console.models import ConsistencyGroup, Node
+    from ingest.store import COLUMNS
+
+    node_ids = dict(Node.objects.values_list("name", "id"))
+    group_ids = dict(ConsistencyGroup.objects.values_list("name", "id"))
+    chunks: list[dict[str, list[tuple[Any, ...]]]] = []
+    records = 0
+    for agent in agents:
+        nid, gid = node_ids[agent.node], group_ids[agent.group]
+        for recs in agent.batches[: sent.get(agent.index, 0)]:
+            if len(chunks) % 50 == 0 or not chunks:
+                chunks.append({t: [] for t in COLUMNS})
+            rows = chunks[-1]
+            records += len(recs)
+            for r in recs:
+                _baseline_row(rows, r, nid, gid, Jsonb)
+    result = Result("copy", records=records, batches=len(chunks))
+    with psycopg.connect(database_url) as conn:
+        pg0 = _postgres_cpu()
+        t0 = time.perf_counter()
+        for rows in chunks:
+            with conn.cursor() as cur:
+                for table, table_rows in rows.items():
+                    if not table_rows:
+                        continue
+                    sql = f"COPY ingest_{table} ({', '.join(COLUMNS[table])}) FROM STDIN"
+                    with cur.copy(sql) as copy:
+                        for row in table_rows:
+                            copy.write_row(row)
+            conn.commit()
+        result.seconds = time.perf_counter() - t0
+        result.postgres_cpu_s = _postgres_cpu() - pg0
+    return result
+
+
+def _baseline_row(rows: dict[str, list[tuple[Any, ...]]], r: dict[str, Any], nid: int, gid: int,
+                  jsonb: Any) -> None:  # fmt: skip
+    kind, ts = r["kind"], datetime.fromisoformat(r["ts"])
+    if kind == "device_sample":
+        rows["devicesample"].append(
+            (ts, nid, r["gpu"], r["index"], r["temp_c"], r["power_w"], r["sm_clock_mhz"],
+             r["mem_clock_mhz"], r["util_pct"], r["mem_used_bytes"], r["ecc_sbe"], r["ecc_dbe"],
+             r["retired_or_remapped_pending"], jsonb(r["throttle_reasons"]), r["nvlink_errors"],
+             r["pcie_replays"])
+        )  # fmt: skip
+    elif kind == "step":
+        rows["steprecord"].append(
+            (ts, nid, gid, 1, False, r["rank"], r["step"], r["tokens"], None, r["duration_ms"],
+             jsonb(r["phases"]), r["loss"], r["grad_norm"], r["loss_scale"], r["overflow"])
+        )  # fmt: skip
+    elif kind == "collective":
+        rows["collectivewindow"].append((ts, nid, gid, 1, False, r["rank"], jsonb(r["entries"])))
+    elif kind == "device_event":
+        rows["deviceevent"].append((ts, nid, r["gpu"], r["event"], None, r["detail"]))
+    elif kind == "checkpoint":
+        rows["checkpointrecord"].append(
+            (ts, nid, gid, 1, False, r["checkpoint_id"], r["step"], r["phase"],
+             jsonb(r["manifest"]), None, None)
+        )  # fmt: skip
+    elif kind == "transition":
+        rows["transitionrecord"].append(
+            (ts, nid, gid, 1, False, None, r["to_state"], None, 0, r["world_size"], None, None,
+             r["model_version"])
+        )  # fmt: skip
+
+
+# -- setup -----------------------------------------------------------------------------------
+def _django(env: dict[str, str]) -> None:
+    os.environ.update(env)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "faultline.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, skip_checks=True)
+
+
+def _report(r: Result, copy: Result | None) -> str:
+    ratio = r.rate / copy.rate if copy and copy.rate else float("nan")
+    return (
+        f"{r.server:9s} records/s {r.rate:9.0f}  batches/s {r.batches / r.seconds:7.1f}  "
+        f"p50_ms {r.pct(0.5):6.1f}  p99_ms {r.pct(0.99):6.1f}  errors {r.errors}  "
+        f"ratio {ratio:.2f}  cpu_ms/batch web {r.server_cpu_s / max(r.batches, 1) * 1000:.1f} "
+        f"pg {r.postgres_cpu_s / max(r.batches, 1) * 1000:.1f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="about a minute, everything")
+    parser.add_argument("--compare-asgi", action="store_true", help="also load uvicorn")
+    parser.add_argument("--agents", type=int, default=8, help="concurrent simulated nodes")
+    parser.add_argument("--seconds", type=float, default=20.0, help="load time per server")
+    parser.add_argument("--batch-seconds", type=int, default=4, help="seconds per batch")
+    parser.add_argument("--target", type=int, default=30_000, help="records/s to build for")
+    parser.add_argument(
+        "--nodes-per-group", type=int, default=4, help="nodes of one training job (group)"
+    )
+    args = parser.parse_args()
+    global NODES_PER_GROUP  # one knob, read by the record builders
+    NODES_PER_GROUP = args.nodes_per_group
+    if args.quick:
+        args.seconds = min(args.seconds, 8.0)
+
+    tmp = Path(tempfile.mkdtemp(prefix="faultline-bench-ingest-"))
+    embedded = None
+    try:
+        t0 = time.perf_counter()
+        embedded = start_embedded(tmp)
+        global POSTMASTER_PID  # read by _postgres_cpu
+        if embedded.database_url:
+            POSTMASTER_PID = tmp / "pg" / "postmaster.pid"
+        env = {
+            "DATABASE_URL": os.environ.get("DATABASE_URL") or embedded.database_url or "",
+            "REDIS_URL": os.environ.get("REDIS_URL") or embedded.redis_url or "",
+            "FAULTLINE_SECRET_KEY": secrets.token_urlsafe(40),
+            "FAULTLINE_DATA_DIR": str(tmp),
+            "FAULTLINE_INGEST_RATE_PER_MIN": "100000000",
+        }
+        _django(env)
+        from ingest.auth import issue_token
+
+        agents = [
+            Agent(i, f"bench-node-{i:04d}", f"bench-job-{i // NODES_PER_GROUP:03d}")
+            for i in range(args.agents)
+        ]
+        for a in agents:
+            a.token = issue_token(node_name=a.node)
+        per_batch = args.batch_seconds * (1 + 3 * GPUS)
+        batches_each = max(
+            2, int(args.target * args.seconds / per_batch / args.agents) + 1
+        )  # enough for the target rate; a faster server just finishes early
+        built = build_batches(agents, batches_each, args.batch_seconds)
+        print(
+            f"setup {time.perf_counter() - t0:.1f} s: {args.agents} nodes x {GPUS} GPUs, "
+            f"{per_batch} records per batch, {built} records built",
+            flush=True,
+        )
+        results = [run_load("gunicorn", agents, env, args.seconds)]
+        if args.compare_asgi:
+            results.append(run_load("uvicorn", agents, env, args.seconds))
+        copy = copy_baseline(env["DATABASE_URL"], agents, results[0].sent)
+        print(
+            f"{'copy':9s} records/s {copy.rate:9.0f}  ({copy.records} records, one connection; "
+            f"pg cpu_ms per 1k records {copy.postgres_cpu_s / max(copy.records, 1) * 1e6:.1f})"
+        )
+        for r in results:
+            print(_report(r, copy))
+        best = results[0]
+        ratio = best.rate / copy.rate if copy.rate else 0.0
+        print(f"records/s {best.rate:.0f} p99_ms {best.pct(0.99):.0f} ratio {ratio:.2f}")
+    finally:
+        with contextlib.suppress(Exception):
+            from django.db import connections
+
+            connections.close_all()
+        if embedded is not None:
+            embedded.stop()
+        for _ in range(20):  # Postgres may still write its stats file while it exits
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not tmp.exists():
+                break
+            time.sleep(0.25)
+
+
+if __name__ == "__main__":
+    main()
