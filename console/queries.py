@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.db import connection, transaction
 from django.db.models import Count, Prefetch, Q, QuerySet
 
 from console import events
 from console.models import ConsistencyGroup, Device, Incident, Node, Rank
+from ingest import models as m
 
 
 def nodes_with_devices(names: list[str] | None = None) -> QuerySet[Node]:
@@ -52,7 +55,8 @@ def groups_on_nodes(names: list[str]) -> list[str]:
 
 def groups_overview() -> QuerySet[ConsistencyGroup]:
     return ConsistencyGroup.objects.annotate(
-        open_incidents=Count("incidents", filter=~Q(incidents__state="resolved")),
+        # distinct: the ranks join repeats every incident once per rank.
+        open_incidents=Count("incidents", filter=~Q(incidents__state="resolved"), distinct=True),
         rank_count=Count("ranks", distinct=True),
     ).order_by("name")
 
@@ -62,5 +66,192 @@ def open_incidents() -> QuerySet[Incident]:
 
 
 def dispatchable_actions(node: Node) -> list[dict[str, Any]]:
-    """Approved actions waiting for this node's agent."""
-    return []
+    """Approved actions for this node's agent, shaped {"id","kind","target","group",
+    "generation","params"}.
+
+    Not a pure read: handing an approved action to its agent *is* its dispatch, so each
+    one passes the dispatch-time gate re-check (console.remediation) on the way out.
+    """
+    from django.utils import timezone
+
+    from console.remediation import dispatch_for_node
+
+    return dispatch_for_node(node=node, now=timezone.now())
+
+
+def fleet_nodes(labels: dict[str, str] | None = None) -> list[events.NodePayload]:
+    """node_payloads() for the fleet grid, in two flat queries (no model instances).
+
+    At 2,048 nodes x 8 GPUs, building Device models and decoding every `last_sample`
+    costs more than the page; this reads just the fields the grid shows.
+    """
+    nodes = Node.objects.order_by("name")
+    if labels:
+        nodes = nodes.filter(labels__contains=labels)
+    rows = list(nodes.values("pk", "name", "health", "last_seen", "quarantined", "cordoned"))
+    devices: dict[int, list[Any]] = {r["pk"]: [] for r in rows}
+    sample = ("temp_c", "power_w", "util_pct", "sm_clock_mhz", "throttle_reasons")
+    qs = Device.objects.filter(node__in=nodes).order_by("node_id", "index")
+    for d in qs.values(
+        "node_id", "uuid", "index", "health", *[f"last_sample__{k}" for k in sample]
+    ):
+        devices[d["node_id"]].append(
+            {
+                "uuid": d["uuid"],
+                "index": d["index"],
+                "health": d["health"],
+                **{k: d[f"last_sample__{k}"] for k in sample},
+            }
+        )
+    return [
+        {
+            "name": r["name"],
+            "health": r["health"],
+            "last_seen": r["last_seen"].isoformat() if r["last_seen"] else None,
+            "quarantined": r["quarantined"],
+            "cordoned": r["cordoned"],
+            "devices": devices[r["pk"]],
+        }
+        for r in rows
+    ]
+
+
+# -- group page -----------------------------------------------------------------------------
+# Chart reads aggregate in Postgres: a 16k-rank group holds ~1M step rows per 10 minutes,
+# so no query here returns more rows than the chart has cells.
+
+CHART_WINDOW = timedelta(minutes=10)
+SLOWEST_RANKS = 8
+
+# One scan of the window's step rows feeds two aggregates (GROUPING SETS): heatmap cells
+# (rank bin x time bin: slowest and mean step) and a log-scale step-time histogram per
+# time bin, from which console.charts reads percentiles (within about 1 % at HIST_RESOLUTION 48).
+# A second scan for exact percentiles doubled the cost at 16k ranks. Bins come from
+# date_bin and integer division: extract(epoch ...) is numeric and much slower.
+HIST_RESOLUTION = 48
+
+_STEP_AGG_SQL = """
+SELECT GROUPING(rb), rb, tb, hb, max(duration_ms), avg(duration_ms), count(*)
+FROM (
+  SELECT LEAST(rank::bigint * %(rbins)s / %(world)s, %(rbins)s - 1) AS rb,
+         date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS tb,
+         floor(ln(greatest(duration_ms, 0.001)) * %(hres)s)::int AS hb,
+         duration_ms
+  FROM ingest_steprecord
+  WHERE group_id = %(group)s AND generation = %(generation)s AND NOT stale
+    AND ts >= %(since)s AND ts <= %(until)s AND duration_ms IS NOT NULL
+) steps
+GROUP BY GROUPING SETS ((rb, tb), (tb, hb))
+"""
+
+# Exact per-rank means and phases, only for ranks in the slowest rank bins: the
+# (group, rank, -ts) index keeps this to a few hundred ranks' rows.
+_PHASES_SQL = """
+SELECT rank, avg(duration_ms),
+       avg((phases->>'compute')::float), avg((phases->>'collective')::float),
+       avg((phases->>'input')::float), avg((phases->>'checkpoint')::float),
+       avg((phases->>'optimizer')::float)
+FROM ingest_steprecord
+WHERE group_id = %(group)s AND generation = %(generation)s AND NOT stale
+  AND ts >= %(since)s AND ts <= %(until)s AND rank = ANY(%(ranks)s) AND duration_ms IS NOT NULL
+GROUP BY rank ORDER BY 2 DESC LIMIT %(limit)s
+"""
+
+
+def group_page(name: str) -> ConsistencyGroup:
+    """The group with its open-incident and rank counts (raises DoesNotExist)."""
+    return groups_overview().get(name=name)
+
+
+def group_incidents(group: ConsistencyGroup, limit: int = 50) -> list[Incident]:
+    return list(group.incidents.select_related("assignee").order_by("-opened_at")[:limit])
+
+
+def group_transitions(group: ConsistencyGroup, limit: int = 200) -> list[dict[str, Any]]:
+    """The newest `limit` state transitions, oldest first (stale writers excluded)."""
+    rows = (
+        m.TransitionRecord.objects.filter(group=group, stale=False)
+        .order_by("-ts")
+        .values("ts", "generation", "from_state", "to_state", "reason", "restart_count")[:limit]
+    )
+    return list(reversed(rows))
+
+
+def group_checkpoints(group: ConsistencyGroup, limit: int = 300) -> list[dict[str, Any]]:
+    return list(
+        m.CheckpointRecord.objects.filter(group=group)
+        .order_by("-ts")
+        .values("ts", "generation", "checkpoint_id", "step", "phase", "detail")[:limit]
+    )
+
+
+def serving_workers(group: ConsistencyGroup) -> list[dict[str, Any]]:
+    """Each serving worker's newest window (DISTINCT ON: one row per worker)."""
+    return list(
+        m.ServingWindow.objects.filter(group=group, stale=False)
+        .order_by("worker", "-ts")
+        .distinct("worker")
+        .values("worker", "ts", "model_version", "adapter_version", "kv_schema", "ready",
+                "draining", "window")[:1000]
+    )  # fmt: skip
+
+
+def step_window(group: ConsistencyGroup) -> tuple[datetime, datetime] | None:
+    """[first, newest] step time of the active generation within CHART_WINDOW, or None.
+
+    Filtering on the generation lets both reads walk the (group, generation, -ts) index.
+    """
+    current = m.StepRecord.objects.filter(group=group, generation=group.generation, stale=False)
+    newest = current.order_by("-ts").values_list("ts", flat=True).first()
+    if newest is None:
+        return None
+    first = (
+        current.filter(ts__gte=newest - CHART_WINDOW)
+        .order_by("ts")
+        .values_list("ts", flat=True)
+        .first()
+    )
+    return (first or newest), newest
+
+
+def step_aggregates(
+    group: ConsistencyGroup, *, world: int, rank_bins: int, grid: Any, since: datetime,
+    until: datetime,
+) -> dict[str, list[tuple[Any, ...]]]:  # fmt: skip
+    """Heatmap cells, per-bin percentiles and the slowest ranks' phases, all in SQL.
+
+    Returns aggregated rows only (at most rank_bins x grid.bins cells plus a histogram),
+    with time bins as indexes of `grid`; nothing here loops over step rows.
+    """
+    from console import charts
+
+    origin = datetime.fromtimestamp(grid.start, UTC)
+    params: dict[str, Any] = {
+        "group": group.pk, "generation": group.generation, "rbins": rank_bins,
+        "world": max(world, 1), "width": grid.width_s,
+        "origin": origin, "since": since, "until": until, "limit": SLOWEST_RANKS,
+        "hres": HIST_RESOLUTION,
+    }  # fmt: skip
+
+    def index(ts: datetime) -> int:
+        return round((ts.timestamp() - grid.start) / grid.width_s)
+
+    cells, hist = [], []
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SET LOCAL jit = off")  # compiling costs more than it saves here
+        # The planner expects ~a group per row (it cannot know 256 x 120 bins cap them) and
+        # picks an on-disk sort for the grouping sets; given room for the hash table it
+        # estimates, it hashes both sets in one pass (measured: ~53 MB at 16k ranks).
+        cur.execute("SET LOCAL work_mem = '256MB'")
+        cur.execute(_STEP_AGG_SQL, params)
+        for is_hist, rb, ts, hb, slowest, mean, n in cur.fetchall():
+            if is_hist:
+                hist.append((index(ts), hb, n))
+            else:
+                cells.append((rb, index(ts), slowest, mean))
+        suspects = charts.slowest_bins(cells, count=SLOWEST_RANKS)
+        params["ranks"] = charts.ranks_in_bins(suspects, world=world, bins=rank_bins)
+        cur.execute(_PHASES_SQL, params)
+        slowest = cur.fetchall()
+    percentiles = charts.histogram_percentiles(hist, resolution=HIST_RESOLUTION)
+    return {"cells": cells, "percentiles": percentiles, "slowest": slowest}

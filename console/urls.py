@@ -8,4 +8,16 @@ urlpatterns = [
     path("", views.fleet, name="fleet"),
     path("groups/<str:name>/", views.group_page, name="group"),
     path("incidents/<int:pk>/", views.incident_page, name="incident"),
+    path("incidents/<int:pk>/acknowledge/", views.incident_acknowledge, name="incident-ack"),
+    path("incidents/<int:pk>/assign/", views.incident_assign, name="incident-assign"),
+    path("incidents/<int:pk>/comment/", views.incident_comment, name="incident-comment"),
+]
+
+# Remediation pages: the approvals queue and the read-only audit log.
+from console import pages_remediation  # noqa: E402 - appended block, kept together
+
+urlpatterns += [
+    path("approvals/", pages_remediation.approvals, name="approvals"),
+    path("approvals/<int:pk>/vote/", pages_remediation.vote, name="approvals-vote"),
+    path("audit/", pages_remediation.audit, name="audit"),
 ]

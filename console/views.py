@@ -1,46 +1,110 @@
-"""Server-rendered pages: fetch through console.queries, render a template. Thin."""
+"""Server-rendered pages and the incident forms: build the page's data, render. Thin.
+
+Page data comes from console.api.pages (the same dicts the JSON twins return, so a live
+page refetches exactly what it rendered); incident changes go through console.actions.
+"""
 
 from __future__ import annotations
 
+from django.contrib import messages
+from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
 
-from console import queries
-from console.models import Incident
+from console import actions, queries
+from console.api import pages
+from console.choices import GroupState, UserRole
+from console.roles import has_role
 
 
 @login_required
 def fleet(request: HttpRequest) -> HttpResponse:
-    return render(
-        request,
-        "console/fleet.html",
-        {
-            "nodes": queries.node_payloads(),
-            "groups": queries.groups_overview(),
-            "incidents": queries.open_incidents()[:50],
-        },
-    )
+    data = pages.fleet_data(label=request.GET.get("label"), state=request.GET.get("state"))
+    return render(request, "console/fleet.html", {**data, "states": GroupState.values})
 
 
 @login_required
 def group_page(request: HttpRequest, name: str) -> HttpResponse:
     group = get_object_or_404(queries.groups_overview(), name=name)
-    return render(
-        request,
-        "console/group.html",
-        {"group": group, "incidents": group.incidents.order_by("-opened_at")[:50]},
-    )
+    return render(request, "console/group.html", {"group": pages.group_data(group)})
 
 
 @login_required
 def incident_page(request: HttpRequest, pk: int) -> HttpResponse:
-    incident = get_object_or_404(
-        Incident.objects.select_related("group").prefetch_related("alerts"), pk=pk
-    )
-    symptoms = [a for a in incident.alerts.all() if a.role == "symptom"]
+    incident = pages.incident_with_related(pk)
+    people = []
+    if has_role(request.user, UserRole.OPERATOR):
+        people = list(
+            get_user_model()
+            .objects.filter(is_active=True)
+            .order_by("username")
+            .values_list("username", flat=True)[:500]
+        )
     return render(
         request,
         "console/incident.html",
-        {"incident": incident, "symptoms": symptoms[:500], "symptom_total": len(symptoms)},
+        {"incident": pages.incident_data(incident), "people": people},
     )
+
+
+def _operator(request: HttpRequest) -> None:
+    # A viewer sees no buttons; a forced POST is refused the same way.
+    if not has_role(request.user, UserRole.OPERATOR):
+        raise PermissionDenied("acknowledging, assigning and commenting need the operator role")
+
+
+def _version(request: HttpRequest) -> int | None:
+    raw = request.POST.get("version", "")
+    return int(raw) if raw.isdigit() else None
+
+
+@login_required
+@require_POST
+def incident_acknowledge(request: HttpRequest, pk: int) -> HttpResponse:
+    _operator(request)
+    try:
+        actions.acknowledge_incident(
+            incident_id=pk, actor=request.user, now=timezone.now(),
+            expected_version=_version(request),
+        )  # fmt: skip
+    except actions.IncidentChangeError as exc:
+        messages.error(request, str(exc))
+    return redirect("incident", pk=pk)
+
+
+@login_required
+@require_POST
+def incident_assign(request: HttpRequest, pk: int) -> HttpResponse:
+    _operator(request)
+    username = request.POST.get("assignee", "").strip()
+    assignee = None
+    if username:
+        assignee = get_user_model().objects.filter(username=username, is_active=True).first()
+        if assignee is None:
+            messages.error(request, f"no active user named {username!r}: pick one from the list")
+            return redirect("incident", pk=pk)
+    try:
+        actions.assign_incident(
+            incident_id=pk, assignee=assignee, actor=request.user,
+            expected_version=_version(request),
+        )  # fmt: skip
+    except actions.IncidentChangeError as exc:
+        messages.error(request, str(exc))
+    return redirect("incident", pk=pk)
+
+
+@login_required
+@require_POST
+def incident_comment(request: HttpRequest, pk: int) -> HttpResponse:
+    _operator(request)
+    try:
+        actions.comment_on_incident(
+            incident_id=pk, actor=request.user, body=request.POST.get("body", "")
+        )
+    except actions.IncidentChangeError as exc:
+        messages.error(request, str(exc))
+    return redirect("incident", pk=pk)

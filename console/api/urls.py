@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
+from console.api import serving as serving_views
 from console.api import views
 
 urlpatterns = [
@@ -10,7 +11,43 @@ urlpatterns = [
     path("agents/", views.AgentList.as_view(), name="api-agents"),
     path("groups/", views.GroupList.as_view(), name="api-groups"),
     path("groups/<str:name>/", views.GroupDetail.as_view(), name="api-group"),
+    path("groups/<str:name>/slo/", serving_views.GroupSlo.as_view(), name="api-group-slo"),
+    path(
+        "groups/<str:name>/serving/",
+        serving_views.GroupServing.as_view(),
+        name="api-group-serving",
+    ),
     path("incidents/", views.IncidentList.as_view(), name="api-incidents"),
     path("incidents/<int:pk>/", views.IncidentDetail.as_view(), name="api-incident"),
     path("alerts/", views.AlertList.as_view(), name="api-alerts"),
+]
+
+# Remediation: actions and votes, audit, silences, escalation, breaker, agent-facing.
+from console.api import remediation as rem  # noqa: E402 - appended block, kept together
+
+urlpatterns += [
+    path("actions/", rem.ActionList.as_view(), name="api-actions"),
+    path("actions/<int:pk>/", rem.ActionDetail.as_view(), name="api-action"),
+    path("actions/<int:pk>/approve/", rem.ActionVote.as_view(approve=True), name="api-approve"),
+    path("actions/<int:pk>/reject/", rem.ActionVote.as_view(approve=False), name="api-reject"),
+    path("actions/<int:pk>/cancel/", rem.ActionCancel.as_view(), name="api-cancel"),
+    path("actions/<int:pk>/result", rem.ActionResult.as_view(), name="api-action-result"),
+    path("agents/actions", rem.AgentActions.as_view(), name="api-agent-actions"),
+    path("audit/", rem.AuditList.as_view(), name="api-audit"),
+    path("silences/", rem.SilenceList.as_view(), name="api-silences"),
+    path("silences/<int:pk>/", rem.SilenceDetail.as_view(), name="api-silence"),
+    path("escalation-policies/", rem.PolicyList.as_view(), name="api-policies"),
+    path("escalation-policies/<int:pk>/", rem.PolicyDetail.as_view(), name="api-policy"),
+    path("notification-channels/", rem.ChannelList.as_view(), name="api-channels"),
+    path("breaker/", rem.Breaker.as_view(), name="api-breaker"),
+]
+
+# The console pages' JSON twins (what a page refetches after an event or a reconnect).
+from console.api import pages  # noqa: E402 - appended section; other routes stay untouched
+
+urlpatterns += [
+    path("pages/fleet/", pages.FleetPage.as_view(), name="page-fleet"),
+    path("pages/groups/<str:name>/", pages.GroupPage.as_view(), name="page-group"),
+    path("pages/groups/<str:name>/charts/", pages.GroupCharts.as_view(), name="page-charts"),
+    path("pages/incidents/<int:pk>/", pages.IncidentPage.as_view(), name="page-incident"),
 ]

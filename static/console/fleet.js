@@ -1,58 +1,108 @@
-// Fleet page: nodes and GPUs appear and change colour as agents report; no reload.
+// Fleet page: nodes, GPUs, groups and incidents change in place as events arrive; after a
+// reconnect (or when an event cannot be placed, e.g. under a filter) the page refetches
+// its JSON twin, so no update is lost and nothing reloads.
 (function () {
   "use strict";
+  const C = window.Console;
+  const el = C.el;
+  const page = document.getElementById("fleet-page");
   const nodes = document.getElementById("nodes");
+  const filtered = page.dataset.filtered === "1";
+  const ORDER = ["ok", "unknown", "warning", "critical", "down"];
 
-  function el(tag, cls, text) {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined) e.textContent = text;
-    return e;
+  function worst(n) {
+    let w = n.health || "unknown";
+    n.devices.forEach(function (d) { if (ORDER.indexOf(d.health) > ORDER.indexOf(w)) w = d.health; });
+    return ORDER.indexOf(w) < 0 ? "unknown" : w;
+  }
+
+  function nodeCard(n) {
+    const w = n.worst || worst(n);
+    if (nodes.dataset.compact === "1" && w === "ok" && !n.quarantined && !n.cordoned) {
+      const tile = el("div", "node compact health-ok");
+      tile.dataset.node = n.name;
+      tile.dataset.gpus = n.devices.length;
+      tile.title = n.name + " · " + n.devices.length + " GPUs ok";
+      tile.append(el("span", "node-name", n.name));
+      return tile;
+    }
+    const card = el("div", "node health-" + w + (n.quarantined ? " quarantined" : "") + (n.cordoned ? " cordoned" : ""));
+    card.dataset.node = n.name;
+    const head = el("div", "node-head");
+    const name = el("span", "node-name", n.name);
+    if (n.quarantined) name.append(el("span", "flag flag-quarantined", "quarantined"));
+    if (n.cordoned) name.append(el("span", "flag flag-cordoned", "cordoned"));
+    head.append(name, el("span", "badge", w));
+    const gpus = el("div", "gpus");
+    n.devices.forEach(function (d) {
+      const g = el("span", "gpu health-" + d.health, d.index);
+      g.dataset.gpu = d.uuid;
+      g.title = "GPU " + d.index + " · " + d.health + " · " + (d.temp_c == null ? "?" : d.temp_c) + " °C · " + (d.util_pct == null ? "?" : d.util_pct) + " %";
+      gpus.append(g);
+    });
+    card.append(head, gpus);
+    return card;
+  }
+
+  function counts() {
+    const cards = nodes.querySelectorAll("[data-node]");
+    document.getElementById("node-count").textContent = cards.length;
+    document.getElementById("kpi-nodes").textContent = cards.length;
+    let gpus = nodes.querySelectorAll(".gpu").length;
+    nodes.querySelectorAll(".node.compact").forEach(function (t) { gpus += Number(t.dataset.gpus || 8); });
+    document.getElementById("kpi-gpus").textContent = gpus;
+    const bad = function (h) { return nodes.querySelectorAll(".node.health-" + h).length; };
+    document.getElementById("kpi-bad").textContent = bad("critical") + " / " + bad("down");
+    document.getElementById("kpi-incidents").textContent = document.querySelectorAll("#incident-rows [data-incident]").length;
   }
 
   function renderNode(n) {
     let card = nodes.querySelector('[data-node="' + CSS.escape(n.name) + '"]');
-    if (!card) {
-      const empty = document.getElementById("no-nodes");
-      if (empty) empty.remove();
-      card = el("div");
-      card.dataset.node = n.name;
-      const names = Array.from(nodes.querySelectorAll("[data-node]")).map(function (c) { return c.dataset.node; });
-      const after = names.filter(function (x) { return x < n.name; }).pop();
-      const ref = after ? nodes.querySelector('[data-node="' + CSS.escape(after) + '"]').nextSibling : nodes.firstChild;
-      nodes.insertBefore(card, ref);
-    }
-    card.className = "node health-" + n.health;
-    card.replaceChildren();
-    const head = el("div", "node-head");
-    head.append(el("span", "node-name", n.name), el("span", "badge", n.health));
-    const gpus = el("div", "gpus");
-    n.devices.forEach(function (d) {
-      const g = el("span", "gpu health-" + d.health, String(d.index));
-      g.dataset.gpu = d.uuid;
-      g.title = "GPU " + d.index + " · " + (d.temp_c == null ? "?" : d.temp_c) + " °C · " + (d.util_pct == null ? "?" : d.util_pct) + " %";
-      gpus.append(g);
-    });
-    card.append(head, gpus);
-    document.getElementById("node-count").textContent = nodes.querySelectorAll("[data-node]").length;
+    if (!card && filtered) { resync(); return; }  // a filtered page cannot tell if it matches
+    const fresh = nodeCard(n);
+    if (card) { card.replaceWith(fresh); counts(); return; }
+    const empty = document.getElementById("no-nodes");
+    if (empty) empty.remove();
+    const after = Array.from(nodes.querySelectorAll("[data-node]")).find(function (c) { return c.dataset.node > n.name; });
+    nodes.insertBefore(fresh, after || null);
+    counts();
   }
 
-  function renderIncident(i) {
-    const rows = document.getElementById("incident-rows");
-    let row = rows.querySelector('[data-incident="' + i.id + '"]');
-    if (i.state === "resolved") { if (row) row.remove(); return; }
-    const empty = rows.querySelector(".empty");
-    if (empty) empty.remove();
-    if (!row) { row = el("tr"); row.dataset.incident = i.id; rows.prepend(row); }
-    row.replaceChildren();
-    const sev = el("td"); sev.append(el("span", "sev sev-" + i.severity, i.severity));
-    const link = el("a", "", i.summary); link.href = "/incidents/" + i.id + "/";
-    const cause = el("td"); cause.append(link);
-    row.append(sev, el("td", "", i.group || ""), cause, el("td", "", String(i.symptom_count)), el("td", "", i.opened_at));
+  function groupRow(g) {
+    const tr = el("tr"); tr.dataset.group = g.name;
+    const name = el("td"); const a = el("a", "", g.name); a.href = "/groups/" + encodeURIComponent(g.name) + "/"; name.append(a);
+    const st = el("td"); st.append(el("span", "state state-" + g.state, g.state));
+    tr.append(name, el("td", "", g.kind), st, el("td", "num", g.generation), el("td", "num", g.restart_count),
+      el("td", "num", g.ranks), el("td", "", g.goodput_label), el("td", "num", C.num(g.tail_ratio, 2)), el("td", "num", g.open_incidents));
+    return tr;
   }
+
+  function render(data) {
+    nodes.dataset.compact = data.compact ? "1" : "";
+    nodes.classList.toggle("compact-mode", !!data.compact);
+    nodes.replaceChildren();
+    data.nodes.forEach(function (n) { nodes.append(nodeCard(n)); });
+    if (!data.nodes.length) { const p = el("p", "empty", "No node matches."); p.id = "no-nodes"; nodes.append(p); }
+    const groups = document.getElementById("group-rows");
+    groups.replaceChildren();
+    data.groups.forEach(function (g) { groups.append(groupRow(g)); });
+    if (!data.groups.length) { const tr = el("tr", "empty"); const td = el("td", "", "No groups."); td.colSpan = 9; tr.append(td); groups.append(tr); }
+    document.getElementById("kpi-groups").textContent = data.groups.length;
+    C.fillIncidents(document.getElementById("incident-rows"), data.incidents, { withGroup: true, cols: 6, emptyText: "No open incidents." });
+    counts();
+    C.times(document);
+  }
+
+  function resyncNow() { C.getJSON(page.dataset.json).then(render).catch(function () { /* the banner already says we are stale */ }); }
+  const resync = C.debounce(resyncNow, 800);
 
   Faultline.on("node.changed", renderNode);
-  Faultline.on("incident.changed", renderIncident);
-  Faultline.onResync(function () { location.reload(); });
+  Faultline.on("incident.changed", function (i) {
+    C.upsertIncident(document.getElementById("incident-rows"), i, { withGroup: true, dropResolved: true });
+    counts();
+    C.times(document);
+    resync();  // group rows carry open-incident counts
+  });
+  Faultline.onResync(resyncNow);
   Faultline.start("fleet");
 })();

@@ -1,8 +1,158 @@
-// Group page: incidents of this group update live.
+// Group page: facts, incidents and checkpoints update in place; charts come from the
+// chart JSON (aggregated server-side: at most 256 rank bins x 120 time bins) and redraw
+// with Plotly.react, which keeps zoom and never reflows the page.
 (function () {
   "use strict";
+  const C = window.Console;
+  const el = C.el;
   const page = document.getElementById("group-page");
-  Faultline.on("incident.changed", function () { location.reload(); });
-  Faultline.onResync(function () { location.reload(); });
+  const dark = getComputedStyle(document.body).backgroundColor;
+  const STATE_COLORS = { initializing: "#4ea1ff", running: "#2f9e6b", quiescing: "#d9a400", checkpointing: "#7aa7d9",
+    recovering: "#e5794d", failed: "#e5484d", completed: "#5b6773", stopped: "#5b6773" };
+  const PHASE_COLORS = { compute: "#4ea1ff", collective: "#8e4ec6", input: "#d9a400", checkpoint: "#2f9e6b", optimizer: "#5b6773" };
+  const CAUSE_COLORS = { stall: "#e5484d", restart: "#e5794d", checkpoint: "#2f9e6b", recompute: "#d9a400", invalid: "#8e4ec6" };
+  const CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
+
+  const AXIS = { gridcolor: "#26313c", zerolinecolor: "#26313c", linecolor: "#26313c" };
+
+  function layout(extra) {
+    const out = Object.assign({
+      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+      font: { color: "#d7dde3", size: 11 }, margin: { l: 60, r: 20, t: 10, b: 40 },
+      legend: { orientation: "h", y: -0.2 },
+    }, extra || {});
+    ["xaxis", "yaxis", "yaxis2"].forEach(function (k) { out[k] = Object.assign({}, AXIS, out[k] || {}); });
+    out.yaxis2.showgrid = false;
+    return out;
+  }
+
+  function draw(id, traces, lay) {
+    const node = document.getElementById(id);
+    if (!node || !window.Plotly) return;
+    Plotly.react(node, traces, layout(lay), CONFIG);
+  }
+
+  function drawStates(states) {
+    if (!states || !states.length) return;
+    const traces = {};
+    states.forEach(function (s) {
+      const end = s.end ? new Date(s.end) : new Date();
+      const t = traces[s.state] || (traces[s.state] = { type: "bar", orientation: "h", name: s.state, x: [], base: [], y: [],
+        marker: { color: STATE_COLORS[s.state] || "#5b6773" }, hovertemplate: "%{customdata}<extra>" + s.state + "</extra>", customdata: [] });
+      t.base.push(s.start);
+      t.x.push(end - new Date(s.start));
+      t.y.push("gen " + s.generation);
+      t.customdata.push(s.state + " · gen " + s.generation + " · restarts " + (s.restart_count == null ? "?" : s.restart_count) + (s.reason ? " · " + s.reason : ""));
+    });
+    draw("chart-states", Object.values(traces), { barmode: "overlay", xaxis: { type: "date", gridcolor: "#26313c" }, yaxis: { autorange: "reversed", gridcolor: "#26313c" }, margin: { l: 60, r: 20, t: 10, b: 30 } });
+  }
+
+  function drawCharts(c) {
+    if (!c || !c.heatmap) {
+      ["chart-heatmap", "chart-percentiles", "chart-phases"].forEach(function (id) {
+        const n = document.getElementById(id); if (n && !n.dataset.empty) { n.dataset.empty = "1"; n.append(el("p", "empty", "No steps reported in the last 10 minutes.")); }
+      });
+      return;
+    }
+    const h = c.heatmap;
+    draw("chart-heatmap", [{ type: "heatmap", x: h.x, y: h.y, z: h.z, colorscale: "Viridis", hoverongaps: false,
+      colorbar: { title: { text: "ms" } }, hovertemplate: "%{y} · %{x}<br>slowest step %{z} ms<extra></extra>" }],
+      { yaxis: { autorange: "reversed", title: { text: "ranks (" + Math.round(h.ranks_per_bin * 10) / 10 + " per row)" } }, xaxis: { type: "date" }, margin: { l: 90, r: 20, t: 10, b: 40 } });
+    const p = c.percentiles;
+    draw("chart-percentiles", [
+      { type: "scatter", mode: "lines", name: "p50", x: p.t, y: p.p50, line: { color: "#2f9e6b" } },
+      { type: "scatter", mode: "lines", name: "p90", x: p.t, y: p.p90, line: { color: "#d9a400" } },
+      { type: "scatter", mode: "lines", name: "p99", x: p.t, y: p.p99, line: { color: "#e5484d" } },
+      { type: "scatter", mode: "lines", name: "ρ tail (p99/p50)", x: p.t, y: p.rho, yaxis: "y2", line: { color: "#4ea1ff", dash: "dot" } },
+    ], { yaxis: { title: { text: "step ms" }, gridcolor: "#26313c" }, yaxis2: { title: { text: "ρ" }, overlaying: "y", side: "right", rangemode: "tozero" }, xaxis: { type: "date" } });
+    const s = c.slowest;
+    draw("chart-phases", Object.keys(s.phases).map(function (ph) {
+      return { type: "bar", name: ph, x: s.ranks, y: s.phases[ph], marker: { color: PHASE_COLORS[ph] } };
+    }), { barmode: "stack", yaxis: { title: { text: "mean ms" }, gridcolor: "#26313c" }, xaxis: { type: "category" } });
+  }
+
+  function drawBadput(b) {
+    if (!b || !b.causes || !b.causes.length) return;
+    const traces = [{ type: "bar", orientation: "h", name: "productive", y: ["wall"], x: [b.productive_s], marker: { color: "#2f9e6b" } }];
+    b.causes.forEach(function (cause, i) {
+      traces.push({ type: "bar", orientation: "h", name: cause, y: ["wall"], x: [b.seconds[i]], marker: { color: CAUSE_COLORS[cause] || "#5b6773" } });
+    });
+    draw("chart-badput", traces, { barmode: "stack", showlegend: true, legend: { orientation: "h", y: -0.45 },
+      xaxis: { ticksuffix: " s" }, yaxis: { showticklabels: false }, margin: { l: 10, r: 10, t: 10, b: 80 } });
+  }
+
+  function setField(name, value) {
+    document.querySelectorAll('[data-field="' + name + '"]').forEach(function (n) { n.textContent = value; });
+  }
+
+  function renderAdvice(a) {
+    const box = document.getElementById("advice");
+    box.replaceChildren();
+    if (!a) { box.append(el("p", "muted", "No recovery advice yet: diagnosis has not run for this group.")); return; }
+    const div = el("div", "advice " + (a.auto_restart_safe ? "safe" : "unsafe"));
+    div.dataset.safe = a.auto_restart_safe ? "1" : "0";
+    div.append(el("strong", "", a.auto_restart_safe ? "Automatic restart is safe" : "Automatic restart is NOT safe — a human must decide"), a.reason || "");
+    const dl = el("dl", "facts");
+    [["Restore from", a.checkpoint || "no valid checkpoint"], ["Lost steps", a.lost_steps], ["Lost tokens", a.lost_tokens], ["Lost GPU-hours", a.lost_gpu_hours]].forEach(function (kv) {
+      dl.append(el("dt", "", kv[0]), el("dd", "", kv[1] == null ? "—" : kv[1]));
+    });
+    div.append(dl);
+    box.append(div);
+  }
+
+  function renderCheckpoints(rows) {
+    const tbody = document.getElementById("checkpoint-rows");
+    if (!tbody) return;
+    tbody.replaceChildren();
+    rows.slice(0, 50).forEach(function (c) {
+      const tr = el("tr", c.newest_valid ? "newest-valid" : "");
+      const id = el("td"); id.append(el("code", "", c.id)); if (c.newest_valid) id.append(" ", el("span", "flag", "newest valid"));
+      const valid = el("td");
+      valid.append(c.valid ? el("span", "valid-yes", "valid") : c.valid === false ? el("span", "valid-no", "corrupt") : el("span", "valid-unknown", "not proven"));
+      tr.append(id, el("td", "num", c.step == null ? "—" : c.step), el("td", "", c.phase), valid, el("td", "num", c.generation), el("td", "", c.ts));
+      tbody.append(tr);
+    });
+    if (!rows.length) { const tr = el("tr", "empty"); const td = el("td", "", "No checkpoints reported."); td.colSpan = 6; tr.append(td); tbody.append(tr); }
+  }
+
+  function render(g) {
+    const state = document.querySelector('[data-field="state"]');
+    state.className = "state state-" + g.state; state.textContent = g.state;
+    setField("generation", g.generation);
+    setField("restart_count", g.restart_count);
+    setField("ranks_world", (g.ranks == null ? "—" : g.ranks) + " / " + (g.world_size == null ? "—" : g.world_size));
+    setField("goodput_label", g.goodput_label);
+    setField("tail_ratio", C.num(g.tail_ratio, 2));
+    setField("open_incidents", g.open_incidents);
+    setField("newest_valid_checkpoint", g.newest_valid_checkpoint || "none");
+    setField("diagnosed_at", g.diagnosed_at || "—");
+    const gp = g.goodput || {};
+    setField("tokens", (gp.tokens_valid == null ? "—" : gp.tokens_valid) + " / " + (gp.tokens_total == null ? "—" : gp.tokens_total));
+    setField("wall_s", (gp.wall_s == null ? "—" : gp.wall_s) + " s");
+    renderAdvice(g.recovery_advice);
+    renderCheckpoints(g.checkpoints);
+    C.fillIncidents(document.getElementById("incident-rows"), g.incidents, { withGroup: false, cols: 5, emptyText: "No incidents." });
+    drawStates(g.states);
+    drawBadput(g.badput);
+    C.times(document);
+  }
+
+  function loadGroup() { return C.getJSON(page.dataset.json).then(render).catch(function () {}); }
+  function loadCharts() {
+    if (page.dataset.kind === "serving") return Promise.resolve();
+    return C.getJSON(page.dataset.charts).then(drawCharts).catch(function () {});
+  }
+  const refresh = C.debounce(function () { loadGroup(); loadCharts(); }, 1000);
+
+  // First paint: tables are server-rendered; charts need the JSON once.
+  loadGroup().then(loadCharts);
+
+  Faultline.on("incident.changed", function (i) {
+    C.upsertIncident(document.getElementById("incident-rows"), i, { withGroup: false, dropResolved: false });
+    C.times(document);
+    refresh();
+  });
+  Faultline.on("group.changed", refresh);
+  Faultline.onResync(refresh);
   Faultline.start("group:" + page.dataset.group);
 })();

@@ -1,0 +1,280 @@
+"""Benchmark: the group page and its chart JSON for a 16,384-rank training group.
+
+Writes 2,048 nodes x 8 GPUs, one group of 16,384 ranks with ~60 steps each (~1M step
+rows, COPY), transitions, checkpoints and one open incident straight into Postgres, then
+times GET /groups/<name>/ and GET /api/v1/pages/groups/<name>/charts/ with the Django
+test client (server time and bytes; goal <= 300 ms and <= 1 MB each), next to two
+baselines measured in the same run: `SELECT count(*)` over the group's step rows and the
+fleet page.
+
+    python bench/console.py [--ranks 16384] [--steps 60] [--runs 7]
+
+Without DATABASE_URL/REDIS_URL it starts a throwaway embedded Postgres and Valkey.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+# Run as a script, this file's folder comes first on sys.path and its name would shadow
+# the `console` app: put the repository root there instead.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+GROUP = "bench-16k"
+T0 = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+
+
+def _setup() -> Any:
+    embedded = None
+    if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
+        from faultline.embedded import start_embedded
+
+        embedded = start_embedded(Path(tempfile.mkdtemp(prefix="faultline-bench-")))
+        os.environ["DATABASE_URL"] = embedded.database_url
+        os.environ["REDIS_URL"] = embedded.redis_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "faultline.settings")
+    os.environ.setdefault("FAULTLINE_DB_POOL", "0")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return embedded
+
+
+def build(ranks: int, steps: int) -> None:
+    """Write the fleet, the group and its telemetry; replaces an earlier bench group."""
+    from django.db import connection
+
+    from console.models import ConsistencyGroup, Device, Incident, Node, Rank
+
+    with connection.cursor() as cur:
+        # Raw DELETE: the ORM's cascade would load a million step rows to delete them.
+        cur.execute(
+            "DELETE FROM ingest_steprecord WHERE group_id IN "
+            "(SELECT id FROM console_consistencygroup WHERE name = %s)",
+            [GROUP],
+        )
+    ConsistencyGroup.objects.filter(name=GROUP).delete()
+    nodes = [Node(name=f"bench-{i:04d}", health="ok", last_seen=T0) for i in range(ranks // 8)]
+    Node.objects.bulk_create(nodes, ignore_conflicts=True, batch_size=2000)
+    by_name = {n.name: n.pk for n in Node.objects.filter(name__startswith="bench-")}
+    sample = {"temp_c": 61.0, "power_w": 540.0, "util_pct": 97.0, "throttle_reasons": []}
+    Device.objects.bulk_create(
+        [
+            Device(
+                uuid=f"GPU-b-{r}",
+                node_id=by_name[f"bench-{r // 8:04d}"],
+                index=r % 8,
+                health="ok",
+                last_sample=sample,
+                last_seen=T0,
+            )
+            for r in range(ranks)
+        ],
+        ignore_conflicts=True,
+        batch_size=5000,
+    )
+    end = T0 + timedelta(seconds=steps * 1.2)
+    group = ConsistencyGroup.objects.create(
+        name=GROUP, kind="training", state="running", generation=2, restart_count=1,
+        world_size=ranks, state_since=T0, last_activity=end,
+        summary={
+            "goodput": {"window_s": 600.0, "wall_s": 80.0, "tokens_total": 10**9,
+                        "tokens_valid": 9 * 10**8, "g_train_tokens_per_s": 1.1e7,
+                        "badput_s": {"stall": 2.0, "restart": 5.0, "checkpoint": 1.5,
+                                     "recompute": 3.0, "invalid": 0.0},
+                        "productive_fraction": 0.86},
+            "tail_ratio": 1.31, "phase_medians_ms": {"compute": 800.0, "collective": 250.0},
+            "newest_valid_checkpoint": "ckpt-40",
+            "recovery_advice": {"auto_restart_safe": True, "reason": "restart from ckpt-40",
+                                "checkpoint": "ckpt-40", "lost_steps": 20,
+                                "lost_tokens": 20 * 4096 * ranks, "lost_gpu_hours": 109.2},
+        },
+    )  # fmt: skip
+    Rank.objects.bulk_create(
+        [
+            Rank(
+                group=group,
+                rank=r,
+                node_id=by_name[f"bench-{r // 8:04d}"],
+                gpu=f"GPU-b-{r}",
+                generation=2,
+                last_step=steps - 1,
+                last_step_at=end,
+                process_state="started",
+            )
+            for r in range(ranks)
+        ],
+        batch_size=5000,
+    )
+    rnd = random.Random(7)
+    slow = set(rnd.sample(range(ranks), 12))
+    _copy_steps(group.pk, ranks, steps, slow, by_name, rnd)
+    _transitions_and_checkpoints(group, by_name["bench-0000"], steps)
+    Incident.objects.create(
+        group=group, generation=2, fingerprint="bench-straggler", kind="straggler",
+        subject=f"rank:{GROUP}/{min(slow)}", severity="major", summary="Rank is a straggler",
+        root_cause={"evidence": {"rank": min(slow), "tail_ratio": 1.6}}, opened_at=end,
+    )  # fmt: skip
+
+
+def _copy_steps(
+    group_id: int, ranks: int, steps: int, slow: set[int], by_name: dict[str, int], rnd: Any
+) -> None:
+    """COPY in text format, one chunk per rank (row-by-row adaptation is ~10x slower)."""
+    from django.db import connection
+
+    cols = "ts, node_id, group_id, generation, stale, rank, step, tokens, data_cursor, " + (
+        "duration_ms, phases, loss, grad_norm, loss_scale, overflow"
+    )
+    with (
+        connection.cursor() as cur,
+        cur.cursor.copy(f"COPY ingest_steprecord ({cols}) FROM STDIN") as copy,
+    ):
+        for r in range(ranks):
+            node_id = by_name[f"bench-{r // 8:04d}"]
+            factor = 1.6 if r in slow else 1.0
+            phases = (
+                f'{{"compute": {700.0 * factor}, "collective": 250.0, "input": 40.0, '
+                '"checkpoint": 0.0, "optimizer": 10.0}'
+            )
+            lines = []
+            for s in range(steps):
+                ts = T0 + timedelta(seconds=s * 1.2, milliseconds=rnd.random() * 50)
+                dur = 1000.0 * factor + rnd.random() * 40
+                lines.append(
+                    f"{ts.isoformat()}\t{node_id}\t{group_id}\t2\tf\t{r}\t{s}\t4096\t"
+                    f"{s * 4096}\t{dur:.2f}\t{phases}\t2.5\t1.0\t65536.0\tf\n"
+                )
+            copy.write("".join(lines))
+    with connection.cursor() as cur:
+        # A re-run deleted the previous million rows: without VACUUM every scan reads them too.
+        cur.execute("VACUUM ANALYZE ingest_steprecord")
+
+
+def _transitions_and_checkpoints(group: Any, node_id: int, steps: int) -> None:
+    from ingest.models import CheckpointRecord, TransitionRecord
+
+    path = [
+        ("initializing", "running", 1),
+        ("running", "quiescing", 1),
+        ("quiescing", "recovering", 1),
+        ("recovering", "initializing", 2),
+        ("initializing", "running", 2),
+    ]
+    TransitionRecord.objects.bulk_create(
+        [
+            TransitionRecord(
+                ts=T0 - timedelta(minutes=10 - i),
+                node_id=node_id,
+                group=group,
+                generation=gen,
+                from_state=a,
+                to_state=b,
+                restart_count=gen - 1,
+                world_size=group.world_size,
+            )
+            for i, (a, b, gen) in enumerate(path)
+        ]
+    )
+    CheckpointRecord.objects.bulk_create(
+        [
+            CheckpointRecord(
+                ts=T0 + timedelta(seconds=s),
+                node_id=node_id,
+                group=group,
+                generation=2,
+                checkpoint_id=f"ckpt-{s}",
+                step=s,
+                phase=phase,
+            )
+            for s in range(0, steps, 20)
+            for phase in ("staging", "written", "committed")
+        ]
+    )
+
+
+def _time(client: Any, url: str, runs: int, *, cold: bool = False) -> tuple[float, int]:
+    from django.core.cache import cache
+
+    times, size = [], 0
+    for _ in range(runs):
+        if cold:
+            cache.clear()  # the chart JSON is cached for a few seconds; measure a recompute
+        started = time.perf_counter()
+        response = client.get(url)
+        times.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200, (url, response.status_code)
+        size = len(response.content)
+    return statistics.median(times), size
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--ranks", type=int, default=16_384)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--runs", type=int, default=7)
+    args = parser.parse_args(argv)
+    embedded = _setup()
+    try:
+        from django.db import connection
+        from django.test import Client
+
+        from console.accounts import create_user
+        from console.models import ConsistencyGroup
+
+        started = time.perf_counter()
+        build(args.ranks, args.steps)
+        print(f"built {args.ranks} ranks x {args.steps} steps in "
+              f"{time.perf_counter() - started:.1f} s")  # fmt: skip
+        from django.contrib.auth.models import User
+
+        user = User.objects.filter(username="bench").first() or create_user(
+            username="bench",
+            role="viewer",
+            password="bench-pass-123",  # noqa: S106 - throwaway bench user
+        )
+        client = Client(HTTP_HOST="127.0.0.1")
+        client.force_login(user)
+        group = ConsistencyGroup.objects.get(name=GROUP)
+        count_ms = []
+        for _ in range(args.runs):
+            t = time.perf_counter()
+            with connection.cursor() as cur:
+                cur.execute(
+                    "SELECT count(*) FROM ingest_steprecord WHERE group_id = %s", [group.pk]
+                )
+                rows = cur.fetchone()[0]
+            count_ms.append((time.perf_counter() - t) * 1000)
+        print(f"baseline  SELECT count(*) ({rows} step rows): "
+              f"{statistics.median(count_ms):7.1f} ms")  # fmt: skip
+        charts = f"/api/v1/pages/groups/{GROUP}/charts/"
+        for label, url, cold in [
+            ("fleet page", "/", False),
+            ("group page", f"/groups/{GROUP}/", False),
+            ("group JSON", f"/api/v1/pages/groups/{GROUP}/", False),
+            ("charts cold", charts, True),
+            ("charts warm", charts, False),
+        ]:
+            ms, size = _time(client, url, args.runs, cold=cold)
+            print(f"{label:<12} {url:<44} {ms:7.1f} ms  {size / 1024:8.1f} KiB")
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
+if __name__ == "__main__":
+    main()

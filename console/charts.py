@@ -1,0 +1,348 @@
+"""Shape server-side aggregates into what the console's charts draw.
+
+Owns the binning rules (at most MAX_RANK_BINS x MAX_TIME_BINS heatmap cells, whatever
+the group's size), the state-machine segments, the checkpoint table and badput bars.
+Pure functions over plain rows: the SQL that produces the rows lives in console.queries,
+and nothing here touches the database, the clock or a request. Must not loop over raw
+telemetry rows — callers hand in rows Postgres has already aggregated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+MAX_RANK_BINS = 256
+MAX_TIME_BINS = 120
+MIN_BIN_S = 1.0
+
+HEALTH_ORDER = ("ok", "unknown", "warning", "critical", "down")
+VALID_PHASES = ("committed", "verified")
+BADPUT_CAUSES = ("stall", "restart", "checkpoint", "recompute", "invalid")
+PHASES = ("compute", "collective", "input", "checkpoint", "optimizer")
+
+
+@dataclass(frozen=True, slots=True)
+class TimeGrid:
+    """`bins` equal time bins of `width_s` seconds starting at `start` (epoch seconds)."""
+
+    start: float
+    width_s: float
+    bins: int
+
+    def label(self, index: int) -> str:
+        return datetime.fromtimestamp(self.start + index * self.width_s, UTC).isoformat()
+
+    def labels(self) -> list[str]:
+        return [self.label(i) for i in range(self.bins)]
+
+
+def time_grid(first: datetime, last: datetime, *, max_bins: int = MAX_TIME_BINS) -> TimeGrid:
+    """Bins wide enough that [first, last] fits in `max_bins`, never narrower than 1 s."""
+    span = max((last - first).total_seconds(), 0.0)
+    width = max(MIN_BIN_S, span / max_bins)
+    # +1 so the newest row lands inside the last bin instead of on its right edge.
+    bins = min(max_bins, int(span // width) + 1)
+    return TimeGrid(start=first.timestamp(), width_s=width, bins=max(bins, 1))
+
+
+def rank_bins(world: int, *, max_bins: int = MAX_RANK_BINS) -> int:
+    """One bin per rank up to `max_bins` ranks, then equal-width bins of several ranks."""
+    return max(1, min(world, max_bins))
+
+
+def rank_bin_labels(world: int, bins: int) -> list[str]:
+    """'r12' for a one-rank bin, 'r0-63' for a bin of many (same edges as the SQL)."""
+    labels = []
+    for b in range(bins):
+        lo = math.ceil(b * world / bins)
+        hi = math.ceil((b + 1) * world / bins) - 1
+        labels.append(f"r{lo}" if lo >= hi else f"r{lo}-{hi}")
+    return labels
+
+
+def _round(value: float | None, digits: int = 1) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return round(value, digits)
+
+
+def heatmap(
+    cells: Iterable[Sequence[Any]], *, world: int, bins: int, grid: TimeGrid
+) -> dict[str, Any]:
+    """Rows (rank_bin, time_bin, slowest_ms) -> a z matrix of rank bins x time bins.
+
+    A cell holds the slowest step in it: a straggler must not be averaged away by the
+    63 healthy ranks that share its bin. Empty cells stay None (no data is not "fast").
+    """
+    z: list[list[float | None]] = [[None] * grid.bins for _ in range(bins)]
+    for rb, tb, value, *_ in cells:
+        if 0 <= rb < bins and 0 <= tb < grid.bins:
+            z[rb][tb] = _round(value)
+    return {
+        "x": grid.labels(),
+        "y": rank_bin_labels(world, bins),
+        "z": z,
+        "ranks_per_bin": world / bins if bins else 0,
+        "bin_s": grid.width_s,
+    }
+
+
+def percentile_series(rows: Iterable[Sequence[Any]], *, grid: TimeGrid) -> dict[str, Any]:
+    """Rows (time_bin, p50, p90, p99, ranks) -> aligned series plus the tail ratio p99 / p50."""
+    out: dict[str, list[Any]] = {"t": [], "p50": [], "p90": [], "p99": [], "rho": [], "n": []}
+    for tb, p50, p90, p99, n in sorted(rows, key=lambda r: r[0]):
+        if not 0 <= tb < grid.bins:
+            continue
+        out["t"].append(grid.label(tb))
+        out["p50"].append(_round(p50))
+        out["p90"].append(_round(p90))
+        out["p99"].append(_round(p99))
+        rho = p99 / p50 if p50 and p99 is not None else None
+        out["rho"].append(_round(rho, 3))
+        out["n"].append(n)
+    return out
+
+
+def histogram_percentiles(
+    rows: Iterable[Sequence[Any]],
+    *,
+    resolution: int,
+    quantiles: Sequence[float] = (0.5, 0.9, 0.99),
+) -> list[tuple[Any, ...]]:
+    """Rows (time_bin, log_bucket, count) -> (time_bin, *percentiles, count) per time bin.
+
+    Bucket b holds durations in [e^(b/res), e^((b+1)/res)); a percentile is the geometric
+    middle of the bucket where the cumulative count reaches it (error <= half a bucket).
+    """
+    by_bin: dict[int, list[tuple[int, int]]] = {}
+    for tb, hb, n in rows:
+        by_bin.setdefault(tb, []).append((hb, n))
+    out = []
+    for tb in sorted(by_bin):
+        buckets = sorted(by_bin[tb])
+        total = sum(n for _, n in buckets)
+        values = []
+        for q in quantiles:
+            need, seen = q * total, 0
+            for hb, n in buckets:
+                seen += n
+                if seen >= need:
+                    values.append(math.exp((hb + 0.5) / resolution))
+                    break
+        out.append((tb, *values, total))
+    return out
+
+
+def slowest_bins(cells: Iterable[Sequence[Any]], *, count: int) -> list[int]:
+    """Rank bins whose slowest step is highest on average over time: where stragglers live.
+
+    A rank that is slow for the whole window lifts its bin's maximum in every time bin,
+    so it ranks its bin first even when 63 healthy ranks share it.
+    """
+    sums: dict[int, list[float]] = {}
+    for rb, _tb, slowest, *_ in cells:
+        if slowest is not None:
+            acc = sums.setdefault(rb, [0.0, 0])
+            acc[0] += slowest
+            acc[1] += 1
+    ranked = sorted(sums, key=lambda rb: sums[rb][0] / sums[rb][1], reverse=True)
+    return sorted(ranked[:count])
+
+
+def ranks_in_bins(bins_: Iterable[int], *, world: int, bins: int) -> list[int]:
+    """Every rank r with r * bins // world in `bins_` (the SQL's binning, inverted)."""
+    out: list[int] = []
+    for b in bins_:
+        lo = math.ceil(b * world / bins)
+        hi = math.ceil((b + 1) * world / bins)
+        out.extend(range(lo, hi))
+    return out
+
+
+def slowest_phases(
+    rows: Iterable[Sequence[Any]], medians: Mapping[str, float] | None = None
+) -> dict[str, Any]:
+    """Rows (rank, mean_ms, *phase means) -> stacked bars, with the group median first."""
+    ranks: list[str] = []
+    totals: list[float | None] = []
+    series: dict[str, list[float | None]] = {p: [] for p in PHASES}
+    if medians:
+        ranks.append("median")
+        totals.append(None)
+        for p in PHASES:
+            series[p].append(_round(medians.get(p)))
+    for rank, mean_ms, *phases in rows:
+        ranks.append(f"r{rank}")
+        totals.append(_round(mean_ms))
+        for p, v in zip(PHASES, phases, strict=False):
+            series[p].append(_round(v))
+    return {"ranks": ranks, "total_ms": totals, "phases": series}
+
+
+def badput(goodput: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Wall time split into productive seconds and badput seconds by cause."""
+    if not goodput:
+        return {"causes": [], "seconds": [], "productive_s": None, "wall_s": None}
+    bad = goodput.get("badput_s") or {}
+    causes = [c for c in BADPUT_CAUSES if c in bad] + sorted(set(bad) - set(BADPUT_CAUSES))
+    wall = goodput.get("wall_s")
+    frac = goodput.get("productive_fraction")
+    return {
+        "causes": causes,
+        "seconds": [_round(float(bad[c]), 2) for c in causes],
+        "productive_s": _round(wall * frac, 2) if wall is not None and frac is not None else None,
+        "wall_s": wall,
+    }
+
+
+def state_segments(transitions: Iterable[Mapping[str, Any]], now: datetime) -> list[dict]:
+    """Transition rows (oldest first) -> one segment per state with its start and end.
+
+    The last segment is open-ended (`end` None, `duration_s` up to `now`); a segment in
+    a new generation marks a restart.
+    """
+    rows = list(transitions)
+    out = []
+    for i, t in enumerate(rows):
+        end = rows[i + 1]["ts"] if i + 1 < len(rows) else None
+        stop = end or now
+        out.append(
+            {
+                "state": t["to_state"],
+                "from_state": t.get("from_state"),
+                "start": t["ts"].isoformat(),
+                "end": end.isoformat() if end else None,
+                "duration_s": round(max((stop - t["ts"]).total_seconds(), 0.0), 1),
+                "generation": t["generation"],
+                "restart_count": t.get("restart_count"),
+                "reason": t.get("reason"),
+                "new_generation": i > 0 and t["generation"] != rows[i - 1]["generation"],
+            }
+        )
+    return out
+
+
+def checkpoint_table(
+    records: Iterable[Mapping[str, Any]], newest_valid: str | None
+) -> list[dict[str, Any]]:
+    """Checkpoint phase rows -> one row per checkpoint (newest first) with its validity.
+
+    `valid` is True only for the checkpoint diagnosis named the newest valid one, False
+    for one whose latest phase is `corrupt`, and None ("not proven") otherwise: a
+    committed checkpoint the engine did not pick has not been shown restorable.
+    """
+    by_id: dict[str, dict[str, Any]] = {}
+    for r in sorted(records, key=lambda r: r["ts"]):
+        row = by_id.setdefault(
+            r["checkpoint_id"],
+            {"id": r["checkpoint_id"], "phases": [], "first_ts": r["ts"].isoformat()},
+        )
+        row["phase"] = r["phase"]
+        row["step"] = r.get("step") if r.get("step") is not None else row.get("step")
+        row["generation"] = r.get("generation")
+        row["ts"] = r["ts"].isoformat()
+        if r["phase"] not in row["phases"]:
+            row["phases"].append(r["phase"])
+        if r.get("detail"):
+            row["detail"] = r["detail"]
+    rows = sorted(by_id.values(), key=lambda r: r["ts"], reverse=True)
+    for row in rows:
+        row["newest_valid"] = row["id"] == newest_valid
+        if row["newest_valid"]:
+            row["valid"] = True
+        elif "corrupt" in row["phases"]:
+            row["valid"] = False
+        else:
+            row["valid"] = None
+    return rows
+
+
+def worst_health(node: Mapping[str, Any]) -> str:
+    """The worst of a node's own health and its GPUs': the colour of its grid cell."""
+    healths = [node.get("health") or "unknown"]
+    healths += [d.get("health") or "unknown" for d in node.get("devices", [])]
+    ranked = [h if h in HEALTH_ORDER else "unknown" for h in healths]
+    return max(ranked, key=HEALTH_ORDER.index)
+
+
+def symptom_groups(
+    symptoms: Iterable[Mapping[str, Any]], *, root_kind: str, root_subject: str
+) -> list[dict[str, Any]]:
+    """Symptoms -> one fold per kind (most first) with a count and why it is suppressed."""
+    folds: dict[str, dict[str, Any]] = {}
+    for s in symptoms:
+        fold = folds.setdefault(
+            s["kind"],
+            {
+                "kind": s["kind"],
+                "count": 0,
+                "active": 0,
+                "reason": f"explained by root cause {root_kind} on {root_subject}",
+                "items": [],
+            },
+        )
+        fold["count"] += 1
+        fold["active"] += 1 if s.get("active", True) else 0
+        fold["items"].append(s)
+    return sorted(folds.values(), key=lambda f: (-f["count"], f["kind"]))
+
+
+def timeline(
+    marks: Mapping[str, Any], comments: Iterable[Mapping[str, Any]] = ()
+) -> list[dict[str, Any]]:
+    """Incident timeline marks and comments, merged oldest first."""
+    order = ("first_evidence", "detected", "acknowledged", "quiesce", "reopened", "resolved")
+    out: list[dict[str, Any]] = []
+    for key in sorted(marks, key=lambda k: (order.index(k) if k in order else len(order), k)):
+        if marks[key]:
+            out.append({"kind": "mark", "label": key.replace("_", " "), "at": str(marks[key])})
+    for c in comments:
+        out.append({"kind": "comment", "label": c["author"], "at": c["at"], "body": c["body"]})
+    return sorted(out, key=lambda e: _sort_key(e["at"]))
+
+
+def _sort_key(at: str) -> datetime:
+    try:
+        ts = datetime.fromisoformat(at.replace("Z", "+00:00"))
+    except ValueError:
+        return datetime.max.replace(tzinfo=UTC)
+    return ts if ts.tzinfo else ts.replace(tzinfo=UTC)
+
+
+def evidence_rows(evidence: Mapping[str, Any], *, max_items: int = 20) -> list[dict[str, str]]:
+    """Evidence as label/value rows: lists capped with a count, mappings as compact JSON."""
+    rows = []
+    for key, value in evidence.items():
+        if isinstance(value, list | tuple) and not value:
+            text = "—"
+        elif isinstance(value, list | tuple):
+            shown = ", ".join(_text(v) for v in value[:max_items])
+            more = len(value) - max_items
+            text = f"{shown} … ({more} more)" if more > 0 else shown
+        else:
+            text = _text(value)
+        rows.append({"key": str(key).replace("_", " "), "value": text})
+    return rows
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True, default=str)[:2000]
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "—" if value is None else str(value)
+
+
+def si(value: float | None, unit: str = "") -> str:
+    """1.1e7 -> '11.0 M' + unit: figures an on-call engineer reads at a glance."""
+    if value is None or not math.isfinite(value):
+        return "—"
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f} {prefix}{unit}"
+    return f"{value:.1f} {unit}".rstrip()

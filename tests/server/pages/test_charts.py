@@ -1,0 +1,144 @@
+"""console.charts: binning, series and tables for the pages, on plain rows (no database)."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+
+from console import charts
+
+T0 = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+
+
+def test_it_caps_rank_bins_at_256_for_a_16k_rank_group():
+    assert charts.rank_bins(16_384) == 256
+    assert charts.rank_bins(8) == 8
+
+
+def test_it_labels_rank_bins_with_the_edges_the_sql_uses():
+    world, bins = 1000, 256
+    labels = charts.rank_bin_labels(world, bins)
+    for rank in (0, 3, 4, 999, 517):
+        b = rank * bins // world  # the SQL's integer division
+        lo, _, hi = labels[b][1:].partition("-")
+        assert int(lo) <= rank <= int(hi or lo)
+
+
+def test_it_keeps_at_most_120_time_bins_over_a_long_window():
+    grid = charts.time_grid(T0, T0 + timedelta(hours=2))
+    assert grid.bins <= 120
+    assert grid.start + grid.bins * grid.width_s >= (T0 + timedelta(hours=2)).timestamp()
+
+
+def test_it_never_makes_bins_narrower_than_a_second():
+    grid = charts.time_grid(T0, T0 + timedelta(seconds=30))
+    assert grid.width_s == 1.0 and grid.bins == 31
+
+
+def test_it_places_cells_and_leaves_missing_ones_empty():
+    grid = charts.time_grid(T0, T0 + timedelta(seconds=2))
+    hm = charts.heatmap([(0, 0, 1000.04), (1, 2, 1600.0)], world=2, bins=2, grid=grid)
+    assert hm["z"] == [[1000.0, None, None], [None, None, 1600.0]]
+    assert hm["y"] == ["r0", "r1"] and len(hm["x"]) == 3
+
+
+def test_it_computes_the_tail_ratio_as_p99_over_median():
+    grid = charts.time_grid(T0, T0 + timedelta(seconds=5))
+    series = charts.percentile_series([(1, 1000.0, 1100.0, 1500.0, 64), (0, 0, 0, 0, 1)], grid=grid)
+    assert series["rho"] == [None, 1.5]
+    assert series["n"] == [1, 64]
+
+
+def test_it_puts_the_group_median_before_the_slowest_ranks():
+    out = charts.slowest_phases([(7, 1600.0, 1120.0, 250.0, 40.0, 0.0, 10.0)], {"compute": 700.0})
+    assert out["ranks"] == ["median", "r7"]
+    assert out["phases"]["compute"] == [700.0, 1120.0]
+
+
+def test_it_marks_the_newest_valid_checkpoint_and_a_corrupt_one():
+    rows = [
+        {"ts": T0, "checkpoint_id": "a", "step": 10, "phase": "committed", "generation": 1},
+        {"ts": T0 + timedelta(seconds=5), "checkpoint_id": "b", "step": 20, "phase": "committed",
+         "generation": 1},
+        {"ts": T0 + timedelta(seconds=6), "checkpoint_id": "b", "step": 20, "phase": "corrupt",
+         "generation": 1},
+        {"ts": T0 + timedelta(seconds=7), "checkpoint_id": "c", "step": 30, "phase": "staging",
+         "generation": 1},
+    ]  # fmt: skip
+    table = {r["id"]: r for r in charts.checkpoint_table(rows, newest_valid="a")}
+    assert (table["a"]["valid"], table["a"]["newest_valid"]) == (True, True)
+    assert table["b"]["valid"] is False and table["b"]["phase"] == "corrupt"
+    assert table["c"]["valid"] is None
+    assert [r["id"] for r in charts.checkpoint_table(rows, "a")] == ["c", "b", "a"]
+
+
+def test_it_segments_states_and_flags_a_new_generation():
+    rows = [
+        {"ts": T0, "generation": 1, "from_state": None, "to_state": "running"},
+        {"ts": T0 + timedelta(seconds=60), "generation": 2, "from_state": "recovering",
+         "to_state": "running", "restart_count": 1},
+    ]  # fmt: skip
+    segs = charts.state_segments(rows, now=T0 + timedelta(seconds=90))
+    assert [s["duration_s"] for s in segs] == [60.0, 30.0]
+    assert [s["new_generation"] for s in segs] == [False, True]
+    assert segs[-1]["end"] is None
+
+
+def test_it_colours_a_node_by_its_worst_gpu():
+    node = {"health": "ok", "devices": [{"health": "ok"}, {"health": "critical"}]}
+    assert charts.worst_health(node) == "critical"
+    assert charts.worst_health({"health": "down", "devices": [{"health": "warning"}]}) == "down"
+
+
+def test_it_folds_symptoms_by_kind_with_the_reason_they_are_suppressed():
+    symptoms = [{"kind": "rank_hang", "active": True}] * 3 + [{"kind": "collective_timeout"}]
+    folds = charts.symptom_groups(symptoms, root_kind="xid", root_subject="gpu:GPU-1")
+    assert [(f["kind"], f["count"]) for f in folds] == [("rank_hang", 3), ("collective_timeout", 1)]
+    assert folds[0]["reason"] == "explained by root cause xid on gpu:GPU-1"
+
+
+def test_it_caps_long_evidence_lists_and_says_how_many_are_hidden():
+    rows = charts.evidence_rows({"ranks": list(range(25)), "loss": float("nan")}, max_items=20)
+    assert rows[0]["value"].endswith("(5 more)")
+    assert rows[1] == {"key": "loss", "value": "nan"}
+
+
+def test_it_orders_timeline_marks_and_comments_by_time():
+    marks = {"detected": "2026-11-29T10:00:05+00:00", "first_evidence": "2026-11-29T10:00:00+00:00"}
+    comments = [{"author": "op", "at": "2026-11-29T10:00:03+00:00", "body": "looking"}]
+    assert [e["label"] for e in charts.timeline(marks, comments)] == [
+        "first evidence",
+        "op",
+        "detected",
+    ]
+
+
+def test_it_splits_wall_time_into_productive_and_badput_by_cause():
+    out = charts.badput({"wall_s": 100.0, "productive_fraction": 0.8,
+                         "badput_s": {"restart": 15.0, "stall": 5.0}})  # fmt: skip
+    assert out["causes"] == ["stall", "restart"] and out["productive_s"] == 80.0
+
+
+def test_it_reads_percentiles_from_a_log_histogram_within_one_percent():
+    res = 48
+    durations = [1000.0] * 98 + [1600.0] * 2
+    rows: dict[int, int] = {}
+    for d in durations:
+        hb = math.floor(math.log(d) * res)
+        rows[hb] = rows.get(hb, 0) + 1
+    ((tb, p50, _p90, p99, n),) = charts.histogram_percentiles(
+        [(3, hb, c) for hb, c in rows.items()], resolution=res
+    )
+    assert (tb, n) == (3, 100)
+    assert abs(p50 - 1000.0) / 1000.0 < 0.011 and abs(p99 - 1600.0) / 1600.0 < 0.011
+
+
+def test_it_finds_the_bin_of_a_persistent_straggler():
+    cells = [(b, t, 1600.0 if b == 5 else 1000.0 + t) for b in range(16) for t in range(10)]
+    assert charts.slowest_bins(cells, count=1) == [5]
+
+
+def test_it_inverts_rank_binning_exactly():
+    world, bins = 1000, 256
+    members = charts.ranks_in_bins([3, 200], world=world, bins=bins)
+    assert members == [r for r in range(world) if r * bins // world in (3, 200)]
