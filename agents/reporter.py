@@ -314,6 +314,8 @@ class Reporter:
         try:
             rec = self._scoped("serving", group, generation, None)
             del rec["rank"]
+            if generation is None:
+                del rec["generation"]  # serving workers follow the group's generation
             rec.update(worker=worker, window=window, ready=ready, draining=draining)
             for key, value in (
                 ("model_version", model_version),

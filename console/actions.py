@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from console import events, live
-from console.choices import IncidentState, Role
+from console.choices import IncidentState
 from console.models import Alert, ConsistencyGroup, Incident, IncidentComment, Node
 
 log = logging.getLogger(__name__)
@@ -308,3 +308,45 @@ def comment_on_incident(*, incident_id: int, actor: Any, body: str) -> IncidentC
     comment = IncidentComment.objects.create(incident=incident, author=actor, body=text)
     _publish_incident(incident)
     return comment
+
+
+SLO_KEYS = {"ttft_ms_p99", "tpot_ms_p99", "e2e_ms_p99", "goodput_target"}
+
+
+class SloError(ValueError):
+    """An SLO value we cannot use; the message names the key, the value and the range."""
+
+
+def _validated_slo(raw: dict[str, Any]) -> dict[str, float]:
+    unknown = sorted(set(raw) - SLO_KEYS)
+    if unknown:
+        raise SloError(f"unknown SLO key(s) {', '.join(unknown)}; allowed: {sorted(SLO_KEYS)}")
+    out: dict[str, float] = {}
+    for key, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise SloError(f"{key} must be a number, got {value!r}")
+        if key == "goodput_target" and not 0 < value <= 1:
+            raise SloError(f"goodput_target must be in (0, 1], got {value}")
+        if key != "goodput_target" and not 0 < value <= 3_600_000:
+            raise SloError(f"{key} must be a positive number of milliseconds, got {value}")
+        out[key] = float(value)
+    return out
+
+
+@transaction.atomic
+def set_group_slo(*, group_name: str, slo: dict[str, Any], actor: Any, now: datetime) -> Any:
+    """Replace a serving group's SLO overrides (absent keys fall back to defaults)."""
+    from console.remediation import actor_name, audit
+
+    values = _validated_slo(slo)
+    group = ConsistencyGroup.objects.select_for_update().get(name=group_name)
+    before = group.slo
+    group.slo = values
+    group.save(update_fields=["slo"])
+    audit(actor=actor_name(actor), verb="group.slo_changed", obj=group, now=now,
+          data={"before": before, "after": values})  # fmt: skip
+    _on_commit_publish(events.group_channel(group.name), "group.changed", {"name": group.name})
+    from console.live import schedule_diagnosis
+
+    transaction.on_commit(lambda: schedule_diagnosis(group.name))
+    return group

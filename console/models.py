@@ -78,6 +78,9 @@ class ConsistencyGroup(models.Model):
     data_cursor = models.BigIntegerField(null=True, blank=True)
     model_version = models.CharField(max_length=128, blank=True, default="")
     last_checkpoint_step = models.BigIntegerField(null=True, blank=True)
+    # Serving SLO overrides (ttft_ms_p99, tpot_ms_p99, e2e_ms_p99, goodput_target); the
+    # defaults live in console.diagnosis.records.ServingSlo.
+    slo = models.JSONField(default=dict, blank=True)
     labels = models.JSONField(default=dict, blank=True)
     state_since = models.DateTimeField(null=True, blank=True)
     last_activity = models.DateTimeField(null=True, blank=True)
@@ -220,3 +223,258 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} ({self.role})"
+
+
+# --- Remediation: actions, votes, audit, breaker, silences, escalation --------------------
+# Written only through console.remediation (and console.notify_tasks for deliveries); the
+# rules they store come from the pure gates in console.policy.
+
+ACTION_KINDS = [
+    ("quarantine_node", "quarantine node"),
+    ("cordon_node", "cordon node"),
+    ("drain_node", "drain node"),
+    ("isolate_gpu", "isolate GPU"),
+    ("isolate_rank", "isolate rank"),
+    ("restart_group", "restart group"),
+    ("rollback_model", "roll back model"),
+    ("page_human", "page a human"),
+]
+ACTION_STATES = [
+    (s, s)
+    for s in (
+        "proposed", "approved", "rejected", "expired", "cancelled", "dispatched",
+        "acknowledged", "succeeded", "failed",
+    )
+]  # fmt: skip
+
+
+class Action(models.Model):
+    """A remediation proposed by a person or a rule, gated by console.policy.
+
+    `generation` is the target group's generation when it was decided: dispatch refuses
+    it once the group moved on. `gate_reasons` and `preview` keep what the gates and the
+    dry run said at proposal, so approvers see the blast radius before they vote.
+    """
+
+    kind = models.CharField(max_length=32, choices=ACTION_KINDS)
+    target = models.CharField(max_length=256)
+    node = models.ForeignKey(
+        Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="actions"
+    )
+    gpu = models.CharField(max_length=96, blank=True, default="")
+    group = models.ForeignKey(
+        ConsistencyGroup, on_delete=models.SET_NULL, null=True, blank=True, related_name="actions"
+    )
+    generation = models.PositiveIntegerField(null=True, blank=True)
+    reason = models.TextField(max_length=2000)
+    evidence = models.JSONField(default=dict, blank=True)
+    incident = models.ForeignKey(
+        Incident, on_delete=models.SET_NULL, null=True, blank=True, related_name="actions"
+    )
+    proposed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="proposed_actions",
+    )
+    proposed_by_rule = models.CharField(max_length=128, blank=True, default="")
+    trigger = models.CharField(max_length=64, blank=True, default="")
+    state = models.CharField(max_length=16, choices=ACTION_STATES, default="proposed")
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    gate_reasons = models.JSONField(default=list, blank=True)
+    preview = models.JSONField(default=list, blank=True)
+    escalated = models.BooleanField(default=False)
+    dry_run = models.BooleanField(default=False)
+    params = models.JSONField(default=dict, blank=True)
+    result = models.JSONField(default=dict, blank=True)
+    proposed_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    decided_at = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-proposed_at", "-id"]
+        indexes = [
+            models.Index(fields=["node", "state"]),
+            models.Index(fields=["state", "-proposed_at"]),
+        ]
+        constraints = [
+            # Every action has an author: a person or a named automation rule.
+            models.CheckConstraint(
+                condition=Q(proposed_by__isnull=False) | ~Q(proposed_by_rule=""),
+                name="action_has_proposer",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"action {self.pk} {self.kind} {self.target} ({self.state})"
+
+
+class Vote(models.Model):
+    """One approver's decision on one action; the database allows one per user."""
+
+    action = models.ForeignKey(Action, on_delete=models.PROTECT, related_name="votes")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
+    decision = models.CharField(
+        max_length=8, choices=[("approve", "approve"), ("reject", "reject")]
+    )
+    generation = models.PositiveIntegerField(null=True, blank=True)
+    reason = models.CharField(max_length=512, blank=True, default="")
+    cast_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["cast_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["action", "user"], name="one_vote_per_user")]
+
+    def __str__(self) -> str:
+        return f"{self.decision} on {self.action_id} by {self.user_id}"
+
+
+class AuditLog(models.Model):
+    """Append-only record of every remediation change and gate decision.
+
+    `actor` is a name, not a foreign key: deleting a user must never rewrite history,
+    and a database trigger (migration 0003) refuses UPDATE and DELETE on this table.
+    """
+
+    ts = models.DateTimeField()
+    actor = models.CharField(max_length=150)
+    verb = models.CharField(max_length=48)
+    object_type = models.CharField(max_length=32)
+    object_id = models.CharField(max_length=64, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-ts", "-id"]
+        indexes = [
+            models.Index(fields=["verb", "-ts"]),
+            models.Index(fields=["actor", "-ts"]),
+            models.Index(fields=["object_type", "object_id"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.ts:%Y-%m-%d %H:%M:%S} {self.actor} {self.verb} {self.object_type}"
+
+
+class BreakerState(models.Model):
+    """The automation circuit breaker: one row (pk 1); while open every action needs a human."""
+
+    open = models.BooleanField(default=False)
+    reason = models.TextField(blank=True, default="")
+    opened_at = models.DateTimeField(null=True, blank=True)
+    opened_by = models.CharField(max_length=150, blank=True, default="")
+    closed_at = models.DateTimeField(null=True, blank=True)
+    closed_by = models.CharField(max_length=150, blank=True, default="")
+    closed_reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="breaker_single_row")]
+
+    def __str__(self) -> str:
+        return "breaker open" if self.open else "breaker closed"
+
+
+class Silence(models.Model):
+    """Hold back pages whose subject/labels match every glob in `matchers`, for a bounded time."""
+
+    matchers = models.JSONField()
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    reason = models.CharField(max_length=512)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-starts_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(ends_at__gt=models.F("starts_at")),
+                                   name="silence_ends_after_start"),
+        ]  # fmt: skip
+
+    def __str__(self) -> str:
+        return f"silence {self.pk} {self.matchers}"
+
+
+class EscalationPolicy(models.Model):
+    """Who is paged, when: steps of channels; the first matching policy (by position) wins."""
+
+    name = models.CharField(max_length=128, unique=True)
+    position = models.PositiveIntegerField(default=100)
+    severities = models.JSONField(default=list, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    steps = models.JSONField()
+    enabled = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["position", "name"]
+        verbose_name_plural = "escalation policies"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class NotificationChannel(models.Model):
+    """Where a step's channel name delivers: a webhook, a Slack webhook or PagerDuty."""
+
+    name = models.CharField(max_length=64, unique=True)
+    kind = models.CharField(
+        max_length=16,
+        choices=[("webhook", "webhook"), ("slack", "slack"), ("pagerduty", "pagerduty")],
+    )
+    url = models.URLField(max_length=512)
+    # HMAC secret for webhooks, routing key for PagerDuty; never returned by the API.
+    secret = models.CharField(max_length=256, blank=True, default="")
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+
+class IncidentEscalation(models.Model):
+    """The escalation policy frozen onto an incident when it opened, and what was scheduled.
+
+    `sent` lists the due-step keys already enqueued (console.policy.escalation.due_steps
+    reads it), so editing a policy never changes an open incident and a sweep never
+    schedules a step twice.
+    """
+
+    incident = models.OneToOneField(Incident, on_delete=models.CASCADE, related_name="escalation")
+    policy_name = models.CharField(max_length=128, blank=True, default="")
+    snapshot = models.JSONField(default=dict, blank=True)
+    sent = models.JSONField(default=list, blank=True)
+    silenced_by = models.ForeignKey(Silence, on_delete=models.SET_NULL, null=True, blank=True)
+    done = models.BooleanField(default=False)
+    created_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"escalation of incident {self.incident_id} ({self.policy_name})"
+
+
+class NotificationDelivery(models.Model):
+    """One (incident, step key, channel) delivery; unique so a redelivered task never re-pages."""
+
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="deliveries")
+    key = models.CharField(max_length=64)
+    channel = models.CharField(max_length=64)
+    event = models.CharField(max_length=16)
+    status = models.CharField(max_length=16, default="pending")
+    attempts = models.PositiveIntegerField(default=0)
+    detail = models.CharField(max_length=512, blank=True, default="")
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["incident", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["incident", "key", "channel"], name="delivery_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} to {self.channel} for incident {self.incident_id}"

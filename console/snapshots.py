@@ -112,6 +112,7 @@ def load(*, group_name: str, now: datetime) -> GroupSnapshot | None:
         nodes={n.name: n.last_seen for n in nodes.values()},
         contract_findings=contract,
         now=now,
+        slo=group.slo,
     )
 
 

@@ -176,6 +176,28 @@ class ServingWindow:
 
 
 @dataclass(frozen=True, slots=True)
+class ServingSlo:
+    """A serving group's SLO: p99 latency ceilings per window and the goodput target.
+
+    `slo_met` in a window is counted by the serving process per request (it sees every
+    request); these ceilings are checked against the window's percentiles as well.
+    """
+
+    ttft_ms_p99: float = 2000.0
+    tpot_ms_p99: float = 150.0
+    e2e_ms_p99: float = 60000.0
+    goodput_target: float = 0.95
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None) -> ServingSlo:
+        known = {k: float(v) for k, v in (raw or {}).items() if k in cls.__slots__}
+        return cls(**known)
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+@dataclass(frozen=True, slots=True)
 class ContractFinding:
     kind: str
     subject: str

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +27,7 @@ from console.diagnosis.records import (
     NodeState,
     Phases,
     ProcessRecord,
+    ServingSlo,
     ServingWindow,
     Shard,
     StepRecord,
@@ -97,6 +98,7 @@ class GroupSnapshot:
     transitions: tuple[Transition, ...] = ()  # oldest first
     serving: tuple[ServingWindow, ...] = ()  # latest window per worker
     contract_findings: tuple[ContractFinding, ...] = ()
+    slo: ServingSlo = field(default_factory=ServingSlo)
 
 
 def _num(value: Any) -> float | None:
@@ -199,6 +201,7 @@ def build_snapshot(
     nodes: dict[str, datetime | None],
     contract_findings: list[dict[str, Any]],
     now: datetime,
+    slo: Mapping[str, Any] | None = None,
 ) -> GroupSnapshot:
     """Build a `GroupSnapshot` from contract-shaped record dicts (DESIGN §3 names).
 
@@ -352,4 +355,5 @@ def build_snapshot(
             )
             for c in contract_findings
         ),
+        slo=ServingSlo.from_mapping(slo),
     )

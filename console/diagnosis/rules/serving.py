@@ -1,16 +1,20 @@
 """Serving rule family (minimal): per-worker windows against SLOs and serving contracts.
 
-Owns `slo_breach`, `ready_before_loaded`, `drained_worker_traffic`, `stale_version`,
-`retry_storm` (per worker) and `duplicate_finish`. Must not treat a window with zero
+Owns `slo_breach` (with its likely cause: OOMs, KV pressure, a version canary, one slow
+worker, overload), `ready_before_loaded`, `drained_worker_traffic`, `stale_version`,
+`retry_storm` (per worker), `duplicate_finish` and `worker_lost` (a worker gone silent
+while holding requests: they are lost work). Must not treat a window with zero
 requests as a failure: a quiet period is not an outage.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from console.diagnosis.findings import CRITICAL, MAJOR, ROOT_CAUSE, worker_subject
+from console.diagnosis.records import ServingSlo
 from console.diagnosis.rules.base import Context
 from console.diagnosis.snapshot import ServingWindow
 
@@ -52,11 +56,99 @@ def _majority(values: list[str | None]) -> str | None:
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
 
 
+def _breach(slo: ServingSlo, win: Mapping[str, Any], requests: int) -> list[str]:
+    """Which SLO terms this window broke, in words; empty when it met all of them."""
+    out = []
+    met = win.get("slo_met")
+    if met is not None and met / requests < slo.goodput_target:
+        out.append(f"{met}/{requests} requests met SLO ({met / requests:.1%} < "
+                   f"{slo.goodput_target:.0%})")  # fmt: skip
+    for key, limit in (("ttft_ms_p99", slo.ttft_ms_p99), ("tpot_ms_p99", slo.tpot_ms_p99),
+                       ("e2e_ms_p99", slo.e2e_ms_p99)):  # fmt: skip
+        value = win.get(key)
+        if value is not None and value > limit:
+            out.append(f"{key} {value:.0f} ms > {limit:.0f} ms")
+    return out
+
+
+def _breach_of(slo: ServingSlo, win: Mapping[str, Any]) -> list[str]:
+    requests = int(win.get("requests") or 0)
+    return _breach(slo, win, requests) if requests else []
+
+
+def _likely_cause(
+    ctx: Context, w: ServingWindow, fleet_model: str | None
+) -> tuple[str, dict[str, Any], str | None]:
+    """Name the most likely cause of a worker's breach from what its window and peers show."""
+    win = w.window
+    if int(win.get("oom") or 0) > 0:
+        return f"worker OOMs ({win['oom']} in the window)", {}, None
+    kv = win.get("kv_used_pct")
+    if (kv is not None and kv >= 95) or (
+        int(win.get("evictions") or 0) > 0 and int(win.get("preempted") or 0) > 0
+    ):
+        return (
+            f"KV cache pressure (KV {kv if kv is not None else '?'}% used, "
+            f"{win.get('evictions', 0)} evictions, {win.get('preempted', 0)} preempted)",
+            {},
+            None,
+        )
+    peers = [p for p in ctx.snap.serving if p.worker != w.worker and p.ready and not p.draining]
+    healthy = [p for p in peers if not _breach_of(ctx.snap.slo, p.window)]
+    if w.model_version and fleet_model and w.model_version != fleet_model and healthy:
+        healthy_versions = sorted({p.model_version or "?" for p in healthy})
+        return (
+            f"version canary {w.model_version} (healthy workers serve "
+            f"{', '.join(healthy_versions)})",
+            {"canary_version": w.model_version, "healthy_versions": healthy_versions},
+            "the new version breaches its SLO: roll back, do not promote automatically",
+        )
+    if peers and len(healthy) == len(peers):
+        return "one slow worker (its peers meet the SLO)", {}, None
+    return "group-wide overload (most workers breach)", {}, None
+
+
+def _stale(w: ServingWindow, ready: list[ServingWindow], older_models: set[str]) -> bool:
+    """An older model than the group's current, or a KV schema its same-model peers left."""
+    if w.model_version in older_models:
+        return True
+    peers = [p for p in ready if p.worker != w.worker and p.model_version == w.model_version]
+    counts = Counter(p.kv_schema for p in peers if p.kv_schema is not None)
+    if not counts or w.kv_schema is None:
+        return False
+    schema, n = counts.most_common(1)[0]
+    return n > len(peers) / 2 and n >= 2 and w.kv_schema != schema  # a clear majority only
+
+
+def _lost_workers(ctx: Context) -> None:
+    """A worker that stopped reporting while it held requests lost them (and their KV)."""
+    for w in ctx.snap.serving:
+        seconds = float(w.window.get("seconds") or 10.0)
+        silent_s = (ctx.now - w.ts).total_seconds()
+        in_flight = int(w.window.get("active") or 0) + int(w.window.get("queued") or 0)
+        if silent_s <= max(3 * seconds, 30.0) or in_flight == 0:
+            continue
+        _emit(
+            ctx,
+            w,
+            "worker_lost",
+            MAJOR,
+            f"stopped reporting {silent_s:.0f}s ago holding {in_flight} in-flight request(s)",
+            {"lost_requests": in_flight, "silent_s": round(silent_s, 1)},
+            "requests in flight were lost with the worker's KV cache: replay only if idempotent",
+        )
+
+
 def run(ctx: Context) -> None:
     cfg = ctx.cfg
     ready = [w for w in ctx.snap.serving if w.ready and not w.draining]
     model = _majority([w.model_version for w in ready])
     schema = _majority([w.kv_schema for w in ready])
+    # Versions the group rolled away from (transitions carry model_version). A version
+    # the group never ran is a canary, not stale: judge it by its SLO instead.
+    history = [t.model_version for t in ctx.snap.transitions if t.model_version]
+    older_models = set(history[:-1]) - set(history[-1:])
+    _lost_workers(ctx)
     for w in ctx.snap.serving:
         win = w.window
         requests = int(win.get("requests") or 0)
@@ -79,12 +171,7 @@ def run(ctx: Context) -> None:
                 f"took {requests} request(s) while draining",
                 {"requests": requests},
             )
-        if (
-            w.ready
-            and not w.draining
-            and len(ready) > 1
-            and ((model and w.model_version != model) or (schema and w.kv_schema != schema))
-        ):
+        if w.ready and not w.draining and _stale(w, ready, older_models):
             _emit(
                 ctx,
                 w,
@@ -106,23 +193,38 @@ def run(ctx: Context) -> None:
             )
         if requests == 0:
             continue  # a quiet window is not a failure
-        met = win.get("slo_met")
-        if met is not None and met / requests < cfg.slo_target:
+        breach = _breach(ctx.snap.slo, win, requests)
+        if breach:
+            cause, evidence, unsafe = _likely_cause(ctx, w, model)
             _emit(
                 ctx,
                 w,
                 "slo_breach",
                 MAJOR,
-                f"{met}/{requests} requests met SLO ({met / requests:.1%} < {cfg.slo_target:.0%})",
+                f"{'; '.join(breach)} — likely {cause}",
                 {
                     "requests": requests,
-                    "slo_met": met,
-                    "slo_target": cfg.slo_target,
+                    "slo_met": win.get("slo_met"),
+                    "slo": ctx.snap.slo.to_dict(),
+                    "breached": breach,
+                    "likely_cause": cause,
+                    **evidence,
                     **{
                         k: win.get(k)
-                        for k in ("ttft_ms_p99", "tpot_ms_p99", "e2e_ms_p99", "timeouts", "oom")
+                        for k in (
+                            "ttft_ms_p99",
+                            "tpot_ms_p99",
+                            "e2e_ms_p99",
+                            "timeouts",
+                            "oom",
+                            "kv_used_pct",
+                            "evictions",
+                            "preempted",
+                            "queued",
+                        )
                     },
                 },
+                unsafe,
             )
         retries = int(win.get("retries") or 0)
         if retries >= cfg.serving_retry_min and retries / requests > cfg.serving_retry_ratio:

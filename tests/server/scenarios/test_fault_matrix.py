@@ -1,6 +1,6 @@
 """The seed's fault-injection matrix, replayed through the real ingest endpoint.
 
-Each scenario: 30 s of healthy training on 8 ranks (2 nodes × 4 GPUs), then one fault.
+Each scenario: 30 s of healthy training on 8 ranks (2 nodes x 4 GPUs), then one fault.
 It asserts the root cause Faultline names, the symptoms folded under it, the recovery
 advice, and — for the healthy and quiet cases — that nothing is raised at all.
 """

@@ -1,0 +1,127 @@
+"""Reads for serving groups: G_serve over time, per-worker state, and version switches.
+
+Aggregates ServingWindow rows in SQL (JSON fields cast in the query), so a page or API call
+costs a few indexed queries however many windows a fleet reports.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+
+from console.diagnosis.records import ServingSlo
+from console.models import ConsistencyGroup
+from ingest.models import ServingWindow
+
+WINDOW = timedelta(hours=1)
+
+
+def effective_slo(group: ConsistencyGroup) -> dict[str, float]:
+    return ServingSlo.from_mapping(group.slo).to_dict()
+
+
+def workers(group: ConsistencyGroup) -> list[dict[str, Any]]:
+    """The newest window of every worker, with its versions, readiness and drain state."""
+    rows = (
+        ServingWindow.objects.filter(group=group)
+        .order_by("worker", "-ts")
+        .distinct("worker")
+        .values("worker", "ts", "model_version", "adapter_version", "kv_schema", "ready",
+                "draining", "window")
+    )  # fmt: skip
+    out = []
+    for row in rows:
+        win = row.pop("window")
+        requests = int(win.get("requests") or 0)
+        met = int(win.get("slo_met") or 0)
+        seconds = float(win.get("seconds") or 0) or None
+        out.append(
+            {
+                **row,
+                "g_serve": round(met / seconds, 3) if seconds else None,
+                "slo_met_ratio": round(met / requests, 4) if requests else None,
+                **{k: win.get(k) for k in ("requests", "ttft_ms_p99", "tpot_ms_p99",
+                                           "e2e_ms_p99", "queued", "active", "preempted",
+                                           "kv_used_pct", "evictions", "oom", "retries")},
+            }
+        )  # fmt: skip
+    return out
+
+
+_SERIES = """
+SELECT date_trunc('minute', ts) AS minute,
+       sum(coalesce(("window"->>'slo_met')::bigint, 0)) AS met,
+       sum(coalesce(("window"->>'requests')::bigint, 0)) AS requests,
+       sum(coalesce(("window"->>'seconds')::float, 0))
+         / greatest(count(DISTINCT worker), 1) AS secs,
+       max(("window"->>'ttft_ms_p99')::float) AS ttft_p99,
+       max(("window"->>'tpot_ms_p99')::float) AS tpot_p99
+FROM ingest_servingwindow
+WHERE group_id = %s AND ts >= %s
+GROUP BY 1 ORDER BY 1
+"""
+
+_VERSIONS = """
+SELECT coalesce(model_version, '?') AS version,
+       sum(coalesce(("window"->>'requests')::bigint, 0)) AS requests,
+       sum(coalesce(("window"->>'slo_met')::bigint, 0)) AS met,
+       count(DISTINCT worker) AS workers,
+       min(ts) AS first_seen, max(ts) AS last_seen
+FROM ingest_servingwindow
+WHERE group_id = %s AND ts >= %s
+GROUP BY 1 ORDER BY min(ts)
+"""
+
+
+def series(group: ConsistencyGroup, now: datetime) -> list[dict[str, Any]]:
+    """G_serve (SLO-meeting requests per second) and worst p99 latencies per minute."""
+    with connection.cursor() as cur:
+        cur.execute(_SERIES, [group.pk, now - WINDOW])
+        rows = cur.fetchall()
+    return [
+        {
+            "minute": minute.isoformat(),
+            "g_serve": round(float(met) / float(secs), 3) if secs else None,
+            "requests": requests,
+            "slo_met": met,
+            "ttft_ms_p99": ttft,
+            "tpot_ms_p99": tpot,
+        }
+        for minute, met, requests, secs, ttft, tpot in (
+            (m, int(a), int(b), float(c), d, e) for m, a, b, c, d, e in rows
+        )
+    ]
+
+
+def versions(group: ConsistencyGroup, now: datetime) -> list[dict[str, Any]]:
+    """Traffic share and SLO goodput per model version: how a canary compares."""
+    with connection.cursor() as cur:
+        cur.execute(_VERSIONS, [group.pk, now - WINDOW])
+        rows = cur.fetchall()
+    rows = [(v, int(req), int(met), int(n), first, last) for v, req, met, n, first, last in rows]
+    total = sum(r[1] for r in rows)
+    return [
+        {
+            "version": version,
+            "requests": requests,
+            "traffic_share": round(requests / total, 4) if total else None,
+            "slo_met_ratio": round(met / requests, 4) if requests else None,
+            "workers": n_workers,
+            "first_seen": first.isoformat(),
+            "last_seen": last.isoformat(),
+        }
+        for version, requests, met, n_workers, first, last in rows
+    ]
+
+
+def overview(group: ConsistencyGroup, now: datetime) -> dict[str, Any]:
+    return {
+        "group": group.name,
+        "slo": effective_slo(group),
+        "g_serve": (group.summary.get("goodput") or {}).get("g_serve_requests_per_s"),
+        "workers": workers(group),
+        "versions": versions(group, now),
+        "series": series(group, now),
+    }
