@@ -8,6 +8,7 @@ the broker is back. Nothing here may raise into the ingest response.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -32,12 +33,24 @@ def publish(channel: str, kind: str, data: Any) -> None:
         log.warning("live: could not publish %s to %s", kind, channel, exc_info=True)
 
 
-def after_ingest(*, groups: list[str], nodes: list[str]) -> None:
-    for node in queries.node_payloads(names=nodes):
-        publish(events.FLEET, "node.changed", node)
+# Per web process: when each node's card was last pushed. Agents report every second; the
+# fleet page needs at most one update per node per second, urgent ones (device events) at
+# once. Losing this on a restart only means one extra push.
+_last_push: dict[str, float] = {}
+PUSH_EVERY_S = 1.0
+
+
+def after_ingest(*, groups: list[str], nodes: list[str], urgent: bool = False) -> None:
+    now = time.monotonic()
+    due = [n for n in nodes if urgent or now - _last_push.get(n, 0.0) >= PUSH_EVERY_S]
+    if due:
+        for node in queries.node_payloads(names=due):
+            publish(events.FLEET, "node.changed", node)
+            _last_push[node["name"]] = now
     # A device event (Xid, GPU lost) names no group: diagnose every group with ranks on the
     # node at once, so the root cause is named within a second, not at the next sweep.
-    for name in sorted(set(groups) | set(queries.groups_on_nodes(nodes))):
+    targets = set(groups) | (set(queries.groups_on_nodes(nodes)) if urgent else set())
+    for name in sorted(targets):
         schedule_diagnosis(name)
 
 

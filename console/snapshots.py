@@ -39,18 +39,34 @@ def load(*, group_name: str, now: datetime) -> GroupSnapshot | None:
     names = {pk: n.name for pk, n in nodes.items()}
     records: list[dict[str, Any]] = []
 
-    steps = m.StepRecord.objects.filter(
-        group=group, generation=gen, stale=False, ts__gte=now - STEP_WINDOW
-    ).order_by("-ts")[:MAX_STEP_ROWS]
-    records += _rows(
-        steps,
+    step_fields = ["generation", "rank", "step", "tokens", "data_cursor", "duration_ms",
+                   "phases", "loss", "grad_norm", "loss_scale", "overflow"]  # fmt: skip
+    current = m.StepRecord.objects.filter(group=group, generation=gen, stale=False)
+    steps = _rows(
+        current.filter(ts__gte=now - STEP_WINDOW).order_by("-ts")[:MAX_STEP_ROWS],
         "step",
-        ["generation", "rank", "step", "tokens", "data_cursor", "duration_ms", "phases",
-         "loss", "grad_norm", "loss_scale", "overflow"],
+        step_fields,
         names,
-    )  # fmt: skip
+    )
+    # A rank hung for longer than the step window must stay in the snapshot with its last
+    # step, or the hang would vanish from diagnosis and its incident resolve by itself.
+    quiet = set(group.ranks.filter(generation=gen).values_list("rank", flat=True)) - {
+        row["rank"] for row in steps
+    }
+    if quiet:
+        steps += _rows(
+            current.filter(rank__in=quiet, ts__gte=now - HISTORY_WINDOW)
+            .order_by("rank", "-ts")
+            .distinct("rank"),
+            "step",
+            step_fields,
+            names,
+        )
+    records += steps
     windows = (
-        m.CollectiveWindow.objects.filter(group=group, generation=gen, stale=False)
+        m.CollectiveWindow.objects.filter(
+            group=group, generation=gen, stale=False, ts__gte=now - HISTORY_WINDOW
+        )
         .order_by("rank", "-ts")
         .distinct("rank")
     )
@@ -60,7 +76,8 @@ def load(*, group_name: str, now: datetime) -> GroupSnapshot | None:
             if entry.get("started_ts"):
                 entry["started_ts"] = datetime.fromisoformat(entry["started_ts"])
     records += collectives
-    procs = m.ProcessRecord.objects.filter(group=group, ts__gte=now - EVENT_WINDOW, stale=False)
+    # Exits and device events explain stops for as long as the stop lasts: keep a day.
+    procs = m.ProcessRecord.objects.filter(group=group, ts__gte=now - HISTORY_WINDOW, stale=False)
     records += _rows(
         procs,
         "process",
@@ -130,6 +147,6 @@ def _device_records(node_ids: set[int], names: dict[int, str], now: datetime) ->
             gpu=dev.uuid,
         )
         out.append(sample)
-    events = m.DeviceEvent.objects.filter(node_id__in=node_ids, ts__gte=now - EVENT_WINDOW)
+    events = m.DeviceEvent.objects.filter(node_id__in=node_ids, ts__gte=now - HISTORY_WINDOW)
     out += _rows(events, "device_event", ["gpu", "event", "code", "detail"], names)
     return out

@@ -42,3 +42,11 @@ def sweep() -> None:
 @shared_task(name="console.maintain_telemetry", acks_late=True)
 def maintain_telemetry() -> None:
     pipeline.maintain_telemetry(now=timezone.now())
+
+
+@shared_task(name="console.rollup_telemetry", acks_late=True, expires=55)
+def rollup_telemetry() -> None:
+    """1-minute rollups of the last closed minutes (idempotent: safe to run twice)."""
+    from ingest.rollups import rollup
+
+    rollup(now=timezone.now())

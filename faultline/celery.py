@@ -11,9 +11,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "faultline.settings")
 app = Celery("faultline")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["console"])
+app.autodiscover_tasks(["console"], related_name="notify_tasks")
 app.conf.beat_schedule = {
     "sweep": {"task": "console.sweep", "schedule": 1.0},
+    "escalation-sweep": {"task": "console.escalation_sweep", "schedule": 10.0},
+    "rollup": {"task": "console.rollup_telemetry", "schedule": 60.0},
     "maintain-telemetry": {"task": "console.maintain_telemetry", "schedule": 3600.0},
 }
-app.autodiscover_tasks(["console"], related_name="notify_tasks")
-app.conf.beat_schedule["escalation-sweep"] = {"task": "console.escalation_sweep", "schedule": 10.0}

@@ -46,6 +46,7 @@ class IngestResult:
     groups: list[str] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
     violations: int = 0
+    device_events: int = 0  # Xid/DBE/GPU-lost records: push and diagnose without delay
 
 
 class RecordError(ValueError):
@@ -90,6 +91,7 @@ def ingest_batch(*, node: Node, batch: p.Batch, now: datetime, max_future_s: int
             groups=sorted(writer.touched_groups),
             nodes=[node.name],
             violations=writer.violation_count,
+            device_events=len(writer.rows.get("deviceevent", ())),
         )
 
 

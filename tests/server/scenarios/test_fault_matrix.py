@@ -251,3 +251,18 @@ def test_a_node_whose_heartbeats_and_ranks_stop_is_down(post_batch):
         t.add("node-1", t.at(i), {"kind": "heartbeat", "uptime_s": float(i)})
     incident = only(t.diagnose(at=80))
     assert (incident.kind, incident.subject) == ("node_down", "node:node-0")
+
+
+def test_a_stall_longer_than_the_step_window_stays_open(post_batch):
+    """Silence must never resolve an incident: 20 minutes later the stall is still there."""
+    from datetime import UTC, datetime, timedelta
+
+    tl = Timeline(post=post_batch, start=datetime.now(UTC) - timedelta(minutes=25))
+    tl.boot(at=0)
+    tl.steps(first=0, count=HEALTHY_S, at=1)  # then every rank stops, nothing explains it
+    tl.heartbeats(until=HEALTHY_S + 60)
+    first = only(tl.diagnose(at=HEALTHY_S + 25))
+    tl.heartbeats(until=HEALTHY_S + 20 * 60)  # the agents stay up; only the job is stuck
+    later = only(tl.diagnose(at=HEALTHY_S + 20 * 60))
+    assert later.pk == first.pk
+    assert later.kind == "group_stall"
