@@ -14,4 +14,5 @@ RUN pip install --no-cache-dir . && useradd --system --home /data faultline \
     && mkdir -p /data && chown faultline /data
 USER faultline
 EXPOSE 8000 8001
-CMD ["gunicorn", "faultline.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "2"]
+CMD ["gunicorn", "faultline.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "2", \
+     "--worker-class", "gthread", "--threads", "4"]

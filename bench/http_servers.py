@@ -24,7 +24,8 @@ def command(server: str, port: int, workers: int) -> list[str]:
     if server == "gunicorn":
         return [
             py, "-m", "gunicorn", "faultline.wsgi:application", "--bind", f"127.0.0.1:{port}",
-            "--workers", str(workers), "--worker-class", "sync", "--backlog", "2048",
+            "--workers", str(workers), "--worker-class", "gthread", "--threads", "4",
+            "--backlog", "2048",
             "--timeout", "60", "--log-level", "warning",
         ]  # fmt: skip
     if server == "uvicorn":
