@@ -54,6 +54,9 @@ def after_ingest(*, groups: list[str], nodes: list[str], urgent: bool = False) -
         schedule_diagnosis(name)
 
 
+PENDING_TIMEOUT_S = 5
+
+
 def schedule_diagnosis(group: str) -> None:
     """Debounce: at most one pending diagnosis per group per debounce window."""
     from console.tasks import diagnose_group
@@ -61,8 +64,11 @@ def schedule_diagnosis(group: str) -> None:
     delay_ms = settings.DIAGNOSIS_DEBOUNCE_MS
     try:
         # The task deletes this key when it starts, so a batch arriving during a run
-        # schedules the next one; the timeout only guards against a lost task.
-        if not cache.add(pending_key(group), 1, timeout=30):
+        # schedules the next one; the timeout only guards against a lost task (a worker
+        # killed holding it). Keep it short: the sweep also goes through this key, so a
+        # lost task silences the group's diagnosis until the key expires (30 s measured
+        # with 30; docs/reliability.md). A too-early expiry only costs one extra run.
+        if not cache.add(pending_key(group), 1, timeout=PENDING_TIMEOUT_S):
             return
         diagnose_group.apply_async(args=[group], countdown=delay_ms / 1000)
     except Exception:  # broker down: the sweep catches up

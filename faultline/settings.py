@@ -152,6 +152,9 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
 LOGIN_URL = "/login/"
+# Failed password checks per (username, client IP) before 429, and how long that lasts.
+LOGIN_FAILURE_LIMIT = env_int("FAULTLINE_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+LOGIN_LOCKOUT_S = env_int("FAULTLINE_LOGIN_LOCKOUT_S", 300, minimum=1)
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
 
@@ -178,7 +181,8 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first so an anonymous caller gets 401 + WWW-Authenticate, not 403.
         "rest_framework.authentication.TokenAuthentication",
-        "rest_framework.authentication.BasicAuthentication",
+        # Basic shares the login form's failure counter (faultline.login).
+        "faultline.login.ThrottledBasicAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["console.api.permissions.IsViewer"],

@@ -6,6 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from faultline import health
+from faultline.login import ThrottledLoginView
 from ingest.views import ingest
 
 urlpatterns = [
@@ -15,8 +16,10 @@ urlpatterns = [
     path("api/v1/", include("console.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger"),
+    # The admin's own login form would bypass the throttle: route it through ours.
+    path("admin/login/", ThrottledLoginView.as_view(), name="admin-login"),
     path("admin/", admin.site.urls),
-    path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
+    path("login/", ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("console.urls")),
 ]
