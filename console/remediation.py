@@ -502,7 +502,8 @@ def vote_on_action(
         outcome, refusal = _vote(action_id, actor, approve, now, reason)
     if refusal is not None:
         raise votes.VoteRefused(refusal)
-    assert outcome is not None
+    if outcome is None:
+        raise RuntimeError(f"vote on action {action_id} produced neither outcome nor refusal")
     return outcome
 
 

@@ -176,7 +176,8 @@ def _group_recovery(roots: list[Finding]) -> Recovery | None:
     blocking = [f for f in roots if f.recovery is not None and not f.recovery.auto_restart_safe]
     lead = blocking[0] if blocking else roots[0]
     rec = lead.recovery
-    assert rec is not None  # every root cause got one above
+    if rec is None:  # every root cause got advice above; stay safe if that ever changes
+        return Recovery(auto_restart_safe=False, reason=f"no advice for {lead.kind}")
     if blocking:
         return replace(rec, reason=f"{lead.kind} on {lead.subject}: {rec.reason}")
     return rec
