@@ -5,10 +5,16 @@ from node name + index (stable across restarts), and fault scripts that can be s
 construction or at run time. Scripted events are delivered to the sink immediately, the
 way NVML's event thread would. It must never pretend to be real hardware in production:
 the agent only uses it when asked (`--fake-gpus N`).
+
+Runtime control (demos and drills): when `FAULTLINE_FAKE_NVML_CONTROL_DIR` is set, the
+fake GPUs of node N read new lines appended to `<dir>/<N>` once per sampling round, each
+`<gpu>:<script>` as on the command line ("3:xid79", "3:clear"). Bad lines are skipped.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import random
 import threading
 import uuid as uuidlib
@@ -19,6 +25,8 @@ from agents import xid
 from agents.nvml import EventSink, device_event, device_sample
 from agents.wire import Record
 
+log = logging.getLogger("faultline.agent.fake_nvml")
+CONTROL_ENV = "FAULTLINE_FAKE_NVML_CONTROL_DIR"
 SCRIPTS = (
     "temp_ramp",
     "thermal_throttle",
@@ -72,8 +80,14 @@ class FakeNvml:
         scripts: dict[int, list[str]] | None = None,
         seed: int = 0,
         driver: str = "fake-560.35.03",
+        control: str | os.PathLike[str] | None = None,
     ) -> None:
         self._driver = driver
+        control_dir = os.environ.get(CONTROL_ENV)
+        if control is None and control_dir:
+            control = os.path.join(control_dir, node)
+        self._control = None if control is None else os.fspath(control)
+        self._control_offset = 0
         self._gpus = [_Gpu(fake_uuid(node, i)) for i in range(count)]
         self._rng = random.Random(seed)
         self._sink: EventSink | None = None
@@ -151,7 +165,38 @@ class FakeNvml:
             gpu.lost = True
             self._emit(device_event(gpu.uuid, "gpu_lost", None, why))
 
+    def poll_control(self) -> int:
+        """Apply lines appended to the control file since the last poll; returns how many."""
+        if self._control is None:
+            return 0
+        try:
+            with open(self._control, "rb") as fh:
+                fh.seek(self._control_offset)
+                data = fh.read()
+        except OSError:
+            return 0  # no file yet: nothing scripted
+        # Only whole lines: a writer may be mid-line; the rest is read next round.
+        complete = data[: data.rfind(b"\n") + 1]
+        self._control_offset += len(complete)
+        applied = 0
+        for line in complete.decode(errors="replace").splitlines():
+            spec = line.strip()
+            if not spec:
+                continue
+            try:
+                for index, names in parse_scripts([spec]).items():
+                    if index >= len(self._gpus):
+                        raise ValueError(f"gpu {index} out of range (have {len(self._gpus)})")
+                    for name in names:
+                        self.script(index, name)
+                        applied += 1
+            except ValueError as exc:
+                log.warning("fake NVML control %s: skipping %r (%s)", self._control, spec, exc)
+        return applied
+
     def sample(self, index: int) -> Record:
+        if index == 0:
+            self.poll_control()  # once per sampling round: the agent samples GPU 0 first
         gpu = self._gpus[index]
         if gpu.lost:
             # Every NVML query fails on a lost GPU: all fields missing, never zero.

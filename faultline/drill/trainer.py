@@ -1,0 +1,145 @@
+"""One rank of the drill's real PyTorch job: gloo on CPU, a small MLP, real DCP checkpoints.
+
+Owns the training loop a drill runs and breaks: gradients are averaged with
+`torch.distributed.all_reduce` (wrapped by `agents.torch`, so the console sees every
+collective), steps are reported with phases, and every `--ckpt-every` steps all ranks save
+with `torch.distributed.checkpoint` into `<ckpt-root>/<group>-step_NNNNNN` (faultline.json
+first, COMMITTED marker last) for the node agent's watcher. Faults that must happen inside
+the rank (OOM, NaN loss, a slow input phase) are triggered by `--fault` at `--fault-step`;
+faults from outside (SIGKILL, SIGSTOP, corrupting a shard) are the runner's job. Each step
+writes `<status-dir>/rank<r>.json` so the runner can measure lost and repeated work.
+It must not talk to the service: everything goes through the reporter to the agent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+from agents import reporter
+
+
+def _write_status(path: Path, data: dict[str, object]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _fault_mark(args: argparse.Namespace, rank: int, step: int) -> None:
+    """When the fault fired (first time only): the runner's t0 for detection time."""
+    mark = args.status_dir / "fault.json"
+    if not mark.exists():
+        _write_status(mark, {"rank": rank, "step": step, "ts": time.time()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m faultline.drill.trainer")
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--generation", type=int, required=True)
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--ckpt-root", type=Path, required=True)
+    parser.add_argument("--ckpt-every", type=int, default=5)
+    parser.add_argument("--ckpt-until", type=int, default=0, help="no checkpoints after step N")
+    parser.add_argument("--resume", type=Path, default=None, help="DCP checkpoint to load")
+    parser.add_argument("--status-dir", type=Path, required=True)
+    parser.add_argument("--fault", default="", help="oom | nan | slow (in this rank)")
+    parser.add_argument("--fault-rank", type=int, default=-1)
+    parser.add_argument("--fault-step", type=int, default=-1)
+    parser.add_argument("--step-sleep", type=float, default=0.15)
+    args = parser.parse_args(argv)
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    reporter.init(group=args.group, generation=args.generation, rank=rank)
+    warnings.filterwarnings("ignore", message=".*NumPy.*")
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from agents import torch as fl_torch
+
+    torch.manual_seed(1234)
+    torch.set_num_threads(1)  # two cores, several ranks: no intra-op thread fights
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    fl_torch.install()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    start = 0
+    if args.resume is not None:
+        state = {"model": model.state_dict(), "step": torch.tensor(0)}
+        dcp.load(state, checkpoint_id=str(args.resume))
+        model.load_state_dict(state["model"])
+        start = int(state["step"])
+    status = args.status_dir / f"rank{rank}.json"
+    faulty = rank == args.fault_rank
+    batch_tokens = 32 * 64
+    for step in range(start + 1, args.steps + 1):
+        with fl_torch.phase("input"):
+            gen = torch.Generator().manual_seed(step * 1000 + rank)
+            x = torch.randn(32, 64, generator=gen)
+            y = x.sum(dim=1, keepdim=True) * 0.1
+            time.sleep(args.step_sleep)  # stands in for reading a real data shard
+            if faulty and args.fault == "slow" and step >= args.fault_step:
+                _fault_mark(args, rank, step)
+                time.sleep(args.step_sleep * 4)  # a slow data loader on this rank only
+        with fl_torch.phase("compute"):
+            if faulty and args.fault == "nan" and step >= args.fault_step:
+                _fault_mark(args, rank, step)
+                x = x * float("nan")  # a poisoned sample
+            if faulty and args.fault == "oom" and step == args.fault_step:
+                _fault_mark(args, rank, step)
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+        flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        dist.all_reduce(flat)  # the gradient average: one collective per step, same on all
+        flat /= world
+        offset = 0
+        for p in model.parameters():
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].reshape(p.shape))
+            offset += n
+        with fl_torch.phase("optimizer"):
+            opt.step()
+        fl_torch.report_step(
+            step,
+            loss=loss.detach(),
+            grad_norm=float(flat.norm()),
+            tokens=batch_tokens,
+            data_cursor=step * batch_tokens * world,
+        )
+        _write_status(status, {"step": step, "pid": os.getpid(), "ts": time.time()})
+        if step % args.ckpt_every == 0 and (not args.ckpt_until or step <= args.ckpt_until):
+            with fl_torch.phase("checkpoint"):
+                _save(args, dcp, dist, torch, model, step, rank)
+    dist.destroy_process_group()
+    return 0
+
+
+def _save(args: argparse.Namespace, dcp, dist, torch, model, step: int, rank: int) -> None:  # type: ignore[no-untyped-def]
+    directory = args.ckpt_root / f"{args.group}-step_{step:06d}"
+    if rank == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "group": args.group,
+            "generation": args.generation,
+            "step": step,
+            "checkpoint_id": directory.name,
+        }
+        (directory / "faultline.json").write_text(json.dumps(meta))
+    dcp.save(
+        {"model": model.state_dict(), "step": torch.tensor(step)}, checkpoint_id=str(directory)
+    )
+    dist.barrier()
+    if rank == 0:
+        (directory / "COMMITTED").write_text("")  # every rank's shard and .metadata are down
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""`faultline demo`: a real service, real agents and a simulated workload failing on schedule.
+
+Also the fake NVML control channel the demo uses to break a running agent's GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from agents.fake_nvml import CONTROL_ENV, FakeNvml
+from faultline.demo import layout
+from faultline.embedded import free_port
+from faultline.testing.service import ADMIN, Service, service_env, wait_for
+from tests.system.conftest import BIN
+
+
+def _events(gpus: FakeNvml) -> list[dict]:
+    seen: list[dict] = []
+    gpus.start_events(seen.append)
+    return seen
+
+
+def test_it_applies_control_lines_appended_while_the_agent_runs(tmp_path: Path) -> None:
+    control = tmp_path / "node-1"
+    gpus = FakeNvml("node-1", 4, control=control)
+    events = _events(gpus)
+    gpus.sample(0)
+    control.write_text("2:xid79\n")
+    sample = gpus.sample(0)
+    assert sample["gpu"] == gpus.uuid(0) and "temp_c" in sample
+    assert [(e["event"], e.get("code")) for e in events] == [("xid", 79), ("gpu_lost", None)]
+    assert "temp_c" not in gpus.sample(2)  # a lost GPU reports every field missing
+
+
+def test_it_applies_each_control_line_once(tmp_path: Path) -> None:
+    control = tmp_path / "node-1"
+    gpus = FakeNvml("node-1", 2, control=control)
+    control.write_text("1:thermal_throttle\n")
+    assert gpus.poll_control() == 1
+    assert gpus.poll_control() == 0
+    with open(control, "a") as fh:
+        fh.write("1:clear\n")
+    assert gpus.poll_control() == 1
+    assert gpus.sample(1)["throttle_reasons"] == []
+
+
+def test_it_waits_for_a_whole_line_before_applying_it(tmp_path: Path) -> None:
+    control = tmp_path / "node-1"
+    gpus = FakeNvml("node-1", 2, control=control)
+    control.write_text("1:thermal_thr")
+    assert gpus.poll_control() == 0
+    with open(control, "a") as fh:
+        fh.write("ottle\n")
+    assert gpus.poll_control() == 1
+    assert "hw_thermal_slowdown" in gpus.sample(1)["throttle_reasons"]
+
+
+def test_it_skips_a_bad_control_line_and_applies_the_rest(tmp_path: Path) -> None:
+    control = tmp_path / "node-1"
+    gpus = FakeNvml("node-1", 2, control=control)
+    control.write_text("9:xid79\n1:melt\n0:thermal_throttle\n")
+    assert gpus.poll_control() == 1
+    assert "hw_thermal_slowdown" in gpus.sample(0)["throttle_reasons"]
+
+
+def test_it_finds_its_control_file_from_the_environment(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(CONTROL_ENV, str(tmp_path))
+    gpus = FakeNvml("node-9", 1)
+    (tmp_path / "node-9").write_text("0:thermal_throttle\n")
+    assert gpus.poll_control() == 1
+
+
+def test_it_keeps_spare_nodes_to_replace_a_failed_one() -> None:
+    nodes = [f"node-{i:03d}" for i in range(1, 17)]
+    slots, serve, spares = layout(nodes, 8)
+    used = {s.node for group in slots.values() for s in group} | set(serve)
+    assert len(slots["train-a"]) == 12 and len(slots["train-b"]) == 12
+    assert spares and not used & set(spares)
+    assert used | set(spares) == set(nodes)
+
+
+def _descendants(pid: int) -> set[int]:
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True)
+    children: dict[int, list[int]] = {}
+    for line in out.stdout.splitlines():
+        child, parent = (int(x) for x in line.split())
+        children.setdefault(parent, []).append(child)
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+@pytest.mark.slow
+def test_it_plays_a_fleet_whose_faults_open_incidents_and_stops_cleanly(tmp_path: Path) -> None:
+    port, ws_port = free_port(), free_port()
+    log = tmp_path / "demo.log"
+    proc = subprocess.Popen(
+        [str(BIN / "faultline"), "demo", "--nodes", "3", "--gpus", "8", "--schedule", "fast",
+         "--port", str(port), "--ws-port", str(ws_port), "--data-dir", str(tmp_path)],
+        env=service_env(tmp_path), stdout=open(log, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        start_new_session=True,
+    )  # fmt: skip
+    svc = Service(f"http://127.0.0.1:{port}", port, ws_port, tmp_path, proc, log)
+    try:
+        wait_for(lambda: len(svc.api("/api/v1/nodes/")["results"]) == 3, 90, "3 demo nodes")
+        wait_for(lambda: svc.api("/api/v1/devices/")["count"] == 24, 30, "24 fake GPUs")
+        groups = wait_for(
+            lambda: {g["name"] for g in svc.api("/api/v1/groups/")["results"]} >= {
+                "train-a", "train-b", "serve"
+            },
+            30,
+            "the demo's three groups",
+        )  # fmt: skip
+        assert groups
+        opened = wait_for(
+            lambda: [i for i in svc.api("/api/v1/incidents/")["results"] if i["group"]],
+            90,
+            "a scheduled fault to open an incident",
+        )
+        assert {i["group"] for i in opened} <= {"train-a", "train-b", "serve"}
+        assert "login (shown once): " + " / ".join(ADMIN) in log.read_text()
+        children = _descendants(proc.pid)
+        assert len(children) >= 3 + 5  # agents, workload, web, ws, worker, beat
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    assert code == 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in children):
+        time.sleep(0.2)
+    assert [p for p in children if _alive(p)] == []
+    assert not (tmp_path / "pg" / "postmaster.pid").exists()
