@@ -135,10 +135,11 @@ class Manifest:
 class CheckpointEvent:
     ts: datetime
     generation: int
-    phase: str  # staging | written | committed | verified | corrupt
+    phase: str  # staging | written | committed | verified | corrupt | modified
     step: int | None
     manifest: Manifest | None
     duration_ms: float | None = None
+    detail: str | None = None  # e.g. the agent naming the shard that changed
 
 
 @dataclass(frozen=True, slots=True)

@@ -268,6 +268,7 @@ def build_snapshot(
                     step=r.get("step"),
                     manifest=_manifest(r.get("manifest")),
                     duration_ms=_num(r.get("duration_ms")),
+                    detail=r.get("detail"),
                 )
             )
         elif kind == "transition":

@@ -29,7 +29,9 @@ from faultline.embedded import free_port
 from faultline.testing.service import Service
 
 FAULT_RANK = 1
-FAULT_STEP = 9
+# Late enough that the step-5 checkpoint is committed AND hashed by the agent: restart
+# advice needs a verified checkpoint, and the drill judges that advice.
+FAULT_STEP = 14
 DETECT_TIMEOUT_S = 25.0
 
 
@@ -312,6 +314,8 @@ class Drill:
             lambda: self.agent_phase(10) in verified, 30, 0.2
         ):
             raise RuntimeError("the agent never verified the step-10 checkpoint")
+        if not spec.inside and not _wait(lambda: self.agent_phase(5) in verified, 30, 0.2):
+            raise RuntimeError("the agent never verified the step-5 checkpoint")
         if spec.name == "corrupt_checkpoint":
             time.sleep(3.0)  # let the console digest the verification before we break it
         t0 = self.inject(job)

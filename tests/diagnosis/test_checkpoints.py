@@ -77,3 +77,62 @@ def test_it_blocks_auto_restart_without_a_valid_checkpoint() -> None:
     (xid,) = of_kind(d, "xid")
     assert xid.recovery is not None and xid.recovery.auto_restart_safe is False
     assert "checkpoint" in xid.recovery.reason
+
+
+def _unhashed(cid: str, sizes: tuple[int, ...] = (1000, 1000)) -> dict:
+    shards = [{"path": f"{cid}/s{i}.distcp", "bytes": b} for i, b in enumerate(sizes)]
+    return {"shards": shards, "total_bytes": sum(sizes), "format": "torch_dcp"}
+
+
+def _hashed(cid: str, sizes: tuple[int, ...] = (1000, 1000)) -> dict:
+    m = _unhashed(cid, sizes)
+    for i, s in enumerate(m["shards"]):
+        s["sha256"] = f"{i + 7:064x}"
+    return m
+
+
+def test_it_waits_for_checksums_before_trusting_a_dcp_commit() -> None:
+    """Committed with sizes only: not partial, but not valid for restore until verified."""
+    d = _diag([checkpoint(C, "ckpt-118", 118, "committed", manifest=_unhashed("ckpt-118"))])
+    assert d.findings == ()
+    assert d.checkpoint == "ckpt-100"
+
+
+def test_it_trusts_a_dcp_commit_once_verified_and_does_not_call_that_a_modification() -> None:
+    d = _diag(
+        [
+            checkpoint(C, "ckpt-118", 118, "committed", manifest=_unhashed("ckpt-118")),
+            checkpoint(C + timedelta(seconds=1), "ckpt-118", 118, "verified",
+                       manifest=_hashed("ckpt-118")),
+        ]
+    )  # fmt: skip
+    assert d.findings == ()
+    assert d.checkpoint == "ckpt-118"
+
+
+def test_it_still_calls_a_size_change_after_commit_a_modification() -> None:
+    d = _diag(
+        [
+            checkpoint(C, "ckpt-118", 118, "committed", manifest=_unhashed("ckpt-118")),
+            checkpoint(C + timedelta(seconds=1), "ckpt-118", 118, "verified",
+                       manifest=_hashed("ckpt-118", sizes=(1000, 512))),
+        ]
+    )  # fmt: skip
+    assert [f.kind for f in d.findings] == ["checkpoint_modified"]
+    assert d.checkpoint == "ckpt-100"
+
+
+def test_it_believes_the_agent_when_it_reports_a_committed_checkpoint_changed() -> None:
+    modified = checkpoint(C + timedelta(seconds=2), "ckpt-118", 118, "modified")
+    modified["manifest"] = None
+    modified["detail"] = "committed checkpoint changed: s1.distcp changed"
+    d = _diag(
+        [
+            checkpoint(C, "ckpt-118", 118, "committed"),
+            checkpoint(C + timedelta(seconds=1), "ckpt-118", 118, "verified"),
+            modified,
+        ]
+    )
+    (f,) = of_kind(d, "checkpoint_modified")
+    assert "s1.distcp" in f.evidence["detail"]
+    assert d.checkpoint == "ckpt-100"

@@ -25,13 +25,6 @@ def real_drill(test):  # type: ignore[no-untyped-def]
     return test
 
 
-# The diagnosis engine flags every torch DCP checkpoint the agent commits as partial and,
-# once verified, as modified (the committed listing has no sha256; the verified one has):
-# with no valid checkpoint, restart advice is "unsafe" and this drill cannot tell its own
-# truncation from that noise. Strict: it fails loudly once the engine is fixed.
-DCP_BUG = "diagnosis flags agent-committed DCP checkpoints partial/modified (see docs/drills.md)"
-
-
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     work = tmp_path_factory.mktemp("drill")
@@ -64,7 +57,6 @@ def test_it_names_the_injected_root_cause(quick_run: dict[str, dict], drill: str
 
 
 @real_drill
-@pytest.mark.xfail(reason=DCP_BUG, strict=True)
 def test_it_names_a_corrupted_committed_shard(quick_run: dict[str, dict]) -> None:
     row = quick_run["corrupt_checkpoint"]
     assert row["found_root_cause"] == "checkpoint_modified"
@@ -79,7 +71,6 @@ def test_it_refuses_an_automatic_restart_after_a_nan_loss(quick_run: dict[str, d
 
 
 @real_drill
-@pytest.mark.xfail(reason=DCP_BUG, strict=True)
 def test_it_advises_a_restart_from_checkpoint_after_a_killed_rank(quick_run) -> None:
     assert quick_run["kill"]["advice_correct"] is True
 

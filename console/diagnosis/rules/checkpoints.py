@@ -24,13 +24,34 @@ def _incomplete(m: Manifest | None) -> str | None:
     """Why a committed manifest cannot be trusted, or None."""
     if m is None or not m.shards:
         return "committed without a manifest of shards"
-    unsummed = [s.path for s in m.shards if not s.sha256 or s.bytes is None]
-    if unsummed:
-        return f"{len(unsummed)} shard(s) without size or sha256: {unsummed[:3]}"
+    # Sizes are known at commit; checksums may follow with `verified` (the agent hashes
+    # shards in the background), so a missing sha256 is "not yet verified", not partial.
+    unsized = [s.path for s in m.shards if s.bytes is None]
+    if unsized:
+        return f"{len(unsized)} shard(s) without a size: {unsized[:3]}"
     total = sum(s.bytes or 0 for s in m.shards)
     if m.total_bytes is not None and total != m.total_bytes:
         return f"shards sum to {total} bytes, manifest says {m.total_bytes}"
     return None
+
+
+def _checksummed(c: CheckpointState) -> bool:
+    """Some committed/verified manifest carries a sha256 for every shard."""
+    return any(
+        e.phase in COMMITTED and e.manifest is not None and e.manifest.shards
+        and all(s.sha256 for s in e.manifest.shards)
+        for e in c.events
+    )  # fmt: skip
+
+
+def _differs(
+    a: tuple[int | None, str | None] | None, b: tuple[int | None, str | None] | None
+) -> bool:
+    """A shard changed: it appeared/vanished, its size changed, or both hashes exist and differ."""
+    if a is None or b is None:
+        return a is not b
+    (size_a, sha_a), (size_b, sha_b) = a, b
+    return size_a != size_b or bool(sha_a and sha_b and sha_a != sha_b)
 
 
 def _problems(c: CheckpointState) -> list[tuple[str, str, str, dict[str, object]]]:
@@ -81,10 +102,22 @@ def _problems(c: CheckpointState) -> list[tuple[str, str, str, dict[str, object]
         )
     # Contract 3: a committed checkpoint is never modified afterwards.
     for e in c.events[commit_at + 1 :]:
+        if e.phase == "modified":  # the agent saw the committed files change on disk
+            out.append(
+                (
+                    "checkpoint_modified",
+                    CRITICAL,
+                    f"Checkpoint {c.checkpoint_id} changed on disk after commit",
+                    {"detail": e.detail, "committed_at": commit.ts, "modified_at": e.ts},
+                )
+            )
+            break
         later = _shards(e.manifest)
         if e.manifest is None or not later:
             continue
-        changed = sorted(p for p in set(shards) | set(later) if shards.get(p) != later.get(p))
+        changed = sorted(
+            p for p in set(shards) | set(later) if _differs(shards.get(p), later.get(p))
+        )
         if changed:
             out.append(
                 (
@@ -111,7 +144,9 @@ def run(ctx: Context) -> None:
         for c in ctx.snap.checkpoints
         if c.phase in COMMITTED or (any(e.phase in COMMITTED for e in c.events))
     ]
-    valid = [c for c in valid if not found[c.checkpoint_id]]
+    # Valid for restore: committed, nothing wrong, and checksummed (seed: "atomically
+    # committed, checksummed and checked" — never merely the newest directory).
+    valid = [c for c in valid if not found[c.checkpoint_id] and _checksummed(c)]
     best = max(
         valid, key=lambda c: (c.step if c.step is not None else -1, c.events[-1].ts), default=None
     )
