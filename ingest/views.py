@@ -103,9 +103,7 @@ def ingest(request: HttpRequest) -> JsonResponse:
         log.exception("ingest: batch rejected by the database")
         return _error(503, "batch could not be stored: retry later", retry_after=5)
     if not result.duplicate:
-        live.after_ingest(
-            groups=result.groups, nodes=result.nodes, urgent=result.device_events > 0
-        )
+        live.after_ingest(groups=result.groups, nodes=result.nodes, urgent=result.device_events > 0)
     return JsonResponse(
         {
             "ack_seq": result.ack_seq,
