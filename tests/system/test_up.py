@@ -76,3 +76,32 @@ def test_it_stops_every_child_and_reuses_its_data_on_the_next_start(tmp_path: Pa
         assert token.startswith("flt_")
     finally:
         assert stop_service(second) == 0
+
+
+def test_it_revives_its_embedded_valkey_and_keeps_serving(tmp_path: Path):
+    import json
+    import os
+    import signal
+    import urllib.request
+
+    svc = start_service(tmp_path)
+    try:
+        pid = int((tmp_path / "valkey" / "valkey.pid").read_text())
+        os.kill(pid, signal.SIGKILL)
+
+        def ready_again():
+            with urllib.request.urlopen(svc.url + "/readyz", timeout=3) as r:
+                body = json.loads(r.read())
+            new_pid = int((tmp_path / "valkey" / "valkey.pid").read_text() or 0)
+            return body["ready"] and new_pid != pid
+
+        wait_for(ready_again, 30, "a revived Valkey and /readyz")
+        assert "embedded Valkey exited; restarted it on its port" in svc.log.read_text()
+        svc.start_agent("node-after-valkey")
+        wait_for(
+            lambda: len(svc.api("/api/v1/devices/?node=node-after-valkey")["results"]) == 8,
+            30,
+            "ingest after the Valkey restart",
+        )
+    finally:
+        assert stop_service(svc) == 0
