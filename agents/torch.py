@@ -70,6 +70,13 @@ class Recorder:
         self._lock = threading.Lock()
         self._dist: Any = None
         self._pending: dict[int, tuple[dict[str, Any], Any]] = {}
+        # A rank blocked inside a collective cannot report from its own thread: a watchdog
+        # sends the window once a call has been in flight for WATCH_AFTER_S, so the console
+        # sees which rank waits at which seq (and which rank never arrived).
+        self._inflight: tuple[dict[str, Any], float] | None = None
+        self._watched: int | None = None
+        self._stop = threading.Event()
+        self._watchdog: threading.Thread | None = None
 
     @property
     def reporter(self) -> _reporter.Reporter:
@@ -102,7 +109,11 @@ class Recorder:
                     entry["dtype"] = str(tensor.dtype).replace("torch.", "")
                 self.entries.append(entry)
             began = time.monotonic()
-            result = original(*args, **kwargs)
+            self._inflight = (entry, began)
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                self._inflight = None
             if kwargs.get("async_op") and result is not None and hasattr(result, "is_completed"):
                 # The Work handle is a C++ object we must not replace; ask it at report time.
                 with self._lock:
@@ -113,6 +124,24 @@ class Recorder:
             return result
 
         return wrapper
+
+    WATCH_AFTER_S = 2.0
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            current = self._inflight
+            if current is None:
+                continue
+            entry, began = current
+            if time.monotonic() - began < self.WATCH_AFTER_S or self._watched == id(entry):
+                continue
+            self._watched = id(entry)
+            try:
+                with self._lock:
+                    window = [dict(e) for e in self.entries]
+                self.reporter.collective(window)
+            except Exception:  # noqa: BLE001, S112 -- instrumentation never breaks training
+                continue
 
     def install(self) -> Recorder:
         # Optional dependency, loaded only when asked.
@@ -127,9 +156,15 @@ class Recorder:
                 continue
             self._originals[op] = original
             setattr(dist, op, self._wrap(torch, op, original))
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(
+                target=self._watch, name="faultline-collective-watch", daemon=True
+            )
+            self._watchdog.start()
         return self
 
     def uninstall(self) -> None:
+        self._stop.set()
         for op, original in self._originals.items():
             setattr(self._dist, op, original)
         self._originals.clear()

@@ -46,11 +46,16 @@ def classify_generation(view: GroupView, generation: int, *, is_transition: bool
     return "apply" if is_transition else "ahead"
 
 
-def stale_violation(view: GroupView, kind: str, generation: int, ts: datetime) -> Violation:
-    """An old generation still writing progress after the fence is split brain."""
-    writing_after_fence = (
-        kind in {"step", "checkpoint"} and view.fenced_at is not None and ts > view.fenced_at
-    )
+def stale_violation(view: GroupView, kind: str, generation: int, ts: datetime) -> Violation | None:
+    """Judge a record of an older generation (it is stored either way, never applied).
+
+    Stamped before the fence: a late delivery (another node's agent spooled it), no
+    violation. After the fence: the old generation is still alive — writing progress
+    (steps, checkpoints) is split brain, anything else a stale generation.
+    """
+    if view.fenced_at is not None and ts <= view.fenced_at:
+        return None
+    writing_after_fence = kind in {"step", "checkpoint"} and view.fenced_at is not None
     return Violation(
         kind="split_brain" if writing_after_fence else "stale_generation",
         subject=f"group:{view.name}",

@@ -303,9 +303,9 @@ class _Writer:
         self.touched_groups.add(group.name)
         verdict = fencing.classify_generation(view, rec.generation, is_transition=is_transition)
         if verdict == "stale":
-            self.violations.append(
-                fencing.stale_violation(view, rec.__struct_config__.tag, rec.generation, ts)
-            )
+            violation = fencing.stale_violation(view, rec.__struct_config__.tag, rec.generation, ts)
+            if violation is not None:
+                self.violations.append(violation)
             return False
         if verdict == "ahead":
             return False

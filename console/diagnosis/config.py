@@ -24,7 +24,8 @@ class DiagnosisConfig:
     # a checkpoint in progress excuses silence for at most this long
     checkpoint_grace_s: float = 1800.0
     # process: exits this much later than the first one are its teardown/cascade
-    cascade_tolerance_s: float = 1.0
+    # (0: any later exit; gloo/NCCL peers raise within milliseconds of the first exit)
+    cascade_tolerance_s: float = 0.0
     # nodes: heartbeat older than this counts as stopped
     heartbeat_timeout_s: float = 45.0
     # stragglers

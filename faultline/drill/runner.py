@@ -55,10 +55,10 @@ MATRIX: tuple[Spec, ...] = (
     Spec("oom", "torch.OutOfMemoryError in rank 1", "oom", True, inside="oom"),
     Spec("nan", "NaN loss from a poisoned sample in rank 1", "nan_loss", False, inside="nan"),
     Spec("corrupt_checkpoint", "truncate a committed DCP shard", "checkpoint_modified", False),
-    # agents.torch reports a collective window at step end, so a rank blocked inside one
-    # looks like every rank stopping: the console can only say "group stalled, cause
-    # undetermined" (and must then refuse an automatic restart).
-    Spec("hang", "SIGSTOP rank 1", "group_stall", False, quick=False),
+    # The stopped rank says nothing; its peers block in the next collective and their
+    # agents.torch watchdogs report where they wait, so the console names the rank that
+    # never arrived (undetermined: no exit or device evidence, so no automatic restart).
+    Spec("hang", "SIGSTOP rank 1", "rank_hang", False, quick=False),
     Spec(
         "slow",
         "rank 1 sleeps in its input phase",

@@ -99,3 +99,18 @@ def test_it_keeps_a_later_oom_its_own_root_cause() -> None:
         ]
     )
     assert sorted(f.kind for f in d.root_causes) == ["exception", "oom"]
+
+
+def test_it_folds_a_peers_communication_error_milliseconds_later_under_the_kill() -> None:
+    """gloo raises in the survivor within milliseconds: one page, the killed rank."""
+    d = _diag(
+        [
+            process(1, T0, "exited", signal=9, reason="killed"),
+            process(0, T0 + timedelta(milliseconds=40), "exited", exit_code=1,
+                    reason="exception", error_type="DistBackendError"),
+        ]
+    )  # fmt: skip
+    roots = [f for f in d.findings if f.role == ROOT_CAUSE]
+    assert [(f.kind, f.subject) for f in roots] == [("process_exit", "rank:llama-70b/1")]
+    (peer,) = of_kind(d, "exception")
+    assert peer.role == SYMPTOM and peer.caused_by == (roots[0].id,)

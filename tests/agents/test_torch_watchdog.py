@@ -1,0 +1,56 @@
+"""A rank blocked inside a collective still tells the console where it waits."""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+from typing import Any
+
+from agents.torch import Recorder
+
+
+class FakeReporter:
+    def __init__(self) -> None:
+        self.windows: list[list[dict[str, Any]]] = []
+
+    def collective(self, window: list[dict[str, Any]]) -> None:
+        self.windows.append(window)
+
+
+def test_it_reports_a_collective_that_blocks_past_the_watch_threshold() -> None:
+    rep = FakeReporter()
+    rec = Recorder(rep)  # type: ignore[arg-type]
+    rec.WATCH_AFTER_S = 0.3
+    fake_torch = types.SimpleNamespace(Tensor=type("Tensor", (), {}))
+    release = threading.Event()
+    all_reduce = rec._wrap(fake_torch, "all_reduce", lambda *a, **k: release.wait(5))
+    watchdog = threading.Thread(target=rec._watch, daemon=True)
+    watchdog.start()
+    caller = threading.Thread(target=all_reduce)
+    caller.start()
+    deadline = time.monotonic() + 3
+    while not rep.windows and time.monotonic() < deadline:
+        time.sleep(0.05)
+    release.set()
+    caller.join(5)
+    rec._stop.set()
+    assert rep.windows, "the blocked collective was never reported"
+    (entry,) = rep.windows[0]
+    assert (entry["op"], entry["seq"], entry["state"]) == ("all_reduce", 1, "started")
+    assert len(rep.windows) == 1  # reported once per blocked call, not every tick
+
+
+def test_it_stays_quiet_for_collectives_that_finish_quickly() -> None:
+    rep = FakeReporter()
+    rec = Recorder(rep)  # type: ignore[arg-type]
+    rec.WATCH_AFTER_S = 0.3
+    fake_torch = types.SimpleNamespace(Tensor=type("Tensor", (), {}))
+    barrier = rec._wrap(fake_torch, "barrier", lambda *a, **k: None)
+    watchdog = threading.Thread(target=rec._watch, daemon=True)
+    watchdog.start()
+    for _ in range(20):
+        barrier()
+        time.sleep(0.03)
+    rec._stop.set()
+    assert rep.windows == []
