@@ -42,6 +42,7 @@ class Config:
     interval: float = 1.0
     fake_gpus: int = 0
     fake_scripts: list[str] = field(default_factory=list)
+    dcgm_url: str | None = None
     checkpoint_roots: list[RootConfig] = field(default_factory=list)
     dry_run: bool = False
     spool_max_bytes: int = DEFAULT_MAX_BYTES
@@ -65,6 +66,10 @@ def boot_id() -> str | None:
 def make_backend(config: Config, out: IO[str]) -> GpuBackend | None:
     if config.fake_gpus > 0:
         return FakeNvml(config.node, config.fake_gpus, scripts=parse_scripts(config.fake_scripts))
+    if config.dcgm_url:
+        from agents.dcgm import DcgmBackend
+
+        return DcgmBackend(config.dcgm_url)
     return load_backend(out)
 
 

@@ -43,6 +43,11 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--node", help="node name (default: hostname)")
         p.add_argument("--fake-gpus", type=int, help="use N fake GPUs instead of NVML")
         p.add_argument(
+            "--dcgm-url",
+            help="read GPUs from a local dcgm-exporter instead of NVML, "
+            "e.g. http://127.0.0.1:9400/metrics",
+        )
+        p.add_argument(
             "--fake-script",
             action="append",
             default=None,
@@ -143,6 +148,7 @@ def build_config(args: argparse.Namespace) -> Config:
         raise ConfigError(f"interval {cfg.interval} must be > 0 seconds")
     cfg.fake_gpus = int(args.fake_gpus if args.fake_gpus is not None else toml.get("fake_gpus", 0))
     cfg.fake_scripts = list(args.fake_script or toml.get("fake_scripts", []))
+    cfg.dcgm_url = getattr(args, "dcgm_url", None) or toml.get("dcgm_url")
     cfg.checkpoint_roots = _roots(args.checkpoint_root, toml)
     cfg.dry_run = bool(args.dry_run if args.dry_run is not None else toml.get("dry_run", False))
     cfg.spool_max_bytes = int(toml.get("spool_max_mb", 256)) * 1024 * 1024
