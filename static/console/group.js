@@ -137,9 +137,50 @@
     C.times(document);
   }
 
+  function pct(v) { return v == null ? "—" : (Math.round(v * 1000) / 10) + " %"; }
+
+  function drawServing(sv) {
+    const t = sv.series.map(function (r) { return r.minute; });
+    draw("chart-gserve", [{ type: "scatter", mode: "lines+markers", name: "G_serve", x: t,
+      y: sv.series.map(function (r) { return r.g_serve; }), line: { color: "#2f9e6b" } }],
+      { yaxis: { title: { text: "req/s" }, rangemode: "tozero" }, xaxis: { type: "date" }, showlegend: false });
+    draw("chart-latency", [
+      { type: "scatter", mode: "lines", name: "TTFT p99", x: t, y: sv.series.map(function (r) { return r.ttft_ms_p99; }), line: { color: "#e5794d" } },
+      { type: "scatter", mode: "lines", name: "TPOT p99", x: t, y: sv.series.map(function (r) { return r.tpot_ms_p99; }), yaxis: "y2", line: { color: "#8e4ec6" } },
+      { type: "scatter", mode: "lines", name: "TTFT SLO", x: t, y: t.map(function () { return sv.slo.ttft_ms_p99; }), line: { color: "#e5484d", dash: "dot" } },
+    ], { yaxis: { title: { text: "TTFT ms" } }, yaxis2: { title: { text: "TPOT ms" }, overlaying: "y", side: "right" }, xaxis: { type: "date" } });
+    document.getElementById("slo-note").textContent = "SLO: TTFT ≤ " + sv.slo.ttft_ms_p99 + " ms, TPOT ≤ " +
+      sv.slo.tpot_ms_p99 + " ms, E2E ≤ " + sv.slo.e2e_ms_p99 + " ms, goodput ≥ " + pct(sv.slo.goodput_target);
+    const tbody = document.getElementById("version-rows");
+    tbody.replaceChildren();
+    sv.versions.forEach(function (v) {
+      const tr = el("tr");
+      tr.dataset.version = v.version;
+      tr.append(el("td", "", v.version), el("td", "num", v.workers), el("td", "num", v.requests), el("td", "num", pct(v.traffic_share)),
+        el("td", "num", pct(v.slo_met_ratio)), el("td", "", v.first_seen), el("td", "", v.last_seen));
+      tbody.append(tr);
+    });
+    if (!sv.versions.length) { const tr = el("tr", "empty"); const td = el("td", "", "No serving windows in the last hour."); td.colSpan = 7; tr.append(td); tbody.append(tr); }
+    const rows = document.getElementById("worker-rows");
+    rows.replaceChildren();
+    sv.workers.forEach(function (w) {
+      const tr = el("tr");
+      tr.dataset.worker = w.worker;
+      [w.worker, w.ready ? "yes" : "no", w.draining ? "yes" : "no", w.model_version || "—", w.adapter_version || "—", w.kv_schema || "—"]
+        .forEach(function (v) { tr.append(el("td", "", v)); });
+      [w.requests, w.slo_met_ratio == null ? null : pct(w.slo_met_ratio), w.ttft_ms_p99, w.tpot_ms_p99, w.kv_used_pct]
+        .forEach(function (v) { tr.append(el("td", "num", v == null ? "—" : v)); });
+      tr.append(el("td", "", w.ts));
+      rows.append(tr);
+    });
+    C.times(document);
+  }
+
   function loadGroup() { return C.getJSON(page.dataset.json).then(render).catch(function () {}); }
   function loadCharts() {
-    if (page.dataset.kind === "serving") return Promise.resolve();
+    if (page.dataset.kind === "serving") {
+      return C.getJSON(page.dataset.serving).then(drawServing).catch(function () {});
+    }
     return C.getJSON(page.dataset.charts).then(drawCharts).catch(function () {});
   }
   const refresh = C.debounce(function () { loadGroup(); loadCharts(); }, 1000);
