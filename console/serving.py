@@ -11,9 +11,9 @@ from typing import Any
 
 from django.db import connection
 
+from console import queries
 from console.diagnosis.records import ServingSlo
 from console.models import ConsistencyGroup
-from ingest.models import ServingWindow
 
 WINDOW = timedelta(hours=1)
 
@@ -24,15 +24,10 @@ def effective_slo(group: ConsistencyGroup) -> dict[str, float]:
 
 def workers(group: ConsistencyGroup) -> list[dict[str, Any]]:
     """The newest window of every worker, with its versions, readiness and drain state."""
-    rows = (
-        ServingWindow.objects.filter(group=group)
-        .order_by("worker", "-ts")
-        .distinct("worker")
-        .values("worker", "ts", "model_version", "adapter_version", "kv_schema", "ready",
-                "draining", "window")
-    )  # fmt: skip
+    rows = queries.serving_workers(group)
     out = []
     for row in rows:
+        row = dict(row)
         win = row.pop("window")
         requests = int(win.get("requests") or 0)
         met = int(win.get("slo_met") or 0)
