@@ -91,3 +91,13 @@ def test_it_does_not_let_a_bookkeeping_xid_explain_a_hang() -> None:
     recs.append(device_event(3, T0, "xid", 63))
     d = diagnose(snap(recs, nodes=heartbeats(16, NOW)), NOW)
     assert [f.kind for f in d.findings if f.subject.startswith("rank:")] == ["rank_hang"]
+
+
+def test_it_leaves_another_jobs_gpu_on_a_shared_node_to_that_job() -> None:
+    """Ranks 0-3 use GPUs 0-3 of node-01; an Xid on GPU 7 of that node is not ours."""
+    recs = [*training(ranks=4), device_event(7, T0, "xid", 79)]
+    d = diagnose(snap(recs, nodes=heartbeats(4, NOW)), NOW)
+    assert of_kind(d, "xid") == []
+    ours = diagnose(snap([*training(ranks=4), device_event(2, T0, "xid", 79)],
+                         nodes=heartbeats(4, NOW)), NOW)  # fmt: skip
+    assert [f.subject for f in of_kind(ours, "xid")] == ["gpu:GPU-0001-2"]

@@ -192,7 +192,15 @@ def _soft_faults(ctx: Context, dev: DeviceState) -> None:
 
 
 def run(ctx: Context) -> None:
-    """One hard fault per GPU (dominating) and, on GPUs without one, the soft faults."""
+    """One hard fault per GPU (dominating) and, on GPUs without one, the soft faults.
+
+    Only GPUs this group runs on: another job's GPU on a shared node is that job's
+    incident, not this one's. When no rank's GPU is known, every GPU of the group's nodes
+    is judged (better one extra page than a missed Xid).
+    """
+    used = {r.gpu for r in ctx.snap.ranks if r.gpu}
     for dev in ctx.snap.devices:
+        if used and dev.gpu not in used:
+            continue
         if not _hard_fault(ctx, dev):
             _soft_faults(ctx, dev)
