@@ -15,6 +15,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.cache import cache
+from django.utils import timezone
 
 from console import events, queries
 
@@ -80,5 +81,11 @@ def pending_key(group: str) -> str:
 
 
 def actions_for_node(node: Any) -> list[dict[str, Any]]:
-    """Approved actions for this node ride back on the ingest response."""
-    return queries.dispatchable_actions(node)
+    """Approved actions for this node ride back on the ingest response.
+
+    Handing an action to its agent is its dispatch, so this goes through the write path
+    (every gate re-checked at dispatch), not through a read in console.queries.
+    """
+    from console.remediation import dispatch_for_node
+
+    return dispatch_for_node(node=node, now=timezone.now())

@@ -65,20 +65,6 @@ def open_incidents() -> QuerySet[Incident]:
     return Incident.objects.exclude(state="resolved").select_related("group")
 
 
-def dispatchable_actions(node: Node) -> list[dict[str, Any]]:
-    """Approved actions for this node's agent, shaped {"id","kind","target","group",
-    "generation","params"}.
-
-    Not a pure read: handing an approved action to its agent *is* its dispatch, so each
-    one passes the dispatch-time gate re-check (console.remediation) on the way out.
-    """
-    from django.utils import timezone
-
-    from console.remediation import dispatch_for_node
-
-    return dispatch_for_node(node=node, now=timezone.now())
-
-
 def fleet_nodes(labels: dict[str, str] | None = None) -> list[events.NodePayload]:
     """node_payloads() for the fleet grid, in two flat queries (no model instances).
 

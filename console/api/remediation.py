@@ -24,7 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from console import paging, queries, remediation
+from console import live, paging, remediation
 from console.api.permissions import IsAdmin, IsApprover, IsOperator, IsViewer
 from console.models import (
     ACTION_KINDS,
@@ -540,7 +540,7 @@ class AgentActions(APIView):
         )
     )
     def get(self, request: Request) -> Response:
-        return Response({"actions": queries.dispatchable_actions(request.auth.node)})
+        return Response({"actions": live.actions_for_node(request.auth.node)})
 
 
 class ActionResult(APIView):
