@@ -203,16 +203,13 @@ def test_it_answers_503_with_retry_after_while_postgres_is_down_and_loses_nothin
 def test_it_keeps_storing_without_redis_and_diagnoses_when_it_returns(svc):
     node, group = "node-redis-down", "g-redis-down"
     token = svc.token(node)
-    argv = h.stop_valkey(svc)
-    try:
+    with h.valkey_outage(svc):
         answers = []
         for step in range(3):
             t0 = time.monotonic()
             resp = h.post_batch(svc, token, _nan_batch(node, "agent-redis-down", group, step))
             answers.append((resp.status, time.monotonic() - t0))
         ready = h.get(svc, "/readyz").body
-    finally:
-        svc.extra_procs.append(h.start_valkey(argv))
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "chaos-redis.json").write_text(
         json.dumps({"ingest_while_down": [(code, round(s, 3)) for code, s in answers]})

