@@ -55,7 +55,9 @@ GroupState = Literal[
 GROUP_STATES: tuple[str, ...] = GroupState.__args__  # type: ignore[attr-defined]
 
 
-class _Record(Struct, forbid_unknown_fields=True, tag_field="kind", omit_defaults=True):
+# gc=False on every Struct: records are trees (no cycles), and a 1,000-record batch would
+# otherwise hand the cyclic GC thousands of objects to track and scan on every request.
+class _Record(Struct, gc=False, forbid_unknown_fields=True, tag_field="kind", omit_defaults=True):
     ts: UtcTime
 
 
@@ -102,7 +104,7 @@ class Process(_Record, tag="process"):
     error_type: Annotated[str, Meta(max_length=128)] | None = None
 
 
-class Phases(Struct, forbid_unknown_fields=True, omit_defaults=True):
+class Phases(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
     compute: NonNeg | None = None
     collective: NonNeg | None = None
     input: NonNeg | None = None
@@ -125,7 +127,7 @@ class Step(_Record, tag="step"):
     overflow: bool | None = None
 
 
-class CollectiveEntry(Struct, forbid_unknown_fields=True, omit_defaults=True):
+class CollectiveEntry(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
     seq: Count
     op: Code
     pg: Annotated[str, Meta(max_length=64)] = "default"
@@ -142,13 +144,13 @@ class Collective(_Record, tag="collective"):
     entries: Annotated[list[CollectiveEntry], Meta(max_length=MAX_COLLECTIVE_ENTRIES)]
 
 
-class Shard(Struct, forbid_unknown_fields=True, omit_defaults=True):
+class Shard(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
     path: Annotated[str, Meta(min_length=1, max_length=512)]
     bytes: Count | None = None
     sha256: Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")] | None = None
 
 
-class Manifest(Struct, forbid_unknown_fields=True, omit_defaults=True):
+class Manifest(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
     shards: Annotated[list[Shard], Meta(max_length=MAX_SHARDS)] = []
     total_bytes: Count | None = None
     format: Code | None = None
@@ -165,7 +167,7 @@ class Checkpoint(_Record, tag="checkpoint"):
     detail: Short | None = None
 
 
-class Topology(Struct, forbid_unknown_fields=True, omit_defaults=True):
+class Topology(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
     dp: Annotated[int, Meta(ge=1)] = 1
     tp: Annotated[int, Meta(ge=1)] = 1
     pp: Annotated[int, Meta(ge=1)] = 1
@@ -185,7 +187,7 @@ class Transition(_Record, tag="transition"):
     model_version: Name | None = None
 
 
-class ServingWindowStats(Struct, forbid_unknown_fields=True, omit_defaults=True):
+class ServingWindowStats(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
     seconds: Annotated[float, Meta(gt=0, le=3600)]
     requests: Count = 0
     slo_met: Count = 0
@@ -247,14 +249,14 @@ RECORD_KINDS: tuple[str, ...] = tuple(
 )
 
 
-class AgentInfo(Struct, forbid_unknown_fields=True, omit_defaults=True):
+class AgentInfo(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
     id: Annotated[str, Meta(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9\-]+$")]
     node: Name
     version: Annotated[str, Meta(max_length=32)] = "unknown"
     boot_id: Annotated[str, Meta(max_length=64)] | None = None
 
 
-class Batch(Struct, forbid_unknown_fields=True):
+class Batch(Struct, gc=False, forbid_unknown_fields=True):
     agent: AgentInfo
     seq: Annotated[int, Meta(ge=0)]
     sent_at: UtcTime

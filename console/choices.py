@@ -57,3 +57,8 @@ class UserRole(models.TextChoices):
 
 
 ROLE_ORDER = [UserRole.VIEWER, UserRole.OPERATOR, UserRole.APPROVER, UserRole.ADMIN]
+
+
+# Action states in flight: approved, handed to the agent, or acknowledged by it. Ingest asks
+# whether a node has any, so the common "none" answer costs nothing on the response path.
+ACTION_LIVE_STATES = ("approved", "dispatched", "acknowledged")

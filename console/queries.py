@@ -6,45 +6,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, Prefetch, Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from console import events
 from console.models import ConsistencyGroup, Device, Incident, Node, Rank
 from ingest import models as m
-
-
-def nodes_with_devices(names: list[str] | None = None) -> QuerySet[Node]:
-    qs = Node.objects.prefetch_related(
-        Prefetch("devices", queryset=Device.objects.order_by("index"))
-    ).order_by("name")
-    return qs.filter(name__in=names) if names is not None else qs
-
-
-def node_payload(node: Node) -> events.NodePayload:
-    return {
-        "name": node.name,
-        "health": node.health,
-        "last_seen": node.last_seen.isoformat() if node.last_seen else None,
-        "quarantined": node.quarantined,
-        "cordoned": node.cordoned,
-        "devices": [
-            {
-                "uuid": d.uuid,
-                "index": d.index,
-                "health": d.health,
-                "temp_c": d.last_sample.get("temp_c"),
-                "power_w": d.last_sample.get("power_w"),
-                "util_pct": d.last_sample.get("util_pct"),
-                "sm_clock_mhz": d.last_sample.get("sm_clock_mhz"),
-                "throttle_reasons": d.last_sample.get("throttle_reasons") or [],
-            }
-            for d in node.devices.all()
-        ],
-    }
-
-
-def node_payloads(names: list[str] | None = None) -> list[events.NodePayload]:
-    return [node_payload(n) for n in nodes_with_devices(names)]
 
 
 def groups_on_nodes(names: list[str]) -> list[str]:
@@ -65,13 +31,17 @@ def open_incidents() -> QuerySet[Incident]:
     return Incident.objects.exclude(state="resolved").select_related("group")
 
 
-def fleet_nodes(labels: dict[str, str] | None = None) -> list[events.NodePayload]:
-    """node_payloads() for the fleet grid, in two flat queries (no model instances).
+def node_payloads(
+    names: list[str] | None = None, labels: dict[str, str] | None = None
+) -> list[events.NodePayload]:
+    """Node cards for the fleet grid and its live pushes, in two flat queries.
 
-    At 2,048 nodes x 8 GPUs, building Device models and decoding every `last_sample`
-    costs more than the page; this reads just the fields the grid shows.
+    No model instances: at 2,048 nodes x 8 GPUs, building Device models and decoding every
+    `last_sample` costs more than the page; this reads just the fields the grid shows.
     """
     nodes = Node.objects.order_by("name")
+    if names is not None:
+        nodes = nodes.filter(name__in=names)
     if labels:
         nodes = nodes.filter(labels__contains=labels)
     rows = list(nodes.values("pk", "name", "health", "last_seen", "quarantined", "cordoned"))
@@ -87,6 +57,7 @@ def fleet_nodes(labels: dict[str, str] | None = None) -> list[events.NodePayload
                 "index": d["index"],
                 "health": d["health"],
                 **{k: d[f"last_sample__{k}"] for k in sample},
+                "throttle_reasons": d["last_sample__throttle_reasons"] or [],
             }
         )
     return [

@@ -20,7 +20,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
 
 from console import events, live
-from console.choices import UserRole
+from console.choices import ACTION_LIVE_STATES, UserRole
 from console.models import (
     Action,
     AuditLog,
@@ -48,7 +48,7 @@ from console.roles import has_role, role_of
 log = logging.getLogger(__name__)
 
 OUTPUT_LIMIT = 4096
-LIVE_STATES = ("approved", "dispatched", "acknowledged")
+LIVE_STATES = ACTION_LIVE_STATES
 HISTORY_STATES = ("dispatched", "acknowledged", "succeeded", "failed")
 
 

@@ -17,14 +17,14 @@ from typing import Any
 import msgspec
 import psycopg
 from django.db import connection, transaction
-from django.db.models import F, Q
 from psycopg.types.json import Jsonb
 
 from agents import protocol as p
-from console.choices import GroupKind, Health
-from console.models import ConsistencyGroup, Node, Rank
+from console.choices import ACTION_LIVE_STATES, GroupKind, Health
+from console.models import ConsistencyGroup, Node
 from ingest import fencing
-from ingest.models import AgentState, ContractViolation
+from ingest.models import ContractViolation
+from ingest.rawsql import columns, from_row, send
 from ingest.scrub import scrub_text
 
 # Names as agents/nvml.py decodes them (hw_power_brake_slowdown; the short form is legacy).
@@ -47,6 +47,7 @@ class IngestResult:
     nodes: list[str] = field(default_factory=list)
     violations: int = 0
     device_events: int = 0  # Xid/DBE/GPU-lost records: push and diagnose without delay
+    actions_pending: bool = True  # the node has actions in flight: dispatch on the response
 
 
 class RecordError(ValueError):
@@ -65,25 +66,29 @@ class FutureRecordError(RecordError):
 
 
 def ingest_batch(*, node: Node, batch: p.Batch, now: datetime, max_future_s: int) -> IngestResult:
+    """Store one batch in one transaction and about five round trips, whatever its size.
+
+    Round trips: receipt + agent state; groups + the ranks the batch names; one COPY per
+    record table; then every live-state write in one multi-statement send. Raw SQL here
+    because the ORM's statement compilation cost more than Postgres did (docs/performance.md).
+    """
     skew = batch.sent_at - now
     shift = skew if abs(skew) > timedelta(seconds=5) else timedelta(0)
     _check_future(batch, max_future_s)
-    with transaction.atomic():
-        if not _claim_receipt(batch, now):
-            AgentState.objects.filter(agent_id=batch.agent.id).update(
-                duplicates=F("duplicates") + 1, last_seen=now
-            )
+    # Raw psycopg throughout: map its errors to Django's (OperationalError -> 503 in the
+    # view); a number out of range for its column becomes a 400 naming the record.
+    with transaction.atomic(), connection.wrap_database_errors:
+        agent = _claim_receipt(batch, node, now)
+        if agent is None:
+            send(_AGENT_DUPLICATE, {"agent": batch.agent.id, "now": now}).close()
             return IngestResult(ack_seq=batch.seq, duplicate=True)
-        _update_agent(node, batch, now, skew)
         writer = _Writer(node=node, agent_id=batch.agent.id, now=now, shift=shift)
+        writer.agent_update = _agent_update(agent, node, batch, now, skew)
         writer.add(batch.records)
-        # COPY and the live-state statements use the raw psycopg connection: map its errors
-        # to Django's (OperationalError -> 503 in the view), numbers out of range to a 400.
-        with connection.wrap_database_errors:
-            try:
-                writer.flush()
-            except psycopg.errors.DataError as exc:
-                raise _out_of_range(exc, batch) from None
+        try:
+            writer.flush()
+        except psycopg.errors.DataError as exc:
+            raise _out_of_range(exc, batch) from None
         return IngestResult(
             ack_seq=batch.seq,
             duplicate=False,
@@ -91,7 +96,8 @@ def ingest_batch(*, node: Node, batch: p.Batch, now: datetime, max_future_s: int
             groups=sorted(writer.touched_groups),
             nodes=[node.name],
             violations=writer.violation_count,
-            device_events=len(writer.rows.get("deviceevent", ())),
+            device_events=writer.critical_events,
+            actions_pending=writer.actions_pending,
         )
 
 
@@ -145,41 +151,87 @@ def _out_of_range(exc: psycopg.errors.DataError, batch: p.Batch) -> RecordError:
     )
 
 
-def _claim_receipt(batch: p.Batch, now: datetime) -> bool:
-    with connection.cursor() as cur:
-        cur.execute(
-            "INSERT INTO ingest_batchreceipt (agent_id, seq, received_at, records) "
-            "VALUES (%s, %s, %s, %s) ON CONFLICT (agent_id, seq) DO NOTHING RETURNING id",
-            [batch.agent.id, batch.seq, now, len(batch.records)],
-        )
-        return cur.fetchone() is not None
+_AGENT_COLUMNS = (
+    "node_id", "last_seq", "gaps", "gap_ranges", "batches", "records", "spool_depth", "dropped",
+)  # fmt: skip
+
+# Receipt first: a replay stops here. The agent's row is created if new and locked, so two
+# batches of one agent (a retry racing its original) count gaps and batches one at a time.
+_CLAIM = f"""
+INSERT INTO ingest_batchreceipt (agent_id, seq, received_at, records)
+VALUES (%(agent)s, %(seq)s, %(now)s, %(records)s)
+ON CONFLICT (agent_id, seq) DO NOTHING RETURNING id;
+INSERT INTO ingest_agentstate (agent_id, node_id, version, boot_id, batches, records,
+    duplicates, gaps, gap_ranges, spool_depth, dropped)
+VALUES (%(agent)s, %(node)s, '', '', 0, 0, 0, 0, '[]', 0, 0)
+ON CONFLICT (agent_id) DO NOTHING;
+SELECT {", ".join(_AGENT_COLUMNS)} FROM ingest_agentstate WHERE agent_id = %(agent)s FOR UPDATE
+"""  # noqa: S608 - constant column names
+
+_AGENT_DUPLICATE = """
+UPDATE ingest_agentstate SET duplicates = duplicates + 1, last_seen = %(now)s
+WHERE agent_id = %(agent)s
+"""
+
+_AGENT_UPDATE = """
+UPDATE ingest_agentstate SET node_id = %(a_node)s, version = %(a_version)s,
+    boot_id = %(a_boot)s, last_seq = %(a_last_seq)s, batches = %(a_batches)s,
+    records = %(a_records)s, gaps = %(a_gaps)s, gap_ranges = %(a_gap_ranges)s,
+    last_seen = %(now)s, clock_skew_ms = %(a_skew)s, spool_depth = %(a_spool)s,
+    dropped = %(a_dropped)s
+WHERE agent_id = %(a_id)s
+"""
 
 
-def _update_agent(node: Node, batch: p.Batch, now: datetime, skew: timedelta) -> None:
-    state, _ = AgentState.objects.select_for_update().get_or_create(
-        agent_id=batch.agent.id, defaults={"node": node}
-    )
-    seq = batch.seq
-    if state.last_seq is None:
+def _claim_receipt(batch: p.Batch, node: Node, now: datetime) -> dict[str, Any] | None:
+    """Insert the (agent, seq) receipt and lock the agent's row; None for a replay."""
+    params = {"agent": batch.agent.id, "seq": batch.seq, "now": now,
+              "records": len(batch.records), "node": node.pk}  # fmt: skip
+    with send(_CLAIM, params) as cur:
+        claimed = cur.fetchone() is not None
+        cur.nextset()
+        cur.nextset()
+        row = cur.fetchone()
+    if not claimed or row is None:
+        return None
+    state = dict(zip(_AGENT_COLUMNS, row, strict=True))
+    if isinstance(state["gap_ranges"], str):  # Django's connections load jsonb as text
+        state["gap_ranges"] = msgspec.json.decode(state["gap_ranges"])
+    return state
+
+
+def _agent_update(
+    state: dict[str, Any], node: Node, batch: p.Batch, now: datetime, skew: timedelta
+) -> dict[str, Any]:
+    """The agent's counters after this batch: gaps opened by a jump, closed by a late seq."""
+    seq, last_seq = batch.seq, state["last_seq"]
+    gaps, gap_ranges = state["gaps"], state["gap_ranges"]
+    if last_seq is None:
         pass
-    elif seq > state.last_seq + 1:
-        state.gaps += seq - state.last_seq - 1
-        state.gap_ranges = ([*state.gap_ranges, [state.last_seq + 1, seq - 1]])[-100:]
-    elif seq < state.last_seq:
-        state.gap_ranges, filled = _fill_gap(state.gap_ranges, seq)
-        state.gaps -= filled
-    state.last_seq = max(seq, state.last_seq if state.last_seq is not None else seq)
-    state.batches += 1
-    state.records += len(batch.records)
-    state.last_seen = now
-    state.clock_skew_ms = round(skew.total_seconds() * 1000, 1)
-    state.version = batch.agent.version
-    state.boot_id = batch.agent.boot_id or ""
-    state.node = node
+    elif seq > last_seq + 1:
+        gaps += seq - last_seq - 1
+        gap_ranges = [*gap_ranges, [last_seq + 1, seq - 1]][-100:]
+    elif seq < last_seq:
+        gap_ranges, filled = _fill_gap(gap_ranges, seq)
+        gaps -= filled
+    spool, dropped = state["spool_depth"], state["dropped"]
     for rec in batch.records:
         if isinstance(rec, p.Heartbeat):
-            state.spool_depth, state.dropped = rec.spool_depth, rec.dropped
-    state.save()
+            spool, dropped = rec.spool_depth, rec.dropped
+    return {
+        "a_id": batch.agent.id,
+        "a_node": node.pk,
+        "a_version": batch.agent.version,
+        "a_boot": batch.agent.boot_id or "",
+        "a_last_seq": max(seq, last_seq if last_seq is not None else seq),
+        "a_batches": state["batches"] + 1,
+        "a_records": state["records"] + len(batch.records),
+        "a_gaps": gaps,
+        "a_gap_ranges": Jsonb(gap_ranges),
+        "a_skew": round(skew.total_seconds() * 1000, 1),
+        "a_spool": spool,
+        "a_dropped": dropped,
+    }
 
 
 def _fill_gap(ranges: list[list[int]], seq: int) -> tuple[list[list[int]], int]:
@@ -227,7 +279,15 @@ class _Writer:
         self.violations: list[fencing.Violation] = []
         self.touched_groups: set[str] = set()
         self.violation_count = 0
+        self.critical_events = 0
         self.last_seen: datetime | None = None  # newest record time: when the node was alive
+        self.agent_update: dict[str, Any] = {}
+        self.existing_ranks: dict[tuple[str, int], dict[str, Any]] = {}
+        self.summary_changed: set[str] = set()
+        self.locked = False  # group rows locked: this batch may change group state
+        self.activity_read: dict[str, datetime | None] = {}
+        self.activity_written: dict[int, datetime] = {}
+        self.actions_pending = True
 
     # -- collection --------------------------------------------------------------------
     def add(self, records: list[Any]) -> None:
@@ -253,35 +313,59 @@ class _Writer:
         self.last_seen = last_seen
 
     def _load_groups(self, records: list[Any]) -> None:
+        """Read the groups the batch names, creating new ones, and the live state of the
+        ranks it names: one round trip when the groups exist.
+
+        A batch that changes group state (a transition, a checkpoint, a new group or kind)
+        locks the group rows FOR UPDATE (name order: no deadlocks). Steps, collectives and
+        serving windows take FOR KEY SHARE: they never wait for each other, so the thousands
+        of nodes of one job do not queue on their group's row, yet a transition still waits
+        for them and they for it, so fencing sees the generation that commits. They may
+        only move `last_activity` forward (`_groups`).
+        """
         wanted: dict[str, str] = {}
+        ranks: set[tuple[str, int]] = set()
+        lock = False
         for rec in records:
             name = getattr(rec, "group", None)
             if name is None:
                 continue
             kind = GroupKind.SERVING if isinstance(rec, p.Serving) else GroupKind.TRAINING
-            if isinstance(rec, p.Transition):
-                kind = wanted.get(name, GroupKind.UNKNOWN)
+            if isinstance(rec, p.Transition | p.Checkpoint):
+                lock = True
+                if isinstance(rec, p.Transition):
+                    kind = wanted.get(name, GroupKind.UNKNOWN)
             wanted.setdefault(name, kind)
             if wanted[name] == GroupKind.UNKNOWN:
                 wanted[name] = kind
+            rank = getattr(rec, "rank", None)
+            if rank is not None:
+                ranks.add((name, rank))
         if not wanted:
             return
-        existing = set(
-            ConsistencyGroup.objects.filter(name__in=wanted).values_list("name", flat=True)
-        )
-        missing = [
-            ConsistencyGroup(name=n, kind=k, state_since=self.now)
-            for n, k in wanted.items()
-            if n not in existing
-        ]
-        ConsistencyGroup.objects.bulk_create(missing, ignore_conflicts=True)
-        new_names = {g.name for g in missing}
-        # Lock in name order so two batches touching the same groups never deadlock.
-        for group in (
-            ConsistencyGroup.objects.select_for_update()
-            .filter(name__in=sorted(wanted))
-            .order_by("name")
+        names = sorted(wanted)
+        rows = self._select_groups(names, ranks, lock=lock)
+        new_names: set[str] = set()
+        if len(rows) < len(names):
+            found = {row[_GROUP_NAME] for row in rows}
+            missing = [
+                ConsistencyGroup(name=n, kind=wanted[n], state_since=self.now)
+                for n in names
+                if n not in found
+            ]
+            ConsistencyGroup.objects.bulk_create(missing, ignore_conflicts=True)
+            new_names = {g.name for g in missing}
+            lock = True
+            rows = self._select_groups(names, ranks, lock=True)
+        elif not lock and any(
+            row[_GROUP_KIND] == GroupKind.UNKNOWN and wanted[row[_GROUP_NAME]] != GroupKind.UNKNOWN
+            for row in rows
         ):
+            lock = True
+            rows = self._select_groups(names, ranks, lock=True)
+        self.locked = lock
+        for row in rows:
+            group = from_row(ConsistencyGroup, row)
             if group.kind == GroupKind.UNKNOWN and wanted[group.name] != GroupKind.UNKNOWN:
                 group.kind = wanted[group.name]
             view = fencing.GroupView(
@@ -296,6 +380,21 @@ class _Writer:
                 versions_seen=list(group.summary.get("versions_seen", [])),
             )
             self.groups[group.name] = (group, view)
+            self.activity_read[group.name] = group.last_activity
+
+    def _select_groups(
+        self, names: list[str], ranks: set[tuple[str, int]], *, lock: bool
+    ) -> list[Any]:
+        params = {
+            "names": names,
+            "ranks": Jsonb([{"g": g, "r": r} for g, r in ranks], dumps=_JSON.encode),
+        }
+        with send(_GROUPS_AND_RANKS_LOCKED if lock else _GROUPS_AND_RANKS, params) as cur:
+            rows = cur.fetchall()
+            cur.nextset()
+            for gname, rank, *values in cur.fetchall():
+                self.existing_ranks[(gname, rank)] = dict(zip(_RANK_STATE, values, strict=True))
+        return rows
 
     def _fence(self, rec: Any, ts: datetime, *, is_transition: bool = False) -> bool:
         """True when the record may move live state; flags stale writers."""
@@ -337,6 +436,7 @@ class _Writer:
         )
         if rec.event in CRITICAL_EVENTS:
             self.device_events[rec.gpu] = rec.event
+            self.critical_events += 1
 
     def _on_step(self, rec: p.Step, ts: datetime) -> None:
         applied = self._fence(rec, ts)
@@ -430,6 +530,7 @@ class _Writer:
                 view.versions_seen.append(view.model_version)
             view.model_version = group.model_version = rec.model_version
         group.summary = {**group.summary, "versions_seen": view.versions_seen[-20:]}
+        self.summary_changed.add(group.name)
 
     def _on_serving(self, rec: p.Serving, ts: datetime) -> None:
         group, view = self.groups[rec.group]
@@ -455,27 +556,34 @@ class _Writer:
     # -- writing -------------------------------------------------------------------------
     def flush(self) -> None:
         self._copy_rows()
-        self._write_devices_and_node()
-        self._write_ranks()
-        self._write_groups()
+        sql: list[str] = []
+        params: dict[str, Any] = {
+            "node": self.node.pk, "now": self.now, "live": list(ACTION_LIVE_STATES),
+            **self.agent_update,
+        }  # fmt: skip
+        self._devices_and_node(sql, params)
+        self._ranks(sql, params)
+        self._groups(sql, params)
+        if self.agent_update:
+            sql.append(_AGENT_UPDATE)
+        sql.append(_ACTIONS_PENDING)
+        with send(";".join(sql), params) as cur:
+            while cur.nextset():
+                pass
+            self.actions_pending = bool(cur.fetchone()[0])
         self._write_violations()
+        transaction.on_commit(lambda: _activity.update(self.activity_written))
 
     def _copy_rows(self) -> None:
-        with connection.cursor() as cur:
-            raw = cur.cursor
+        with connection.connection.cursor() as raw:
             for table, rows in self.rows.items():
-                cols = COLUMNS[table]
-                quoted = ", ".join(f'"{c}"' for c in cols)  # "window" is reserved
-                with raw.copy(f"COPY ingest_{table} ({quoted}) FROM STDIN") as copy:
+                with raw.copy(_COPY_SQL[table]) as copy:
                     for row in rows:
                         copy.write_row(row)
 
-    def _write_devices_and_node(self) -> None:
-        """Upsert the GPUs this batch saw and the node's health and last_seen: one round trip.
-
-        Three statements sent together (client-side binding allows that); the node update
-        runs last, so the worst-of-devices health sees this batch's GPUs.
-        """
+    def _devices_and_node(self, sql: list[str], params: dict[str, Any]) -> None:
+        """The GPUs this batch saw, then the node's health and last_seen (worst GPU's: the
+        node update runs after the GPU upserts, so it sees this batch's GPUs)."""
         devices = []
         for uuid, info in self.devices.items():
             sample = _plain(info["rec"])
@@ -487,70 +595,74 @@ class _Writer:
                  "health": health}
             )  # fmt: skip
         events_only = [u for u in self.device_events if u not in self.devices]
-        params = {
-            "node": self.node.pk,
-            "now": self.now,
-            "devices": Jsonb(devices, dumps=_JSON.encode),
-            "events_only": Jsonb(events_only, dumps=_JSON.encode),
-            "seen": self.last_seen,
-            "touched": bool(devices or events_only),
-        }
-        sql = ";".join(
-            [*([_DEVICE_UPSERT] if devices else []),
-             *([_EVENT_DEVICE_UPSERT] if events_only else []),
-             _NODE_UPDATE]
-        )  # fmt: skip
-        with psycopg.ClientCursor(connection.connection) as cur:
-            cur.execute(sql, params)
+        params.update(
+            devices=Jsonb(devices, dumps=_JSON.encode),
+            events_only=Jsonb(events_only, dumps=_JSON.encode),
+            seen=self.last_seen,
+            touched=bool(devices or events_only),
+        )
+        if devices:
+            sql.append(_DEVICE_UPSERT)
+        if events_only:
+            sql.append(_EVENT_DEVICE_UPSERT)
+        sql.append(_NODE_UPDATE)
 
-    def _write_ranks(self) -> None:
+    def _ranks(self, sql: list[str], params: dict[str, Any]) -> None:
+        """Rank live state: a new generation resets the cursor; steps never go backwards
+        within one; every cursor the batch carries is checked against the one before."""
         if not self.ranks:
             return
-        groups = {name: g for name, (g, _) in self.groups.items()}
-        # Fetch only the ranks this batch names: a 16k-rank group must not cost 16k rows.
-        wanted: dict[str, list[int]] = defaultdict(list)
-        for gname, rank in self.ranks:
-            wanted[gname].append(rank)
-        match = Q()
-        for gname, ranks in wanted.items():
-            match |= Q(group_id=groups[gname].pk, rank__in=ranks)
-        names = {g.pk: name for name, g in groups.items()}
-        existing = {(names[r.group_id], r.rank): r for r in Rank.objects.filter(match)}
-        out: list[Rank] = []
+        out = []
         for (gname, rank), entry in self.ranks.items():
-            row = existing.get((gname, rank)) or Rank(group=groups[gname], rank=rank)
-            new_generation = row.pk is None or row.generation != entry["generation"]
-            row.node = self.node
-            row.generation = entry["generation"]
-            if new_generation:
-                row.data_cursor = None
+            old = self.existing_ranks.get((gname, rank))
+            generation = entry["generation"]
+            new_generation = old is None or old["generation"] != generation
+            last_step = None if old is None else old["last_step"]
+            last_step_at = None if old is None else old["last_step_at"]
+            cursor = None if new_generation or old is None else old["data_cursor"]
             if "last_step" in entry and (
-                new_generation or row.last_step is None or entry["last_step"] >= row.last_step
+                new_generation or last_step is None or entry["last_step"] >= last_step
             ):
-                row.last_step, row.last_step_at = entry["last_step"], entry["last_step_at"]
-            for cursor in entry.get("cursor_seen", []):
-                violation = fencing.check_rank_cursor(
-                    gname, rank, entry["generation"], row.data_cursor, cursor
-                )
+                last_step, last_step_at = entry["last_step"], entry["last_step_at"]
+            for seen in entry.get("cursor_seen", []):
+                violation = fencing.check_rank_cursor(gname, rank, generation, cursor, seen)
                 if violation:
                     self.violations.append(violation)
-                row.data_cursor = cursor
-            row.process_state = entry.get("process_state", row.process_state)
-            row.gpu = entry.get("gpu", row.gpu)
-            out.append(row)
-        Rank.objects.bulk_create(
-            out,
-            update_conflicts=True,
-            unique_fields=["group", "rank"],
-            update_fields=[
-                "node", "gpu", "generation", "last_step", "last_step_at", "data_cursor",
-                "process_state",
-            ],
-        )  # fmt: skip
+                cursor = seen
+            out.append(
+                {"group_id": self.groups[gname][0].pk, "rank": rank, "generation": generation,
+                 "last_step": last_step, "last_step_at": last_step_at, "data_cursor": cursor,
+                 "process_state": entry.get("process_state", old and old["process_state"]),
+                 "gpu": entry.get("gpu", old and old["gpu"])}
+            )  # fmt: skip
+        params["ranks"] = Jsonb(out, dumps=_JSON.encode)
+        sql.append(_RANK_UPSERT)
 
-    def _write_groups(self) -> None:
-        for group, _view in self.groups.values():
-            group.save()
+    def _groups(self, sql: list[str], params: dict[str, Any]) -> None:
+        for i, (group, _view) in enumerate(self.groups.values()):
+            params[f"g{i}_id"] = group.pk
+            params[f"g{i}_last_activity"] = group.last_activity
+            if not self.locked:
+                # Shared lock: write nothing but activity, and only once it moved a second
+                # past what this process last wrote (an UPDATE takes the row lock to commit).
+                now = group.last_activity
+                was = max(
+                    filter(None, (self.activity_read.get(group.name), _activity.get(group.pk))),
+                    default=None,
+                )
+                if now is not None and (was is None or now - was >= ACTIVITY_STEP):
+                    sql.append(_ACTIVITY_UPDATE.replace("%(g_", f"%(g{i}_"))
+                    self.activity_written[group.pk] = now
+                continue
+            for field_name in _GROUP_WRITTEN:
+                value = getattr(group, field_name)
+                params[f"g{i}_{field_name}"] = Jsonb(value) if field_name in _GROUP_JSON else value
+            params[f"g{i}_versions"] = (
+                Jsonb(group.summary.get("versions_seen", []))
+                if group.name in self.summary_changed
+                else None
+            )
+            sql.append(_GROUP_UPDATE.replace("%(g_", f"%(g{i}_"))
 
     def _write_violations(self) -> None:
         seen: set[tuple[str, str, int]] = set()
@@ -573,7 +685,8 @@ class _Writer:
                     agent_id=self.agent_id,
                 )
             )
-        ContractViolation.objects.bulk_create(rows)
+        if rows:
+            ContractViolation.objects.bulk_create(rows)
         self.violation_count = len(rows)
 
 
@@ -627,6 +740,56 @@ UPDATE console_node SET
 WHERE id = %(node)s
 """
 
+_RANK_STATE = ("generation", "last_step", "last_step_at", "data_cursor", "process_state", "gpu")
+
+_RANK_UPSERT = """
+INSERT INTO console_rank (group_id, rank, node_id, gpu, generation, last_step, last_step_at,
+    data_cursor, process_state)
+SELECT x.group_id, x.rank, %(node)s, coalesce(x.gpu, ''), x.generation, x.last_step,
+    x.last_step_at, x.data_cursor, coalesce(x.process_state, '')
+FROM jsonb_to_recordset(%(ranks)s) AS x(group_id bigint, rank int, gpu text, generation int,
+    last_step bigint, last_step_at timestamptz, data_cursor bigint, process_state text)
+ON CONFLICT (group_id, rank) DO UPDATE SET node_id = EXCLUDED.node_id, gpu = EXCLUDED.gpu,
+    generation = EXCLUDED.generation, last_step = EXCLUDED.last_step,
+    last_step_at = EXCLUDED.last_step_at, data_cursor = EXCLUDED.data_cursor,
+    process_state = EXCLUDED.process_state
+"""
+
+# What ingest may change on a group; diagnosis owns the rest of `summary`, so only the
+# versions seen are merged into it, and only when a transition changed them.
+_GROUP_WRITTEN = (
+    "kind", "state", "generation", "restart_count", "world_size", "topology", "data_cursor",
+    "model_version", "last_checkpoint_step", "state_since", "last_activity",
+)  # fmt: skip
+_GROUP_JSON = {"topology"}
+_GROUP_SET = ", ".join(f"{f} = %(g_{f})s" for f in _GROUP_WRITTEN)
+_GROUP_UPDATE = f"""
+UPDATE console_consistencygroup SET {_GROUP_SET},
+    summary = CASE WHEN %(g_versions)s::jsonb IS NULL THEN summary
+        ELSE summary || jsonb_build_object('versions_seen', %(g_versions)s::jsonb) END
+WHERE id = %(g_id)s
+"""  # noqa: S608 - constant column names
+
+ACTIVITY_STEP = timedelta(seconds=1)
+# Per process: the newest last_activity this process committed for each group id.
+_activity: dict[int, datetime] = {}
+# Forward only; a concurrent writer's newer value wins (re-checked after its commit).
+_ACTIVITY_UPDATE = """
+UPDATE console_consistencygroup SET last_activity = %(g_last_activity)s
+WHERE id = %(g_id)s AND (last_activity IS NULL OR last_activity < %(g_last_activity)s)
+"""
+
+
+
+def forget_recent() -> None:
+    """Drop this process's memory of the activity it wrote (tests)."""
+    _activity.clear()
+
+
+_ACTIONS_PENDING = """
+SELECT EXISTS (SELECT 1 FROM console_action WHERE node_id = %(node)s AND state = ANY(%(live)s))
+"""
+
 COLUMNS: dict[str, tuple[str, ...]] = {
     "devicesample": (
         "ts", "node_id", "gpu", "index", "temp_c", "power_w", "sm_clock_mhz", "mem_clock_mhz",
@@ -656,3 +819,22 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "adapter_version", "kv_schema", "ready", "draining", "window",
     ),
 }  # fmt: skip
+
+_COPY_SQL = {
+    # Columns quoted: "window" is reserved.
+    table: "COPY ingest_{} ({}) FROM STDIN".format(table, ", ".join(f'"{c}"' for c in cols))
+    for table, cols in COLUMNS.items()
+}
+
+_GROUP_NAME = [f.attname for f in ConsistencyGroup._meta.concrete_fields].index("name")
+_GROUP_KIND = [f.attname for f in ConsistencyGroup._meta.concrete_fields].index("kind")
+
+_GROUPS_AND_RANKS = f"""
+SELECT {columns(ConsistencyGroup, "g")} FROM console_consistencygroup g
+WHERE g.name = ANY(%(names)s) ORDER BY g.name FOR KEY SHARE;
+SELECT g.name, r.rank, {", ".join(f"r.{c}" for c in _RANK_STATE)}
+FROM jsonb_to_recordset(%(ranks)s) AS x(g text, r int)
+JOIN console_consistencygroup g ON g.name = x.g
+JOIN console_rank r ON r.group_id = g.id AND r.rank = x.r
+"""  # noqa: S608 - constant column names
+_GROUPS_AND_RANKS_LOCKED = _GROUPS_AND_RANKS.replace("FOR KEY SHARE;", "FOR UPDATE;")

@@ -102,7 +102,7 @@ def fleet_data(*, label: str | None = None, state: str | None = None) -> dict[st
     if state in GroupState.values:
         groups = groups.filter(state=state)
     node_rows: list[dict[str, Any]] = []
-    for n in queries.fleet_nodes(labels):
+    for n in queries.node_payloads(labels=labels):
         payload = dict(n)
         payload["worst"] = charts.worst_health(payload)
         # Big fleets: a healthy, unflagged node is one compact tile, not eight GPU cells.

@@ -12,10 +12,16 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _fresh_cache() -> None:
-    """Rate-limit and debounce keys live in Redis: start every test without them."""
+    """Rate-limit and debounce keys live in Redis, and each process remembers what it
+    queued or wrote recently: start every test without either."""
     from django.core.cache import cache
 
+    from console import live
+    from ingest import store
+
     cache.clear()
+    live.forget_recent()
+    store.forget_recent()
 
 
 @pytest.fixture

@@ -63,3 +63,25 @@ def test_it_pushes_fleet_and_group_events_to_subscribers(cast):
         await group.disconnect()
 
     asyncio.run(run())
+
+
+def test_it_delivers_events_in_publish_order_without_blocking_the_caller(cast):
+    """publish() queues for the process's sender thread: it returns at once, and a burst
+    (a fleet of node pushes) arrives complete and in order."""
+
+    async def run():
+        fleet = await _connect("/ws/live/fleet/", cast["viewer"])
+        assert (await fleet.connect())[0]
+        assert (await fleet.receive_json_from())["type"] == "hello"
+        from asgiref.sync import sync_to_async
+
+        def burst() -> None:
+            for i in range(50):
+                live.publish(events.FLEET, "node.changed", {"name": f"n{i}"})
+
+        await sync_to_async(burst)()
+        names = [(await fleet.receive_json_from(timeout=5))["data"]["name"] for _ in range(50)]
+        assert names == [f"n{i}" for i in range(50)]
+        await fleet.disconnect()
+
+    asyncio.run(run())
