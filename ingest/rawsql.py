@@ -18,9 +18,12 @@ M = TypeVar("M", bound=models.Model)
 def send(sql: str, params: dict[str, Any] | tuple[Any, ...]) -> psycopg.ClientCursor[Any]:
     """Run `;`-joined statements in one round trip (client-side binding); the caller
     reads each result with `nextset()` and closes the cursor."""
-    connection.ensure_connection()
-    cur = psycopg.ClientCursor(connection.connection)
-    cur.execute(sql, params)
+    # Django's error classes (OperationalError -> 503 in the view), and a broken connection
+    # is marked so that Django discards it instead of returning it to the pool.
+    with connection.wrap_database_errors:
+        connection.ensure_connection()
+        cur = psycopg.ClientCursor(connection.connection)
+        cur.execute(sql, params)
     return cur
 
 

@@ -271,6 +271,7 @@ class _Writer:
 
     def __init__(self, *, node: Node, agent_id: str, now: datetime, shift: timedelta) -> None:
         self.node, self.agent_id, self.now, self.shift = node, agent_id, now, shift
+        self.node_id = node.pk
         self.rows: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
         self.devices: dict[str, dict[str, Any]] = {}
         self.device_events: dict[str, str] = {}
@@ -421,7 +422,7 @@ class _Writer:
     def _on_device_sample(self, rec: p.DeviceSample, ts: datetime) -> None:
         self.rows["devicesample"].append(
             (
-                ts, self.node.pk, rec.gpu, rec.index, rec.temp_c, rec.power_w,
+                ts, self.node_id, rec.gpu, rec.index, rec.temp_c, rec.power_w,
                 rec.sm_clock_mhz, rec.mem_clock_mhz, rec.util_pct, rec.mem_used_bytes,
                 rec.ecc_sbe, rec.ecc_dbe, rec.retired_or_remapped_pending,
                 _j(rec.throttle_reasons), rec.nvlink_errors, rec.pcie_replays,
@@ -432,7 +433,7 @@ class _Writer:
 
     def _on_device_event(self, rec: p.DeviceEvent, ts: datetime) -> None:
         self.rows["deviceevent"].append(
-            (ts, self.node.pk, rec.gpu, rec.event, rec.code, scrub_text(rec.detail))
+            (ts, self.node_id, rec.gpu, rec.event, rec.code, scrub_text(rec.detail))
         )
         if rec.event in CRITICAL_EVENTS:
             self.device_events[rec.gpu] = rec.event
@@ -443,7 +444,7 @@ class _Writer:
         group, _ = self.groups[rec.group]
         self.rows["steprecord"].append(
             (
-                ts, self.node.pk, group.pk, rec.generation, not applied, rec.rank, rec.step,
+                ts, self.node_id, group.pk, rec.generation, not applied, rec.rank, rec.step,
                 rec.tokens, rec.data_cursor, rec.duration_ms, _j(rec.phases),
                 _f(rec.loss), _f(rec.grad_norm), _f(rec.loss_scale), rec.overflow,
             )
@@ -459,7 +460,7 @@ class _Writer:
         applied = self._fence(rec, ts)
         group, _ = self.groups[rec.group]
         self.rows["collectivewindow"].append(
-            (ts, self.node.pk, group.pk, rec.generation, not applied, rec.rank, _j(rec.entries))
+            (ts, self.node_id, group.pk, rec.generation, not applied, rec.rank, _j(rec.entries))
         )
         if applied:
             self._rank(group, rec.rank, rec.generation)
@@ -469,7 +470,7 @@ class _Writer:
         group, _ = self.groups[rec.group]
         self.rows["processrecord"].append(
             (
-                ts, self.node.pk, group.pk, rec.generation, not applied, rec.rank, rec.event,
+                ts, self.node_id, group.pk, rec.generation, not applied, rec.rank, rec.event,
                 rec.pid, rec.gpu, rec.exit_code, rec.signal, scrub_text(rec.reason, limit=64),
                 scrub_text(rec.error_type, limit=128),
             )
@@ -485,7 +486,7 @@ class _Writer:
         group, view = self.groups[rec.group]
         self.rows["checkpointrecord"].append(
             (
-                ts, self.node.pk, group.pk, rec.generation, not applied, rec.checkpoint_id,
+                ts, self.node_id, group.pk, rec.generation, not applied, rec.checkpoint_id,
                 rec.step, rec.phase, _j(rec.manifest), rec.duration_ms,
                 scrub_text(rec.detail),
             )
@@ -504,7 +505,7 @@ class _Writer:
         applied = self._fence(rec, ts, is_transition=True)
         self.rows["transitionrecord"].append(
             (
-                ts, self.node.pk, group.pk, rec.generation, not applied, rec.from_state,
+                ts, self.node_id, group.pk, rec.generation, not applied, rec.from_state,
                 rec.to_state, scrub_text(rec.reason, limit=64), rec.restart_count, rec.world_size,
                 _j(rec.topology), rec.data_cursor, rec.model_version,
             )
@@ -544,7 +545,7 @@ class _Writer:
             applied = self._fence(rec, ts)
         self.rows["servingwindow"].append(
             (
-                ts, self.node.pk, group.pk, generation, not applied, rec.worker,
+                ts, self.node_id, group.pk, generation, not applied, rec.worker,
                 rec.model_version, rec.adapter_version, rec.kv_schema, rec.ready,
                 rec.draining, _j(rec.window),
             )
@@ -558,7 +559,7 @@ class _Writer:
         self._copy_rows()
         sql: list[str] = []
         params: dict[str, Any] = {
-            "node": self.node.pk, "now": self.now, "live": list(ACTION_LIVE_STATES),
+            "node": self.node_id, "now": self.now, "live": list(ACTION_LIVE_STATES),
             **self.agent_update,
         }  # fmt: skip
         self._devices_and_node(sql, params)
@@ -778,7 +779,6 @@ _ACTIVITY_UPDATE = """
 UPDATE console_consistencygroup SET last_activity = %(g_last_activity)s
 WHERE id = %(g_id)s AND (last_activity IS NULL OR last_activity < %(g_last_activity)s)
 """
-
 
 
 def forget_recent() -> None:

@@ -10,7 +10,6 @@ import logging
 import zlib
 
 from django.conf import settings
-from django.core.cache import cache
 from django.db import DatabaseError, DataError, OperationalError
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
@@ -19,6 +18,7 @@ from django.views.decorators.http import require_POST
 
 from agents import protocol
 from console import live
+from ingest import ratelimit
 from ingest.auth import authenticate
 from ingest.store import RecordError, ingest_batch
 
@@ -30,24 +30,6 @@ def _error(status: int, message: str, **extra: object) -> JsonResponse:
     if status in (429, 503):
         response["Retry-After"] = str(extra.get("retry_after", 5))
     return response
-
-
-def _rate_limited(credential_id: int) -> bool:
-    """Fixed one-minute window per credential; a broker outage never blocks ingest.
-
-    INCR first: one Redis round trip per batch; the key is created once per minute.
-    """
-    minute = int(timezone.now().timestamp() // 60)
-    key = f"ingest-rate:{credential_id}:{minute}"
-    try:
-        try:
-            return cache.incr(key) > settings.INGEST_RATE_PER_MIN
-        except ValueError:  # first batch of this window
-            if cache.add(key, 1, timeout=70):
-                return False
-            return cache.incr(key) > settings.INGEST_RATE_PER_MIN
-    except Exception:  # noqa: BLE001 - cache down: fail open, storing beats limiting
-        return False
 
 
 def _body(request: HttpRequest) -> bytes:
@@ -70,7 +52,7 @@ def ingest(request: HttpRequest) -> JsonResponse:
         return _error(503, "database unavailable: retry later", retry_after=5)
     if credential is None:
         return _error(401, "missing, unknown or revoked agent token")
-    if _rate_limited(credential.pk):
+    if ratelimit.over_limit(credential.pk):
         return _error(429, "agent rate limit exceeded", retry_after=60)
     length = int(request.headers.get("Content-Length") or 0)
     if length > protocol.MAX_BATCH_BYTES:
