@@ -150,6 +150,7 @@ class Result:
     latencies: list[float] = field(default_factory=list)
     sent: dict[int, int] = field(default_factory=dict)  # agent index -> batches acked
     server_cpu_s: float = 0.0  # web server process tree, user + system
+    client_cpu_s: float = 0.0  # this process: the simulated agents (encode, gzip, HTTP)
     postgres_cpu_s: float = 0.0
 
     @property
@@ -229,7 +230,7 @@ def run_load(server: str, agents: list[Agent], env: dict[str, str], seconds: flo
     lock = threading.Lock()
     run_id = secrets.token_hex(4)
     with http_servers.running(server, port, env) as pid:
-        cpu0 = _cpu(pid), _postgres_cpu()
+        cpu0 = _cpu(pid), _postgres_cpu(), time.process_time()
         deadline = time.monotonic() + seconds
         threads = [
             threading.Thread(
@@ -246,6 +247,7 @@ def run_load(server: str, agents: list[Agent], env: dict[str, str], seconds: flo
         result.seconds = time.perf_counter() - t0
         result.server_cpu_s = _cpu(pid) - cpu0[0]
         result.postgres_cpu_s = _postgres_cpu() - cpu0[1]
+        result.client_cpu_s = time.process_time() - cpu0[2]
     return result
 
 
@@ -376,7 +378,8 @@ def _report(r: Result, copy: Result | None) -> str:
         f"{r.server:9s} records/s {r.rate:9.0f}  batches/s {r.batches / r.seconds:7.1f}  "
         f"p50_ms {r.pct(0.5):6.1f}  p99_ms {r.pct(0.99):6.1f}  errors {r.errors}  "
         f"ratio {ratio:.2f}  cpu_ms/batch web {r.server_cpu_s / max(r.batches, 1) * 1000:.1f} "
-        f"pg {r.postgres_cpu_s / max(r.batches, 1) * 1000:.1f}"
+        f"pg {r.postgres_cpu_s / max(r.batches, 1) * 1000:.1f} "
+        f"client {r.client_cpu_s / max(r.batches, 1) * 1000:.1f}"
     )
 
 
