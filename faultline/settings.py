@@ -85,6 +85,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "faultline.middleware.SecurityHeadersMiddleware",
+    # Innermost, so its 400 still gets the headers above; Postgres cannot hold NUL.
+    "faultline.nul.RejectNulMiddleware",
 ]
 
 ROOT_URLCONF = "faultline.urls"
@@ -186,6 +188,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["console.api.permissions.IsViewer"],
+    # DRF's parsers, refusing NUL (400) before it reaches a jsonb or text column.
+    "DEFAULT_PARSER_CLASSES": [
+        "faultline.nul.JSONParser",
+        "faultline.nul.FormParser",
+        "faultline.nul.MultiPartParser",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 200,
