@@ -148,6 +148,12 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
+# Backstop, not a fix: a pool process whose peak RSS passes this is replaced after its
+# current task (acks_late, so nothing is lost). A healthy one peaks near 150 MB RSS; see
+# docs/reliability.md (soak) for why there is no task-count recycling.
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = (
+    env_int("FAULTLINE_WORKER_MAX_MEMORY_MB", 512, minimum=64) * 1024
+)
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
 AUTH_PASSWORD_VALIDATORS = [
