@@ -85,6 +85,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "faultline.middleware.SecurityHeadersMiddleware",
+    # Innermost, so its 400 still gets the headers above; Postgres cannot hold NUL.
+    "faultline.nul.RejectNulMiddleware",
 ]
 
 ROOT_URLCONF = "faultline.urls"
@@ -146,6 +148,12 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
+# Backstop, not a fix: a pool process whose peak RSS passes this is replaced after its
+# current task (acks_late, so nothing is lost). A healthy one peaks near 150 MB RSS; see
+# docs/reliability.md (soak) for why there is no task-count recycling.
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = (
+    env_int("FAULTLINE_WORKER_MAX_MEMORY_MB", 512, minimum=64) * 1024
+)
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -186,6 +194,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["console.api.permissions.IsViewer"],
+    # DRF's parsers, refusing NUL (400) before it reaches a jsonb or text column.
+    "DEFAULT_PARSER_CLASSES": [
+        "faultline.nul.JSONParser",
+        "faultline.nul.FormParser",
+        "faultline.nul.MultiPartParser",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 200,

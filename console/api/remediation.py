@@ -54,10 +54,13 @@ class VoteOut(serializers.Serializer):
 
 
 class ActionSerializer(serializers.ModelSerializer):
-    node = serializers.CharField(source="node.name", default=None)
-    group = serializers.CharField(source="group.name", default=None)
-    incident = serializers.IntegerField(source="incident_id", default=None)
-    proposed_by = serializers.CharField(source="proposed_by.username", default=None)
+    # allow_null: the schema must say these are null for rule-made or node-less actions.
+    node = serializers.CharField(source="node.name", default=None, allow_null=True)
+    group = serializers.CharField(source="group.name", default=None, allow_null=True)
+    incident = serializers.IntegerField(source="incident_id", default=None, allow_null=True)
+    proposed_by = serializers.CharField(
+        source="proposed_by.username", default=None, allow_null=True
+    )
     votes = VoteOut(many=True, read_only=True)
 
     class Meta:

@@ -79,3 +79,25 @@ def test_it_has_no_missing_migrations():
     out = StringIO()
     call_command("makemigrations", "--check", "--dry-run", stdout=out)
     assert "No changes detected" in out.getvalue()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/api/v1/devices/?node=n%00",
+        "/api/v1/incidents/?group=g%00",
+        "/api/v1/alerts/?group=g%00",
+        "/api/v1/groups/g%00/",
+        "/api/v1/groups/g%00/slo/",
+        "/api/v1/nodes/?n%00=1",
+    ],
+)
+def test_it_refuses_nul_in_api_filters_and_paths(client, cast, url):
+    """Found by the schema fuzz: NUL in a filter or path reached Postgres and was a 500."""
+    client.force_login(cast["viewer"])
+    response = client.get(url)
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": "NUL (0x00) characters are not allowed in the path or query string"
+    }

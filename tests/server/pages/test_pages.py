@@ -154,3 +154,14 @@ def test_it_counts_each_open_incident_once_however_many_ranks(viewer_client, tra
     row = next(g for g in data["groups"] if g["name"] == "llm-pages")
     expected = training_group["incident"].group.incidents.exclude(state="resolved").count()
     assert row["ranks"] == RANKS and row["open_incidents"] == expected
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["/groups/a%00/", "/api/v1/pages/groups/a%00/", "/api/v1/pages/fleet/?label=pool%3Da%00"],
+)
+def test_it_refuses_nul_in_a_page_path_or_filter(viewer_client, url):
+    """Found by the schema fuzz: each was a 500 (Postgres cannot compare text with NUL)."""
+    response = viewer_client.get(url)
+    assert response.status_code == 400
+    assert "NUL" in response.json()["error"]

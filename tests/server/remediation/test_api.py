@@ -96,3 +96,28 @@ def test_it_refuses_an_escalation_policy_that_repeats_too_fast(client, cast):
     response = _post(client, "/api/v1/escalation-policies/", {"name": "fast", "steps": steps})
     assert response.status_code == 400
     assert "repeat_interval_s must be at least 60" in response.json()["error"]
+
+
+def test_it_refuses_nul_in_a_json_body_and_stores_nothing(client, cast, pool):
+    """Found by the schema fuzz: NUL in a jsonb field was a 500 (Postgres cannot store it)."""
+    from console.models import Action, EscalationPolicy
+
+    client.force_login(cast["admin"])
+    proposal = {"kind": "cordon_node", "target": "node:n-03", "reason": "xid 79"}
+    steps = [{"delay_s": 0, "channels": ["ops\u0000"]}]
+    for url, body in [
+        ("/api/v1/actions/", {**proposal, "params": {"drain": "now\u0000"}}),
+        ("/api/v1/actions/", {**proposal, "params": {"k\u0000": 1}}),
+        ("/api/v1/escalation-policies/", {"name": "p", "steps": steps}),
+    ]:
+        response = _post(client, url, body)
+        assert response.status_code == 400, url
+        assert "NUL" in response.json()["detail"]
+    assert (Action.objects.count(), EscalationPolicy.objects.count()) == (0, 0)
+
+
+def test_it_refuses_nul_in_an_audit_filter(client, cast):
+    client.force_login(cast["viewer"])
+    response = client.get("/api/v1/audit/?actor=admin%00")
+    assert response.status_code == 400
+    assert "NUL" in response.json()["error"]
