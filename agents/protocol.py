@@ -284,11 +284,34 @@ _RECORD_PATH = re.compile(r"^records\[(?P<index>\d+)\]\.?(?P<field>.*)$")
 def decode_batch(body: bytes) -> Batch:
     """Decode and validate one batch; raise ContractError that a human can act on."""
     try:
-        return _decoder.decode(body)
+        batch = _decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise _explain(str(exc), body) from None
     except msgspec.DecodeError as exc:
         raise ContractError(f"body is not valid JSON: {exc}") from None
+    if b"\\u0000" in body:  # JSON can carry NUL only escaped; Postgres cannot store it
+        _refuse_nul(msgspec.json.decode(body))
+    return batch
+
+
+def _refuse_nul(value: Any, path: tuple[str | int, ...] = ()) -> None:
+    if isinstance(value, str):
+        if "\x00" in value:
+            index = path[1] if len(path) > 1 and path[0] == "records" else None
+            field = ".".join(str(p) for p in (path[2:] if index is not None else path))
+            where = f"record {index}: " if index is not None else "batch "
+            raise ContractError(
+                f'{where}field "{field}": NUL (0x00) characters are not allowed',
+                index=index if isinstance(index, int) else None,
+                field=field,
+            )
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_nul(key, (*path, "<key>"))
+            _refuse_nul(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_nul(item, (*path, i))
 
 
 def encode_batch(batch: Batch) -> bytes:

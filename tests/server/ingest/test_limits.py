@@ -27,3 +27,28 @@ def test_it_refuses_a_counter_beyond_64_bits_without_storing_anything(post_batch
     response = post_batch(make_batch([{"kind": "heartbeat", "spool_depth": 2**63}]))
     assert response.status_code == 400
     assert BatchReceipt.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [
+        ({"kind": "device_event", "gpu": "GPU-1", "event": "xid", "detail": "a\u0000b"}, "detail"),
+        ({"kind": "device_sample", "gpu": "GPU-\u0000", "index": 0}, "gpu"),
+        (_step(phases={"compute": 1.0}, error="x"), None),  # unknown field: refused as before
+    ],
+)
+def test_it_refuses_nul_naming_record_and_field_and_stores_nothing(post_batch, record, field):
+    response = post_batch(make_batch([{"kind": "heartbeat"}, record]))
+    assert response.status_code == 400
+    body = response.json()
+    assert body["record"] == 1
+    if field is not None:
+        assert body["field"] == field
+        assert "NUL" in body["error"]
+    assert BatchReceipt.objects.count() == 0
+
+
+def test_a_literal_backslash_u0000_text_is_not_a_nul(post_batch):
+    detail = "\\u0000 is how JSON escapes NUL"
+    record = {"kind": "device_event", "gpu": "GPU-1", "event": "xid", "detail": detail}
+    assert post_batch(make_batch([record])).status_code == 202
