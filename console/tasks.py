@@ -52,9 +52,8 @@ def rollup_telemetry() -> None:
 
     now = timezone.now()
     rollup(now=now)
-    # Backstop for the 5 s step bins: refold the chart's whole window once a minute, so a
-    # row that arrived later than a pass looks back (an agent replaying its spool) still
-    # reaches the charts.
+    # Backstop for the 5 s step bins: refold the last 2 minutes once a minute, so a row
+    # that arrived later than a 5 s pass looks back (an agent's spool) reaches the charts.
     step_bins.rollup(now=now, buckets=step_bins.BACKSTOP_BUCKETS)
 
 

@@ -38,8 +38,9 @@ HIST_RESOLUTION = 48
 GRACE = timedelta(seconds=2)
 # Closed buckets each pass recomputes: rows up to ~15 s late land on the next pass.
 LOOKBACK_BUCKETS = 3
-# The minute task's refold: the chart's 10 minutes, for rows later than LOOKBACK_BUCKETS.
-BACKSTOP_BUCKETS = 120
+# The minute task's refold for rows later than LOOKBACK_BUCKETS: the last 2 minutes.
+# The chart's whole 10 minutes would cost ~10M rows a minute at 16k ranks stepping at 1 Hz.
+BACKSTOP_BUCKETS = 24
 # After missed passes (or on the first), a pass goes back at most this far.
 CATCH_UP = timedelta(minutes=15)
 MARK = "step_bins"
