@@ -5,7 +5,12 @@ rows, COPY), transitions, checkpoints and one open incident straight into Postgr
 times GET /groups/<name>/ and GET /api/v1/pages/groups/<name>/charts/ with the Django
 test client (server time and bytes; goal <= 300 ms and <= 1 MB each), next to two
 baselines measured in the same run: `SELECT count(*)` over the group's step rows and the
-fleet page.
+fleet page. The cold chart is timed twice: from raw rows (before any step-bin rollup, as
+before issue 6), and after the rollup ran as Celery beat runs it (`ingest.step_bins`:
+closed 5 s buckets rolled, the last seconds read raw). The rollup passes are timed too:
+the first (catch-up) pass over the whole window, the steady pass beat repeats every 5 s
+(the last 3 closed buckets, ~200k step rows at 16k ranks) and the once-a-minute refold
+of the chart's 10 minutes.
 
     python bench/console.py [--ranks 16384] [--steps 60] [--runs 7]
 
@@ -67,6 +72,8 @@ def build(ranks: int, steps: int) -> None:
             "(SELECT id FROM console_consistencygroup WHERE name = %s)",
             [GROUP],
         )
+        # A previous run's rollup claims the same minutes: start from raw rows again.
+        cur.execute("DELETE FROM ingest_rollupmark")
     ConsistencyGroup.objects.filter(name=GROUP).delete()
     nodes = [Node(name=f"bench-{i:04d}", health="ok", last_seen=T0) for i in range(ranks // 8)]
     Node.objects.bulk_create(nodes, ignore_conflicts=True, batch_size=2000)
@@ -134,30 +141,37 @@ def build(ranks: int, steps: int) -> None:
 def _copy_steps(
     group_id: int, ranks: int, steps: int, slow: set[int], by_name: dict[str, int], rnd: Any
 ) -> None:
-    """COPY in text format, one chunk per rank (row-by-row adaptation is ~10x slower)."""
+    """COPY in text format, one chunk per step, in time order as ingest writes them.
+
+    Rank-major order (every rank's steps together) would scatter a few seconds of steps
+    over every page of the table, which no live group does.
+    """
     from django.db import connection
 
     cols = "ts, node_id, group_id, generation, stale, rank, step, tokens, data_cursor, " + (
         "duration_ms, phases, loss, grad_norm, loss_scale, overflow"
     )
+    nodes = [by_name[f"bench-{r // 8:04d}"] for r in range(ranks)]
+    factors = [1.6 if r in slow else 1.0 for r in range(ranks)]
+    phases = [
+        f'{{"compute": {700.0 * f}, "collective": 250.0, "input": 40.0, '
+        '"checkpoint": 0.0, "optimizer": 10.0}'
+        for f in factors
+    ]
     with (
         connection.cursor() as cur,
         cur.cursor.copy(f"COPY ingest_steprecord ({cols}) FROM STDIN") as copy,
     ):
-        for r in range(ranks):
-            node_id = by_name[f"bench-{r // 8:04d}"]
-            factor = 1.6 if r in slow else 1.0
-            phases = (
-                f'{{"compute": {700.0 * factor}, "collective": 250.0, "input": 40.0, '
-                '"checkpoint": 0.0, "optimizer": 10.0}'
-            )
+        for s in range(steps):
+            base = T0 + timedelta(seconds=s * 1.2)
+            offsets = sorted((rnd.random() * 50, r) for r in range(ranks))  # arrival order
             lines = []
-            for s in range(steps):
-                ts = T0 + timedelta(seconds=s * 1.2, milliseconds=rnd.random() * 50)
-                dur = 1000.0 * factor + rnd.random() * 40
+            for ms, r in offsets:
+                ts = base + timedelta(milliseconds=ms)
+                dur = 1000.0 * factors[r] + rnd.random() * 40
                 lines.append(
-                    f"{ts.isoformat()}\t{node_id}\t{group_id}\t2\tf\t{r}\t{s}\t4096\t"
-                    f"{s * 4096}\t{dur:.2f}\t{phases}\t2.5\t1.0\t65536.0\tf\n"
+                    f"{ts.isoformat()}\t{nodes[r]}\t{group_id}\t2\tf\t{r}\t{s}\t4096\t"
+                    f"{s * 4096}\t{dur:.2f}\t{phases[r]}\t2.5\t1.0\t65536.0\tf\n"
                 )
             copy.write("".join(lines))
     with connection.cursor() as cur:
@@ -222,6 +236,54 @@ def _time(client: Any, url: str, runs: int, *, cold: bool = False) -> tuple[floa
     return statistics.median(times), size
 
 
+def _report(label: str, url: str, ms: float, size: int) -> None:
+    print(f"{label:<38} {url:<40} {ms:7.1f} ms  {size / 1024:8.1f} KiB")
+
+
+def _newest(group_id: int) -> datetime:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT max(ts) FROM ingest_steprecord WHERE group_id = %s", [group_id])
+        return cur.fetchone()[0]
+
+
+def _rollups(newest: datetime, runs: int) -> None:
+    """Run and time the step-bin rollup as beat would, the newest step just written.
+
+    Leaves the rollup covering every closed bucket up to GRACE before the newest step.
+    """
+    from ingest import step_bins
+
+    def timed(now: datetime, buckets: int) -> tuple[float, dict[str, int]]:
+        started = time.perf_counter()
+        written = step_bins.rollup(now=now, buckets=buckets)
+        return (time.perf_counter() - started) * 1000, written
+
+    ms, written = timed(newest, step_bins.LOOKBACK_BUCKETS)  # the first pass catches up
+    print(f"rollup    first pass (catch-up, whole window): {ms:7.1f} ms  {written}")
+    steady = [timed(newest, step_bins.LOOKBACK_BUCKETS)[0] for _ in range(runs)]
+    rows = _rows_between(newest, step_bins.LOOKBACK_BUCKETS)
+    print(f"rollup    steady pass (every 5 s, {step_bins.LOOKBACK_BUCKETS} buckets, "
+          f"{rows} step rows): {statistics.median(steady):7.1f} ms")  # fmt: skip
+    ms, _ = timed(newest, step_bins.BACKSTOP_BUCKETS)
+    print(f"rollup    minute refold ({step_bins.BACKSTOP_BUCKETS} buckets): {ms:7.1f} ms")
+
+
+def _rows_between(newest: datetime, buckets: int) -> int:
+    from django.db import connection
+
+    from ingest import step_bins
+
+    end = step_bins.bucket_floor(newest - step_bins.GRACE)
+    start = end - timedelta(seconds=step_bins.BUCKET_S * buckets)
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM ingest_steprecord WHERE ts >= %s AND ts < %s", [start, end]
+        )
+        return cur.fetchone()[0]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ranks", type=int, default=16_384)
@@ -231,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     embedded = _setup()
     try:
         from django.db import connection
+        from django.db.models import Count
         from django.test import Client
 
         from console.accounts import create_user
@@ -266,11 +329,29 @@ def main(argv: list[str] | None = None) -> None:
             ("fleet page", "/", False),
             ("group page", f"/groups/{GROUP}/", False),
             ("group JSON", f"/api/v1/pages/groups/{GROUP}/", False),
-            ("charts cold", charts, True),
+            ("charts cold, raw rows (no rollup yet)", charts, True),
+        ]:
+            _report(label, url, *_time(client, url, args.runs, cold=cold))
+        newest = _newest(group.pk)
+        _rollups(newest, args.runs)
+        from console.api.pages import compute_group_charts
+
+        group = ConsistencyGroup.objects.annotate(rank_count=Count("ranks")).get(pk=group.pk)
+        same = compute_group_charts(group) == compute_group_charts(group, rollups=False)
+        print(f"chart from rollup + raw tail == chart from raw rows: {same}")
+        for label, url, cold in [
+            ("charts cold, rollup + raw tail", charts, True),
             ("charts warm", charts, False),
         ]:
-            ms, size = _time(client, url, args.runs, cold=cold)
-            print(f"{label:<12} {url:<44} {ms:7.1f} ms  {size / 1024:8.1f} KiB")
+            _report(label, url, *_time(client, url, args.runs, cold=cold))
+        # Just before beat's next pass the raw tail is one pass (5 s) longer.
+        with connection.cursor() as cur:
+            cur.execute(
+                "UPDATE ingest_rollupmark SET rolled_until = rolled_until - '5 s'::interval"
+            )
+        _report(
+            "charts cold, raw tail 5 s longer", charts, *_time(client, charts, args.runs, cold=True)
+        )
     finally:
         if embedded is not None:
             embedded.stop()

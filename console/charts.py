@@ -41,26 +41,48 @@ class TimeGrid:
         return [self.label(i) for i in range(self.bins)]
 
 
-def time_grid(first: datetime, last: datetime, *, max_bins: int = MAX_TIME_BINS) -> TimeGrid:
-    """Bins wide enough that [first, last] fits in `max_bins`, never narrower than 1 s."""
-    span = max((last - first).total_seconds(), 0.0)
-    width = max(MIN_BIN_S, span / max_bins)
-    # +1 so the newest row lands inside the last bin instead of on its right edge.
-    bins = min(max_bins, int(span // width) + 1)
-    return TimeGrid(start=first.timestamp(), width_s=width, bins=max(bins, 1))
+def time_grid(
+    first: datetime, last: datetime, *, max_bins: int = MAX_TIME_BINS, step_s: float = MIN_BIN_S
+) -> TimeGrid:
+    """At most `max_bins` bins over [first, last], each a whole number of `step_s` steps.
+
+    Bin edges are multiples of `step_s` since the epoch and the last bin holds `last`, so
+    the chart can add up rollup buckets of `step_s` seconds without splitting one.
+    """
+    lo = math.floor(first.timestamp() / step_s)
+    hi = math.floor(last.timestamp() / step_s)
+    steps = max(hi - lo + 1, 1)
+    per_bin = -(-steps // max_bins)  # ceil
+    bins = -(-steps // per_bin)
+    width = per_bin * step_s
+    return TimeGrid(start=(hi + 1) * step_s - bins * width, width_s=width, bins=bins)
+
+
+def rank_block(world: int, *, max_bins: int = MAX_RANK_BINS) -> int:
+    """Ranks per heatmap row: the smallest power of two that fits `world` in `max_bins` rows.
+
+    A power of two, so a row is always whole rollup blocks (ingest.step_bins uses this
+    rule for its blocks): one rank per row up to `max_bins` ranks, 64 at 16,384.
+    """
+    block = 1
+    while block * max_bins < world:
+        block *= 2
+    return block
 
 
 def rank_bins(world: int, *, max_bins: int = MAX_RANK_BINS) -> int:
-    """One bin per rank up to `max_bins` ranks, then equal-width bins of several ranks."""
-    return max(1, min(world, max_bins))
+    """How many heatmap rows `world` ranks take: whole blocks of rank_block(world) ranks."""
+    block = rank_block(world, max_bins=max_bins)
+    return max(1, -(-world // block))
 
 
 def rank_bin_labels(world: int, bins: int) -> list[str]:
     """'r12' for a one-rank bin, 'r0-63' for a bin of many (same edges as the SQL)."""
+    block = rank_block(world)
     labels = []
     for b in range(bins):
-        lo = math.ceil(b * world / bins)
-        hi = math.ceil((b + 1) * world / bins) - 1
+        lo = b * block
+        hi = min(lo + block, max(world, lo + 1)) - 1
         labels.append(f"r{lo}" if lo >= hi else f"r{lo}-{hi}")
     return labels
 
@@ -87,7 +109,7 @@ def heatmap(
         "x": grid.labels(),
         "y": rank_bin_labels(world, bins),
         "z": z,
-        "ranks_per_bin": world / bins if bins else 0,
+        "ranks_per_bin": rank_block(world),
         "bin_s": grid.width_s,
     }
 
@@ -154,13 +176,12 @@ def slowest_bins(cells: Iterable[Sequence[Any]], *, count: int) -> list[int]:
     return sorted(ranked[:count])
 
 
-def ranks_in_bins(bins_: Iterable[int], *, world: int, bins: int) -> list[int]:
-    """Every rank r with r * bins // world in `bins_` (the SQL's binning, inverted)."""
+def ranks_in_bins(bins_: Iterable[int], *, world: int) -> list[int]:
+    """Every rank r < world with r // rank_block(world) in `bins_` (the SQL's binning)."""
+    block = rank_block(world)
     out: list[int] = []
     for b in bins_:
-        lo = math.ceil(b * world / bins)
-        hi = math.ceil((b + 1) * world / bins)
-        out.extend(range(lo, hi))
+        out.extend(range(b * block, min((b + 1) * block, world)))
     return out
 
 

@@ -11,6 +11,7 @@ from django.db.models import Count, Q, QuerySet
 from console import events
 from console.models import ConsistencyGroup, Device, Incident, Node, Rank
 from ingest import models as m
+from ingest import step_bins
 
 
 def groups_on_nodes(names: list[str]) -> list[str]:
@@ -79,26 +80,60 @@ def node_payloads(
 
 CHART_WINDOW = timedelta(minutes=10)
 SLOWEST_RANKS = 8
+HIST_RESOLUTION = step_bins.HIST_RESOLUTION
 
-# One scan of the window's step rows feeds two aggregates (GROUPING SETS): heatmap cells
-# (rank bin x time bin: slowest and mean step) and a log-scale step-time histogram per
-# time bin, from which console.charts reads percentiles (within about 1 % at HIST_RESOLUTION 48).
-# A second scan for exact percentiles doubled the cost at 16k ranks. Bins come from
-# date_bin and integer division: extract(epoch ...) is numeric and much slower.
-HIST_RESOLUTION = 48
-
+# The heatmap cells (rank bin x time bin: slowest, mean and count) and a log-scale
+# step-time histogram per time bin, from which console.charts reads percentiles (within
+# about 1 % at HIST_RESOLUTION 48). Inside the range the step-bin rollup covers they come
+# from its rows (whole 5 s buckets and rank blocks: the grid is aligned to them); outside
+# it, the open tail of the last seconds and any bucket not rolled yet, from one scan of
+# raw rows with GROUPING SETS. Sums of counts, sums and maxima are exact, so the result
+# is the same either way. date_bin and integer division: extract(epoch) is numeric, slow.
 _STEP_AGG_SQL = """
-SELECT GROUPING(rb), rb, tb, hb, max(duration_ms), avg(duration_ms), count(*)
+WITH raw AS (
+  SELECT GROUPING(rb) AS is_hist, rb, tb, hb, max(duration_ms) AS mx, sum(duration_ms) AS sm,
+         count(*) AS n
+  FROM (
+    SELECT LEAST(rank / %(block)s, %(rbins)s - 1) AS rb,
+           date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS tb,
+           floor(ln(greatest(duration_ms, 0.001)) * %(hres)s)::int AS hb,
+           duration_ms
+    FROM ingest_steprecord
+    WHERE group_id = %(group)s AND generation = %(generation)s AND NOT stale
+      AND duration_ms IS NOT NULL AND ts >= %(since)s AND ts < %(rolled_from)s
+    UNION ALL
+    SELECT LEAST(rank / %(block)s, %(rbins)s - 1),
+           date_bin(make_interval(secs => %(width)s), ts, %(origin)s),
+           floor(ln(greatest(duration_ms, 0.001)) * %(hres)s)::int,
+           duration_ms
+    FROM ingest_steprecord
+    WHERE group_id = %(group)s AND generation = %(generation)s AND NOT stale
+      AND duration_ms IS NOT NULL AND ts >= %(rolled_until)s AND ts <= %(until)s
+  ) steps
+  GROUP BY GROUPING SETS ((rb, tb), (tb, hb))
+)
+SELECT 0, rb, tb, NULL, max(mx), sum(sm) / sum(n), sum(n)
 FROM (
-  SELECT LEAST(rank::bigint * %(rbins)s / %(world)s, %(rbins)s - 1) AS rb,
-         date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS tb,
-         floor(ln(greatest(duration_ms, 0.001)) * %(hres)s)::int AS hb,
-         duration_ms
-  FROM ingest_steprecord
-  WHERE group_id = %(group)s AND generation = %(generation)s AND NOT stale
-    AND ts >= %(since)s AND ts <= %(until)s AND duration_ms IS NOT NULL
-) steps
-GROUP BY GROUPING SETS ((rb, tb), (tb, hb))
+  SELECT rb, tb, mx, sm, n FROM raw WHERE is_hist = 0
+  UNION ALL
+  SELECT LEAST(rank_lo / %(block)s, %(rbins)s - 1),
+         date_bin(make_interval(secs => %(width)s), bucket, %(origin)s), max_ms, sum_ms, steps
+  FROM ingest_stepbinrollup
+  WHERE group_id = %(group)s AND generation = %(generation)s
+    AND bucket >= %(rolled_from)s AND bucket < %(rolled_until)s
+) cells
+GROUP BY rb, tb
+UNION ALL
+SELECT 1, NULL, tb, hb, NULL, NULL, sum(n)
+FROM (
+  SELECT tb, hb, n FROM raw WHERE is_hist = 1
+  UNION ALL
+  SELECT date_bin(make_interval(secs => %(width)s), bucket, %(origin)s), hist_bucket, steps
+  FROM ingest_stephistrollup
+  WHERE group_id = %(group)s AND generation = %(generation)s
+    AND bucket >= %(rolled_from)s AND bucket < %(rolled_until)s
+) hist
+GROUP BY tb, hb
 """
 
 # Exact per-rank means and phases, only for ranks in the slowest rank bins: the
@@ -156,38 +191,45 @@ def serving_workers(group: ConsistencyGroup) -> list[dict[str, Any]]:
 def step_window(group: ConsistencyGroup) -> tuple[datetime, datetime] | None:
     """[first, newest] step time of the active generation within CHART_WINDOW, or None.
 
-    Filtering on the generation lets both reads walk the (group, generation, -ts) index.
+    The window starts on a rollup bucket edge, CHART_WINDOW / BUCKET_S buckets back from
+    the newest one, so the chart's time bins are exactly the rollup's buckets. Filtering
+    on the generation lets both reads walk the (group, generation, -ts) index.
     """
     current = m.StepRecord.objects.filter(group=group, generation=group.generation, stale=False)
     newest = current.order_by("-ts").values_list("ts", flat=True).first()
     if newest is None:
         return None
-    first = (
-        current.filter(ts__gte=newest - CHART_WINDOW)
-        .order_by("ts")
-        .values_list("ts", flat=True)
-        .first()
-    )
+    bucket = timedelta(seconds=step_bins.BUCKET_S)
+    since = step_bins.bucket_floor(newest) - (CHART_WINDOW - bucket)
+    first = current.filter(ts__gte=since).order_by("ts").values_list("ts", flat=True).first()
     return (first or newest), newest
 
 
 def step_aggregates(
-    group: ConsistencyGroup, *, world: int, rank_bins: int, grid: Any, since: datetime,
-    until: datetime,
-) -> dict[str, list[tuple[Any, ...]]]:  # fmt: skip
+    group: ConsistencyGroup, *, world: int, grid: Any, until: datetime, rollups: bool = True
+) -> dict[str, list[tuple[Any, ...]]]:
     """Heatmap cells, per-bin percentiles and the slowest ranks' phases, all in SQL.
 
-    Returns aggregated rows only (at most rank_bins x grid.bins cells plus a histogram),
+    Reads the grid's whole buckets from the step-bin rollup where it covers them and raw
+    rows elsewhere (`rollups=False`: raw rows only, the reference the tests compare with).
+    Returns aggregated rows only (at most rank bins x grid.bins cells plus a histogram),
     with time bins as indexes of `grid`; nothing here loops over step rows.
     """
     from console import charts
 
     origin = datetime.fromtimestamp(grid.start, UTC)
+    # Rollup buckets [lo, hi) inside the window; raw rows before lo and from hi on.
+    lo = hi = origin
+    if rollups and (mark := step_bins.covered()) is not None:
+        lo = max(origin, mark[0])
+        hi = min(mark[1], step_bins.bucket_floor(until) + timedelta(seconds=step_bins.BUCKET_S))
+        if hi <= lo:
+            lo = hi = origin
     params: dict[str, Any] = {
-        "group": group.pk, "generation": group.generation, "rbins": rank_bins,
-        "world": max(world, 1), "width": grid.width_s,
-        "origin": origin, "since": since, "until": until, "limit": SLOWEST_RANKS,
-        "hres": HIST_RESOLUTION,
+        "group": group.pk, "generation": group.generation, "block": charts.rank_block(world),
+        "rbins": charts.rank_bins(world), "width": grid.width_s, "origin": origin,
+        "since": origin, "until": until, "rolled_from": lo, "rolled_until": hi,
+        "limit": SLOWEST_RANKS, "hres": HIST_RESOLUTION,
     }  # fmt: skip
 
     def index(ts: datetime) -> int:
@@ -198,16 +240,16 @@ def step_aggregates(
         cur.execute("SET LOCAL jit = off")  # compiling costs more than it saves here
         # The planner expects ~a group per row (it cannot know 256 x 120 bins cap them) and
         # picks an on-disk sort for the grouping sets; given room for the hash table it
-        # estimates, it hashes both sets in one pass (measured: ~53 MB at 16k ranks).
+        # estimates, it hashes both sets in one pass (measured: ~53 MB at 16k ranks raw).
         cur.execute("SET LOCAL work_mem = '256MB'")
         cur.execute(_STEP_AGG_SQL, params)
         for is_hist, rb, ts, hb, slowest, mean, n in cur.fetchall():
             if is_hist:
-                hist.append((index(ts), hb, n))
+                hist.append((index(ts), hb, int(n)))
             else:
-                cells.append((rb, index(ts), slowest, mean))
+                cells.append((rb, index(ts), slowest, mean, int(n)))
         suspects = charts.slowest_bins(cells, count=SLOWEST_RANKS)
-        params["ranks"] = charts.ranks_in_bins(suspects, world=world, bins=rank_bins)
+        params["ranks"] = charts.ranks_in_bins(suspects, world=world)
         cur.execute(_PHASES_SQL, params)
         slowest = cur.fetchall()
     percentiles = charts.histogram_percentiles(hist, resolution=HIST_RESOLUTION)

@@ -14,6 +14,7 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from console import live, pipeline
+from ingest import step_bins
 
 log = logging.getLogger(__name__)
 
@@ -49,4 +50,14 @@ def rollup_telemetry() -> None:
     """1-minute rollups of the last closed minutes (idempotent: safe to run twice)."""
     from ingest.rollups import rollup
 
-    rollup(now=timezone.now())
+    now = timezone.now()
+    rollup(now=now)
+    # Backstop for the 5 s step bins: refold the last 2 minutes once a minute, so a row
+    # that arrived later than a 5 s pass looks back (an agent's spool) reaches the charts.
+    step_bins.rollup(now=now, buckets=step_bins.BACKSTOP_BUCKETS)
+
+
+@shared_task(name="console.rollup_step_bins", acks_late=True, expires=5)
+def rollup_step_bins() -> None:
+    """5 s step bins for the group charts (idempotent; skips while another pass runs)."""
+    step_bins.rollup(now=timezone.now())

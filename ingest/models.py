@@ -290,3 +290,72 @@ class DeviceRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id} {self.minute:%H:%M}"
+
+
+class StepBinRollup(models.Model):
+    """One rank block's steps over one 5 s bucket: slowest, sum and count (the heatmap).
+
+    Maintained by ingest.step_bins from non-stale StepRecord rows; `rank_lo` is the block's
+    first rank (blocks are a power of two of ranks). A re-run recomputes the bucket in
+    place (unique key), so late rows are folded in, never counted twice.
+    """
+
+    group = models.ForeignKey(
+        ConsistencyGroup, on_delete=models.CASCADE, db_constraint=False, db_index=False
+    )
+    generation = models.PositiveIntegerField()
+    bucket = models.DateTimeField()
+    rank_lo = models.PositiveIntegerField()
+    steps = models.PositiveIntegerField()
+    max_ms = models.FloatField()
+    sum_ms = models.FloatField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["group", "generation", "bucket", "rank_lo"], name="stepbin_key"
+            )
+        ]
+        # The rollup's and retention's deletes go by bucket across groups.
+        indexes = [models.Index(fields=["bucket"], name="stepbin_bucket")]
+
+    def __str__(self) -> str:
+        return f"{self.group_id}@{self.generation} {self.bucket:%H:%M:%S} r{self.rank_lo}"
+
+
+class StepHistRollup(models.Model):
+    """Step count per log-scale step-time bucket per 5 s bucket (the chart's percentiles)."""
+
+    group = models.ForeignKey(
+        ConsistencyGroup, on_delete=models.CASCADE, db_constraint=False, db_index=False
+    )
+    generation = models.PositiveIntegerField()
+    bucket = models.DateTimeField()
+    hist_bucket = models.IntegerField()  # floor(ln(step ms) * HIST_RESOLUTION)
+    steps = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["group", "generation", "bucket", "hist_bucket"], name="stephist_key"
+            )
+        ]
+        indexes = [models.Index(fields=["bucket"], name="stephist_bucket")]
+
+    def __str__(self) -> str:
+        return f"{self.group_id}@{self.generation} {self.bucket:%H:%M:%S} h{self.hist_bucket}"
+
+
+class RollupMark(models.Model):
+    """The bucket range [rolled_from, rolled_until) a fine rollup covers, by rollup name.
+
+    Readers take rollup rows inside it and raw rows outside it; one row per rollup,
+    written in the same transaction as the rollup rows.
+    """
+
+    name = models.CharField(max_length=32, primary_key=True)
+    rolled_from = models.DateTimeField()
+    rolled_until = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.rolled_from:%H:%M:%S}, {self.rolled_until:%H:%M:%S})"

@@ -1,16 +1,17 @@
 """Telemetry upkeep, run hourly by the Celery task `console.maintain_telemetry`.
 
 Creates the coming days' partitions, drops whole days older than `keep_days` (O(1), no
-dead tuples), trims the DEFAULT partitions, and refolds the last hour of minute rollups
-as a backstop for a missed per-minute run. Event-sized tables are not partitioned and
-keep their rows (they are the evidence incidents cite).
+dead tuples), deletes the 5 s step bins past the same age, trims the DEFAULT partitions,
+and refolds the last hour of minute rollups as a backstop for a missed per-minute run.
+Event-sized tables are not partitioned and keep their rows (they are the evidence
+incidents cite).
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from ingest import partitions, rollups
+from ingest import partitions, rollups, step_bins
 
 # An hourly run refolds a little more than an hour, so no minute falls between two runs.
 BACKSTOP_MINUTES = 70
@@ -19,6 +20,10 @@ BACKSTOP_MINUTES = 70
 def run(*, now: datetime, keep_days: int) -> dict[str, int]:
     """Returns rows removed per telemetry table."""
     partitions.ensure_partitions(days_ahead=2, now=now)
-    removed = partitions.drop_partitions_before(now - timedelta(days=keep_days))
+    cutoff = now - timedelta(days=keep_days)
+    removed = partitions.drop_partitions_before(cutoff)
+    # The 5 s step bins go with the raw days they summarize (a DELETE by bucket: ~180k
+    # small rows an hour per 16k-rank group, not worth partitions of their own).
+    removed["ingest_stepbinrollup"] = step_bins.trim(before=cutoff)
     rollups.rollup(now=now, minutes=BACKSTOP_MINUTES)
     return removed

@@ -26,6 +26,7 @@ from rest_framework.views import APIView
 from console import charts, queries
 from console.choices import GroupState
 from console.models import ConsistencyGroup, Incident
+from ingest import step_bins
 
 SEVERITY_ORDER = ("critical", "major", "minor", "info")
 # Chart aggregates scan every step row of the window (~1M at 16k ranks): one computation
@@ -182,7 +183,8 @@ def group_charts(group: ConsistencyGroup) -> dict[str, Any]:
     return data
 
 
-def compute_group_charts(group: ConsistencyGroup) -> dict[str, Any]:
+def compute_group_charts(group: ConsistencyGroup, *, rollups: bool = True) -> dict[str, Any]:
+    """The chart JSON, from the step-bin rollup plus the raw open tail (`rollups=False`: raw)."""
     empty = {"heatmap": None, "percentiles": None, "slowest": None, "window": None}
     window = queries.step_window(group)
     if window is None:
@@ -190,10 +192,9 @@ def compute_group_charts(group: ConsistencyGroup) -> dict[str, Any]:
     first, newest = window
     world = max(group.world_size or 0, getattr(group, "rank_count", 0) or 0, 1)
     bins = charts.rank_bins(world)
-    grid = charts.time_grid(first, newest)
-    agg = queries.step_aggregates(
-        group, world=world, rank_bins=bins, grid=grid, since=first, until=newest
-    )
+    # Time bins are whole rollup buckets, so rollup rows add up without being split.
+    grid = charts.time_grid(first, newest, step_s=step_bins.BUCKET_S)
+    agg = queries.step_aggregates(group, world=world, grid=grid, until=newest, rollups=rollups)
     return {
         "heatmap": charts.heatmap(agg["cells"], world=world, bins=bins, grid=grid),
         "percentiles": charts.percentile_series(agg["percentiles"], grid=grid),

@@ -11,17 +11,24 @@ T0 = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 
 
 def test_it_caps_rank_bins_at_256_for_a_16k_rank_group():
-    assert charts.rank_bins(16_384) == 256
-    assert charts.rank_bins(8) == 8
+    assert charts.rank_bins(16_384) == 256 and charts.rank_block(16_384) == 64
+    assert charts.rank_bins(8) == 8 and charts.rank_block(8) == 1
+
+
+def test_it_bins_ranks_in_whole_power_of_two_blocks():
+    # 1000 ranks: blocks of 4 (2 would need 500 rows), so 250 rows, the last one full.
+    assert (charts.rank_block(1000), charts.rank_bins(1000)) == (4, 250)
+    assert (charts.rank_block(16_385), charts.rank_bins(16_385)) == (128, 129)
 
 
 def test_it_labels_rank_bins_with_the_edges_the_sql_uses():
-    world, bins = 1000, 256
+    world = 1000
+    bins, block = charts.rank_bins(world), charts.rank_block(world)
     labels = charts.rank_bin_labels(world, bins)
     for rank in (0, 3, 4, 999, 517):
-        b = rank * bins // world  # the SQL's integer division
-        lo, _, hi = labels[b][1:].partition("-")
+        lo, _, hi = labels[rank // block][1:].partition("-")  # the SQL's integer division
         assert int(lo) <= rank <= int(hi or lo)
+    assert labels[-1] == "r996-999"
 
 
 def test_it_keeps_at_most_120_time_bins_over_a_long_window():
@@ -33,6 +40,16 @@ def test_it_keeps_at_most_120_time_bins_over_a_long_window():
 def test_it_never_makes_bins_narrower_than_a_second():
     grid = charts.time_grid(T0, T0 + timedelta(seconds=30))
     assert grid.width_s == 1.0 and grid.bins == 31
+
+
+def test_it_aligns_time_bins_to_whole_rollup_buckets():
+    first = T0 + timedelta(seconds=3.2)
+    grid = charts.time_grid(first, first + timedelta(seconds=71), step_s=5)
+    assert (grid.start, grid.width_s, grid.bins) == (T0.timestamp(), 5, 15)
+    ten_minutes = charts.time_grid(T0, T0 + timedelta(seconds=599.9), step_s=5)
+    assert (ten_minutes.width_s, ten_minutes.bins) == (5, 120)
+    longer = charts.time_grid(T0, T0 + timedelta(seconds=600), step_s=5)
+    assert longer.width_s == 10 and longer.bins == 61 and longer.start % 10 == 5
 
 
 def test_it_places_cells_and_leaves_missing_ones_empty():
@@ -139,6 +156,6 @@ def test_it_finds_the_bin_of_a_persistent_straggler():
 
 
 def test_it_inverts_rank_binning_exactly():
-    world, bins = 1000, 256
-    members = charts.ranks_in_bins([3, 200], world=world, bins=bins)
-    assert members == [r for r in range(world) if r * bins // world in (3, 200)]
+    world = 1000
+    members = charts.ranks_in_bins([3, 249], world=world)
+    assert members == [r for r in range(world) if r // charts.rank_block(world) in (3, 249)]
