@@ -158,9 +158,11 @@ def test_it_keeps_the_covered_range_contiguous_and_catches_up_after_a_gap():
     )
 
 
-def test_retention_deletes_rollup_rows_with_the_raw_days(group):
+def test_retention_keeps_a_day_of_step_bins_whatever_the_raw_retention(group):
     step_bins.rollup(now=LAST + timedelta(seconds=10))
     assert StepBinRollup.objects.exists() and StepHistRollup.objects.exists()
-    retention.run(now=T0 + timedelta(days=3), keep_days=2)
+    retention.run(now=LAST + timedelta(hours=23), keep_days=14)  # younger than a day: kept
+    assert StepBinRollup.objects.exists() and StepHistRollup.objects.exists()
+    retention.run(now=T0 + timedelta(days=3), keep_days=14)
     assert not StepBinRollup.objects.exists() and not StepHistRollup.objects.exists()
-    assert RollupMark.objects.get().rolled_from == T0 + timedelta(days=1)
+    assert RollupMark.objects.get().rolled_from == T0 + timedelta(days=2)
