@@ -45,6 +45,10 @@ import psutil  # noqa: E402
 from faultline.testing.service import ADMIN, Service, start_service, stop_service  # noqa: E402
 
 GROWTH_LIMIT = 0.10
+# ...and at least this much: a 5 MB Valkey stepped 2.5 -> 5.0 MB once at minute 14 of a run
+# (a background save's copy-on-write pages) and stayed flat; a leak grows, a step does not.
+GROWTH_FLOOR_MB = 4.0
+KEYS_FLOOR = 100  # Valkey keys beyond the warm-up count (+10 %): something is not expiring
 WARMUP_MAX_MIN = 10.0
 MEMORY_RULE_MIN_MINUTES = 30  # the memory verdict needs 20 minutes after a 10-minute warm-up
 
@@ -194,6 +198,17 @@ def processes(svc: Service) -> dict[str, list[psutil.Process]]:
     return roles
 
 
+def dbsize(svc: Service) -> int | None:
+    """Keys in the service's Valkey: broker queues, channel groups, rate and debounce keys."""
+    import redis
+
+    try:
+        url = json.loads((svc.data_dir / "runtime.json").read_text())["REDIS_URL"]
+        return int(redis.Redis.from_url(url, socket_timeout=2).dbsize())
+    except (OSError, ValueError, KeyError, redis.RedisError):
+        return None
+
+
 def memory_mb(svc: Service) -> tuple[dict[str, float], dict[str, float]]:
     """RSS and USS per role. RSS counts shared pages once per process (Postgres's shared
     buffers, gunicorn's forked code), so it grows as a cache warms; USS is private memory
@@ -242,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         for thread in threads:
             thread.start()
         rss: dict[int, dict[str, float]] = {}
+        valkey_keys: dict[int, int | None] = {}  # keys must not pile up (channel groups, ...)
         uss: dict[int, dict[str, float]] = {}
         printed = 0
         print(f"soak: {args.nodes} nodes x {args.rate} batches/s x 17 records, "
@@ -250,13 +266,15 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(5)
             minute = int((time.monotonic() - start) // 60)
             rss[minute], uss[minute] = memory_mb(svc)
+            valkey_keys[minute] = dbsize(svc)
             while printed < minute:
                 lat = stats.latency.get(printed, [])
                 print(
                     f"minute {printed + 1}: batches={len(lat)} p50_ms={p(lat, 0.5):.1f} "
                     f"p99_ms={p(lat, 0.99):.1f} errors={len(stats.errors.get(printed, []))} "
                     f"ws_messages={stats.ws_messages} rss_mb={json.dumps(rss.get(printed))} "
-                    f"uss_mb={json.dumps(uss.get(printed))}",
+                    f"uss_mb={json.dumps(uss.get(printed))} "
+                    f"valkey_keys={valkey_keys.get(printed)}",
                     flush=True,
                 )
                 printed += 1
@@ -275,7 +293,19 @@ def main(argv: list[str] | None = None) -> int:
         growth, growth_from_start = pct(base), pct(first)
         all_lat = [x for xs in stats.latency.values() for x in xs]
         errors = [e for es in stats.errors.values() for e in es]
-        grew = {r: g for r, g in growth.items() if g > GROWTH_LIMIT * 100}
+        grew = {
+            r: g
+            for r, g in growth.items()
+            if g > GROWTH_LIMIT * 100 and last.get(r, 0) - base.get(r, 0) > GROWTH_FLOOR_MB
+        }
+        end = max(valkey_keys, default=0)
+        keys_first, keys_base, keys_last = (valkey_keys.get(m) for m in (0, warm - 1, end))
+        if (
+            keys_base is not None
+            and keys_last is not None
+            and (keys_last > keys_base * (1 + GROWTH_LIMIT) + KEYS_FLOOR)
+        ):
+            grew["valkey_keys"] = round((keys_last - keys_base) / max(keys_base, 1) * 100, 1)
         # A shorter run never leaves the warm-up (Postgres's USS grew 19 % in a 3-minute
         # run, the diagnosis window fills for 10 minutes): its growth is printed, not judged.
         judged = args.minutes >= MEMORY_RULE_MIN_MINUTES
@@ -287,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             f"ws_messages={stats.ws_messages} warmup_min={warm} "
             f"uss_growth_after_warmup_pct={json.dumps(growth)} "
             f"uss_growth_from_minute_1_pct={json.dumps(growth_from_start)} "
+            f"valkey_keys={keys_first}/{keys_base}/{keys_last} (minute 1/warm/end) "
             f"memory_growth_over_10pct={sorted(grew) or 'none'}"
             f"{'' if judged else f' (advisory: runs under {MEMORY_RULE_MIN_MINUTES} min)'}",
             flush=True,
