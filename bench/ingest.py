@@ -175,6 +175,7 @@ class _Connection(http.client.HTTPConnection):
 
 
 NODELAY = True
+WORKERS = 2  # --workers: server processes (faultline up's default is 2)
 
 
 def _send_all(
@@ -229,7 +230,7 @@ def run_load(server: str, agents: list[Agent], env: dict[str, str], seconds: flo
     result = Result(server)
     lock = threading.Lock()
     run_id = secrets.token_hex(4)
-    with http_servers.running(server, port, env) as pid:
+    with http_servers.running(server, port, env, workers=WORKERS) as pid:
         cpu0 = _cpu(pid), _postgres_cpu(), time.process_time()
         deadline = time.monotonic() + seconds
         threads = [
@@ -390,11 +391,14 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=8, help="concurrent simulated nodes")
     parser.add_argument("--seconds", type=float, default=20.0, help="load time per server")
     parser.add_argument("--batch-seconds", type=int, default=4, help="seconds per batch")
+    parser.add_argument("--workers", type=int, default=2, help="server worker processes")
     parser.add_argument("--target", type=int, default=30_000, help="records/s to build for")
     parser.add_argument(
         "--nodes-per-group", type=int, default=4, help="nodes of one training job (group)"
     )
     args = parser.parse_args()
+    global WORKERS
+    WORKERS = args.workers
     global NODES_PER_GROUP  # one knob, read by the record builders
     NODES_PER_GROUP = args.nodes_per_group
     if args.quick:
