@@ -285,7 +285,8 @@ class _Writer:
         self.agent_update: dict[str, Any] = {}
         self.existing_ranks: dict[tuple[str, int], dict[str, Any]] = {}
         self.summary_changed: set[str] = set()
-        self.locked = False  # group rows locked: this batch may change group state
+        self.locked: set[str] = set()  # groups locked FOR UPDATE: their state may change
+        self.kind_read: dict[str, str] = {}
         self.activity_read: dict[str, datetime | None] = {}
         self.activity_written: dict[int, datetime] = {}
         self.actions_pending = True
@@ -317,8 +318,8 @@ class _Writer:
         """Read the groups the batch names, creating new ones, and the live state of the
         ranks it names: one round trip when the groups exist.
 
-        A batch that changes group state (a transition, a checkpoint, a new group or kind)
-        locks the group rows FOR UPDATE (name order: no deadlocks). Steps, collectives and
+        A batch that changes group state (a transition or a checkpoint) locks the group rows
+        FOR UPDATE (name order: no deadlocks), and so does creating a group. Steps, collectives and
         serving windows take FOR KEY SHARE: they never wait for each other, so the thousands
         of nodes of one job do not queue on their group's row, yet a transition still waits
         for them and they for it, so fencing sees the generation that commits. They may
@@ -346,8 +347,11 @@ class _Writer:
             return
         names = sorted(wanted)
         rows = self._select_groups(names, ranks, lock=lock)
+        self.locked = set(names) if lock else set()
         new_names: set[str] = set()
         if len(rows) < len(names):
+            # Only the new rows are locked FOR UPDATE: upgrading a row this batch already
+            # holds FOR KEY SHARE could deadlock with another batch doing the same.
             found = {row[_GROUP_NAME] for row in rows}
             missing = [
                 ConsistencyGroup(name=n, kind=wanted[n], state_since=self.now)
@@ -356,15 +360,8 @@ class _Writer:
             ]
             ConsistencyGroup.objects.bulk_create(missing, ignore_conflicts=True)
             new_names = {g.name for g in missing}
-            lock = True
-            rows = self._select_groups(names, ranks, lock=True)
-        elif not lock and any(
-            row[_GROUP_KIND] == GroupKind.UNKNOWN and wanted[row[_GROUP_NAME]] != GroupKind.UNKNOWN
-            for row in rows
-        ):
-            lock = True
-            rows = self._select_groups(names, ranks, lock=True)
-        self.locked = lock
+            rows = [*rows, *self._select_groups(sorted(new_names), set(), lock=True)]
+            self.locked |= new_names
         for row in rows:
             group = from_row(ConsistencyGroup, row)
             if group.kind == GroupKind.UNKNOWN and wanted[group.name] != GroupKind.UNKNOWN:
@@ -382,6 +379,7 @@ class _Writer:
             )
             self.groups[group.name] = (group, view)
             self.activity_read[group.name] = group.last_activity
+            self.kind_read[group.name] = row[_GROUP_KIND]
 
     def _select_groups(
         self, names: list[str], ranks: set[tuple[str, int]], *, lock: bool
@@ -643,9 +641,14 @@ class _Writer:
         for i, (group, _view) in enumerate(self.groups.values()):
             params[f"g{i}_id"] = group.pk
             params[f"g{i}_last_activity"] = group.last_activity
-            if not self.locked:
-                # Shared lock: write nothing but activity, and only once it moved a second
-                # past what this process last wrote (an UPDATE takes the row lock to commit).
+            if group.name not in self.locked:
+                # FOR KEY SHARE: write only what needs no lock to be right. A kind learned
+                # from this batch's records, once (an UPDATE takes the row lock until
+                # commit; a second writer re-checks `kind = 'unknown'` after it); activity
+                # once it moved a second past what this process last wrote.
+                if group.kind != self.kind_read.get(group.name):
+                    params[f"g{i}_kind"] = group.kind
+                    sql.append(_KIND_UPDATE.replace("%(g_", f"%(g{i}_"))
                 now = group.last_activity
                 was = max(
                     filter(None, (self.activity_read.get(group.name), _activity.get(group.pk))),
@@ -771,6 +774,10 @@ UPDATE console_consistencygroup SET {_GROUP_SET},
 WHERE id = %(g_id)s
 """  # noqa: S608 - constant column names
 
+_KIND_UPDATE = """
+UPDATE console_consistencygroup SET kind = %(g_kind)s WHERE id = %(g_id)s AND kind = 'unknown'
+"""
+
 ACTIVITY_STEP = timedelta(seconds=1)
 # Per process: the newest last_activity this process committed for each group id.
 _activity: dict[int, datetime] = {}
@@ -826,8 +833,8 @@ _COPY_SQL = {
     for table, cols in COLUMNS.items()
 }
 
-_GROUP_NAME = [f.attname for f in ConsistencyGroup._meta.concrete_fields].index("name")
-_GROUP_KIND = [f.attname for f in ConsistencyGroup._meta.concrete_fields].index("kind")
+_GROUP_ATTNAMES = [f.attname for f in ConsistencyGroup._meta.concrete_fields]
+_GROUP_NAME, _GROUP_KIND = _GROUP_ATTNAMES.index("name"), _GROUP_ATTNAMES.index("kind")
 
 _GROUPS_AND_RANKS = f"""
 SELECT {columns(ConsistencyGroup, "g")} FROM console_consistencygroup g

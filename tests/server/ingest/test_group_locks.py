@@ -115,3 +115,26 @@ def test_steps_move_last_activity_forward_only(post_batch):
     assert ConsistencyGroup.objects.get(name=GROUP).last_activity == t0 + timedelta(seconds=10)
     post_batch(make_batch([_step(1, 2, t0 + timedelta(seconds=20))]))
     assert ConsistencyGroup.objects.get(name=GROUP).last_activity == t0 + timedelta(seconds=20)
+
+
+def test_the_first_steps_after_a_transition_set_the_kind_without_waiting(post_batch):
+    """A launcher's transition creates the group (kind unknown); every node's first steps
+    then name it at once. None may need the row FOR UPDATE: they would deadlock."""
+    assert post_batch(make_batch([_transition(1)])).status_code == 202
+    assert ConsistencyGroup.objects.get(name=GROUP).kind == "unknown"
+    with _row_lock("FOR KEY SHARE"):  # another node's first step batch, in flight
+        done, out = _in_thread(lambda: post_batch(make_batch([_step(1, 0)])))
+        assert done.wait(5), "a first step batch waited to set the group's kind"
+    assert out[0].status_code == 202
+    assert ConsistencyGroup.objects.get(name=GROUP).kind == "training"
+
+
+def test_a_batch_naming_a_new_group_does_not_wait_for_batches_of_the_existing_one(post_batch):
+    assert post_batch(make_batch([_transition(1), _step(1, 0)])).status_code == 202
+    other = {"kind": "step", "group": "g-new-job", "generation": 1, "rank": 0, "step": 0}
+    with _row_lock("FOR KEY SHARE"):
+        done, out = _in_thread(lambda: post_batch(make_batch([_step(1, 1), other])))
+        assert done.wait(5), "creating a group upgraded the lock on the existing one"
+    assert out[0].status_code == 202, out[0].content
+    new = ConsistencyGroup.objects.get(name="g-new-job")
+    assert (new.kind, new.generation) == ("training", 1)
