@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.cookiejar
 import json
 import statistics
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from faultline.testing.service import ADMIN, Service, start_service, stop_service  # noqa: E402
+from faultline.testing.service import Service, start_service, stop_service  # noqa: E402
 
 PER_NODE = 8
 
@@ -157,21 +156,6 @@ class Fleet:
             self.stop.wait(max(0.0, self.step_s - (time.monotonic() - started)))
 
 
-def session_cookie(service: Service) -> str:
-    jar = http.cookiejar.CookieJar()
-    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-    opener.open(service.url + "/login/").read()
-    csrf = next(c.value for c in jar if c.name == "csrftoken")
-    form = urllib.parse.urlencode(
-        {"username": ADMIN[0], "password": ADMIN[1], "csrfmiddlewaretoken": csrf}
-    ).encode()
-    request = urllib.request.Request(
-        service.url + "/login/", data=form, headers={"Referer": service.url + "/login/"}
-    )
-    opener.open(request).read()
-    return "; ".join(f"{c.name}={c.value}" for c in jar)
-
-
 class Watcher:
     """A browser-like websocket on the fleet topic, recording when incidents arrive."""
 
@@ -291,7 +275,7 @@ def main() -> int:
     service = start_service(data)
     fleet = Fleet(service, args.ranks, args.step_s)
     try:
-        watcher = Watcher(service, session_cookie(service))
+        watcher = Watcher(service, service.login()[0])
         groups = [f"explicit-{i}" for i in range(trials)] + [f"silent-{i}" for i in range(trials)]
         for group in groups:
             fleet.start_group(group)

@@ -26,12 +26,10 @@ import gzip
 import http.client
 import json
 import math
-import re
 import sys
 import tempfile
 import threading
 import time
-import urllib.parse
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -42,7 +40,7 @@ sys.path.insert(0, str(_HERE.parent))
 
 import psutil  # noqa: E402
 
-from faultline.testing.service import ADMIN, Service, start_service, stop_service  # noqa: E402
+from faultline.testing.service import Service, start_service, stop_service  # noqa: E402
 
 GROWTH_LIMIT = 0.10
 # ...and at least this much: a 5 MB Valkey stepped 2.5 -> 5.0 MB once at minute 14 of a run
@@ -138,31 +136,6 @@ def poster(svc: Service, node: str, token: str, rate: float, stop: float, stats:
     conn.close()
 
 
-def session_cookie(svc: Service) -> str:
-    conn = http.client.HTTPConnection("127.0.0.1", svc.port, timeout=10)
-    conn.request("GET", "/login/")
-    resp = conn.getresponse()
-    page = resp.read().decode()
-    csrf = next(
-        c.split(";")[0] for c in resp.headers.get_all("Set-Cookie") if c.startswith("csrftoken=")
-    )
-    match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
-    if match is None:
-        raise RuntimeError("login page has no CSRF token")
-    form = urllib.parse.urlencode(
-        {"username": ADMIN[0], "password": ADMIN[1], "csrfmiddlewaretoken": match.group(1)}
-    )
-    conn.request("POST", "/login/", body=form, headers={
-        "Content-Type": "application/x-www-form-urlencoded", "Cookie": csrf,
-        "Referer": svc.url + "/login/"})  # fmt: skip
-    resp = conn.getresponse()
-    resp.read()
-    session = next(
-        c.split(";")[0] for c in resp.headers.get_all("Set-Cookie") or [] if "sessionid=" in c
-    )
-    return f"{csrf}; {session}"
-
-
 def websocket_client(svc: Service, cookie: str, stop: float, stats: Stats) -> None:
     import websockets
 
@@ -251,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         threads.append(
             threading.Thread(
-                target=websocket_client, args=(svc, session_cookie(svc), stop, stats), daemon=True
+                target=websocket_client, args=(svc, svc.login()[0], stop, stats), daemon=True
             )
         )
         for thread in threads:

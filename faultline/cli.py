@@ -30,6 +30,21 @@ def _runtime_file(data_dir: Path) -> Path:
     return data_dir / "runtime.json"
 
 
+def write_runtime(data_dir: Path, args: argparse.Namespace) -> None:
+    """What a running `faultline up`/`demo` is: pid, URLs and ports (tests and tools read it)."""
+    _runtime_file(data_dir).write_text(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "DATABASE_URL": os.environ["DATABASE_URL"],
+                "REDIS_URL": os.environ["REDIS_URL"],
+                "port": args.port,
+                "ws_port": args.ws_port,
+            }
+        )
+    )
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -204,17 +219,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         call_command("migrate", interactive=False, verbosity=0)
         login = _ensure_admin()
         _close_db()  # the supervisor holds no connection: Postgres can stop cleanly later
-        _runtime_file(data_dir).write_text(
-            json.dumps(
-                {
-                    "pid": os.getpid(),
-                    "DATABASE_URL": os.environ["DATABASE_URL"],
-                    "REDIS_URL": os.environ["REDIS_URL"],
-                    "port": args.port,
-                    "ws_port": args.ws_port,
-                }
-            )
-        )
+        write_runtime(data_dir, args)
         sup = Supervisor(_children(args), dict(os.environ), embedded=emb)
 
         def on_signal(signum: int, frame: object) -> None:

@@ -121,17 +121,7 @@ def run(args: argparse.Namespace) -> int:
         commands["workload"] = [
             sys.executable, "-m", "faultline.demo", "simulate", str(demo_dir / "plan.json"),
         ]  # fmt: skip
-        cli._runtime_file(data_dir).write_text(
-            json.dumps(
-                {
-                    "pid": os.getpid(),
-                    "DATABASE_URL": os.environ["DATABASE_URL"],
-                    "REDIS_URL": os.environ["REDIS_URL"],
-                    "port": args.port,
-                    "ws_port": args.ws_port,
-                }
-            )
-        )
+        cli.write_runtime(data_dir, args)
         env = dict(os.environ)
         env[CONTROL_ENV] = str(control)
         sup = cli.Supervisor(commands, env)

@@ -7,13 +7,16 @@ directory of its own, and offers the few client calls the system tests and bench
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +44,32 @@ class Service:
         request.add_header("Authorization", f"Basic {basic}")
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read())
+
+    def login(self, auth: tuple[str, str] = ADMIN) -> tuple[str, str]:
+        """Log in through the form like a browser: (Cookie header for later requests,
+        the raw `Set-Cookie` line of the session, whose flags the security tests read)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        conn.request("GET", "/login/")
+        resp = conn.getresponse()
+        page = resp.read().decode()
+        csrf = next(
+            c.split(";")[0] for c in resp.headers.get_all("Set-Cookie") or []
+            if c.startswith("csrftoken=")
+        )  # fmt: skip
+        match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+        if match is None:
+            raise RuntimeError("login page has no CSRF token")
+        form = urllib.parse.urlencode(
+            {"username": auth[0], "password": auth[1], "csrfmiddlewaretoken": match.group(1)}
+        )
+        conn.request("POST", "/login/", body=form, headers={
+            "Content-Type": "application/x-www-form-urlencoded", "Cookie": csrf,
+            "Referer": self.url + "/login/"})  # fmt: skip
+        resp = conn.getresponse()
+        resp.read()
+        conn.close()
+        session = next(c for c in resp.headers.get_all("Set-Cookie") or [] if "sessionid=" in c)
+        return f"{csrf}; {session.split(';')[0]}", session
 
     def cli(self, *args: str) -> str:
         out = subprocess.run(

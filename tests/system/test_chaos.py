@@ -522,34 +522,8 @@ def test_it_sends_httponly_samesite_session_cookies_and_a_csp_without_inline_scr
     assert "'unsafe-inline'" not in script_src and "'unsafe-eval'" not in script_src
     csrf = next(c for c in cookies if c.startswith("csrftoken="))
     assert "SameSite=Lax" in csrf
-    session_cookie = _session_cookie_flags(svc)
+    session_cookie = svc.login()[1]
     assert "HttpOnly" in session_cookie and "SameSite=Lax" in session_cookie
-
-
-def _session_cookie_flags(svc: Service) -> str:
-    import http.client
-    import re
-    import urllib.parse
-
-    conn = http.client.HTTPConnection("127.0.0.1", svc.port, timeout=10)
-    conn.request("GET", "/login/")
-    resp = conn.getresponse()
-    page = resp.read().decode()
-    csrf_cookie = next(
-        c.split(";")[0] for c in resp.headers.get_all("Set-Cookie") if c.startswith("csrftoken=")
-    )
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
-    body = urllib.parse.urlencode(
-        {"username": "admin", "password": "admin-pass-for-tests", "csrfmiddlewaretoken": token}
-    )
-    conn.request(
-        "POST", "/login/", body=body,
-        headers={"Content-Type": "application/x-www-form-urlencoded", "Cookie": csrf_cookie,
-                 "Referer": svc.url + "/login/"},
-    )  # fmt: skip
-    resp = conn.getresponse()
-    resp.read()
-    return next((c for c in resp.headers.get_all("Set-Cookie") or [] if "sessionid=" in c), "")
 
 
 def test_it_is_clean_under_the_bandit_rules_of_ruff():
