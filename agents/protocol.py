@@ -10,7 +10,6 @@ Renaming or removing a field is a versioned change (/api/v2); adding an optional
 
 from __future__ import annotations
 
-import math
 import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -26,7 +25,6 @@ MAX_BATCH_BYTES = 8 * 1024 * 1024
 MAX_COLLECTIVE_ENTRIES = 512
 MAX_SHARDS = 4096
 
-NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 UtcTime = Annotated[datetime, Meta(tz=True)]
 Name = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@/\-]+$")]
@@ -316,13 +314,6 @@ def _refuse_nul(value: Any, path: tuple[str | int, ...] = ()) -> None:
 
 def encode_batch(batch: Batch) -> bytes:
     return msgspec.json.encode(batch)
-
-
-def to_float(value: float | str | None) -> float | None:
-    """Turn a contract number (maybe "NaN"/"Infinity") into a Python float."""
-    if value.__class__ is str:  # one type check: this runs for every number of every step
-        return NON_FINITE[value]  # type: ignore[index]
-    return value  # type: ignore[return-value]
 
 
 def _explain(raw: str, body: bytes) -> ContractError:

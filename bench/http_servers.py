@@ -19,12 +19,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def command(server: str, port: int, workers: int) -> list[str]:
+def command(server: str, port: int, workers: int, threads: int = 4) -> list[str]:
     py = sys.executable
     if server == "gunicorn":
         return [
             py, "-m", "gunicorn", "faultline.wsgi:application", "--bind", f"127.0.0.1:{port}",
-            "--workers", str(workers), "--worker-class", "gthread", "--threads", "4",
+            "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
             "--backlog", "2048",
             "--timeout", "60", "--log-level", "warning",
         ]  # fmt: skip
@@ -56,10 +56,12 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) 
 
 
 @contextlib.contextmanager
-def running(server: str, port: int, env: dict[str, str], workers: int = 2) -> Iterator[int]:
+def running(
+    server: str, port: int, env: dict[str, str], workers: int = 2, threads: int = 4
+) -> Iterator[int]:
     """Run `server` on `port` for the duration of the block; yields the server's pid."""
     proc = subprocess.Popen(
-        command(server, port, workers),
+        command(server, port, workers, threads),
         cwd=ROOT,
         env={**os.environ, **env},
         stdout=subprocess.DEVNULL,

@@ -176,17 +176,21 @@ class _Connection(http.client.HTTPConnection):
 
 NODELAY = True
 WORKERS = 2  # --workers: server processes (faultline up's default is 2)
+THREADS = 4  # --threads: gunicorn threads per worker
 
 
 def _send_all(
     agent: Agent, port: int, agent_id: str, deadline: float, result: Result, lock: threading.Lock
 ) -> None:
-    conn = _Connection("127.0.0.1", port, timeout=60)
     ident = msgspec.json.encode({"id": agent_id, "node": agent.node, "version": "bench"})
     headers = {
         "Authorization": f"Bearer {agent.token}",
         "Content-Type": "application/json",
         "Content-Encoding": "gzip",
+        # One connection per batch, as the agent's urllib sender does. Kept-alive
+        # connections all land on the gunicorn worker that accepted them first, which
+        # measured one worker's GIL instead of the server (docs/performance.md).
+        "Connection": "close",
     }
     records = batches = errors = 0
     latencies: list[float] = []
@@ -202,21 +206,22 @@ def _send_all(
         )
         payload = gzip.compress(body, 1)  # agents use 5; the server's inflate cost is alike
         t0 = time.perf_counter()
+        conn = _Connection("127.0.0.1", port, timeout=60)
         try:
             conn.request("POST", "/api/v1/ingest", payload, headers)
             response = conn.getresponse()
             response.read()
         except (OSError, http.client.HTTPException):
-            conn.close()
             errors += 1
             continue
+        finally:
+            conn.close()
         latencies.append(time.perf_counter() - t0)
         if response.status == 202:
             records += len(recs)
             batches += 1
         else:
             errors += 1
-    conn.close()
     with lock:
         result.records += records
         result.batches += batches
@@ -230,7 +235,7 @@ def run_load(server: str, agents: list[Agent], env: dict[str, str], seconds: flo
     result = Result(server)
     lock = threading.Lock()
     run_id = secrets.token_hex(4)
-    with http_servers.running(server, port, env, workers=WORKERS) as pid:
+    with http_servers.running(server, port, env, workers=WORKERS, threads=THREADS) as pid:
         cpu0 = _cpu(pid), _postgres_cpu(), time.process_time()
         deadline = time.monotonic() + seconds
         threads = [
@@ -392,13 +397,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="load time per server")
     parser.add_argument("--batch-seconds", type=int, default=4, help="seconds per batch")
     parser.add_argument("--workers", type=int, default=2, help="server worker processes")
+    parser.add_argument("--threads", type=int, default=4, help="gunicorn threads per worker")
     parser.add_argument("--target", type=int, default=30_000, help="records/s to build for")
     parser.add_argument(
         "--nodes-per-group", type=int, default=4, help="nodes of one training job (group)"
     )
     args = parser.parse_args()
-    global WORKERS
-    WORKERS = args.workers
+    global WORKERS, THREADS
+    WORKERS, THREADS = args.workers, args.threads
     global NODES_PER_GROUP  # one knob, read by the record builders
     NODES_PER_GROUP = args.nodes_per_group
     if args.quick:

@@ -23,6 +23,8 @@ from agents import protocol as p
 from console.choices import ACTION_LIVE_STATES, GroupKind, Health
 from console.models import ConsistencyGroup, Node
 from ingest import fencing
+from ingest.copytext import flag, num, text, when
+from ingest.copytext import json as cjson
 from ingest.models import ContractViolation
 from ingest.rawsql import columns, from_row, send
 from ingest.scrub import scrub_text
@@ -249,17 +251,9 @@ def _fill_gap(ranges: list[list[int]], seq: int) -> tuple[list[list[int]], int]:
     return out, filled
 
 
-def _f(value: float | str | None) -> float | None:
-    return p.to_float(value)
-
-
 # msgspec encodes contract Structs straight to JSON bytes, 5-10x faster than json.dumps of
 # their to_builtins() copies; the JSON is the same (omit_defaults, ISO times with "Z").
 _JSON = msgspec.json.Encoder()
-
-
-def _j(value: Any) -> Jsonb | None:
-    return None if value is None else Jsonb(value, dumps=_JSON.encode)
 
 
 def _plain(struct: Any) -> Any:
@@ -272,7 +266,8 @@ class _Writer:
     def __init__(self, *, node: Node, agent_id: str, now: datetime, shift: timedelta) -> None:
         self.node, self.agent_id, self.now, self.shift = node, agent_id, now, shift
         self.node_id = node.pk
-        self.rows: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+        self.rows: dict[str, list[str]] = defaultdict(list)  # COPY text lines per table
+        self.node_cell = f"\t{self.node_id}\t"  # every row's node_id, between its neighbours
         self.devices: dict[str, dict[str, Any]] = {}
         self.device_events: dict[str, str] = {}
         self.ranks: dict[tuple[str, int], dict[str, Any]] = {}
@@ -417,21 +412,22 @@ class _Writer:
     def _on_heartbeat(self, rec: p.Heartbeat, ts: datetime) -> None:
         return  # heartbeats only prove liveness (self.last_seen) and spool state
 
+    # Each handler appends one COPY text line in the column order of COLUMNS[table].
     def _on_device_sample(self, rec: p.DeviceSample, ts: datetime) -> None:
         self.rows["devicesample"].append(
-            (
-                ts, self.node_id, rec.gpu, rec.index, rec.temp_c, rec.power_w,
-                rec.sm_clock_mhz, rec.mem_clock_mhz, rec.util_pct, rec.mem_used_bytes,
-                rec.ecc_sbe, rec.ecc_dbe, rec.retired_or_remapped_pending,
-                _j(rec.throttle_reasons), rec.nvlink_errors, rec.pcie_replays,
-            )
-        )  # fmt: skip
+            f"{when(ts)}{self.node_cell}{text(rec.gpu)}\t{rec.index}\t{num(rec.temp_c)}\t"
+            f"{num(rec.power_w)}\t{num(rec.sm_clock_mhz)}\t{num(rec.mem_clock_mhz)}\t"
+            f"{num(rec.util_pct)}\t{num(rec.mem_used_bytes)}\t{num(rec.ecc_sbe)}\t"
+            f"{num(rec.ecc_dbe)}\t{num(rec.retired_or_remapped_pending)}\t"
+            f"{cjson(rec.throttle_reasons)}\t{num(rec.nvlink_errors)}\t{num(rec.pcie_replays)}\n"
+        )
         # Only the newest sample per GPU becomes live state: turn it into a dict at flush.
         self.devices[rec.gpu] = {"index": rec.index, "rec": rec, "ts": ts}
 
     def _on_device_event(self, rec: p.DeviceEvent, ts: datetime) -> None:
         self.rows["deviceevent"].append(
-            (ts, self.node_id, rec.gpu, rec.event, rec.code, scrub_text(rec.detail))
+            f"{when(ts)}{self.node_cell}{text(rec.gpu)}\t{text(rec.event)}\t{num(rec.code)}\t"
+            f"{text(scrub_text(rec.detail))}\n"
         )
         if rec.event in CRITICAL_EVENTS:
             self.device_events[rec.gpu] = rec.event
@@ -441,12 +437,11 @@ class _Writer:
         applied = self._fence(rec, ts)
         group, _ = self.groups[rec.group]
         self.rows["steprecord"].append(
-            (
-                ts, self.node_id, group.pk, rec.generation, not applied, rec.rank, rec.step,
-                rec.tokens, rec.data_cursor, rec.duration_ms, _j(rec.phases),
-                _f(rec.loss), _f(rec.grad_norm), _f(rec.loss_scale), rec.overflow,
-            )
-        )  # fmt: skip
+            f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
+            f"{rec.rank}\t{rec.step}\t{rec.tokens}\t{num(rec.data_cursor)}\t"
+            f"{num(rec.duration_ms)}\t{cjson(rec.phases)}\t{num(rec.loss)}\t"
+            f"{num(rec.grad_norm)}\t{num(rec.loss_scale)}\t{flag(rec.overflow)}\n"
+        )
         if applied:
             entry = self._rank(group, rec.rank, rec.generation)
             if entry.get("last_step") is None or rec.step >= entry["last_step"]:
@@ -458,7 +453,8 @@ class _Writer:
         applied = self._fence(rec, ts)
         group, _ = self.groups[rec.group]
         self.rows["collectivewindow"].append(
-            (ts, self.node_id, group.pk, rec.generation, not applied, rec.rank, _j(rec.entries))
+            f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
+            f"{rec.rank}\t{cjson(rec.entries)}\n"
         )
         if applied:
             self._rank(group, rec.rank, rec.generation)
@@ -467,12 +463,11 @@ class _Writer:
         applied = self._fence(rec, ts)
         group, _ = self.groups[rec.group]
         self.rows["processrecord"].append(
-            (
-                ts, self.node_id, group.pk, rec.generation, not applied, rec.rank, rec.event,
-                rec.pid, rec.gpu, rec.exit_code, rec.signal, scrub_text(rec.reason, limit=64),
-                scrub_text(rec.error_type, limit=128),
-            )
-        )  # fmt: skip
+            f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
+            f"{rec.rank}\t{text(rec.event)}\t{num(rec.pid)}\t{text(rec.gpu)}\t"
+            f"{num(rec.exit_code)}\t{num(rec.signal)}\t{text(scrub_text(rec.reason, limit=64))}\t"
+            f"{text(scrub_text(rec.error_type, limit=128))}\n"
+        )
         if applied:
             entry = self._rank(group, rec.rank, rec.generation)
             entry["process_state"] = rec.event
@@ -483,12 +478,10 @@ class _Writer:
         applied = self._fence(rec, ts)
         group, view = self.groups[rec.group]
         self.rows["checkpointrecord"].append(
-            (
-                ts, self.node_id, group.pk, rec.generation, not applied, rec.checkpoint_id,
-                rec.step, rec.phase, _j(rec.manifest), rec.duration_ms,
-                scrub_text(rec.detail),
-            )
-        )  # fmt: skip
+            f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
+            f"{text(rec.checkpoint_id)}\t{num(rec.step)}\t{text(rec.phase)}\t"
+            f"{cjson(rec.manifest)}\t{num(rec.duration_ms)}\t{text(scrub_text(rec.detail))}\n"
+        )
         if applied:
             violation = fencing.check_checkpoint_order(view, rec)
             if violation:
@@ -502,12 +495,12 @@ class _Writer:
         self.violations.extend(fencing.check_transition(view, rec))
         applied = self._fence(rec, ts, is_transition=True)
         self.rows["transitionrecord"].append(
-            (
-                ts, self.node_id, group.pk, rec.generation, not applied, rec.from_state,
-                rec.to_state, scrub_text(rec.reason, limit=64), rec.restart_count, rec.world_size,
-                _j(rec.topology), rec.data_cursor, rec.model_version,
-            )
-        )  # fmt: skip
+            f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
+            f"{text(rec.from_state)}\t{text(rec.to_state)}\t"
+            f"{text(scrub_text(rec.reason, limit=64))}\t{num(rec.restart_count)}\t"
+            f"{num(rec.world_size)}\t{cjson(rec.topology)}\t{num(rec.data_cursor)}\t"
+            f"{text(rec.model_version)}\n"
+        )
         if not applied:
             return
         if rec.generation > view.generation:
@@ -542,12 +535,11 @@ class _Writer:
         else:
             applied = self._fence(rec, ts)
         self.rows["servingwindow"].append(
-            (
-                ts, self.node_id, group.pk, generation, not applied, rec.worker,
-                rec.model_version, rec.adapter_version, rec.kv_schema, rec.ready,
-                rec.draining, _j(rec.window),
-            )
-        )  # fmt: skip
+            f"{when(ts)}{self.node_cell}{group.pk}\t{generation}\t{flag(not applied)}\t"
+            f"{text(rec.worker)}\t{text(rec.model_version)}\t{text(rec.adapter_version)}\t"
+            f"{text(rec.kv_schema)}\t{flag(rec.ready)}\t{flag(rec.draining)}\t"
+            f"{cjson(rec.window)}\n"
+        )
 
     def _rank(self, group: ConsistencyGroup, rank: int, generation: int) -> dict[str, Any]:
         return self.ranks.setdefault((group.name, rank), {"generation": generation})
@@ -577,8 +569,7 @@ class _Writer:
         with connection.connection.cursor() as raw:
             for table, rows in self.rows.items():
                 with raw.copy(_COPY_SQL[table]) as copy:
-                    for row in rows:
-                        copy.write_row(row)
+                    copy.write("".join(rows))
 
     def _devices_and_node(self, sql: list[str], params: dict[str, Any]) -> None:
         """The GPUs this batch saw, then the node's health and last_seen (worst GPU's: the

@@ -13,7 +13,9 @@ from ingest.auth import revoke_tokens
 from ingest.models import (
     AgentState,
     BatchReceipt,
+    CheckpointRecord,
     ContractViolation,
+    DeviceEvent,
     DeviceSample,
     StepRecord,
 )
@@ -96,6 +98,37 @@ def test_it_keeps_a_nan_loss(post_batch):
     row = StepRecord.objects.get()
     assert row.loss != row.loss  # NaN is the only value unequal to itself
     assert row.grad_norm == float("inf")
+
+
+def test_it_stores_values_exactly_even_with_copy_escape_characters(post_batch):
+    """Rows travel as COPY text: tabs, newlines, backslashes, quotes and non-ASCII text,
+    inside plain and JSON columns, and extreme floats must come back as they were sent."""
+    odd = 'tab\there\nnew "quote" back\\slash\r ünï 🙂'
+    gpu = "GPU-\\odd\tid"
+    post_batch(
+        make_batch(
+            [
+                sample(gpu, 3, temp_c=-49.5, power_w=1e-300, mem_used_bytes=2**62),
+                {"kind": "device_event", "gpu": gpu, "event": "xid", "code": -7, "detail": odd},
+                step(0, 7, loss="-Infinity", grad_norm=1.7976931348623157e308, overflow=False),
+                {
+                    "kind": "checkpoint", "group": "job", "generation": 1, "checkpoint_id": "c1",
+                    "phase": "written", "step": 7,
+                    "manifest": {"shards": [{"path": odd, "bytes": 1}], "format": "dcp"},
+                },
+            ]
+        )
+    )  # fmt: skip
+    row = DeviceSample.objects.get()
+    assert (row.gpu, row.index, row.temp_c, row.power_w) == (gpu, 3, -49.5, 1e-300)
+    assert row.mem_used_bytes == 2**62 and row.throttle_reasons == []
+    event = DeviceEvent.objects.get()
+    assert (event.gpu, event.code) == (gpu, -7)
+    assert event.detail == odd  # scrubbing leaves this text alone: no path, no long number
+    step_row = StepRecord.objects.get()
+    assert step_row.loss == float("-inf") and step_row.grad_norm == 1.7976931348623157e308
+    assert step_row.overflow is False and step_row.data_cursor is None
+    assert CheckpointRecord.objects.get().manifest["shards"][0]["path"] == odd
 
 
 def test_it_accepts_gzip():
