@@ -40,6 +40,10 @@ class Config:
     node: str = field(default_factory=socket.gethostname)
     state_dir: Path = Path(DEFAULT_STATE_DIR)
     interval: float = 1.0
+    # How often a batch goes out (None: every sampling interval); events still go within
+    # ~50 ms. Large fleets send every few seconds: the service's cost is mostly per batch
+    # (docs/operations.md).
+    send_interval: float | None = None
     fake_gpus: int = 0
     fake_scripts: list[str] = field(default_factory=list)
     dcgm_url: str | None = None
@@ -101,7 +105,7 @@ class Agent:
             server=config.server or "http://127.0.0.1",
             token=config.token,
             state_dir=state,
-            interval=config.interval,
+            interval=config.send_interval or config.interval,
             max_records=config.max_batch_records,
             dry_run=config.dry_run,
             on_actions=self.executor.submit,

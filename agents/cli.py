@@ -24,6 +24,9 @@ from agents.checkpoints import RootConfig
 from agents.sender import opener_for
 from agents.spool import Identity, Spool
 
+# The service calls a node silent after 10 s without news (console/pipeline.py).
+MAX_SEND_INTERVAL_S = 5.0
+
 
 class ConfigError(ValueError):
     """Bad configuration; the message names the setting, the value and the fix."""
@@ -54,6 +57,13 @@ def _parser() -> argparse.ArgumentParser:
             help="fake GPU fault, e.g. 0:temp_ramp or 3:xid79 (repeatable)",
         )
         p.add_argument("--interval", type=float, help="sampling interval, seconds (default 1)")
+        p.add_argument(
+            "--send-interval",
+            type=float,
+            help="seconds between batches (default: the sampling interval; at most "
+            f"{MAX_SEND_INTERVAL_S:g}); "
+            "device events and process exits still go at once",
+        )
         p.add_argument("--state-dir", type=Path, help=f"default {DEFAULT_STATE_DIR}")
         p.add_argument(
             "--checkpoint-root",
@@ -146,6 +156,19 @@ def build_config(args: argparse.Namespace) -> Config:
     cfg.interval = float(interval if interval is not None else toml.get("interval", 1.0))
     if cfg.interval <= 0:
         raise ConfigError(f"interval {cfg.interval} must be > 0 seconds")
+    send = (
+        args.send_interval
+        if args.send_interval is not None
+        else _env_float("FAULTLINE_AGENT_SEND_INTERVAL")
+    )
+    send = send if send is not None else toml.get("send_interval")
+    cfg.send_interval = None if send is None else float(send)
+    if cfg.send_interval is not None and not 0 < cfg.send_interval <= MAX_SEND_INTERVAL_S:
+        raise ConfigError(
+            f"send_interval {cfg.send_interval} must be > 0 and at most "
+            f"{MAX_SEND_INTERVAL_S:g} seconds: the service calls a node silent after 10 s "
+            "without a batch"
+        )
     cfg.fake_gpus = int(args.fake_gpus if args.fake_gpus is not None else toml.get("fake_gpus", 0))
     cfg.fake_scripts = list(args.fake_script or toml.get("fake_scripts", []))
     cfg.dcgm_url = getattr(args, "dcgm_url", None) or toml.get("dcgm_url")

@@ -1,21 +1,24 @@
 """Benchmark ingest over real HTTP against a raw single-connection COPY of the same rows.
 
 Starts what it needs (embedded Postgres and Valkey under a temp dir unless DATABASE_URL and
-REDIS_URL are given), migrates, issues one token per simulated node, and then:
+REDIS_URL are given), migrates, issues one token per simulated node, and then, per shape:
 
-1. N agent threads, each one 8-GPU node, POST gzip batches back to back over keep-alive
-   http.client connections to gunicorn (2 sync workers) running the project's WSGI app.
-   Per simulated second a node sends 8 device samples, 8 steps, 8 collective windows and a
-   heartbeat; now and then a device event, a checkpoint or a transition. A batch holds
-   `--batch-seconds` of that (an agent catching up, or one with a longer interval).
+1. N agent threads, each one 8-GPU node, POST gzip batches back to back to gunicorn
+   (2 gthread workers x 4 threads, as `faultline up` runs it), one connection per batch
+   as the agent's sender does. Per simulated second a node sends 8 device samples, 8
+   steps, 8 collective windows and a heartbeat; now and then a device event, a checkpoint
+   or a transition. A batch holds `--batch-seconds` of that.
 2. With --compare-asgi, the same load against uvicorn (2 workers, the ASGI app).
 3. The rows the gunicorn run stored, written again by one psycopg connection with COPY
    into the same tables: the ceiling for this machine's Postgres.
 
-Prints records/s, request p50/p99 and the ratio to raw COPY; the last line reads
-`records/s N p99_ms N ratio N` (gunicorn). `--quick` fits in about a minute.
+`--quick` (about a minute) runs two shapes: "steady" (8 agents, 5 s = 125-record batches)
+and "backlog" (16 agents draining spools in 1,000-record batches). It prints records/s,
+request p50/p99, CPU per batch and the ratio to raw COPY per shape; the last line reads
+`records/s N p99_ms N ratio N` for the last shape.
 
-    python bench/ingest.py [--quick] [--compare-asgi] [--agents 8] [--seconds 15]
+    python bench/ingest.py --quick [--compare-asgi]
+    python bench/ingest.py --batch-seconds 4 --agents 8 [--workers 2 --threads 4]
 """
 
 from __future__ import annotations
@@ -152,6 +155,7 @@ class Result:
     server_cpu_s: float = 0.0  # web server process tree, user + system
     client_cpu_s: float = 0.0  # this process: the simulated agents (encode, gzip, HTTP)
     postgres_cpu_s: float = 0.0
+    ratio: float = 0.0  # to the raw COPY of the same rows, once measured
 
     @property
     def rate(self) -> float:
@@ -389,16 +393,65 @@ def _report(r: Result, copy: Result | None) -> str:
     )
 
 
+@dataclass
+class Shape:
+    """One load: how many agents post at once and how many seconds each batch holds."""
+
+    name: str
+    batch_seconds: int
+    agents: int
+    target: int  # records/s to build batches for
+
+
+def run_shape(shape: Shape, env: dict[str, str], args: argparse.Namespace) -> Result:
+    """Load gunicorn (and uvicorn with --compare-asgi) with one shape, then its COPY baseline."""
+    from ingest.auth import issue_token
+
+    t0 = time.perf_counter()
+    agents = [
+        Agent(i, f"bench-{shape.name}-node-{i:04d}",
+              f"bench-{shape.name}-job-{i // NODES_PER_GROUP:03d}")
+        for i in range(shape.agents)
+    ]  # fmt: skip
+    for a in agents:
+        a.token = issue_token(node_name=a.node)
+    per_batch = shape.batch_seconds * (1 + 3 * GPUS)
+    batches_each = max(
+        2, int(shape.target * args.seconds / per_batch / shape.agents) + 1
+    )  # enough for the target rate; a faster server just finishes early
+    built = build_batches(agents, batches_each, shape.batch_seconds)
+    print(
+        f"[{shape.name}] setup {time.perf_counter() - t0:.1f} s: {shape.agents} agents "
+        f"(8-GPU nodes), {per_batch} records per batch, {built} records built",
+        flush=True,
+    )
+    results = [run_load("gunicorn", agents, env, args.seconds)]
+    if args.compare_asgi:
+        results.append(run_load("uvicorn", agents, env, args.seconds))
+    copy = copy_baseline(env["DATABASE_URL"], agents, results[0].sent)
+    print(
+        f"{'copy':9s} records/s {copy.rate:9.0f}  ({copy.records} records, one connection; "
+        f"pg cpu_ms per 1k records {copy.postgres_cpu_s / max(copy.records, 1) * 1e6:.1f})"
+    )
+    for r in results:
+        print(_report(r, copy))
+    results[0].ratio = results[0].rate / copy.rate if copy.rate else 0.0
+    return results[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="about a minute, everything")
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="about a minute: the steady and the backlog shape, unless one is given",
+    )  # fmt: skip
     parser.add_argument("--compare-asgi", action="store_true", help="also load uvicorn")
-    parser.add_argument("--agents", type=int, default=8, help="concurrent simulated nodes")
+    parser.add_argument("--agents", type=int, help="concurrent simulated nodes (default 8)")
     parser.add_argument("--seconds", type=float, default=20.0, help="load time per server")
-    parser.add_argument("--batch-seconds", type=int, default=4, help="seconds per batch")
+    parser.add_argument("--batch-seconds", type=int, help="seconds per batch (default 5)")
     parser.add_argument("--workers", type=int, default=2, help="server worker processes")
     parser.add_argument("--threads", type=int, default=4, help="gunicorn threads per worker")
-    parser.add_argument("--target", type=int, default=30_000, help="records/s to build for")
+    parser.add_argument("--target", type=int, default=100_000, help="records/s to build for")
     parser.add_argument(
         "--nodes-per-group", type=int, default=4, help="nodes of one training job (group)"
     )
@@ -409,11 +462,17 @@ def main() -> None:
     NODES_PER_GROUP = args.nodes_per_group
     if args.quick:
         args.seconds = min(args.seconds, 8.0)
+    if args.quick and args.batch_seconds is None and args.agents is None:
+        shapes = [STEADY, BACKLOG]
+    else:
+        shapes = [
+            Shape("custom", args.batch_seconds or STEADY.batch_seconds, args.agents or 8,
+                  args.target)
+        ]  # fmt: skip
 
     tmp = Path(tempfile.mkdtemp(prefix="faultline-bench-ingest-"))
     embedded = None
     try:
-        t0 = time.perf_counter()
         embedded = start_embedded(tmp)
         global POSTMASTER_PID  # read by _postgres_cpu
         if embedded.database_url:
@@ -426,37 +485,14 @@ def main() -> None:
             "FAULTLINE_INGEST_RATE_PER_MIN": "100000000",
         }
         _django(env)
-        from ingest.auth import issue_token
-
-        agents = [
-            Agent(i, f"bench-node-{i:04d}", f"bench-job-{i // NODES_PER_GROUP:03d}")
-            for i in range(args.agents)
-        ]
-        for a in agents:
-            a.token = issue_token(node_name=a.node)
-        per_batch = args.batch_seconds * (1 + 3 * GPUS)
-        batches_each = max(
-            2, int(args.target * args.seconds / per_batch / args.agents) + 1
-        )  # enough for the target rate; a faster server just finishes early
-        built = build_batches(agents, batches_each, args.batch_seconds)
-        print(
-            f"setup {time.perf_counter() - t0:.1f} s: {args.agents} nodes x {GPUS} GPUs, "
-            f"{per_batch} records per batch, {built} records built",
-            flush=True,
-        )
-        results = [run_load("gunicorn", agents, env, args.seconds)]
-        if args.compare_asgi:
-            results.append(run_load("uvicorn", agents, env, args.seconds))
-        copy = copy_baseline(env["DATABASE_URL"], agents, results[0].sent)
-        print(
-            f"{'copy':9s} records/s {copy.rate:9.0f}  ({copy.records} records, one connection; "
-            f"pg cpu_ms per 1k records {copy.postgres_cpu_s / max(copy.records, 1) * 1e6:.1f})"
-        )
-        for r in results:
-            print(_report(r, copy))
-        best = results[0]
-        ratio = best.rate / copy.rate if copy.rate else 0.0
-        print(f"records/s {best.rate:.0f} p99_ms {best.pct(0.99):.0f} ratio {ratio:.2f}")
+        results = [run_shape(shape, env, args) for shape in shapes]
+        for shape, r in zip(shapes, results, strict=True):
+            print(
+                f"[{shape.name}] records/s {r.rate:.0f} p99_ms {r.pct(0.99):.0f} "
+                f"ratio {r.ratio:.2f}"
+            )
+        last = results[-1]
+        print(f"records/s {last.rate:.0f} p99_ms {last.pct(0.99):.0f} ratio {last.ratio:.2f}")
     finally:
         with contextlib.suppress(Exception):
             from django.db import connections
@@ -469,6 +505,13 @@ def main() -> None:
             if not tmp.exists():
                 break
             time.sleep(0.25)
+
+
+# A fleet at rest: agents sending every 5 s (`--send-interval 5`, docs/operations.md), 125
+# records a batch. And the peak after an outage: every agent draining its spool in
+# 1,000-record batches (the agent's largest) at once; more agents than server threads.
+STEADY = Shape("steady", batch_seconds=5, agents=8, target=40_000)
+BACKLOG = Shape("backlog", batch_seconds=40, agents=16, target=100_000)
 
 
 if __name__ == "__main__":

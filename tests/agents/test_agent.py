@@ -1,16 +1,20 @@
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 import agents
 from agents.agent import Agent, Config
-from agents.cli import _parser, build_config
+from agents.cli import ConfigError, _parser, build_config
 from agents.reporter import Reporter
 from agents.spool import Identity
 
@@ -163,6 +167,20 @@ def test_it_takes_the_token_from_a_file_and_settings_from_toml(tmp_path: Path, m
     assert cfg.fake_gpus == 4
     assert cfg.checkpoint_roots[0].group == "llama"
     assert cfg.hooks == {"cordon": "kubectl cordon {node}"}
+    assert cfg.send_interval is None  # a batch every sampling interval unless told otherwise
+
+
+def test_it_batches_every_send_interval_and_refuses_one_the_service_would_call_silence(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("FAULTLINE_AGENT_SEND_INTERVAL", "4")
+    cfg = build_config(_parser().parse_args(["run", "--dry-run", "--interval", "1"]))
+    assert (cfg.interval, cfg.send_interval) == (1.0, 4.0)
+    agent = Agent(replace(cfg, state_dir=tmp_path, dry_run=True), out=io.StringIO())
+    assert agent.sender.interval == 4.0  # sampling stays at 1 s; sending every 4 s
+    for bad in ("0", "6"):
+        with pytest.raises(ConfigError, match=r"send_interval .* at most 5 seconds"):
+            build_config(_parser().parse_args(["run", "--dry-run", "--send-interval", bad]))
 
 
 def test_check_exits_nonzero_when_the_server_is_unreachable(short_dir: Path) -> None:
