@@ -3,22 +3,24 @@
 Starts what it needs (embedded Postgres and Valkey under a temp dir unless DATABASE_URL and
 REDIS_URL are given), migrates, issues one token per simulated node, and then, per shape:
 
-1. N agent threads, each one 8-GPU node, POST gzip batches back to back to gunicorn
-   (2 gthread workers x 4 threads, as `faultline up` runs it), one connection per batch
-   as the agent's sender does. Per simulated second a node sends 8 device samples, 8
-   steps, 8 collective windows and a heartbeat; now and then a device event, a checkpoint
-   or a transition. A batch holds `--batch-seconds` of that.
+1. N sender threads POST gzip batches back to back to gunicorn (2 gthread workers x 4
+   threads, as `faultline up` runs it), one connection per batch as the agent's sender
+   does; each sender stands in for its share of the simulated 8-GPU nodes and sends their
+   batches in turn. Per simulated second a node sends 8 device samples, 8 steps, 8
+   collective windows and a heartbeat; now and then a device event, a checkpoint or a
+   transition. A batch holds `--batch-seconds` of that.
 2. With --compare-asgi, the same load against uvicorn (2 workers, the ASGI app).
 3. The rows the gunicorn run stored, written again by one psycopg connection with COPY
    into the same tables: the ceiling for this machine's Postgres.
 
-`--quick` (about a minute) runs two shapes: "steady" (8 agents, 5 s = 125-record batches)
-and "backlog" (16 agents draining spools in 1,000-record batches). It prints records/s,
+`--quick` (about a minute) runs two shapes: "steady" (800 nodes, 8 senders, 5 s =
+125-record batches) and "backlog" (16 nodes draining spools in 1,000-record batches back
+to back). It prints records/s,
 request p50/p99, CPU per batch and the ratio to raw COPY per shape; the last line reads
 `records/s N p99_ms N ratio N` for the last shape.
 
     python bench/ingest.py --quick [--compare-asgi]
-    python bench/ingest.py --batch-seconds 4 --agents 8 [--workers 2 --threads 4]
+    python bench/ingest.py --batch-seconds 4 --nodes 8 [--senders 8 --workers 2 --threads 4]
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def node_records(agent: Agent, second: int, ts: str, ts_dt: datetime) -> list[di
     ]
     started = (ts_dt - timedelta(milliseconds=40)).isoformat()
     for g in range(GPUS):
-        gpu = f"GPU-bench-{a:04d}-{g}"
+        gpu = f"GPU-{agent.node}-{g}"
         out.append(
             {
                 "kind": "device_sample", "ts": ts, "gpu": gpu, "index": g,
@@ -184,23 +186,32 @@ THREADS = 4  # --threads: gunicorn threads per worker
 
 
 def _send_all(
-    agent: Agent, port: int, agent_id: str, deadline: float, result: Result, lock: threading.Lock
-) -> None:
-    ident = msgspec.json.encode({"id": agent_id, "node": agent.node, "version": "bench"})
-    headers = {
-        "Authorization": f"Bearer {agent.token}",
-        "Content-Type": "application/json",
-        "Content-Encoding": "gzip",
-        # One connection per batch, as the agent's urllib sender does. Kept-alive
-        # connections all land on the gunicorn worker that accepted them first, which
-        # measured one worker's GIL instead of the server (docs/performance.md).
-        "Connection": "close",
-    }
-    records = batches = errors = 0
+    agents: list[Agent], port: int, run_id: str, deadline: float, result: Result,
+    lock: threading.Lock,
+) -> None:  # fmt: skip
+    """Post the agents' batches in turn (first batches of all, then second batches...): one
+    thread standing in for many nodes, each node's batches spaced as in a real fleet."""
+    records = errors = 0
+    sent = dict.fromkeys((a.index for a in agents), 0)
     latencies: list[float] = []
-    for seq, recs in enumerate(agent.batches, start=1):
+    rounds = max(len(a.batches) for a in agents)
+    turns = [(seq, a) for seq in range(1, rounds + 1) for a in agents if seq <= len(a.batches)]
+    for seq, agent in turns:
         if time.monotonic() >= deadline:
             break
+        recs = agent.batches[seq - 1]
+        ident = msgspec.json.encode(
+            {"id": f"bench-{run_id}-{agent.index:04d}", "node": agent.node, "version": "bench"}
+        )
+        headers = {
+            "Authorization": f"Bearer {agent.token}",
+            "Content-Type": "application/json",
+            "Content-Encoding": "gzip",
+            # One connection per batch, as the agent's urllib sender does. Kept-alive
+            # connections all land on the gunicorn worker that accepted them first, which
+            # measured one worker's GIL instead of the server (docs/performance.md).
+            "Connection": "close",
+        }
         sent_at = datetime.now(UTC).isoformat().replace("+00:00", "Z")
         body = b'{"agent":%s,"seq":%d,"sent_at":"%s","records":%s}' % (
             ident,
@@ -223,18 +234,20 @@ def _send_all(
         latencies.append(time.perf_counter() - t0)
         if response.status == 202:
             records += len(recs)
-            batches += 1
+            sent[agent.index] += 1
         else:
             errors += 1
     with lock:
         result.records += records
-        result.batches += batches
+        result.batches += sum(sent.values())
         result.errors += errors
         result.latencies += latencies
-        result.sent[agent.index] = batches
+        result.sent.update(sent)
 
 
-def run_load(server: str, agents: list[Agent], env: dict[str, str], seconds: float) -> Result:
+def run_load(
+    server: str, agents: list[Agent], env: dict[str, str], seconds: float, threads: int
+) -> Result:
     port = free_port()
     result = Result(server)
     lock = threading.Lock()
@@ -242,17 +255,16 @@ def run_load(server: str, agents: list[Agent], env: dict[str, str], seconds: flo
     with http_servers.running(server, port, env, workers=WORKERS, threads=THREADS) as pid:
         cpu0 = _cpu(pid), _postgres_cpu(), time.process_time()
         deadline = time.monotonic() + seconds
-        threads = [
+        senders = [
             threading.Thread(
-                target=_send_all,
-                args=(a, port, f"bench-{run_id}-{a.index:04d}", deadline, result, lock),
+                target=_send_all, args=(agents[i::threads], port, run_id, deadline, result, lock)
             )
-            for a in agents
+            for i in range(threads)
         ]
         t0 = time.perf_counter()
-        for t in threads:
+        for t in senders:
             t.start()
-        for t in threads:
+        for t in senders:
             t.join()
         result.seconds = time.perf_counter() - t0
         result.server_cpu_s = _cpu(pid) - cpu0[0]
@@ -395,11 +407,12 @@ def _report(r: Result, copy: Result | None) -> str:
 
 @dataclass
 class Shape:
-    """One load: how many agents post at once and how many seconds each batch holds."""
+    """One load: simulated nodes, how many post at once, and what each batch holds."""
 
     name: str
     batch_seconds: int
-    agents: int
+    nodes: int  # simulated 8-GPU nodes, each with its own token, agent id and seq
+    senders: int  # concurrent connections; each sends its nodes' batches in turn
     target: int  # records/s to build batches for
 
 
@@ -411,23 +424,23 @@ def run_shape(shape: Shape, env: dict[str, str], args: argparse.Namespace) -> Re
     agents = [
         Agent(i, f"bench-{shape.name}-node-{i:04d}",
               f"bench-{shape.name}-job-{i // NODES_PER_GROUP:03d}")
-        for i in range(shape.agents)
+        for i in range(shape.nodes)
     ]  # fmt: skip
     for a in agents:
         a.token = issue_token(node_name=a.node)
     per_batch = shape.batch_seconds * (1 + 3 * GPUS)
     batches_each = max(
-        2, int(shape.target * args.seconds / per_batch / shape.agents) + 1
+        2, int(shape.target * args.seconds / per_batch / shape.nodes) + 1
     )  # enough for the target rate; a faster server just finishes early
     built = build_batches(agents, batches_each, shape.batch_seconds)
     print(
-        f"[{shape.name}] setup {time.perf_counter() - t0:.1f} s: {shape.agents} agents "
-        f"(8-GPU nodes), {per_batch} records per batch, {built} records built",
+        f"[{shape.name}] setup {time.perf_counter() - t0:.1f} s: {shape.nodes} 8-GPU nodes, "
+        f"{shape.senders} at a time, {per_batch} records per batch, {built} records built",
         flush=True,
     )
-    results = [run_load("gunicorn", agents, env, args.seconds)]
+    results = [run_load("gunicorn", agents, env, args.seconds, shape.senders)]
     if args.compare_asgi:
-        results.append(run_load("uvicorn", agents, env, args.seconds))
+        results.append(run_load("uvicorn", agents, env, args.seconds, shape.senders))
     copy = copy_baseline(env["DATABASE_URL"], agents, results[0].sent)
     print(
         f"{'copy':9s} records/s {copy.rate:9.0f}  ({copy.records} records, one connection; "
@@ -446,7 +459,8 @@ def main() -> None:
         help="about a minute: the steady and the backlog shape, unless one is given",
     )  # fmt: skip
     parser.add_argument("--compare-asgi", action="store_true", help="also load uvicorn")
-    parser.add_argument("--agents", type=int, help="concurrent simulated nodes (default 8)")
+    parser.add_argument("--nodes", type=int, help="simulated 8-GPU nodes (default 8)")
+    parser.add_argument("--senders", type=int, help="concurrent connections (default: nodes)")
     parser.add_argument("--seconds", type=float, default=20.0, help="load time per server")
     parser.add_argument("--batch-seconds", type=int, help="seconds per batch (default 5)")
     parser.add_argument("--workers", type=int, default=2, help="server worker processes")
@@ -462,12 +476,13 @@ def main() -> None:
     NODES_PER_GROUP = args.nodes_per_group
     if args.quick:
         args.seconds = min(args.seconds, 8.0)
-    if args.quick and args.batch_seconds is None and args.agents is None:
+    if args.quick and args.batch_seconds is None and args.nodes is None:
         shapes = [STEADY, BACKLOG]
     else:
+        nodes = args.nodes or 8
         shapes = [
-            Shape("custom", args.batch_seconds or STEADY.batch_seconds, args.agents or 8,
-                  args.target)
+            Shape("custom", args.batch_seconds or STEADY.batch_seconds, nodes,
+                  args.senders or nodes, args.target)
         ]  # fmt: skip
 
     tmp = Path(tempfile.mkdtemp(prefix="faultline-bench-ingest-"))
@@ -507,11 +522,12 @@ def main() -> None:
             time.sleep(0.25)
 
 
-# A fleet at rest: agents sending every 5 s (`--send-interval 5`, docs/operations.md), 125
-# records a batch. And the peak after an outage: every agent draining its spool in
-# 1,000-record batches (the agent's largest) at once; more agents than server threads.
-STEADY = Shape("steady", batch_seconds=5, agents=8, target=40_000)
-BACKLOG = Shape("backlog", batch_seconds=40, agents=16, target=100_000)
+# A fleet at rest: 800 nodes sending 125-record batches (5 s, `--send-interval 5`,
+# docs/operations.md), 8 at a time; a node's batches come seconds apart, as in a fleet, so
+# each one is also due a live push of its node card. And the peak after an outage: 16
+# nodes draining their spools in 1,000-record batches (the agent's largest) back to back.
+STEADY = Shape("steady", batch_seconds=5, nodes=800, senders=8, target=60_000)
+BACKLOG = Shape("backlog", batch_seconds=40, nodes=16, senders=16, target=100_000)
 
 
 if __name__ == "__main__":

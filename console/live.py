@@ -90,13 +90,19 @@ _last_push: dict[str, float] = {}
 PUSH_EVERY_S = 1.0
 
 
-def after_ingest(*, groups: list[str], nodes: list[str], urgent: bool = False) -> None:
-    now = time.monotonic()
-    due = [n for n in nodes if urgent or now - _last_push.get(n, 0.0) >= PUSH_EVERY_S]
-    if due:
-        for node in queries.node_payloads(names=due):
-            publish(events.FLEET, "node.changed", node)
-            _last_push[node["name"]] = now
+def push_due(node: str) -> bool:
+    """Whether this node's card is due for a push (ingest then reads it in its last send)."""
+    return time.monotonic() - _last_push.get(node, 0.0) >= PUSH_EVERY_S
+
+
+def after_ingest(
+    *, groups: list[str], nodes: list[str], urgent: bool = False, card: Any = None
+) -> None:
+    """Push the node card ingest read as it committed (`card`, when one was due or the batch
+    carried a critical device event) and schedule diagnosis of the touched groups."""
+    if card is not None:
+        publish(events.FLEET, "node.changed", card)
+        _last_push[card["name"]] = time.monotonic()
     # A device event (Xid, GPU lost) names no group: diagnose every group with ranks on the
     # node at once, so the root cause is named within a second, not at the next sweep.
     targets = set(groups) | (set(queries.groups_on_nodes(nodes)) if urgent else set())

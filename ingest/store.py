@@ -50,6 +50,7 @@ class IngestResult:
     violations: int = 0
     device_events: int = 0  # Xid/DBE/GPU-lost records: push and diagnose without delay
     actions_pending: bool = True  # the node has actions in flight: dispatch on the response
+    card: dict[str, Any] | None = None  # the node's fleet card as committed, when asked for
 
 
 class RecordError(ValueError):
@@ -67,12 +68,16 @@ class FutureRecordError(RecordError):
     """A record stamped too far ahead of the batch's own send time."""
 
 
-def ingest_batch(*, node: Node, batch: p.Batch, now: datetime, max_future_s: int) -> IngestResult:
+def ingest_batch(
+    *, node: Node, batch: p.Batch, now: datetime, max_future_s: int, want_card: bool = False
+) -> IngestResult:
     """Store one batch in one transaction and about five round trips, whatever its size.
 
     Round trips: receipt + agent state; groups + the ranks the batch names; one COPY per
     record table; then every live-state write in one multi-statement send. Raw SQL here
     because the ORM's statement compilation cost more than Postgres did (docs/performance.md).
+    With `want_card` (or a critical device event) the last send also reads the node's
+    fleet card, so the live push after commit costs no query of its own.
     """
     skew = batch.sent_at - now
     shift = skew if abs(skew) > timedelta(seconds=5) else timedelta(0)
@@ -85,6 +90,7 @@ def ingest_batch(*, node: Node, batch: p.Batch, now: datetime, max_future_s: int
             send(_AGENT_DUPLICATE, {"agent": batch.agent.id, "now": now}).close()
             return IngestResult(ack_seq=batch.seq, duplicate=True)
         writer = _Writer(node=node, agent_id=batch.agent.id, now=now, shift=shift)
+        writer.want_card = want_card
         writer.agent_update = _agent_update(agent, node, batch, now, skew)
         writer.add(batch.records)
         try:
@@ -100,6 +106,7 @@ def ingest_batch(*, node: Node, batch: p.Batch, now: datetime, max_future_s: int
             violations=writer.violation_count,
             device_events=writer.critical_events,
             actions_pending=writer.actions_pending,
+            card=writer.card,
         )
 
 
@@ -285,6 +292,8 @@ class _Writer:
         self.activity_read: dict[str, datetime | None] = {}
         self.activity_written: dict[int, datetime] = {}
         self.actions_pending = True
+        self.want_card = False
+        self.card: dict[str, Any] | None = None
 
     # -- collection --------------------------------------------------------------------
     def add(self, records: list[Any]) -> None:
@@ -558,10 +567,19 @@ class _Writer:
         if self.agent_update:
             sql.append(_AGENT_UPDATE)
         sql.append(_ACTIONS_PENDING)
+        card = self.want_card or self.critical_events > 0
+        if card:
+            sql.append(_NODE_CARD)
+        selected = []  # the rows of the SELECTs, in order: actions pending, then the card
         with send(";".join(sql), params) as cur:
-            while cur.nextset():
-                pass
-            self.actions_pending = bool(cur.fetchone()[0])
+            while True:
+                if cur.description is not None:
+                    selected.append(cur.fetchone())
+                if not cur.nextset():
+                    break
+        self.actions_pending = bool(selected[0][0])
+        if card:
+            self.card = _card(selected[1])
         self._write_violations()
         transaction.on_commit(lambda: _activity.update(self.activity_written))
 
@@ -783,6 +801,31 @@ def forget_recent() -> None:
     """Drop this process's memory of the activity it wrote (tests)."""
     _activity.clear()
 
+
+def _card(row: tuple[Any, ...]) -> dict[str, Any]:
+    """A node card as `console.queries.node_payloads` builds it, from `_NODE_CARD`'s row."""
+    name, health, last_seen, quarantined, cordoned, devices = row
+    return {
+        "name": name,
+        "health": health,
+        "last_seen": last_seen.isoformat() if last_seen else None,
+        "quarantined": quarantined,
+        "cordoned": cordoned,
+        "devices": msgspec.json.decode(devices) if isinstance(devices, str) else devices,
+    }
+
+
+# Read last in the transaction: the node and GPU rows this batch just wrote.
+_NODE_CARD = """
+SELECT n.name, n.health, n.last_seen, n.quarantined, n.cordoned, coalesce((
+    SELECT jsonb_agg(jsonb_build_object(
+        'uuid', d.uuid, 'index', d.index, 'health', d.health,
+        'temp_c', d.last_sample -> 'temp_c', 'power_w', d.last_sample -> 'power_w',
+        'util_pct', d.last_sample -> 'util_pct', 'sm_clock_mhz', d.last_sample -> 'sm_clock_mhz',
+        'throttle_reasons', coalesce(d.last_sample -> 'throttle_reasons', '[]'::jsonb)
+    ) ORDER BY d.index, d.id) FROM console_device d WHERE d.node_id = n.id), '[]'::jsonb)
+FROM console_node n WHERE n.id = %(node)s
+"""
 
 _ACTIONS_PENDING = """
 SELECT EXISTS (SELECT 1 FROM console_action WHERE node_id = %(node)s AND state = ANY(%(live)s))

@@ -77,6 +77,7 @@ def ingest(request: HttpRequest) -> JsonResponse:
             batch=batch,
             now=timezone.now(),
             max_future_s=settings.INGEST_MAX_FUTURE_S,
+            want_card=live.push_due(credential.node.name),
         )
     except RecordError as exc:
         return JsonResponse(exc.as_dict(), status=400)
@@ -91,7 +92,12 @@ def ingest(request: HttpRequest) -> JsonResponse:
         log.exception("ingest: batch rejected by the database")
         return _error(503, "batch could not be stored: retry later", retry_after=5)
     if not result.duplicate:
-        live.after_ingest(groups=result.groups, nodes=result.nodes, urgent=result.device_events > 0)
+        live.after_ingest(
+            groups=result.groups,
+            nodes=result.nodes,
+            urgent=result.device_events > 0,
+            card=result.card,
+        )
     return JsonResponse(
         {
             "ack_seq": result.ack_seq,

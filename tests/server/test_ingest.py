@@ -263,3 +263,30 @@ def test_it_stores_a_late_delivery_from_before_the_fence_without_flagging_it(pos
     assert post_batch(make_batch([late], node="node-2")).status_code == 202
     assert StepRecord.objects.get(rank=1).stale is True
     assert ContractViolation.objects.count() == 0
+
+
+def test_it_pushes_the_nodes_fleet_card_as_committed_at_most_once_a_second(post_batch, monkeypatch):
+    """The card rides in ingest's last statement; it must be the card the fleet page shows,
+    pushed once a second per node, and at once for a critical device event."""
+    from console import live, queries
+
+    pushed = []
+    monkeypatch.setattr(live, "publish", lambda channel, kind, data: pushed.append(data))
+    post_batch(
+        make_batch([sample(), sample("GPU-1", 1, temp_c=91.0, throttle_reasons=["hw_slowdown"])])
+    )
+    (card,) = pushed
+    assert card == queries.node_payloads(names=["node-1"])[0]
+    assert card["health"] == "warning" and [d["health"] for d in card["devices"]] == [
+        "ok",
+        "warning",
+    ]
+    assert card["devices"][1]["throttle_reasons"] == ["hw_slowdown"]
+
+    post_batch(make_batch([sample(temp_c=60.0)]))
+    assert len(pushed) == 1  # within the second: the next due push carries it
+
+    post_batch(make_batch([{"kind": "device_event", "gpu": "GPU-0", "event": "xid", "code": 79}]))
+    assert len(pushed) == 2 and pushed[1]["health"] == "critical"
+    assert pushed[1] == queries.node_payloads(names=["node-1"])[0]
+    assert pushed[1]["devices"][0]["temp_c"] == 60.0  # the batch in between is in it
