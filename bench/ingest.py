@@ -62,6 +62,9 @@ class Agent:
     group: str
     token: str = ""
     batches: list[list[dict[str, Any]]] = field(default_factory=list)
+    # Each batch's records as JSON, encoded at setup: the load generator shares the box's
+    # two cores with the server, and a real agent runs on its own node.
+    encoded: list[bytes] = field(default_factory=list)
 
 
 def node_records(agent: Agent, second: int, ts: str, ts_dt: datetime) -> list[dict[str, Any]]:
@@ -134,12 +137,13 @@ def build_batches(agents: list[Agent], batches_each: int, batch_seconds: int) ->
             "to_state": "running", "restart_count": 0, "world_size": NODES_PER_GROUP * GPUS,
             "model_version": "m-1",
         }  # fmt: skip
-        agent.batches = []
+        agent.batches, agent.encoded = [], []
         for b in range(batches_each):
             recs: list[dict[str, Any]] = [first] if b == 0 else []
             for s in range(b * batch_seconds, (b + 1) * batch_seconds):
                 recs += node_records(agent, s, iso[s], stamps[s])
             agent.batches.append(recs)
+            agent.encoded.append(msgspec.json.encode(recs))
             total += len(recs)
     return total
 
@@ -185,61 +189,82 @@ WORKERS = 2  # --workers: server processes (faultline up's default is 2)
 THREADS = 4  # --threads: gunicorn threads per worker
 
 
+def _post(agent: Agent, seq: int, port: int, run_id: str) -> tuple[bool, float]:
+    """One batch, as the agent sends it: gzip, one connection. (acked, seconds)."""
+    ident = msgspec.json.encode(
+        {"id": f"bench-{run_id}-{agent.index:04d}", "node": agent.node, "version": "bench"}
+    )
+    headers = {
+        "Authorization": f"Bearer {agent.token}",
+        "Content-Type": "application/json",
+        "Content-Encoding": "gzip",
+        # One connection per batch, as the agent's urllib sender does. Kept-alive
+        # connections all land on the gunicorn worker that accepted them first, which
+        # measured one worker's GIL instead of the server (docs/performance.md).
+        "Connection": "close",
+    }
+    sent_at = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    body = b'{"agent":%s,"seq":%d,"sent_at":"%s","records":%s}' % (
+        ident,
+        seq,
+        sent_at.encode(),
+        agent.encoded[seq - 1],
+    )
+    payload = gzip.compress(body, 1)  # agents use 5; the server's inflate cost is alike
+    t0 = time.perf_counter()
+    conn = _Connection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("POST", "/api/v1/ingest", payload, headers)
+        response = conn.getresponse()
+        response.read()
+    except (OSError, http.client.HTTPException):
+        return False, time.perf_counter() - t0
+    finally:
+        conn.close()
+    return response.status == 202, time.perf_counter() - t0
+
+
+@dataclass
+class _Start:
+    """Senders send every node's first batch (its job start: a transition that locks the
+    group) untimed, then wait here until the clock starts."""
+
+    ready: threading.Barrier
+    go: threading.Barrier
+    deadline: float = 0.0
+
+
 def _send_all(
-    agents: list[Agent], port: int, run_id: str, deadline: float, result: Result,
+    agents: list[Agent], port: int, run_id: str, start: _Start, result: Result,
     lock: threading.Lock,
 ) -> None:  # fmt: skip
     """Post the agents' batches in turn (first batches of all, then second batches...): one
     thread standing in for many nodes, each node's batches spaced as in a real fleet."""
-    records = errors = 0
+    records = errors = acked = 0
     sent = dict.fromkeys((a.index for a in agents), 0)
     latencies: list[float] = []
+    for agent in agents:
+        ok, _ = _post(agent, 1, port, run_id)
+        sent[agent.index] += ok
+        errors += not ok
+    start.ready.wait()
+    start.go.wait()
     rounds = max(len(a.batches) for a in agents)
-    turns = [(seq, a) for seq in range(1, rounds + 1) for a in agents if seq <= len(a.batches)]
+    turns = [(seq, a) for seq in range(2, rounds + 1) for a in agents if seq <= len(a.batches)]
     for seq, agent in turns:
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= start.deadline:
             break
-        recs = agent.batches[seq - 1]
-        ident = msgspec.json.encode(
-            {"id": f"bench-{run_id}-{agent.index:04d}", "node": agent.node, "version": "bench"}
-        )
-        headers = {
-            "Authorization": f"Bearer {agent.token}",
-            "Content-Type": "application/json",
-            "Content-Encoding": "gzip",
-            # One connection per batch, as the agent's urllib sender does. Kept-alive
-            # connections all land on the gunicorn worker that accepted them first, which
-            # measured one worker's GIL instead of the server (docs/performance.md).
-            "Connection": "close",
-        }
-        sent_at = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-        body = b'{"agent":%s,"seq":%d,"sent_at":"%s","records":%s}' % (
-            ident,
-            seq,
-            sent_at.encode(),
-            msgspec.json.encode(recs),
-        )
-        payload = gzip.compress(body, 1)  # agents use 5; the server's inflate cost is alike
-        t0 = time.perf_counter()
-        conn = _Connection("127.0.0.1", port, timeout=60)
-        try:
-            conn.request("POST", "/api/v1/ingest", payload, headers)
-            response = conn.getresponse()
-            response.read()
-        except (OSError, http.client.HTTPException):
-            errors += 1
-            continue
-        finally:
-            conn.close()
-        latencies.append(time.perf_counter() - t0)
-        if response.status == 202:
-            records += len(recs)
+        ok, seconds = _post(agent, seq, port, run_id)
+        latencies.append(seconds)
+        if ok:
+            records += len(agent.batches[seq - 1])
             sent[agent.index] += 1
+            acked += 1
         else:
             errors += 1
     with lock:
         result.records += records
-        result.batches += sum(sent.values())
+        result.batches += acked
         result.errors += errors
         result.latencies += latencies
         result.sent.update(sent)
@@ -252,18 +277,21 @@ def run_load(
     result = Result(server)
     lock = threading.Lock()
     run_id = secrets.token_hex(4)
+    start = _Start(threading.Barrier(threads + 1), threading.Barrier(threads + 1))
     with http_servers.running(server, port, env, workers=WORKERS, threads=THREADS) as pid:
-        cpu0 = _cpu(pid), _postgres_cpu(), time.process_time()
-        deadline = time.monotonic() + seconds
         senders = [
             threading.Thread(
-                target=_send_all, args=(agents[i::threads], port, run_id, deadline, result, lock)
+                target=_send_all, args=(agents[i::threads], port, run_id, start, result, lock)
             )
             for i in range(threads)
         ]
-        t0 = time.perf_counter()
         for t in senders:
             t.start()
+        start.ready.wait()  # every node has started its job
+        cpu0 = _cpu(pid), _postgres_cpu(), time.process_time()
+        start.deadline = time.monotonic() + seconds
+        t0 = time.perf_counter()
+        start.go.wait()
         for t in senders:
             t.join()
         result.seconds = time.perf_counter() - t0
@@ -429,9 +457,10 @@ def run_shape(shape: Shape, env: dict[str, str], args: argparse.Namespace) -> Re
     for a in agents:
         a.token = issue_token(node_name=a.node)
     per_batch = shape.batch_seconds * (1 + 3 * GPUS)
-    batches_each = max(
+    batches_each = 1 + max(
         2, int(shape.target * args.seconds / per_batch / shape.nodes) + 1
-    )  # enough for the target rate; a faster server just finishes early
+    )  # the untimed first batch, then enough for the target rate (a faster server finishes
+    # early; records/s is over the time it took)
     built = build_batches(agents, batches_each, shape.batch_seconds)
     print(
         f"[{shape.name}] setup {time.perf_counter() - t0:.1f} s: {shape.nodes} 8-GPU nodes, "
