@@ -388,10 +388,7 @@ class _Writer:
     def _select_groups(
         self, names: list[str], ranks: set[tuple[str, int]], *, lock: bool
     ) -> list[Any]:
-        params = {
-            "names": names,
-            "ranks": Jsonb([{"g": g, "r": r} for g, r in ranks], dumps=_JSON.encode),
-        }
+        params = {"names": names, "ranks": sorted({r for _, r in ranks})}
         with send(_GROUPS_AND_RANKS_LOCKED if lock else _GROUPS_AND_RANKS, params) as cur:
             rows = cur.fetchall()
             cur.nextset()
@@ -874,8 +871,10 @@ _GROUPS_AND_RANKS = f"""
 SELECT {columns(ConsistencyGroup, "g")} FROM console_consistencygroup g
 WHERE g.name = ANY(%(names)s) ORDER BY g.name FOR KEY SHARE;
 SELECT g.name, r.rank, {", ".join(f"r.{c}" for c in _RANK_STATE)}
-FROM jsonb_to_recordset(%(ranks)s) AS x(g text, r int)
-JOIN console_consistencygroup g ON g.name = x.g
-JOIN console_rank r ON r.group_id = g.id AND r.rank = x.r
+FROM console_consistencygroup g JOIN console_rank r ON r.group_id = g.id
+WHERE g.name = ANY(%(names)s) AND r.rank = ANY(%(ranks)s)
 """  # noqa: S608 - constant column names
+# The ranks read are every named group's ranks among the numbers named (a superset of the
+# pairs, looked up by pair): both lists are tiny and go through (name) and (group, rank)
+# indexes. A join on a jsonb_to_recordset of the pairs was planned as a scan of all ranks.
 _GROUPS_AND_RANKS_LOCKED = _GROUPS_AND_RANKS.replace("FOR KEY SHARE;", "FOR UPDATE;")

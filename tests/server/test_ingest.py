@@ -246,6 +246,28 @@ def test_it_flags_a_rank_data_cursor_regression(post_batch):
     assert violation.subject == "rank:job/0"
 
 
+def test_it_judges_each_rank_against_its_own_state_when_a_batch_spans_groups(post_batch):
+    """Rank state is read for every named group x every named rank number; each record must
+    still be checked against its own (group, rank) only."""
+    post_batch(
+        make_batch([step(0, 5, group="a", data_cursor=100), step(1, 7, group="b", data_cursor=50)])
+    )
+    post_batch(
+        make_batch(
+            [
+                step(1, 1, group="a", data_cursor=10),  # new rank: nothing to regress from
+                step(0, 1, group="b", data_cursor=20),  # new rank
+                step(0, 6, group="a", data_cursor=90),  # a/0 went 100 -> 90
+                step(1, 8, group="b", data_cursor=60),  # b/1 moved on
+            ]
+        )
+    )
+    (violation,) = ContractViolation.objects.all()
+    assert (violation.kind, violation.subject) == ("data_cursor_regression", "rank:a/0")
+    state = {(r.group.name, r.rank): (r.last_step, r.data_cursor) for r in Rank.objects.all()}
+    assert state == {("a", 0): (6, 90), ("a", 1): (1, 10), ("b", 0): (1, 20), ("b", 1): (8, 60)}
+
+
 def test_it_marks_a_gpu_with_double_bit_errors_critical(post_batch):
     post_batch(make_batch([sample(ecc_dbe=1)]))
     assert Device.objects.get().health == "critical"
