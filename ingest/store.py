@@ -89,8 +89,9 @@ def ingest_batch(
         if agent is None:
             send(_AGENT_DUPLICATE, {"agent": batch.agent.id, "now": now}).close()
             return IngestResult(ack_seq=batch.seq, duplicate=True)
-        writer = _Writer(node=node, agent_id=batch.agent.id, now=now, shift=shift)
-        writer.want_card = want_card
+        writer = _Writer(
+            node=node, agent_id=batch.agent.id, now=now, shift=shift, want_card=want_card
+        )
         writer.agent_update = _agent_update(agent, node, batch, now, skew)
         writer.add(batch.records)
         try:
@@ -270,7 +271,9 @@ def _plain(struct: Any) -> Any:
 class _Writer:
     """Collects rows and live-state changes for one batch, then writes them in bulk."""
 
-    def __init__(self, *, node: Node, agent_id: str, now: datetime, shift: timedelta) -> None:
+    def __init__(
+        self, *, node: Node, agent_id: str, now: datetime, shift: timedelta, want_card: bool
+    ) -> None:
         self.node, self.agent_id, self.now, self.shift = node, agent_id, now, shift
         self.node_id = node.pk
         self.rows: dict[str, list[str]] = defaultdict(list)  # COPY text lines per table
@@ -292,7 +295,7 @@ class _Writer:
         self.activity_read: dict[str, datetime | None] = {}
         self.activity_written: dict[int, datetime] = {}
         self.actions_pending = True
-        self.want_card = False
+        self.want_card = want_card  # read the node's fleet card in the last send
         self.card: dict[str, Any] | None = None
 
     # -- collection --------------------------------------------------------------------
