@@ -164,6 +164,9 @@ LOGIN_URL = "/login/"
 LOGIN_FAILURE_LIMIT = env_int("FAULTLINE_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 LOGIN_LOCKOUT_S = env_int("FAULTLINE_LOGIN_LOCKOUT_S", 300, minimum=1)
 LOGIN_REDIRECT_URL = "/"
+# Notification channels may POST to loopback/private/link-local addresses only when set
+# (a receiver inside the cluster): a channel URL must not reach the service's own network.
+NOTIFY_ALLOW_PRIVATE = env_bool("FAULTLINE_NOTIFY_ALLOW_PRIVATE", False)
 LOGOUT_REDIRECT_URL = "/login/"
 
 LANGUAGE_CODE = "en-us"

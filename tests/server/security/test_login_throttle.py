@@ -13,7 +13,7 @@ def test_it_keeps_a_locked_out_user_locked_out_under_a_look_alike_name(client, c
     for _ in range(3):
         response = client.post("/login/", {"username": "viewer", "password": "wrong"})
         assert response.status_code == 200  # the form again, with its error
-    # Fullwidth "ｖｉｅｗｅｒ" is NFKC-normalised to "viewer" by Django's login form.
+    # Fullwidth "viewer" (U+FF56...) is NFKC-normalised to "viewer" by Django's login form.
     look_alike = "\uff56\uff49\uff45\uff57\uff45\uff52"
     response = client.post("/login/", {"username": look_alike, "password": "pw-viewer-123"})
     assert response.status_code == 429
