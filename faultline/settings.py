@@ -67,7 +67,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
@@ -190,8 +189,9 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        # Token first so an anonymous caller gets 401 + WWW-Authenticate, not 403.
-        "rest_framework.authentication.TokenAuthentication",
+        # Token first so an anonymous caller gets 401 + WWW-Authenticate, not 403. Tokens
+        # are stored as SHA-256 only (console.tokens); DRF's authtoken kept them in clear.
+        "console.api.auth.HashedTokenAuthentication",
         # Basic shares the login form's failure counter (faultline.login).
         "faultline.login.ThrottledBasicAuthentication",
         "rest_framework.authentication.SessionAuthentication",
