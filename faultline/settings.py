@@ -119,6 +119,15 @@ if env_bool("FAULTLINE_DB_POOL", True):
 _db["CONN_MAX_AGE"] = 0
 _db["TEST"] = {"NAME": env_str("FAULTLINE_TEST_DB_NAME") or None}
 DATABASES = {"default": _db}
+# The schema owner, for `migrate --database owner` and `db_roles` when the service itself
+# runs as the restricted role (faultline.dbroles, docs/security.md).
+MIGRATE_DATABASE_URL = env_str("FAULTLINE_MIGRATE_DATABASE_URL")
+if MIGRATE_DATABASE_URL:
+    DATABASES["owner"] = {
+        **database_from_url(MIGRATE_DATABASE_URL),
+        "CONN_MAX_AGE": 0,
+        "TEST": {"MIRROR": "default"},
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CACHES = {
