@@ -10,6 +10,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from agents.wire import MAX_BATCH_BYTES
 from faultline.env import (
     ConfigError,
     database_from_url,
@@ -167,6 +168,9 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# Django's default (2.5 MB) answered 400 to agent batches the contract allows (up to 8 MiB),
+# and the agent dead-lettered them: one limit, the contract's, for every request body.
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_BATCH_BYTES
 LOGIN_URL = "/login/"
 # Failed password checks per (username, client IP) before 429, and how long that lasts.
 LOGIN_FAILURE_LIMIT = env_int("FAULTLINE_LOGIN_FAILURE_LIMIT", 5, minimum=1)
