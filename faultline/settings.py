@@ -217,7 +217,8 @@ REST_FRAMEWORK = {
         "faultline.nul.MultiPartParser",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # At most 1,000 rows a page (`?limit=1000000` was served whole).
+    "DEFAULT_PAGINATION_CLASS": "console.api.pagination.Pagination",
     "PAGE_SIZE": 200,
     "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
 }
@@ -226,6 +227,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Incident console for GPU training and LLM-serving fleets.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # /api/schema/ and /api/docs/ map every operation: viewers and up only, like the API.
+    "SERVE_PERMISSIONS": ["console.api.permissions.IsViewer"],
     "COMPONENT_SPLIT_REQUEST": True,
     "SWAGGER_UI_DIST": "SIDECAR",  # served locally: the console works with no internet
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
