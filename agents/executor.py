@@ -167,10 +167,10 @@ class Executor:
                 f"group {group!r} is not a safe name (letters, digits, _.:@/-; no leading -)"
             )
         generation = action.get("generation")
-        generation_ok = isinstance(generation, int) and not isinstance(generation, bool)
-        if (group is not None or generation is not None) and not (
-            generation_ok and generation >= 0
-        ):
+        generation_ok = (
+            isinstance(generation, int) and not isinstance(generation, bool) and generation >= 0
+        )
+        if (group is not None or generation is not None) and not generation_ok:
             raise Refused(f"generation {generation!r} must be a non-negative integer (fencing)")
         self._check_target(action.get("target"), group)
         params = action.get("params")
@@ -220,7 +220,7 @@ class Executor:
             except Refused as exc:
                 refusal = str(exc)
             newest = self.generations.get(group, -1) if isinstance(group, str) else -1
-            stale = refusal is None and group is not None and generation < newest
+            stale = refusal is None and isinstance(generation, int) and generation < newest
             # Reserve the id before running so a duplicate delivery cannot run it twice.
             self.done[action_id] = {"status": "running", "reported": False}
             self._save()

@@ -86,7 +86,7 @@ class _PublicHTTPSConnection(http.client.HTTPSConnection):
         # Check the TCP peer before the TLS handshake: nothing is sent to a refused host.
         http.client.HTTPConnection.connect(self)
         _check_peer(self.sock, self.host)
-        if self._tunnel_host:  # pragma: no cover - proxies are not used (see below)
+        if getattr(self, "_tunnel_host", None):  # pragma: no cover - no proxies (see below)
             raise PrivateAddressError("notifications do not go through proxies")
         server = self.host
         self.sock = self._context.wrap_socket(self.sock, server_hostname=server)  # type: ignore[attr-defined]
