@@ -9,16 +9,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-
-class ActionKind(StrEnum):
-    QUARANTINE_NODE = "quarantine_node"
-    CORDON_NODE = "cordon_node"
-    DRAIN_NODE = "drain_node"
-    ISOLATE_GPU = "isolate_gpu"
-    ISOLATE_RANK = "isolate_rank"
-    RESTART_GROUP = "restart_group"
-    ROLLBACK_MODEL = "rollback_model"
-    PAGE_HUMAN = "page_human"
+# The kinds are wire-level (the agent's hook table is keyed by them): defined beside the
+# agent, re-exported here for the service.
+from agents.actions_contract import ActionKind as ActionKind
 
 
 class ActionState(StrEnum):
@@ -64,6 +57,23 @@ TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
     ActionState.SUCCEEDED: frozenset(),
     ActionState.FAILED: frozenset(),
 }
+
+# In flight: approved, handed to the agent, or acknowledged by it (ingest asks whether a
+# node has any on every batch).
+LIVE_STATES = (ActionState.APPROVED, ActionState.DISPATCHED, ActionState.ACKNOWLEDGED)
+# Handed to an agent and not yet reported on: what rides back to the agent until it answers.
+IN_FLIGHT_STATES = (ActionState.DISPATCHED, ActionState.ACKNOWLEDGED)
+# Dispatched at some point: what the rate limit, repeat and breaker windows count.
+HISTORY_STATES = (
+    ActionState.DISPATCHED,
+    ActionState.ACKNOWLEDGED,
+    ActionState.SUCCEEDED,
+    ActionState.FAILED,
+)
+# A decision on a proposal (sets decided_at) and an end of the road (sets finished_at).
+DECIDED_STATES = frozenset(
+    {ActionState.APPROVED, ActionState.REJECTED, ActionState.CANCELLED, ActionState.EXPIRED}
+)
 
 TERMINAL = frozenset(state for state, targets in TRANSITIONS.items() if not targets)
 

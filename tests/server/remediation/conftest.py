@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from console import remediation
+from console import actions
 from console.models import ConsistencyGroup, Device, Node, Rank
 
 
@@ -40,7 +40,7 @@ def propose(cast: dict[str, Any], now: datetime):  # type: ignore[no-untyped-def
     """propose(target, kind="cordon_node", by="operator") -> Outcome."""
 
     def make(target: str, kind: str = "cordon_node", by: str = "operator", **kw: Any) -> Any:
-        return remediation.propose_action(
+        return actions.propose_action(
             kind=kind,
             target=target,
             reason="xid 79 storm",
@@ -55,7 +55,7 @@ def propose(cast: dict[str, Any], now: datetime):  # type: ignore[no-untyped-def
 @pytest.fixture
 def vote(cast: dict[str, Any], now: datetime):  # type: ignore[no-untyped-def]
     def cast_vote(action_id: int, by: str, approve: bool = True, **kw: Any) -> Any:
-        return remediation.vote_on_action(
+        return actions.vote_on_action(
             action_id=action_id, actor=cast[by], approve=approve, now=kw.pop("at", now), **kw
         )
 
