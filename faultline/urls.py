@@ -1,3 +1,5 @@
+"""Top-level routes: health, ingest and the agent endpoints, REST, schema, admin, pages."""
+
 from __future__ import annotations
 
 from django.contrib import admin

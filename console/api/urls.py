@@ -1,3 +1,5 @@
+"""REST routes under /api/v1/ (the agent-facing ones are ingest/urls.py)."""
+
 from __future__ import annotations
 
 from django.urls import path
