@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
@@ -19,10 +19,8 @@ from django.db.models import Q
 from console import events
 from console.actions.incidents import publish_incident
 from console.choices import IncidentState
+from console.diagnosis.engine import Diagnosis
 from console.models import Alert, ConsistencyGroup, Incident
-
-if TYPE_CHECKING:
-    from console.diagnosis.engine import Diagnosis
 
 log = logging.getLogger(__name__)
 
