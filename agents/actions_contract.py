@@ -41,9 +41,13 @@ class KindSpec:
     help: str
 
 
-_NODE = Param("node", False, "scheduler node name; default: the node named by target, else the agent's")
+_NODE = Param(
+    "node", False, "scheduler node name; default: the node named by target, else the agent's"
+)
 _REASON = Param("reason", False, "why, written into the scheduler's reason (Slurm) / event")
-_GPU = Param("gpu", True, "GPU UUID (GPU-...) as the agent reports it; default: from target gpu:<uuid>")
+_GPU = Param(
+    "gpu", True, "GPU UUID (GPU-...) as the agent reports it; default: from target gpu:<uuid>"
+)
 _JOB = Param("job", True, "scheduler job id: Slurm job id, or the workload name the hook knows")
 _FORCE = Param("force", False, "true: put back a node another party took out (default false)")
 
@@ -94,6 +98,16 @@ ALIASES: dict[str, str] = {
     "resume_node": UNCORDON_NODE,
     "release": RELEASE_GPU,
     "requeue": RESTART_GROUP,
+}
+
+# What the built-in backends (agents/schedulers/) run; any other kind answers "unsupported"
+# there unless a hook names it. The service's policy reads this to choose, e.g., drain_node
+# over isolate_gpu on Slurm, which cannot take one GPU out without a reconfiguration.
+BACKEND_KINDS: dict[str, frozenset[str]] = {
+    "slurm": frozenset({CORDON_NODE, DRAIN_NODE, QUARANTINE_NODE, UNCORDON_NODE, RESTART_GROUP}),
+    "kubernetes": frozenset(
+        {CORDON_NODE, DRAIN_NODE, QUARANTINE_NODE, UNCORDON_NODE, ISOLATE_GPU, RELEASE_GPU}
+    ),
 }
 
 # `status` is what the service's result endpoint takes; `state` says what really happened.

@@ -45,7 +45,7 @@ class Runner:
 
     def __call__(self, *argv: str, timeout_s: float | None = None) -> Ran:
         try:
-            done = subprocess.run(  # noqa: S603 -- argv built by the backends, no shell
+            done = subprocess.run(
                 list(argv),
                 capture_output=True,
                 text=True,

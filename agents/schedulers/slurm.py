@@ -61,7 +61,7 @@ def out_of_service(flags: str) -> bool:
 
 class Slurm:
     name = "slurm"
-    kinds = frozenset({*_TAKE_OUT, contract.UNCORDON_NODE, contract.RESTART_GROUP})
+    kinds = contract.BACKEND_KINDS["slurm"]
 
     # -- reading ---------------------------------------------------------------------
     def read_node(self, run: Runner, node: str) -> dict[str, str] | None:
@@ -108,7 +108,7 @@ class Slurm:
         return contract.result(
             "unsupported",
             f"slurm backend cannot run {kind} (Slurm isolates a GPU only by reconfiguring "
-            f"gres); configure [hooks] {kind} = \"...\"",
+            f'gres); configure [hooks] {kind} = "..."',
             scheduler=self.name,
         )
 

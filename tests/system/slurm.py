@@ -183,7 +183,7 @@ def start_slurm(*, timeout: float = 60) -> Slurm:
 
 
 def _spawn(argv: list[str | None], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(  # noqa: S603 -- fixed argv of the Debian daemons
+    return subprocess.Popen(
         [str(a) for a in argv],
         env=env,
         stdout=subprocess.DEVNULL,
