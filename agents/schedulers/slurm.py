@@ -12,11 +12,13 @@ may do it). It must not cancel jobs or change a reason it did not write.
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 from agents import actions_contract as contract
 from agents.schedulers import Runner
 
+REQUEUE_SETTLE_S = 15.0
 _TAKE_OUT = frozenset({contract.CORDON_NODE, contract.DRAIN_NODE, contract.QUARANTINE_NODE})
 # A requeued job is held back and pending, or already started again.
 _REQUEUED_STATES = frozenset(
@@ -191,6 +193,12 @@ class Slurm:
             return contract.result("already", text, target=job, before=before, after=before)
         done = run("scontrol", "requeue", job)
         after = self.read_job(run, job) or {}
+        # Slurm first shows COMPLETING (Restarts already +1) while it stops the job's steps,
+        # then PENDING: wait, bounded, for it to be queued again.
+        deadline = time.monotonic() + REQUEUE_SETTLE_S
+        while after.get("state") == "COMPLETING" and time.monotonic() < deadline:
+            time.sleep(0.25)
+            after = self.read_job(run, job) or {}
         restarted = after.get("restarts", "") != before["restarts"]
         applied = restarted and after.get("state") in _REQUEUED_STATES
         text = (

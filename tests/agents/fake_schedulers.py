@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, os, sys
 root = os.environ["FAKE_SCHED_DIR"]
 tool = os.path.basename(sys.argv[0])
@@ -34,7 +34,7 @@ if tool == "scontrol":
     if args[:2] == ["show", "node"]:
         n = node(args[2])
         reason = f" Reason={n['reason']} [root@2026-12-01T10:07:58]" if n["reason"] else ""
-        print(f"NodeName={args[2]} Arch=x86_64 CPUTot=2 State={n['state']} Partitions=debug{reason}")
+        print(f"NodeName={args[2]} CPUTot=2 State={n['state']} Partitions=debug{reason}")
     elif args[:2] == ["show", "job"]:
         j = st["jobs"].get(args[2])
         if j is None:
@@ -99,7 +99,7 @@ elif tool == "kubectl":
         save()
     elif verb == "delete":
         print("pod \"train-0\" deleted")
-'''
+"""
 
 TOOLS = ("scontrol", "sinfo", "squeue", "kubectl")
 

@@ -69,7 +69,17 @@ def shipped_configs(tmp_path: Path) -> dict[str, Path]:
 
 
 def executor_for(config: Path, state: Path) -> Executor:
-    args = ["run", "--config", str(config), "--server", "http://127.0.0.1:9", "--token", "t", "--node", NODE]
+    args = [
+        "run",
+        "--config",
+        str(config),
+        "--server",
+        "http://127.0.0.1:9",
+        "--token",
+        "t",
+        "--node",
+        NODE,
+    ]
     cfg = build_config(_parser().parse_args(args))
     state.mkdir()
     return Executor(state, node=cfg.node, hooks=cfg.hooks, scheduler=cfg.scheduler, timeout_s=20)
@@ -264,7 +274,7 @@ KUBECTL_NODE = """{
 }"""
 
 KUBECTL_DRAIN = """node/gpu-node-017 cordoned
-Warning: ignoring DaemonSet-managed Pods: faultline/faultline-agent-7xk2p, kube-system/nvidia-device-plugin-daemonset-q8z4d
+Warning: ignoring DaemonSet-managed Pods: faultline/faultline-agent-7xk2p, kube-system/nvidia-dp-q8
 evicting pod default/train-llama-70b-worker-3
 evicting pod default/train-llama-70b-worker-7
 pod/train-llama-70b-worker-3 evicted
@@ -293,13 +303,22 @@ def test_it_builds_the_kubectl_command_lines(tmp_path: Path, fakes: FakeSchedule
     executor.handle(action(6, contract.ISOLATE_GPU))
     calls = [c for c in fakes.calls() if c[1] != "get"]
     key = "faultline.io/gpu-8a7c3f2e-1b4d-4e6f-9a0b-c1d2e3f4a5b6"
+    mark = f"{kubernetes.ANNOTATION}=faultline: 5 xid 79 on GPU 3"
+    taint = ["kubectl", "taint", "node", NODE, "--overwrite"]
     assert calls == [
         ["kubectl", "cordon", NODE],
-        ["kubectl", "annotate", "node", NODE, "--overwrite", f"{kubernetes.ANNOTATION}=faultline: 5 xid 79 on GPU 3"],
-        ["kubectl", "drain", NODE, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=300s"],
-        ["kubectl", "taint", "node", NODE, "--overwrite", "faultline.io/quarantine=action-5:NoSchedule"],
-        ["kubectl", "taint", "node", NODE, "--overwrite", f"{key}=action-6:NoSchedule"],
-    ]  # fmt: skip
+        ["kubectl", "annotate", "node", NODE, "--overwrite", mark],
+        [
+            "kubectl",
+            "drain",
+            NODE,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=300s",
+        ],
+        [*taint, "faultline.io/quarantine=action-5:NoSchedule"],
+        [*taint, f"{key}=action-6:NoSchedule"],
+    ]
 
 
 def test_it_leaves_a_node_cordoned_by_someone_else_on_kubernetes(
