@@ -49,6 +49,7 @@ _GPU = Param(
     "gpu", True, "GPU UUID (GPU-...) as the agent reports it; default: from target gpu:<uuid>"
 )
 _JOB = Param("job", True, "scheduler job id: Slurm job id, or the workload name the hook knows")
+_DRAIN_TIMEOUT = Param("drain_timeout_s", False, "Kubernetes: kubectl drain --timeout (300)")
 _FORCE = Param("force", False, "true: put back a node another party took out (default false)")
 
 CORDON_NODE = "cordon_node"
@@ -63,12 +64,18 @@ KINDS: dict[str, KindSpec] = {
     spec.name: spec
     for spec in (
         KindSpec(CORDON_NODE, "node", True, (_NODE, _REASON), "no new work lands on the node"),
-        KindSpec(DRAIN_NODE, "node", True, (_NODE, _REASON), "cordon, then move work off it"),
+        KindSpec(
+            DRAIN_NODE,
+            "node",
+            True,
+            (_NODE, _REASON, _DRAIN_TIMEOUT),
+            "cordon, then move work off it",
+        ),
         KindSpec(
             QUARANTINE_NODE,
             "node",
             True,
-            (_NODE, _REASON),
+            (_NODE, _REASON, _DRAIN_TIMEOUT),
             "drain and mark it Faultline's until a validated repair returns it",
         ),
         KindSpec(ISOLATE_GPU, "gpu", True, (_NODE, _GPU, _REASON), "keep work off one GPU"),
@@ -85,6 +92,29 @@ KINDS: dict[str, KindSpec] = {
         KindSpec(RELEASE_GPU, "gpu", False, (_NODE, _GPU, _REASON), "return the GPU to service"),
     )
 }
+
+# Every kind also takes `dry_run` (true: run nothing, report the commands), which the
+# service adds to every dispatched action (console.remediation.agent_payload).
+COMMON_PARAMS = ("reason", "dry_run")
+
+
+def problems(kind: str, params: dict[str, Any], target: str = "") -> list[str]:
+    """What is wrong with an action before dispatch: '' kinds, missing or unknown params."""
+    spec = KINDS.get(canonical(kind))
+    if spec is None:
+        return [f'unknown action kind "{kind}"; known: {", ".join(sorted(KINDS))}']
+    action = {"kind": spec.name, "params": params, "target": target}
+    found = []
+    known = {p.name for p in spec.params} | set(COMMON_PARAMS)
+    for param in spec.params:
+        have = {"gpu": gpu_id(action), "job": job_id(action)}.get(
+            param.name, params.get(param.name)
+        )
+        if param.required and not have:
+            found.append(f"{spec.name} needs params.{param.name}: {param.help}")
+    found += [f"{spec.name} does not take params.{name}" for name in sorted(set(params) - known)]
+    return found
+
 
 # Old hook names from before this contract (docs/agent.md ≤ 0.1) and synonyms. Accepted in
 # `[hooks]` with a warning; the service only ever dispatches the canonical names.
@@ -170,9 +200,14 @@ def normalize_hooks(hooks: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def params_of(action: dict[str, Any]) -> dict[str, Any]:
+    params = action.get("params")
+    return params if isinstance(params, dict) else {}
+
+
 def reason_text(action: dict[str, Any]) -> str:
     """`faultline: <action id> <reason>` — how a scheduler records that Faultline acted."""
-    params = action.get("params") if isinstance(action.get("params"), dict) else {}
+    params = params_of(action)
     reason = str(params.get("reason") or action.get("kind") or "").replace("\n", " ").strip()
     return f"{FAULTLINE_REASON_PREFIX} {action.get('id')} {reason}"[:250]
 
@@ -183,7 +218,7 @@ def is_faultline_reason(reason: str) -> bool:
 
 def node_name(action: dict[str, Any], default: str) -> str:
     """The scheduler node: params.node, else a `node:<name>` target, else the agent's node."""
-    params = action.get("params") if isinstance(action.get("params"), dict) else {}
+    params = params_of(action)
     if params.get("node"):
         return str(params["node"])
     target = str(action.get("target") or "")
@@ -195,7 +230,7 @@ def node_name(action: dict[str, Any], default: str) -> str:
 
 def gpu_id(action: dict[str, Any]) -> str:
     """The GPU: params.gpu, else a `gpu:<uuid>` target; '' when neither names one."""
-    params = action.get("params") if isinstance(action.get("params"), dict) else {}
+    params = params_of(action)
     if params.get("gpu"):
         return str(params["gpu"])
     prefix, sep, name = str(action.get("target") or "").partition(":")
@@ -203,7 +238,7 @@ def gpu_id(action: dict[str, Any]) -> str:
 
 
 def job_id(action: dict[str, Any]) -> str:
-    params = action.get("params") if isinstance(action.get("params"), dict) else {}
+    params = params_of(action)
     return str(params.get("job") or "")
 
 

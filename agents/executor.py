@@ -158,7 +158,7 @@ class Executor:
         kind = contract.canonical(str(action.get("kind")))
         if kind not in self.hooks and self.scheduler is not None and kind in contract.KINDS:
             # The built-in backend answers every contract kind ("unsupported" included).
-            params = action.get("params") if isinstance(action.get("params"), dict) else {}
+            params = contract.params_of(action)
             dry_run = self.dry_run or params.get("dry_run") is True
             return dict(
                 schedulers.execute(

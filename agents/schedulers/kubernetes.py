@@ -93,7 +93,7 @@ class Kubernetes:
                 [*mark, f"{ANNOTATION}={contract.reason_text(action)}"],
             ]
         if kind in (contract.DRAIN_NODE, contract.QUARANTINE_NODE):
-            timeout = int((action.get("params") or {}).get("drain_timeout_s") or 300)
+            timeout = int(contract.params_of(action).get("drain_timeout_s") or 300)
             cmds = [
                 ["kubectl", "cordon", node],
                 [*mark, f"{ANNOTATION}={contract.reason_text(action)}"],
@@ -162,10 +162,16 @@ class Kubernetes:
         if before is None:
             return contract.result("error", f"kubernetes: node {node} not found", target=node)
         ours = contract.is_faultline_reason(before["taken_out"])
-        params = action.get("params") if isinstance(action.get("params"), dict) else {}
+        params = contract.params_of(action)
         common: dict[str, Any] = {"target": node, "before": before}
 
-        if kind in _TAKE_OUT and before["unschedulable"]:
+        # A node Faultline cordoned may still need draining or the quarantine taint: the
+        # commands are idempotent, so only a plain cordon of Faultline's is "already".
+        if (
+            kind in _TAKE_OUT
+            and before["unschedulable"]
+            and (kind == contract.CORDON_NODE or not ours)
+        ):
             state = "already" if ours else "held_by_other"
             who = f"by faultline: {before['taken_out']}" if ours else "not by faultline"
             text = f"node {node} already cordoned ({who}): left as it is"

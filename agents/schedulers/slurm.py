@@ -154,7 +154,7 @@ class Slurm:
             return contract.result(
                 "already", text, target=node, before=before, after=before, taken_out_by=""
             )
-        params = action.get("params") if isinstance(action.get("params"), dict) else {}
+        params = contract.params_of(action)
         ours = contract.is_faultline_reason(before["reason"])
         if not ours and params.get("force") is not True:
             text = (
