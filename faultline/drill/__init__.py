@@ -126,4 +126,3 @@ def run(args: argparse.Namespace) -> int:
         Path(args.markdown).write_text(markdown(rows))
     ok = all(r["error"] is None and r["found_root_cause"] == r["expected_root_cause"] for r in rows)
     return 0 if ok else 1
-
