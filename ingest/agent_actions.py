@@ -23,7 +23,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents.actions_contract import AgentAction
+from agents.actions_contract import Action as AgentAction
 from console import actions
 from console.api.actions import actions_with_votes
 from console.api.remediation_serializers import ActionSerializer, ResultIn

@@ -14,11 +14,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args
 
 from django.db import IntegrityError, transaction
 
-from agents.actions_contract import AgentAction, ResultStatus
+from agents.actions_contract import Action as AgentAction
+from agents.actions_contract import Status
 from console import events
 from console.actions import fleet
 from console.actions.audit import SYSTEM, actor_name, audit, role_refused
@@ -405,10 +406,9 @@ def record_action_result(
     action = locked_action(action_id)
     if action.node_id != node.pk:
         raise NotAllowed(f"action {action_id} is not for node {node.name}")
-    try:
-        outcome = ActionState(ResultStatus(status).value)
-    except ValueError:
-        raise RemediationError(f'status must be "succeeded" or "failed", got "{status}"') from None
+    if status not in get_args(Status):
+        raise RemediationError(f'status must be "succeeded" or "failed", got "{status}"')
+    outcome = ActionState(status)
     if action.state not in IN_FLIGHT_STATES:
         raise Conflict(f"action {action_id} is {action.state}; a result is not expected")
     text = output if len(output) <= OUTPUT_LIMIT else output[: OUTPUT_LIMIT - 15] + "\n[truncated]"

@@ -6,9 +6,11 @@ Whether a change may happen is the write path's (console.actions) to decide.
 
 from __future__ import annotations
 
+from typing import get_args
+
 from rest_framework import serializers
 
-from agents.actions_contract import ResultStatus
+from agents.actions_contract import Status
 from console.choices import ACTION_KINDS
 from console.models import Action, AuditLog, EscalationPolicy, NotificationChannel, Silence
 
@@ -133,7 +135,7 @@ class BreakerOut(serializers.Serializer):
 
 
 class ResultIn(serializers.Serializer):
-    status = serializers.ChoiceField(choices=[s.value for s in ResultStatus])
+    status = serializers.ChoiceField(choices=list(get_args(Status)))
     exit_code = serializers.IntegerField(required=False, allow_null=True, default=None)
     output = serializers.CharField(
         required=False, allow_blank=True, default="", trim_whitespace=False

@@ -9,9 +9,27 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-# The kinds are wire-level (the agent's hook table is keyed by them): defined beside the
-# agent, re-exported here for the service.
-from agents.actions_contract import ActionKind as ActionKind
+from agents import actions_contract as contract
+
+
+class ActionKind(StrEnum):
+    """What the service may propose. Kinds an agent executes take their wire names from
+    agents/actions_contract.py (the agent's hook table is keyed by them); the others are
+    the service's own until the contract carries them."""
+
+    QUARANTINE_NODE = contract.QUARANTINE_NODE
+    CORDON_NODE = contract.CORDON_NODE
+    DRAIN_NODE = contract.DRAIN_NODE
+    ISOLATE_GPU = contract.ISOLATE_GPU
+    ISOLATE_RANK = "isolate_rank"
+    RESTART_GROUP = contract.RESTART_GROUP
+    ROLLBACK_MODEL = "rollback_model"
+    PAGE_HUMAN = "page_human"
+
+
+# Kinds a node agent runs through the contract (the rest answer "no hook configured"
+# unless a site configures one by that name).
+CONTRACT_KINDS = frozenset(k for k in ActionKind if k.value in contract.KINDS)
 
 
 class ActionState(StrEnum):
