@@ -559,6 +559,31 @@ def recovery_requires_action(name: str | None) -> bool:
     return name is not None and name in RECOVERY_ACTIONS and name != RECOVERY_NONE
 
 
+def effective_class(info: XidInfo, recovery_action: str | None = None) -> str:
+    """The class an Xid acts with: a driver that asks for a reset, reboot or drain makes
+    any Xid (154 included) a hardware fault, whatever its row says."""
+    return HARDWARE if recovery_requires_action(recovery_action) else info.xid_class
+
+
+def is_hardware_fault(
+    event: str,
+    code: int | None = None,
+    recovery_action: str | None = None,
+    catalog: XidCatalog | None = None,
+) -> bool:
+    """Whether a `device_event` takes its GPU out of service (ingest marks it critical).
+
+    A lost GPU or a double-bit ECC error always does; an Xid only when its class (with
+    overrides) is hardware or the driver reports a recovery action.
+    """
+    if event in ("gpu_lost", "ecc_dbe"):
+        return True
+    if event != "xid":
+        return False
+    info = (catalog or _active).get(code)
+    return effective_class(info, recovery_action) == HARDWARE
+
+
 # -- one Xid, two witnesses ------------------------------------------------------------
 # The driver logs an Xid to the kernel ring buffer ("NVRM: Xid (PCI:...): 79, ...") and
 # NVML delivers the same Xid as an event; the two arrive at slightly different times and
