@@ -225,12 +225,14 @@ def _soft_xids(ctx: Context, dev: DeviceState, judged: list[_Judged], hard: Find
     # An application's Xid is evidence on its process: the rank, when the GPU has one.
     owner = rank_subject(ctx.snap.group, ranks[0]) if len(ranks) == 1 else gpu_subject(dev.gpu)
     app: Finding | None = None
-    if group := by_class.get(catalog.APPLICATION):
+    if apps := by_class.get(catalog.APPLICATION):
+        group = apps
         info = group[0].info
         app = _put_xid(ctx, dev, group, subject=owner, role=ROOT_CAUSE, severity=MAJOR,
                        summary=f"Xid {info.code} on {where}: {info.meaning} (an application "
                        "fault; the GPU stays in service)")  # fmt: skip
-    if group := by_class.get(catalog.CONSEQUENCE):
+    if after := by_class.get(catalog.CONSEQUENCE):
+        group = after
         info = group[0].info
         if app is not None:
             _put_xid(ctx, dev, group, subject=gpu_subject(dev.gpu), role=SYMPTOM,
@@ -241,12 +243,14 @@ def _soft_xids(ctx: Context, dev: DeviceState, judged: list[_Judged], hard: Find
             _put_xid(ctx, dev, group, subject=owner, role=ROOT_CAUSE, severity=MINOR,
                      summary=f"Xid {info.code} on {where}: {info.meaning}; no other "
                      "error on this GPU")  # fmt: skip
-    if group := by_class.get(catalog.INFORMATIONAL):
+    if infos := by_class.get(catalog.INFORMATIONAL):
+        group = infos
         info = group[0].info
         _put_xid(ctx, dev, group, subject=gpu_subject(dev.gpu), role=ROOT_CAUSE,
                  severity=MINOR, summary=f"Xid {info.code} on {where}: {info.meaning} "
                  "(informational)")  # fmt: skip
-    if group := by_class.get(catalog.UNDETERMINED):
+    if unknown := by_class.get(catalog.UNDETERMINED):
+        group = unknown
         info = group[0].info
         why = (
             "listed by NVIDIA as unused on Ampere and newer GPUs"
