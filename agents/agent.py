@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from agents import __version__
+from agents import __version__, xid
 from agents.checkpoints import CheckpointWatcher, RootConfig
 from agents.executor import Executor
 from agents.fake_nvml import FakeNvml, parse_scripts
@@ -59,6 +59,8 @@ class Config:
     action_poll_s: float = 15.0
     verify_rate_mb_s: float = 100.0
     max_batch_records: int = 1000
+    # [xid_overrides] of agent.toml: code -> {class, action, investigatory} (agents/xid.py)
+    xid_catalog: xid.XidCatalog | None = None
 
 
 def boot_id() -> str | None:
@@ -84,6 +86,8 @@ class Agent:
     ) -> None:
         self.config = config
         self.out = out or sys.stdout
+        if config.xid_catalog is not None:
+            xid.install(config.xid_catalog)  # before the backend reads any Xid
         state = Path(config.state_dir)
         state.mkdir(parents=True, exist_ok=True)
         self.identity = Identity(state)

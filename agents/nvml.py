@@ -69,10 +69,20 @@ def device_sample(uuid: str, index: int, fields: dict[str, Any]) -> Record:
 
 
 def device_event(
-    uuid: str, event: str, code: int | None = None, detail: str | None = None
+    uuid: str,
+    event: str,
+    code: int | None = None,
+    detail: str | None = None,
+    recovery_action: str | None = None,
 ) -> Record:
+    """A `device_event`; `recovery_action` is the driver's (agents/xid.RECOVERY_ACTIONS)."""
     return record(
-        "device_event", gpu=uuid, event=event, code=code, detail=(detail or None) and detail[:256]
+        "device_event",
+        gpu=uuid,
+        event=event,
+        code=code,
+        detail=(detail or None) and detail[:256],
+        recovery_action=recovery_action,
     )
 
 
@@ -219,6 +229,27 @@ class NvmlBackend:
                     seen = True
         return total if seen else None
 
+    def recovery_action(self, index: int) -> str | None:
+        """The driver's GPU recovery action (none, gpu_reset, ...), or None where the driver
+        or pynvml cannot say: nvmlDeviceGetGpuRecoveryAction where the binding has it, else
+        the NVML_FI_DEV_GET_GPU_RECOVERY_ACTION field (R570 and newer drivers)."""
+        nv, h = self._nv, self._handles[index]
+        fn = getattr(nv, "nvmlDeviceGetGpuRecoveryAction", None)
+        if fn is not None:
+            value = self._read(index, fn, h)
+            if value is not None:
+                return xid.recovery_action_name(int(value))
+        field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field_id is None:
+            return None
+        values = self._read(index, nv.nvmlDeviceGetFieldValues, h, [field_id])
+        if not values or getattr(values[0], "nvmlReturn", 0) != 0:
+            return None
+        try:
+            return xid.recovery_action_name(int(values[0].value.uiVal))
+        except (AttributeError, TypeError, ValueError):
+            return None
+
     def sample(self, index: int) -> Record:
         nv, h = self._nv, self._handles[index]
         power = self._read(index, nv.nvmlDeviceGetPowerUsage, h)
@@ -308,7 +339,9 @@ class NvmlBackend:
             # NVML reports a DBE both as Xid 48 and as a DBE event: pass each through once.
             if data.eventType & nv.nvmlEventTypeXidCriticalError:
                 code = int(data.eventData)
-                sink(device_event(uuid, "xid", code, xid.detail(code)))
+                # Read at once: Xid 154 means the recovery action just changed.
+                action = None if index is None else self.recovery_action(index)
+                sink(device_event(uuid, "xid", code, xid.detail(code), action))
             if data.eventType & nv.nvmlEventTypeDoubleBitEccError:
                 sink(device_event(uuid, "ecc_dbe", None, "double-bit ECC error"))
         with contextlib.suppress(nv.NVMLError):

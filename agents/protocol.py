@@ -82,11 +82,21 @@ class DeviceSample(_Record, tag="device_sample"):
     pcie_replays: Count | None = None
 
 
+# -- Xid recovery action (issue 18) ---------------------------------------------------
+# The driver's GPU recovery action when the event was read (NVML
+# nvmlDeviceGetGpuRecoveryAction; Xid 154 reports each change). Names as in agents/xid.py
+# RECOVERY_ACTIONS; absent when the driver cannot say.
+RecoveryAction = Literal["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"]
+RECOVERY_ACTIONS: tuple[str, ...] = RecoveryAction.__args__  # type: ignore[attr-defined]
+# -- end Xid recovery action -----------------------------------------------------------
+
+
 class DeviceEvent(_Record, tag="device_event"):
     gpu: GpuId
     event: Code
     code: int | None = None
     detail: Short | None = None
+    recovery_action: RecoveryAction | None = None  # issue 18: see RecoveryAction above
 
 
 class Process(_Record, tag="process"):

@@ -148,5 +148,6 @@ def _device_records(node_ids: set[int], names: dict[int, str], now: datetime) ->
         )
         out.append(sample)
     events = m.DeviceEvent.objects.filter(node_id__in=node_ids, ts__gte=now - HISTORY_WINDOW)
-    out += _rows(events, "device_event", ["gpu", "event", "code", "detail"], names)
+    fields = ["gpu", "event", "code", "detail", "recovery_action"]
+    out += _rows(events, "device_event", fields, names)
     return out

@@ -111,6 +111,8 @@ class DeviceEvent(models.Model):
     event = models.CharField(max_length=64)
     code = models.IntegerField(null=True)
     detail = models.CharField(max_length=256, null=True)
+    # The driver's GPU recovery action when the event was read (none, gpu_reset, ...).
+    recovery_action = models.CharField(max_length=32, null=True)
 
     class Meta:
         indexes = [models.Index(fields=["gpu", "-ts"]), models.Index(fields=["node", "-ts"])]

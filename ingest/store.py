@@ -20,6 +20,7 @@ from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
 from agents import protocol as p
+from agents import xid
 from console.choices import ACTION_LIVE_STATES, GroupKind, Health
 from console.models import ConsistencyGroup, Node
 from ingest import fencing
@@ -436,11 +437,14 @@ class _Writer:
     def _on_device_event(self, rec: p.DeviceEvent, ts: datetime) -> None:
         self.rows["deviceevent"].append(
             f"{when(ts)}{self.node_cell}{text(rec.gpu)}\t{text(rec.event)}\t{num(rec.code)}\t"
-            f"{text(scrub_text(rec.detail))}\n"
+            f"{text(scrub_text(rec.detail))}\t{text(rec.recovery_action)}\n"
         )
         if rec.event in CRITICAL_EVENTS:
-            self.device_events[rec.gpu] = rec.event
-            self.critical_events += 1
+            self.critical_events += 1  # diagnose and push at once, whatever its class
+            # Only a hardware fault turns the GPU (and so its node) critical: an application
+            # Xid (13, 31, 43, 94...) leaves a healthy GPU (agents/xid.py decides).
+            if xid.is_hardware_fault(rec.event, rec.code, rec.recovery_action):
+                self.device_events[rec.gpu] = rec.event
 
     def _on_step(self, rec: p.Step, ts: datetime) -> None:
         applied = self._fence(rec, ts)
@@ -837,7 +841,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "util_pct", "mem_used_bytes", "ecc_sbe", "ecc_dbe", "retired_or_remapped_pending",
         "throttle_reasons", "nvlink_errors", "pcie_replays",
     ),
-    "deviceevent": ("ts", "node_id", "gpu", "event", "code", "detail"),
+    "deviceevent": ("ts", "node_id", "gpu", "event", "code", "detail", "recovery_action"),
     "steprecord": (
         "ts", "node_id", "group_id", "generation", "stale", "rank", "step", "tokens",
         "data_cursor", "duration_ms", "phases", "loss", "grad_norm", "loss_scale", "overflow",

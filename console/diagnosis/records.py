@@ -106,6 +106,7 @@ class DeviceEvent:
     event: str  # xid | ecc_dbe | thermal | gpu_lost | ...
     code: int | None = None
     detail: str | None = None
+    recovery_action: str | None = None  # the driver's, when the event was read
 
 
 @dataclass(frozen=True, slots=True)
