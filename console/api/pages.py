@@ -24,6 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from agents.gpu_health import HEALTH_ORDER
 from console import charts, queries
 from console.choices import GroupState
 from console.models import ConsistencyGroup, Incident
@@ -117,7 +118,7 @@ def fleet_data(*, label: str | None = None, state: str | None = None) -> dict[st
         queries.open_incidents().order_by("-opened_at")[:100],
         key=lambda i: SEVERITY_ORDER.index(i.severity) if i.severity in SEVERITY_ORDER else 9,
     )
-    counts: dict[str, int] = {h: 0 for h in charts.HEALTH_ORDER}
+    counts: dict[str, int] = {h: 0 for h in HEALTH_ORDER}
     gpu_total = 0
     for n in node_rows:
         counts[n["worst"]] += 1

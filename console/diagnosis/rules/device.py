@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from agents.gpu_health import WARNING_REASONS, throttle_kind
+
 from console.diagnosis.findings import (
     CRITICAL,
     MAJOR,
@@ -45,23 +47,10 @@ XIDS: dict[int, Xid] = {
 }
 UNKNOWN_XID = Xid("unclassified Xid", MAJOR, "look the code up in NVIDIA's Xid catalogue")
 
-THERMAL_REASONS = ("thermal",)
-POWER_REASONS = ("power_brake", "hw_power", "power_cap")
-
 
 def classify_xid(code: int | None) -> Xid:
     """Meaning, severity and action for an Xid code (unknown codes are major)."""
     return XIDS.get(code, UNKNOWN_XID) if code is not None else UNKNOWN_XID
-
-
-def throttle_kind(reasons: tuple[str, ...]) -> str | None:
-    """`thermal_throttle`, `power_throttle` or None from NVML throttle reason names."""
-    low = [r.lower() for r in reasons]
-    if any(t in r for r in low for t in THERMAL_REASONS):
-        return "thermal_throttle"
-    if any(t in r for r in low for t in POWER_REASONS):
-        return "power_throttle"
-    return None
 
 
 def _where(ctx: Context, dev: DeviceState) -> str:
@@ -169,8 +158,7 @@ def _soft_faults(ctx: Context, dev: DeviceState) -> None:
         )
     # Only hardware slowdowns here; a software power cap alone is normal on a busy GPU and
     # becomes a finding only when `stragglers` sees it inflate compute time.
-    hw = tuple(r for r in s.throttle_reasons if "hw" in r.lower() or "thermal" in r.lower())
-    kind = throttle_kind(hw)
+    kind = throttle_kind(r for r in s.throttle_reasons if r in WARNING_REASONS)
     if kind is not None:
         ctx.put(
             ctx.new(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from agents.gpu_health import throttle_kind
+
 from console.diagnosis.findings import (
     MAJOR,
     MINOR,
@@ -23,7 +25,6 @@ from console.diagnosis.findings import (
 )
 from console.diagnosis.records import PHASES
 from console.diagnosis.rules.base import RECENT_STEPS, Context
-from console.diagnosis.rules.device import throttle_kind
 from console.diagnosis.snapshot import RankState
 from console.diagnosis.stats import mad, median, percentile
 
