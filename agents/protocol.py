@@ -312,10 +312,6 @@ def _refuse_nul(value: Any, path: tuple[str | int, ...] = ()) -> None:
             _refuse_nul(item, (*path, i))
 
 
-def encode_batch(batch: Batch) -> bytes:
-    return msgspec.json.encode(batch)
-
-
 def _explain(raw: str, body: bytes) -> ContractError:
     match = _PATH.search(raw)
     reason = _PATH.sub("", raw)
