@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 from msgspec import Meta, Struct
@@ -50,7 +50,7 @@ GroupState = Literal[
     "failed",
     "stopped",
 ]
-GROUP_STATES: tuple[str, ...] = GroupState.__args__  # type: ignore[attr-defined]
+GROUP_STATES: tuple[str, ...] = get_args(GroupState)
 
 
 # gc=False on every Struct: records are trees (no cycles), and a 1,000-record batch would
@@ -232,7 +232,7 @@ Record = (
     | Serving
 )
 RECORD_KINDS: tuple[str, ...] = tuple(
-    t.__struct_config__.tag  # type: ignore[attr-defined]
+    str(t.__struct_config__.tag)
     for t in (
         Heartbeat,
         DeviceSample,

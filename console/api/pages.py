@@ -120,9 +120,9 @@ def fleet_data(*, label: str | None = None, state: str | None = None) -> dict[st
     )
     counts: dict[str, int] = {h: 0 for h in HEALTH_ORDER}
     gpu_total = 0
-    for n in node_rows:
-        counts[n["worst"]] += 1
-        gpu_total += len(n["devices"])
+    for row in node_rows:
+        counts[row["worst"]] += 1
+        gpu_total += len(row["devices"])
     return {
         "filters": {"label": label or "", "state": state or ""},
         "compact": compact,

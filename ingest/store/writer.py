@@ -10,6 +10,7 @@ live-state write in one multi-statement round trip. Must not commit or open tran
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -92,7 +93,7 @@ class BatchWriter:
     # -- collection --------------------------------------------------------------------
     def add(self, records: list[Any]) -> None:
         self._load_groups(records)
-        handlers = {
+        handlers: dict[type[Any], Callable[[Any, datetime], None]] = {
             p.Heartbeat: self._on_heartbeat,
             p.DeviceSample: self._on_device_sample,
             p.DeviceEvent: self._on_device_event,
@@ -361,7 +362,8 @@ class BatchWriter:
         card = self.want_card or self.critical_events > 0
         if card:
             sql.append(NODE_CARD)
-        selected = []  # the rows of the SELECTs, in order: actions pending, then the card
+        # The rows of the SELECTs, in order: actions pending, then the card.
+        selected: list[Any] = []
         with send(";".join(sql), params) as cur:
             while True:
                 if cur.description is not None:

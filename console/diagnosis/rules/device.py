@@ -105,7 +105,8 @@ def _hard_fault(ctx: Context, dev: DeviceState) -> bool:
         ev |= {"ecc_dbe": None if sample is None else sample.ecc_dbe}
     else:
         return False
-    times = [e.ts for e in events] or [sample.ts]  # type: ignore[union-attr]
+    # No events means the sample's DBE count chose this branch, so there is a sample.
+    times = [e.ts for e in events] or ([sample.ts] if sample is not None else [])
     ctx.put(
         ctx.new(
             kind=kind,

@@ -33,7 +33,7 @@ def _means(ctx: Context, r: RankState) -> tuple[float, dict[str, float]] | None:
     steps = [s for s in ctx.steps(r)[-RECENT_STEPS:] if s.duration_ms is not None]
     if not steps:
         return None
-    total = sum(s.duration_ms for s in steps) / len(steps)  # type: ignore[misc]
+    total = sum(s.duration_ms or 0.0 for s in steps) / len(steps)  # None filtered above
     phases = {p: sum(s.phases.get(p) or 0.0 for s in steps) / len(steps) for p in PHASES}
     return total, phases
 
