@@ -2,7 +2,7 @@
 
 Owns the binning rules (at most MAX_RANK_BINS x MAX_TIME_BINS heatmap cells, whatever
 the group's size), the state-machine segments, the checkpoint table and badput bars.
-Pure functions over plain rows: the SQL that produces the rows lives in console.queries,
+Pure functions over plain rows: the SQL that produces the rows lives in console.queries.telemetry,
 and nothing here touches the database, the clock or a request. Must not loop over raw
 telemetry rows — callers hand in rows Postgres has already aggregated.
 """
