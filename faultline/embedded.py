@@ -71,7 +71,8 @@ class Embedded:
 
 
 def _force_stop_postgres(server: object) -> None:
-    from pgserver._commands import pg_ctl
+    # pgserver makes one function per Postgres binary at import (setattr): no stub knows it.
+    from pgserver._commands import pg_ctl  # type: ignore[attr-defined]  # set at import
 
     pgdata: Path = server.pgdata  # type: ignore[attr-defined]
     if (pgdata / "postmaster.pid").exists():
