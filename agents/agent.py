@@ -54,6 +54,7 @@ class Config:
     reporter_udp_port: int | None = None
     reporter_socket_mode: int = 0o660
     hooks: dict[str, str] = field(default_factory=dict)
+    scheduler: str | None = None  # built-in backend: "slurm" | "kubernetes" (agents/schedulers)
     hook_timeout_s: float = 60.0
     action_poll_s: float = 15.0
     verify_rate_mb_s: float = 100.0
@@ -97,6 +98,7 @@ class Agent:
             token=config.token,
             dry_run=config.dry_run,
             timeout_s=config.hook_timeout_s,
+            scheduler=config.scheduler,
         )
         self.sender = Sender(
             self.spool,
