@@ -263,7 +263,7 @@ def result(
 ) -> Result:
     """A result whose `status` follows from `state` (see SUCCEEDED_STATES)."""
     body: Outcome = {"contract": ACTIONS_VERSION, "state": state}
-    body.update(outcome)  # type: ignore[typeddict-item]
+    body.update(outcome)  # type: ignore[typeddict-item]  # **outcome: Any keywords cannot be typed as Outcome keys
     return {
         "status": "succeeded" if state in SUCCEEDED_STATES else "failed",
         "exit_code": exit_code,

@@ -40,7 +40,7 @@ EXAMPLE_HOOKS = {
 }
 
 
-class _SafeDict(dict):  # type: ignore[type-arg]
+class _SafeDict(dict[str, str]):
     def __missing__(self, key: str) -> str:
         return "{" + key + "}"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 from msgspec import Meta, Struct
@@ -50,7 +50,7 @@ GroupState = Literal[
     "failed",
     "stopped",
 ]
-GROUP_STATES: tuple[str, ...] = GroupState.__args__  # type: ignore[attr-defined]
+GROUP_STATES: tuple[str, ...] = get_args(GroupState)
 
 
 # gc=False on every Struct: records are trees (no cycles), and a 1,000-record batch would
@@ -242,7 +242,7 @@ Record = (
     | Serving
 )
 RECORD_KINDS: tuple[str, ...] = tuple(
-    t.__struct_config__.tag  # type: ignore[attr-defined]
+    str(t.__struct_config__.tag)
     for t in (
         Heartbeat,
         DeviceSample,
@@ -320,10 +320,6 @@ def _refuse_nul(value: Any, path: tuple[str | int, ...] = ()) -> None:
     elif isinstance(value, list):
         for i, item in enumerate(value):
             _refuse_nul(item, (*path, i))
-
-
-def encode_batch(batch: Batch) -> bytes:
-    return msgspec.json.encode(batch)
 
 
 def _explain(raw: str, body: bytes) -> ContractError:

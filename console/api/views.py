@@ -15,7 +15,7 @@ from console import queries
 from console.api import serializers as s
 from console.choices import IncidentState, Role
 from console.models import Alert, ConsistencyGroup, Device, Incident, Node
-from ingest.models import AgentState
+from console.queries import telemetry
 
 
 class NodeList(generics.ListAPIView):
@@ -42,7 +42,7 @@ class AgentList(generics.ListAPIView):
     serializer_class = s.AgentSerializer
 
     def get_queryset(self) -> QuerySet[Any]:
-        return AgentState.objects.select_related("node").order_by("node__name", "agent_id")
+        return telemetry.agents()
 
 
 class GroupList(generics.ListAPIView):

@@ -12,6 +12,7 @@ slowdown attribution lives in `stragglers`.
 from __future__ import annotations
 
 from agents import xid as catalog
+from agents.gpu_health import WARNING_REASONS, throttle_kind
 
 from console.diagnosis.findings import (
     CRITICAL,
@@ -28,23 +29,11 @@ from console.diagnosis.findings import (
 from console.diagnosis.rules.base import Context
 from console.diagnosis.snapshot import DeviceEvent, DeviceState
 
-THERMAL_REASONS = ("thermal",)
-POWER_REASONS = ("power_brake", "hw_power", "power_cap")
 # Hardware buckets that stop the GPU outright; the others (NVLink workflows, support,
 # mechanics, firmware) are major until the driver's recovery action says more.
 CRITICAL_BUCKETS = frozenset(
     {"RESET_GPU", "RESTART_BM", "RESTART_VM", "WORKFLOW_XID_48", "XID_154"}
 )
-
-
-def throttle_kind(reasons: tuple[str, ...]) -> str | None:
-    """`thermal_throttle`, `power_throttle` or None from NVML throttle reason names."""
-    low = [r.lower() for r in reasons]
-    if any(t in r for r in low for t in THERMAL_REASONS):
-        return "thermal_throttle"
-    if any(t in r for r in low for t in POWER_REASONS):
-        return "power_throttle"
-    return None
 
 
 def _where(ctx: Context, dev: DeviceState) -> str:
@@ -159,7 +148,8 @@ def _hard_fault(ctx: Context, dev: DeviceState, judged: list[_Judged]) -> Findin
         ev |= {"ecc_dbe": None if sample is None else sample.ecc_dbe}
     else:
         return None
-    times = sorted(e.ts for e in events) or [sample.ts]  # type: ignore[union-attr]
+    # No events means the sample's DBE count chose this branch, so there is a sample.
+    times = sorted(e.ts for e in events) or ([sample.ts] if sample is not None else [])
     return ctx.put(
         ctx.new(
             kind=kind,
@@ -303,8 +293,7 @@ def _soft_faults(ctx: Context, dev: DeviceState) -> None:
         )
     # Only hardware slowdowns here; a software power cap alone is normal on a busy GPU and
     # becomes a finding only when `stragglers` sees it inflate compute time.
-    hw = tuple(r for r in s.throttle_reasons if "hw" in r.lower() or "thermal" in r.lower())
-    kind = throttle_kind(hw)
+    kind = throttle_kind(r for r in s.throttle_reasons if r in WARNING_REASONS)
     if kind is not None:
         ctx.put(
             ctx.new(
