@@ -2,19 +2,22 @@
 
 Owns action execution: it receives approved actions (riding back on ingest responses, or
 polled from `GET <server>/api/v1/agents/actions`), runs the hook configured for the action
-kind with a timeout, and reports `{"status", "exit_code", "output"}` to
+kind with a timeout (or, with `scheduler = "slurm"|"kubernetes"` configured and no hook for
+the kind, the built-in backend in agents/schedulers/), and reports the result to
 `POST <server>/api/v1/actions/<id>/result`. It must never decide *whether* an action is
 wise — the service's gates and human approvers do — but it does refuse what is provably
 stale: an action for an older generation than the newest it has seen for that group
 (fencing, DESIGN.md §1 contract 1). Hooks run as argument lists, never through a shell.
 
-It does not trust the server for what reaches a hook (issue 22 #8): an action must carry a
-valid signature made with this agent's key (agents/signing.py) unless `allow_unsigned` is
-configured for a migration; its kind must be one this node accepts (`allowed_kinds`,
-default: the kinds with a hook); its target must be this node, one of this node's GPUs, or
-a group this node has reported records for; every value substituted into a hook is checked
-(safe characters, never a leading `-`, no control characters) and a group action without
-an integer generation is refused, so fencing is never skipped.
+It does not trust the server for what reaches a hook or a backend (issue 22 #8): an action
+must carry a valid signature made with this agent's key (agents/signing.py) unless
+`allow_unsigned` is configured for a migration; its kind must be one this node accepts
+(`allowed_kinds`, default: the kinds with a hook, plus every contract kind when a
+scheduler backend is configured); its target (and
+`params.node`/`params.gpu`) must be this node, one of this node's GPUs, or a group this
+node has reported records for; every value substituted into a hook is checked (safe
+characters, never a leading `-`, no control characters) and a group action without an
+integer generation is refused, so fencing is never skipped.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from agents import signing
+from agents import actions_contract as contract
+from agents import schedulers, signing
 from agents.sender import opener_for
 from agents.spool import read_json, write_atomic
 
@@ -57,7 +61,7 @@ MAX_PARAM_CHARS = 512
 TARGET_KINDS = ("node", "gpu", "rank", "group")
 
 
-class _SafeDict(dict):  # type: ignore[type-arg]
+class _SafeDict(dict[str, str]):
     def __missing__(self, key: str) -> str:
         return "{" + key + "}"
 
@@ -91,17 +95,25 @@ class Executor:
         token: str = "",
         dry_run: bool = False,
         timeout_s: float = 60.0,
+        scheduler: str | None = None,
         allowed_kinds: Iterable[str] | None = None,
         gpus: Iterable[str] | Callable[[], Iterable[str]] = (),
         allow_unsigned: bool = False,
     ) -> None:
         self.node = node
-        self.hooks = dict(hooks)
+        self.hooks = contract.normalize_hooks(hooks)
+        self.scheduler = schedulers.backend_named(scheduler)
         self.server = server.rstrip("/")
         self.token = token
         self.dry_run = dry_run
         self.timeout_s = timeout_s
-        self.allowed_kinds = frozenset(self.hooks if allowed_kinds is None else allowed_kinds)
+        if allowed_kinds is None:
+            # With a backend, every contract kind: one it cannot do answers "unsupported"
+            # (running nothing) and names the hook to add.
+            backend = frozenset(contract.KINDS) if self.scheduler is not None else frozenset()
+            self.allowed_kinds = frozenset(self.hooks) | backend
+        else:
+            self.allowed_kinds = frozenset(contract.canonical(k) for k in allowed_kinds)
         self._gpus = gpus if callable(gpus) else (lambda fixed=frozenset(gpus): fixed)
         self.allow_unsigned = allow_unsigned
         self._key = signing.key_from_token(token) if token else None
@@ -156,7 +168,7 @@ class Executor:
     def check(self, action: dict[str, Any]) -> None:
         """Raise Refused unless this node's own limits allow the action as given."""
         kind = action.get("kind")
-        if not isinstance(kind, str) or kind not in self.allowed_kinds:
+        if not isinstance(kind, str) or contract.canonical(kind) not in self.allowed_kinds:
             allowed = ", ".join(sorted(self.allowed_kinds)) or "none"
             raise Refused(f"action kind {kind!r} is not accepted on this node (allowed: {allowed})")
         if action.get("node") not in (None, self.node):
@@ -173,13 +185,19 @@ class Executor:
         if (group is not None or generation is not None) and not generation_ok:
             raise Refused(f"generation {generation!r} must be a non-negative integer (fencing)")
         self._check_target(action.get("target"), group)
-        params = action.get("params")
-        if params is not None and not isinstance(params, dict):
+        raw = action.get("params")
+        if raw is not None and not isinstance(raw, dict):
             raise Refused("params must be an object")
-        for key, value in (params or {}).items():
+        params: dict[str, Any] = raw or {}
+        for key, value in params.items():
             if not isinstance(key, str) or not SAFE_PARAM_KEY.match(key):
                 raise Refused(f"param name {key!r} is not a safe name")
             _check_value(key, value)
+        # The backends act on params.node / params.gpu before the target: the same limits.
+        if params.get("node") not in (None, "", self.node):
+            raise Refused(f"params.node {params['node']!r} is not this node ({self.node})")
+        if params.get("gpu") not in (None, "") and params["gpu"] not in set(self._gpus()):
+            raise Refused(f"params.gpu {params['gpu']!r} is not a GPU of this node")
 
     def _check_target(self, target: Any, group: Any) -> None:
         if not isinstance(target, str) or ":" not in target:
@@ -243,7 +261,7 @@ class Executor:
         return result
 
     def _argv(self, action: dict[str, Any]) -> list[str] | None:
-        template = self.hooks.get(str(action.get("kind")))
+        template = self.hooks.get(contract.canonical(str(action.get("kind"))))
         if not template:
             return None
         params = action.get("params") or {}
@@ -266,6 +284,20 @@ class Executor:
         return [part.format_map(values) for part in shlex.split(template)]
 
     def _run(self, action: dict[str, Any]) -> dict[str, Any]:
+        kind = contract.canonical(str(action.get("kind")))
+        if kind not in self.hooks and self.scheduler is not None and kind in contract.KINDS:
+            # The built-in backend answers every contract kind ("unsupported" included).
+            params = contract.params_of(action)
+            dry_run = self.dry_run or params.get("dry_run") is True
+            return dict(
+                schedulers.execute(
+                    self.scheduler,
+                    action,
+                    node=self.node,
+                    timeout_s=self.timeout_s,
+                    dry_run=dry_run,
+                )
+            )
         argv = self._argv(action)
         if argv is None:
             return {
@@ -273,8 +305,7 @@ class Executor:
                 "exit_code": None,
                 "output": f"no hook configured for action kind {action.get('kind')!r}",
             }
-        params = action.get("params")
-        if self.dry_run or (isinstance(params, dict) and params.get("dry_run") is True):
+        if self.dry_run or contract.params_of(action).get("dry_run") is True:
             # A dry run never runs its hook, whoever asked for it.
             return {
                 "status": "succeeded",
@@ -307,6 +338,8 @@ class Executor:
             return False
         result = self.done.get(action_id, {})
         body = {k: result.get(k) for k in ("status", "exit_code", "output")}
+        if result.get("outcome"):
+            body["outcome"] = result["outcome"]  # agents/actions_contract.py Outcome
         url = f"{self.server}/api/v1/actions/{urllib.parse.quote(action_id)}/result"
         request = urllib.request.Request(  # noqa: S310 -- server URL comes from config
             url,

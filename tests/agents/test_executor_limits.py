@@ -22,7 +22,7 @@ def _executor(tmp_path: Path, **kw) -> Executor:
     hook = f"{PY} -c \"import sys; open(sys.argv[1], 'a').write(' '.join(sys.argv[2:]) + chr(10))\""
     hooks = {
         kind: f"{hook} {marker} {{target}} {{group}} {{generation}} {{reason}}"
-        for kind in ("cordon", "isolate_gpu", "restart_group")
+        for kind in ("cordon_node", "isolate_gpu", "restart_group")
     }
     kw.setdefault("token", TOKEN)
     kw.setdefault("gpus", [GPU])
@@ -70,8 +70,8 @@ def test_it_drops_an_action_signed_for_another_nodes_token(tmp_path: Path) -> No
 
 
 def test_it_signs_canonically_whatever_the_key_order() -> None:
-    a = {"id": 1, "kind": "cordon", "params": {"b": 1, "a": "x"}}
-    b = {"params": {"a": "x", "b": 1}, "kind": "cordon", "id": 1}
+    a = {"id": 1, "kind": "cordon_node", "params": {"b": 1, "a": "x"}}
+    b = {"params": {"a": "x", "b": 1}, "kind": "cordon_node", "id": 1}
     assert signing.signature(a, KEY) == signing.signature(b, KEY)
     assert signing.verify(signing.sign(a, KEY), KEY)
     assert not signing.verify({**signing.sign(a, KEY), "id": 2}, KEY)
@@ -81,11 +81,11 @@ def test_it_signs_canonically_whatever_the_key_order() -> None:
 
 
 def test_it_refuses_a_kind_outside_the_nodes_allowed_kinds_even_with_a_hook(tmp_path: Path) -> None:
-    executor = _executor(tmp_path, allowed_kinds=["cordon"])
+    executor = _executor(tmp_path, allowed_kinds=["cordon_node"])
     result = executor.handle(_action(kind="isolate_gpu", target=f"gpu:{GPU}"))
     assert result["status"] == "failed"
     assert result["output"] == (
-        "refused: action kind 'isolate_gpu' is not accepted on this node (allowed: cordon)"
+        "refused: action kind 'isolate_gpu' is not accepted on this node (allowed: cordon_node)"
     )
     assert _ran(tmp_path) == ""
 
@@ -99,6 +99,8 @@ def test_it_refuses_a_kind_outside_the_nodes_allowed_kinds_even_with_a_hook(tmp_
         ({"target": "gpu:GPU-of-another-node", "kind": "isolate_gpu"}, "is not a GPU of this node"),
         ({"target": "group:other", "group": "other", "kind": "restart_group"}, "hosts no ranks"),
         ({"node": "node-2"}, "action is for node 'node-2'"),
+        ({"params": {"reason": "x", "node": "node-2"}}, "params.node 'node-2' is not this node"),
+        ({"params": {"reason": "x", "gpu": "GPU-other"}}, "params.gpu 'GPU-other' is not a GPU"),
     ],
 )
 def test_it_refuses_targets_that_are_not_its_own(tmp_path: Path, changes: dict, why: str) -> None:

@@ -24,9 +24,6 @@ def test_it_runs_an_approved_cordon_through_the_real_executor(
         hooks={"cordon_node": hook},
         server=live_server.url,
         token=agent_token("n-02"),
-        # Until dispatch signs actions (ingest.auth.sign_action; the integrator wires it),
-        # the agent runs unsigned ones only with this migration switch on.
-        allow_unsigned=True,
     )
     executor.start(poll_s=0)
     try:
@@ -41,28 +38,3 @@ def test_it_runs_an_approved_cordon_through_the_real_executor(
     )
     assert Node.objects.get(name="n-02").cordoned is True
     assert executor.done[str(action.pk)]["reported"] is True
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.xfail(
-    strict=True,
-    reason="integrator: dispatch must return ingest.auth.sign_action(payload, credential=...)",
-)
-def test_it_runs_a_signed_dispatched_cordon_with_unsigned_actions_refused(
-    live_server, pool, propose, vote, agent_token, tmp_path
-):
-    action = propose("node:n-02").action
-    vote(action.pk, "approver")
-    executor = Executor(
-        tmp_path,
-        node="n-02",
-        hooks={"cordon_node": f"{sys.executable} -c \"print('cordoned')\""},
-        server=live_server.url,
-        token=agent_token("n-02"),
-    )
-    executor.start(poll_s=0)
-    try:
-        executor.poll_once()
-    finally:
-        executor.stop()
-    assert Action.objects.get(pk=action.pk).state == "succeeded"

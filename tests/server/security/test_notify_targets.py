@@ -8,7 +8,7 @@ import threading
 import pytest
 from django.utils import timezone
 
-from console import notify_tasks
+from console import actions
 from console.models import ConsistencyGroup, Incident, NotificationChannel, NotificationDelivery
 
 pytestmark = pytest.mark.django_db
@@ -45,7 +45,7 @@ def _deliver(url: str) -> NotificationDelivery:
         group=group, fingerprint="fp", kind="xid", subject="gpu:GPU-1", severity="critical",
         summary="Xid 79", opened_at=timezone.now(),
     )  # fmt: skip
-    notify_tasks.deliver(
+    actions.deliver(
         incident_id=incident.pk, key="s0", channel="inside", event="trigger", now=timezone.now()
     )
     return NotificationDelivery.objects.get(incident=incident, channel="inside")
