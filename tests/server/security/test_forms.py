@@ -40,3 +40,19 @@ def test_it_answers_400_for_deeply_nested_api_json(client, cast, depth):
     response = client.post("/api/v1/actions/", data=body, content_type="application/json")
     assert response.status_code == 400, response.content[:200]
     assert "nested more than 32 levels" in response.content.decode()
+
+
+def test_it_answers_400_for_a_rank_target_in_non_ascii_digits(client, cast):
+    ConsistencyGroup.objects.create(name="g")
+    client.force_login(cast["operator"])
+    response = client.post(
+        "/api/v1/actions/",
+        {
+            "kind": "isolate_rank",
+            "target": "rank:g/\u00b2",
+            "reason": "rank 2 is stuck in allreduce",
+        },
+        content_type="application/json",
+    )
+    assert response.status_code == 400, response.content[:300]
+    assert "rank must be a number" in response.content.decode()
