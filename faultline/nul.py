@@ -65,8 +65,7 @@ class RejectNulMiddleware:
 class _RejectNul:
     def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
         try:
-            # mixin: the parser class it is mixed into has parse()
-            data = super().parse(stream, media_type, parser_context)  # type: ignore[misc]
+            data = super().parse(stream, media_type, parser_context)  # type: ignore[misc]  # mixin: the parser class it is mixed into has parse()
         except RecursionError:
             raise ParseError(f"JSON nested more than {MAX_JSON_DEPTH} levels deep") from None
         fields = data.data if isinstance(data, parsers.DataAndFiles) else data

@@ -20,7 +20,7 @@ DELETE FROM authtoken_token;
 """
 
 
-def hash_drf_tokens(apps, schema_editor):  # type: ignore[no-untyped-def]
+def hash_drf_tokens(apps, schema_editor):  # type: ignore[no-untyped-def]  # Django migration signature
     connection = schema_editor.connection
     if "authtoken_token" in connection.introspection.table_names():
         with connection.cursor() as cursor:

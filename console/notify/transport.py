@@ -89,7 +89,7 @@ class _PublicHTTPSConnection(http.client.HTTPSConnection):
         if getattr(self, "_tunnel_host", None):  # pragma: no cover - no proxies (see below)
             raise PrivateAddressError("notifications do not go through proxies")
         server = self.host
-        self.sock = self._context.wrap_socket(self.sock, server_hostname=server)  # type: ignore[attr-defined]
+        self.sock = self._context.wrap_socket(self.sock, server_hostname=server)  # type: ignore[attr-defined]  # private in typeshed
 
 
 class _PublicHTTPHandler(urllib.request.HTTPHandler):
@@ -99,7 +99,7 @@ class _PublicHTTPHandler(urllib.request.HTTPHandler):
 
 class _PublicHTTPSHandler(urllib.request.HTTPSHandler):
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(_PublicHTTPSConnection, req, context=self._context)  # type: ignore[attr-defined]
+        return self.do_open(_PublicHTTPSConnection, req, context=self._context)  # type: ignore[attr-defined]  # private in typeshed
 
 
 # No ProxyHandler: a proxy would be the connected peer, which defeats the address check,

@@ -14,7 +14,7 @@ from console.notify.transport import PermanentError, RetryableError
 
 def send(*args: object, **kwargs: object) -> transport.Response:
     """The test receiver listens on 127.0.0.1: allow it, as FAULTLINE_NOTIFY_ALLOW_PRIVATE does."""
-    return transport.send(*args, allow_private=True, **kwargs)  # type: ignore[arg-type]
+    return transport.send(*args, allow_private=True, **kwargs)  # type: ignore[arg-type]  # passes send()'s own arguments through
 
 
 RECEIVED: list[tuple[str, dict[str, str], bytes]] = []

@@ -77,7 +77,7 @@ def test_it_moves_drf_plaintext_tokens_to_hashes_in_the_migration(client, cast):
         pass
 
     editor = Editor()
-    editor.connection = connection  # type: ignore[attr-defined]
+    editor.connection = connection  # type: ignore[attr-defined]  # a stand-in schema editor
     migration.hash_drf_tokens(None, editor)
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM authtoken_token")
