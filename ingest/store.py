@@ -130,6 +130,7 @@ _KIND_OF_TABLE = {
     "steprecord": "step",
     "collectivewindow": "collective",
     "processrecord": "process",
+    "processgroupsrecord": "process_groups",
     "checkpointrecord": "checkpoint",
     "transitionrecord": "transition",
     "servingwindow": "serving",
@@ -311,6 +312,7 @@ class _Writer:
             p.Checkpoint: self._on_checkpoint,
             p.Transition: self._on_transition,
             p.Serving: self._on_serving,
+            p.ProcessGroups: self._on_process_groups,
         }
         shift = self.shift if self.shift else None
         last_seen = self.last_seen
@@ -464,6 +466,16 @@ class _Writer:
         self.rows["collectivewindow"].append(
             f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
             f"{rec.rank}\t{cjson(rec.entries)}\n"
+        )
+        if applied:
+            self._rank(group, rec.rank, rec.generation)
+
+    def _on_process_groups(self, rec: p.ProcessGroups, ts: datetime) -> None:
+        applied = self._fence(rec, ts)
+        group, _ = self.groups[rec.group]
+        self.rows["processgroupsrecord"].append(
+            f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
+            f"{rec.rank}\t{cjson(rec.groups)}\n"
         )
         if applied:
             self._rank(group, rec.rank, rec.generation)
@@ -843,6 +855,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "data_cursor", "duration_ms", "phases", "loss", "grad_norm", "loss_scale", "overflow",
     ),
     "collectivewindow": ("ts", "node_id", "group_id", "generation", "stale", "rank", "entries"),
+    "processgroupsrecord": ("ts", "node_id", "group_id", "generation", "stale", "rank", "groups"),
     "processrecord": (
         "ts", "node_id", "group_id", "generation", "stale", "rank", "event", "pid", "gpu",
         "exit_code", "signal", "reason", "error_type",
