@@ -47,12 +47,10 @@ def _run(short_dir: Path, *extra: str, wait_s: float = 150) -> list[dict[str, An
             env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(WORLD),
                    "FAULTLINE_REPORTER_SOCKET": lis.socket_path}  # fmt: skip
+            cmd = [sys.executable, "-m", "faultline.drill.parallel_job", "--group", "par",
+                   "--generation", "1", "--tp", "3", *extra]  # fmt: skip
             procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "faultline.drill.parallel_job", "--group", "par",
-                     "--generation", "1", "--tp", "3", *extra],
-                    cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
-                )  # fmt: skip
+                subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
             )
         for proc in procs:
             _, err = proc.communicate(timeout=wait_s)
@@ -118,5 +116,6 @@ def test_it_names_the_rank_that_desynced_its_tp_group(short_dir: Path) -> None:
     (m,) = [f for f in d.findings if f.kind == "collective_mismatch"]
     assert (m.subject, m.role) == ("rank:par/4", "root_cause")
     assert "dtype" in m.evidence["differs_in"] and m.evidence["rank_call"]["dtype"] == "int32"
-    assert m.evidence["seq"] == 2  # its TP group's second call: the fault step
+    # Two TP-group calls per step (the TP collective, the all_to_all): step 2's first is seq 3.
+    assert m.evidence["seq"] == 3
     assert m.evidence["pg_desc"] == "tp" and m.evidence["majority_ranks"] == 2

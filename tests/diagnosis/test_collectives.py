@@ -171,7 +171,7 @@ def _parallel(
 HEALTHY = T0 + timedelta(seconds=3)  # just after the last step: nothing may be raised
 
 
-def _tp_dp(odd: dict[int, dict] | None = None, last: str = "completed", skip: set[int] = set()):
+def _tp_dp(odd: dict[int, dict] | None = None, last: str = "completed", skip=frozenset()):
     """Each TP group runs its own op mix (tp0 all_reduce, tp1 all_gather); DP all_reduces."""
     out: dict[int, list[dict]] = {}
     for rk in range(8):
