@@ -430,3 +430,38 @@ def test_it_names_the_rank_whose_coalesced_batch_has_fewer_members() -> None:
     d = _parallel(_coalesced(drop=7), {})
     (m,) = of_kind(d, "collective_mismatch")
     assert m.subject == rank_subject(7) and m.evidence["differs_in"] == ["coalesced"]
+
+
+# -- waits across groups: follow the chain to the rank that blocks it -----------------
+
+
+def test_it_follows_waits_across_groups_to_the_one_rank_that_blocks_them() -> None:
+    per: dict[int, list[dict]] = {}
+    for rk in range(8):
+        tp, dp = ("tp0" if rk < 4 else "tp1"), f"dp{rk % 4}"
+        if rk < 4:  # tp0 finished its calls and waits for its DP peer in tp1
+            per[rk] = [*(_e(s, tp) for s in range(1, 6)), _e(1, dp), _e(2, dp, "started")]
+        elif rk == 5:  # stuck in compute: never entered tp1 seq 5
+            per[rk] = [*(_e(s, tp) for s in range(1, 5)), _e(1, dp)]
+        else:
+            per[rk] = [*(_e(s, tp) for s in range(1, 5)), _e(5, tp, "started"), _e(1, dp)]
+    d = _parallel(per, {**TP, **DP})
+    (suspect,) = of_kind(d, "rank_hang")
+    assert suspect.subject == rank_subject(5)
+    waits = of_kind(d, "collective_timeout")
+    assert sorted(w.evidence["rank"] for w in waits) == [0, 1, 2, 3, 4, 6, 7]
+    assert all(w.caused_by == (suspect.id,) for w in waits)
+    (w0,) = [w for w in waits if w.evidence["rank"] == 0]
+    assert (w0.evidence["missing_ranks"], w0.evidence["blocking_ranks"]) == ([4], [5])
+
+
+def test_it_calls_two_ranks_blocked_on_each_other_an_ordering_deadlock() -> None:
+    per = {
+        0: [_e(1, "default", "started", op="send", peer=1, p2p_seq=1)],
+        1: [_e(1, "default", "started", op="send", peer=0, p2p_seq=1)],
+    }
+    d = _parallel(per, {}, ranks=2)
+    assert of_kind(d, "rank_hang") == []
+    waits = of_kind(d, "collective_timeout")
+    assert len(waits) == 2 and all(w.role == UNDETERMINED for w in waits)
+    assert "deadlock" in waits[0].evidence["missing_evidence"]

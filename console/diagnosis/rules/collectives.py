@@ -638,10 +638,17 @@ def run(ctx: Context) -> None:
             cause = hit[1] if hit and hit[0] <= e.seq else None
         pending[key].append(Wait(rank, e, e.started_ts))  # type: ignore[arg-type]
         targets.setdefault(key, (what, missing, cause))
+    waiter_of = {wt.rank: key for key, ws in pending.items() for wt in ws}
     for key, all_waiting in sorted(pending.items()):
-        what, missing, mismatch = targets[key]
+        what, direct, mismatch = targets[key]
         waiting_ranks = {wt.rank for wt in all_waiting}
-        missing = [rk for rk in missing if rk not in waiting_ranks]
+        direct = [rk for rk in direct if rk not in waiting_ranks]
+        # A missing rank that is itself blocked in another call is not the culprit: follow
+        # it to the ranks that block the whole chain (and any mismatch on the way).
+        missing, chained = _chain(direct, waiter_of, targets, key)
+        if mismatch is None and chained:
+            mismatch = chained[0]
+        cycle = bool(direct) and not missing and mismatch is None
         # A wait already explained by a root cause (the rank it waits for lost its GPU, exited,
         # or mismatched) is a symptom at once: the page names the cause within a second
         # instead of after a timeout. An unexplained wait must outlast the stall threshold.
@@ -663,7 +670,14 @@ def run(ctx: Context) -> None:
         unexplained = [rk for rk in missing if ctx.rank_cause(rk) is None]
         role = SYMPTOM
         note = None
-        if not causes and missing:
+        if cycle:
+            role = UNDETERMINED
+            missing = direct
+            note = (
+                f"rank(s) {', '.join(map(str, direct[:8]))} wait in other calls that wait "
+                "on these ranks in turn: an ordering deadlock across process groups"
+            )
+        elif not causes and missing:
             causes = [
                 _suspect(ctx, rk, what, len(waiting), _blocked_in(windows, rk))
                 for rk in unexplained[:16]
@@ -682,7 +696,38 @@ def run(ctx: Context) -> None:
         causes.sort(key=lambda f: (SEVERITY_RANK[f.severity], f.id))
         head = causes[0].summary if causes else None
         for wt in waiting:
-            _timeout(ctx, wt, role, head, missing, unexplained, note, causes, threshold, key)
+            _timeout(ctx, wt, role, head, missing, unexplained, note, causes, threshold, key,
+                     direct)  # fmt: skip
+
+
+def _chain(
+    direct: list[int],
+    waiter_of: dict[int, str],
+    targets: dict[str, tuple[str, list[int], Finding | None]],
+    key: str,
+) -> tuple[list[int], list[Finding]]:
+    """(ranks that block `direct` without waiting themselves, mismatches on the way)."""
+    roots: set[int] = set()
+    found: list[Finding] = []
+    seen_keys, seen = {key}, set()
+    stack = list(direct)
+    while stack:
+        rk = stack.pop()
+        if rk in seen:
+            continue
+        seen.add(rk)
+        k = waiter_of.get(rk)
+        if k is None:
+            roots.add(rk)
+            continue
+        if k in seen_keys:
+            continue
+        seen_keys.add(k)
+        _, miss, cause = targets[k]
+        if cause is not None:
+            found.append(cause)
+        stack.extend(miss)
+    return sorted(roots), found
 
 
 def _timeout(
@@ -696,6 +741,7 @@ def _timeout(
     causes: list[Finding],
     threshold: float,
     key: str,
+    direct: list[int],
 ) -> None:
     r = ctx.ranks[wt.rank]
     e = wt.entry
@@ -732,7 +778,8 @@ def _timeout(
                 "started_ts": e.started_ts,
                 "waiting_s": round(waited, 3),
                 "threshold_s": round(threshold, 3),
-                "missing_ranks": ctx.capped(missing),
+                "missing_ranks": ctx.capped(direct),
+                "blocking_ranks": ctx.capped(missing),
                 "unexplained_missing": ctx.capped(unexplained),
                 **({"missing_evidence": note} if note else {}),
             },
