@@ -465,3 +465,14 @@ def test_it_calls_two_ranks_blocked_on_each_other_an_ordering_deadlock() -> None
     waits = of_kind(d, "collective_timeout")
     assert len(waits) == 2 and all(w.role == UNDETERMINED for w in waits)
     assert "deadlock" in waits[0].evidence["missing_evidence"]
+
+
+def test_it_takes_the_membership_most_ranks_reported_and_the_world_when_ranks_are_absent():
+    recs = [*training(ranks=4)]
+    for rk in range(4):
+        tp = {"pg": "tp", "size": 2, "ranks": [0, 1] if rk != 3 else [0, 3]}
+        recs.append({**_groups(rk, {}), "groups": [{"pg": "default", "size": 4}, tp]})
+    s = snap(recs, now=NOW)
+    by_pg = {g.pg: g for g in s.process_groups}
+    assert by_pg["default"].ranks == (0, 1, 2, 3)
+    assert by_pg["tp"].ranks == (0, 1) and by_pg["tp"].reported_by == (0, 1, 2, 3)
