@@ -68,10 +68,16 @@ P2P = frozenset({"send", "recv"})
 KEY_FIELDS = ("op", "numel", "dtype", "out_dtype", "size_relation")
 
 
+_KINDS_SEEN: dict[str, str] = {}  # op names are few: memo of op_kind (4,096 ranks x 13 calls)
+
+
 def op_kind(op: str) -> str:
     """`nccl:all_gather_into_tensor` -> `all_gather`; unknown ops stay as they are."""
-    base = op.rsplit(":", 1)[-1].split(" ", 1)[0]
-    return _KIND.get(base, base)
+    kind = _KINDS_SEEN.get(op)
+    if kind is None:
+        base = op.rsplit(":", 1)[-1].split(" ", 1)[0]
+        kind = _KINDS_SEEN[op] = _KIND.get(base, base)
+    return kind
 
 
 def is_p2p(e: CollectiveEntry) -> bool:
@@ -240,6 +246,13 @@ class Matcher:
             d.last_seq = seq
 
     def _judge(self, group: Group, seq: int, present: dict[int, list[CollectiveEntry]]) -> None:
+        # Fast path (the healthy common case): every member made the very same call(s).
+        raw = {tuple((e.op, e.numel, e.dtype, e.out_numel, e.out_dtype) for e in es)
+               for es in present.values()}  # fmt: skip
+        # Identical calls share one key, so no majority can differ; only all_to_all's split
+        # matrix is left to check.
+        if len(raw) == 1 and all(op_kind(c[0]) != "all_to_all" for c in next(iter(raw))):
+            return
         keys = {rk: tuple(_key(e, group.size) for e in es) for rk, es in present.items()}
         counts = Counter(keys.values())
         if len(counts) > 1:
@@ -576,6 +589,16 @@ class Wait:
     since: datetime
 
 
+def _target_key(rank: int, e: CollectiveEntry) -> str:
+    kind = op_kind(e.op)
+    if kind not in P2P:
+        return f"{e.pg}/{e.seq}"
+    if e.peer is None:
+        return f"{e.pg}/p2p/{rank}/{e.seq}"
+    src, dst = (rank, e.peer) if kind == "send" else (e.peer, rank)
+    return f"{e.pg}/p2p/{src}->{dst}/{e.p2p_seq}"
+
+
 def _target(m: Matcher, rank: int, e: CollectiveEntry) -> tuple[str, str, list[int]]:
     """(key, what, the members that never entered) of one rank's wait."""
     kind = op_kind(e.op)
@@ -628,7 +651,11 @@ def run(ctx: Context) -> None:
         if not waits or ctx.covered(rank):
             continue
         e = min(waits, key=_wait_order)
-        key, what, missing = _target(m, rank, e)
+        key = _target_key(rank, e)
+        pending[key].append(Wait(rank, e, e.started_ts))  # type: ignore[arg-type]
+        if key in targets:
+            continue  # the members that never entered are the same for every waiter
+        _, what, missing = _target(m, rank, e)
         cause = None
         if is_p2p(e) and e.peer is not None and e.p2p_seq is not None:
             kind = op_kind(e.op)
@@ -638,8 +665,7 @@ def run(ctx: Context) -> None:
         elif not is_p2p(e):
             hit = pg_desync.get(e.pg)
             cause = hit[1] if hit and hit[0] <= e.seq else None
-        pending[key].append(Wait(rank, e, e.started_ts))  # type: ignore[arg-type]
-        targets.setdefault(key, (what, missing, cause))
+        targets[key] = (what, missing, cause)
     waiter_of = {wt.rank: key for key, ws in pending.items() for wt in ws}
     for key, all_waiting in sorted(pending.items()):
         what, direct, mismatch = targets[key]
