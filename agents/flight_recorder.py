@@ -126,7 +126,7 @@ def process_groups(dump: dict[str, Any]) -> list[dict[str, Any]]:
 
 def entries(dump: dict[str, Any]) -> list[dict[str, Any]]:
     """The dump's calls as contract collective entries, oldest first (the newest 512)."""
-    raw = list(dump.get("entries") or ())
+    raw: list[dict[str, Any]] = list(dump.get("entries") or ())
     members = {
         str(cfg.get("name", name)): sorted(_members(cfg.get("ranks", [])))
         for name, cfg in (dump.get("pg_config") or {}).items()
@@ -136,10 +136,10 @@ def entries(dump: dict[str, Any]) -> list[dict[str, Any]]:
     for i, e in enumerate(raw):
         if _op(e) != "coalesced":
             continue
-        pg = tuple(e["process_group"])
+        marker_pg = tuple(e["process_group"])
         for j in range(i - 1, -1, -1):
             m = raw[j]
-            if tuple(m["process_group"]) != pg or j in batch_of or _op(m) == "coalesced":
+            if tuple(m["process_group"]) != marker_pg or j in batch_of or _op(m) == "coalesced":
                 continue
             same = (
                 m.get("p2p_seq_id") == e.get("p2p_seq_id")
@@ -160,7 +160,7 @@ def entries(dump: dict[str, Any]) -> list[dict[str, Any]]:
         pg = _pg_name(name, desc)
         entry: dict[str, Any] = {"seq": int(e.get("collective_seq_id") or 0), "pg": pg,
                                  "op": _code(op), "state": _state(e)}  # fmt: skip
-        for key, value in (
+        for field, value in (
             ("numel", _numel(e.get("input_sizes"))),
             ("dtype", _dtype(e.get("input_dtypes"))),
             ("out_numel", _numel(e.get("output_sizes"))),
@@ -169,7 +169,7 @@ def entries(dump: dict[str, Any]) -> list[dict[str, Any]]:
             ("coalesced", batch_of.get(i)),
         ):
             if value is not None:
-                entry[key] = value
+                entry[field] = value
         if op in ("send", "recv"):
             entry["seq"] = int(e.get("p2p_seq_id") or 0)
             peer = _peer(e, op, members.get(str(name), []))

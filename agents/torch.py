@@ -166,7 +166,9 @@ class Recorder:
     def _pg_name(self, kwargs: dict[str, Any]) -> str:
         return self._pg_of(kwargs.get("group"))
 
-    def _bind(self, op: str, original: Callable[..., Any], args: tuple, kwargs: dict) -> dict:
+    def _bind(
+        self, op: str, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
         if op not in self._signatures:
             try:
                 self._signatures[op] = inspect.signature(original)
