@@ -647,12 +647,14 @@ def run(ctx: Context) -> None:
     pending: dict[str, list[Wait]] = defaultdict(list)
     targets: dict[str, tuple[str, list[int], Finding | None]] = {}
     for rank, w in sorted(windows.items()):
-        waits = [e for e in w.entries if e.state == "started" and e.started_ts]
+        waits = [
+            (e, e.started_ts) for e in w.entries if e.state == "started" and e.started_ts
+        ]  # fmt: skip
         if not waits or ctx.covered(rank):
             continue
-        e = min(waits, key=_wait_order)
+        e, since = min(waits, key=lambda pair: _wait_order(pair[0]))
         key = _target_key(rank, e)
-        pending[key].append(Wait(rank, e, e.started_ts))  # type: ignore[arg-type]
+        pending[key].append(Wait(rank, e, since))
         if key in targets:
             continue  # the members that never entered are the same for every waiter
         _, what, missing = _target(m, rank, e)
