@@ -158,12 +158,13 @@ def test_it_refuses_a_dump_that_asks_to_build_objects(tmp_path: Path) -> None:
 
 
 REAL_DUMP = textwrap.dedent("""
-    import os, torch, torch.distributed as dist
+    import os, time, torch, torch.distributed as dist
     dist.init_process_group("gloo")
     tp = dist.new_group([0, 1], group_desc="tp")
     dist.all_reduce(torch.ones(10))
     dist.all_reduce(torch.ones(5, dtype=torch.float64), group=tp)
     dist.all_gather_into_tensor(torch.empty(20), torch.ones(10))
+    time.sleep(1.0)  # the recorder retires finished work asynchronously
     with open(os.environ["DUMP"] + str(dist.get_rank()), "wb") as f:
         f.write(torch._C._distributed_c10d._dump_fr_trace())
     dist.destroy_process_group()
@@ -196,11 +197,12 @@ def test_it_reads_a_real_dump_from_a_gloo_job(tmp_path: Path) -> None:
         recs += fr.to_records(fr.load(path), group="g", generation=1, rank=fr.rank_of(path))
     validate(recs)
     entries = recs[1]["entries"]
-    assert [(e["pg"], e["seq"], e["op"], e["dtype"], e["state"]) for e in entries] == [
+    shape = [(e["pg"], e["seq"], e["op"], e["dtype"], e["state"]) for e in entries]
+    assert shape == [
         ("default", 1, "all_reduce", "float32", "completed"),
         ("1", 1, "all_reduce", "float64", "completed"),
         ("default", 2, "all_gather", "float32", "completed"),
-    ]
+    ], recs
     assert entries[2]["out_numel"] == 20
     _, d = _judge(recs, ranks=2)
     assert [f for f in d.findings if f.kind.startswith("collective")] == []
