@@ -12,13 +12,13 @@ from django.db.models import Q
 from console.choices import (
     ACTION_KINDS,
     ACTION_STATES,
+    LIFECYCLE_STATES,
+    REPAIR_KINDS,
+    TAKEN_OUT_BY,
     GroupKind,
     GroupState,
     Health,
     IncidentState,
-    LIFECYCLE_STATES,
-    REPAIR_KINDS,
-    TAKEN_OUT_BY,
     Role,
     Severity,
     UserRole,
@@ -32,14 +32,21 @@ class Lifecycle(models.Model):
     through and only evidence of repair moves back. Written by console.actions.fleet.
     """
 
-    lifecycle = models.CharField(max_length=16, choices=LIFECYCLE_STATES, default="healthy")
-    lifecycle_reason = models.CharField(max_length=512, blank=True, default="")
-    lifecycle_evidence = models.JSONField(default=dict, blank=True)  # the record that raised it
+    lifecycle = models.CharField(
+        max_length=16, choices=LIFECYCLE_STATES, default="healthy", db_default="healthy"
+    )
+    lifecycle_reason = models.CharField(max_length=512, blank=True, default="", db_default="")
+    # the record that raised it
+    lifecycle_evidence = models.JSONField(default=dict, blank=True, db_default={})
     lifecycle_since = models.DateTimeField(null=True, blank=True)
-    lifecycle_by = models.CharField(max_length=160, blank=True, default="")
-    repair_needed = models.CharField(max_length=16, choices=REPAIR_KINDS, blank=True, default="")
-    taken_out_by = models.CharField(max_length=16, choices=TAKEN_OUT_BY, blank=True, default="")
-    replace_flagged = models.BooleanField(default=False)  # repeat offender: RMA
+    lifecycle_by = models.CharField(max_length=160, blank=True, default="", db_default="")
+    repair_needed = models.CharField(
+        max_length=16, choices=REPAIR_KINDS, blank=True, default="", db_default=""
+    )
+    taken_out_by = models.CharField(
+        max_length=16, choices=TAKEN_OUT_BY, blank=True, default="", db_default=""
+    )
+    replace_flagged = models.BooleanField(default=False, db_default=False)  # repeat offender: RMA
 
     class Meta:
         abstract = True
@@ -174,7 +181,7 @@ class Incident(models.Model):
     group = models.ForeignKey(
         ConsistencyGroup, on_delete=models.CASCADE, related_name="incidents", null=True
     )
-    # A fleet-scope incident (a hardware fault, a silent node) has a node and no group.
+    # A fleet-scope incident (a hardware fault) has a node and no group.
     node = models.ForeignKey(
         Node, on_delete=models.CASCADE, related_name="incidents", null=True, blank=True
     )
@@ -335,7 +342,7 @@ class Action(models.Model):
     result = models.JSONField(default=dict, blank=True)
     # The agent's structured outcome (agents/actions_contract.Outcome): applied, already,
     # held_by_other, refused...; `taken_out_by` in it is who holds the node.
-    outcome = models.JSONField(default=dict, blank=True)
+    outcome = models.JSONField(default=dict, blank=True, db_default={})
     proposed_at = models.DateTimeField()
     expires_at = models.DateTimeField()
     decided_at = models.DateTimeField(null=True, blank=True)

@@ -62,11 +62,22 @@ LATCHED = frozenset(
 TRANSITIONS: dict[HealthState, frozenset[HealthState]] = {
     HealthState.HEALTHY: frozenset({HealthState.SUSPECT, HealthState.FAULTED}),
     HealthState.SUSPECT: frozenset({HealthState.HEALTHY, HealthState.FAULTED}),
+    # Repair evidence that arrives after the fact (a new boot_id) goes straight to validating.
     HealthState.FAULTED: frozenset(
-        {HealthState.OUT_OF_SERVICE, HealthState.REPAIRING, HealthState.HEALTHY}
+        {
+            HealthState.OUT_OF_SERVICE,
+            HealthState.REPAIRING,
+            HealthState.VALIDATING,
+            HealthState.HEALTHY,
+        }
     ),
     HealthState.OUT_OF_SERVICE: frozenset(
-        {HealthState.REPAIRING, HealthState.FAULTED, HealthState.HEALTHY}
+        {
+            HealthState.REPAIRING,
+            HealthState.VALIDATING,
+            HealthState.FAULTED,
+            HealthState.HEALTHY,
+        }
     ),
     HealthState.REPAIRING: frozenset(
         {HealthState.VALIDATING, HealthState.FAULTED, HealthState.HEALTHY}
@@ -117,7 +128,6 @@ _RECOVERY_REPAIR: dict[str, Repair] = {
 REPAIR_NEEDS: dict[str, Repair] = {
     "ecc_dbe": Repair.GPU_RESET,
     "gpu_lost": Repair.NODE_REBOOT,  # a GPU off the bus comes back only with a reboot
-    "agent_silent": Repair.NODE_REBOOT,  # the agent is gone: prove the node came back
 }
 
 
@@ -132,7 +142,9 @@ def xid_needs(code: int | None, recovery_action: str | None = None) -> Repair:
     return _XID_ACTION_REPAIR.get(info.immediate, Repair.OPERATOR)
 
 
-def repair_needed(event: str, code: int | None = None, recovery_action: str | None = None) -> Repair:
+def repair_needed(
+    event: str, code: int | None = None, recovery_action: str | None = None
+) -> Repair:
     """What a device event needs before its GPU may run work again (NONE: no latch)."""
     if event == "xid":
         return xid_needs(code, recovery_action)

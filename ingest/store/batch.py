@@ -16,6 +16,7 @@ import psycopg
 from django.db import connection, transaction
 
 from agents import protocol as p
+from console import actions
 from console.models import Node
 from ingest.rawsql import send
 from ingest.store.errors import check_future, out_of_range
@@ -34,6 +35,27 @@ class IngestResult:
     device_events: int = 0  # Xid/DBE/GPU-lost records: push and diagnose without delay
     actions_pending: bool = True  # the node has actions in flight: dispatch on the response
     card: dict[str, Any] | None = None  # the node's fleet card as committed, when asked for
+
+
+def _fleet_health(
+    node: Node, batch: p.Batch, agent: dict[str, Any], writer: BatchWriter, now: datetime
+) -> None:
+    """In the batch's transaction (rare: a reboot, a fault), through the write path: a new
+    boot_id is repair evidence, then each fault that needs repair latches (a fault of the
+    new boot latches again). Stored iff the batch is."""
+    who = f"agent:{node.name}"
+    before, after = agent.get("boot_id") or "", batch.agent.boot_id or ""
+    if before and after and before != after:
+        actions.record_repair_evidence(
+            node_id=node.pk, evidence="node_reboot", actor=who, now=now,
+            detail={"boot_id_before": before, "boot_id": after, "agent": batch.agent.id},
+        )  # fmt: skip
+    for fault in writer.faults:
+        actions.latch_fault(
+            node_id=node.pk, gpu=fault["gpu"], event=fault["event"], code=fault["code"],
+            recovery_action=fault["recovery_action"], detail=fault["detail"], actor=who,
+            now=now, evidence={"ts": fault["ts"], "agent": batch.agent.id, "seq": batch.seq},
+        )  # fmt: skip
 
 
 def ingest_batch(
@@ -66,6 +88,7 @@ def ingest_batch(
             writer.flush()
         except psycopg.errors.DataError as exc:
             raise out_of_range(exc, batch) from None
+        _fleet_health(node, batch, agent, writer, now)
         return IngestResult(
             ack_seq=batch.seq,
             duplicate=False,
