@@ -1,4 +1,4 @@
-"""Console pages: fleet, node (with its return form), group, incident (with its forms), approvals, audit."""
+"""Console pages: fleet, node (its return form), group, incident (its forms), approvals, audit."""
 
 from __future__ import annotations
 

@@ -58,8 +58,55 @@ def set_node_health(*, name: str, health: str, actor: str, now: datetime, reason
     node.save(update_fields=["health"])
     audit(actor=actor, verb="node.health", obj=node, reason=reason, now=now,
           data={"before": before, "after": health})  # fmt: skip
+    if health == "down":
+        _silent_incident(node, reason=reason, now=now)
     publish_node(name)
     return True
+
+
+SILENT = "silent"
+
+
+def _silent_incident(node: Node, *, reason: str, now: datetime) -> None:
+    """A silent node (agent gone) is a node incident too: opened by the sweep, resolved
+    when the node reports again (`node_reporting`)."""
+    fingerprint = f"{SILENT}:{node.name}"
+    if (
+        Incident.objects.filter(group=None, node=node, fingerprint=fingerprint)
+        .exclude(state=IncidentState.RESOLVED)
+        .exists()
+    ):
+        return
+    incident = Incident.objects.create(
+        node=node, fingerprint=fingerprint, kind="node_silent", subject=f"node:{node.name}",
+        role="root_cause", severity="major", opened_at=now,
+        summary=f"{node.name} stopped reporting ({reason or 'agent silent'})"[:512],
+        root_cause={"kind": "node_silent", "subject": f"node:{node.name}", "node": node.name,
+                    "evidence": {"last_seen": node.last_seen.isoformat() if node.last_seen
+                                 else None}},
+        timeline={"detected": now.isoformat()},
+    )  # fmt: skip
+    publish_incident(incident)
+
+
+@transaction.atomic
+def node_reporting(*, node_id: int, actor: str, now: datetime) -> int:
+    """The node reports again: its silent-node incident resolves; how many did."""
+    resolved = 0
+    for incident in (
+        Incident.objects.select_for_update()
+        .filter(group=None, node_id=node_id, kind="node_silent")
+        .exclude(state=IncidentState.RESOLVED)
+    ):
+        incident.state, incident.resolved_at = IncidentState.RESOLVED, now
+        incident.version += 1
+        incident.timeline = {**incident.timeline, "resolved": now.isoformat()}
+        incident.save()
+        audit(actor=actor, verb="incident.resolved", obj=incident, now=now,
+              reason="the node reports again")  # fmt: skip
+        publish_incident(incident)
+        resolved += 1
+    return resolved
 
 
 @transaction.atomic

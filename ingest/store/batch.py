@@ -40,10 +40,13 @@ class IngestResult:
 def _fleet_health(
     node: Node, batch: p.Batch, agent: dict[str, Any], writer: BatchWriter, now: datetime
 ) -> None:
-    """In the batch's transaction (rare: a reboot, a fault), through the write path: a new
-    boot_id is repair evidence, then each fault that needs repair latches (a fault of the
-    new boot latches again). Stored iff the batch is."""
+    """In the batch's transaction (rare: a reboot, a fault, a node back from silence),
+    through the write path: a silent node's incident resolves; a new boot_id is repair
+    evidence, then each fault that needs repair latches (a fault of the new boot latches
+    again). Stored iff the batch is."""
     who = f"agent:{node.name}"
+    if node.health == "down":  # the sweep marked it silent (as authenticated this batch)
+        actions.node_reporting(node_id=node.pk, actor=who, now=now)
     before, after = agent.get("boot_id") or "", batch.agent.boot_id or ""
     if before and after and before != after:
         actions.record_repair_evidence(

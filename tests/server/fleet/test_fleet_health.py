@@ -233,3 +233,17 @@ def test_it_links_a_group_incident_to_the_node_incident_and_resolves_them_apart(
     assert xid_incident.state == "resolved"
     assert node_incident.state == "open"
     assert Device.objects.get(uuid=t.gpu(5)).lifecycle == "faulted"
+
+
+def test_it_opens_a_node_incident_for_a_silent_node_and_resolves_it_when_it_reports(post_batch):
+    from console import pipeline
+
+    _post(post_batch, [_sample()])
+    Node.objects.filter(name=NODE).update(last_seen=timezone.now() - timedelta(minutes=1))
+    assert pipeline.mark_silent_nodes(now=timezone.now()) == [NODE]
+    (incident,) = _node_incidents()
+    assert (incident.kind, incident.severity, incident.group) == ("node_silent", "major", None)
+    pipeline.mark_silent_nodes(now=timezone.now())
+    assert len(_node_incidents()) == 1
+    _post(post_batch, [_sample()])
+    assert _node_incidents() == []
