@@ -131,6 +131,11 @@ REPAIR_NEEDS: dict[str, Repair] = {
 }
 
 
+# A `device_event` the agent (or a site hook) sends after `nvidia-smi -r` succeeded: the
+# recorded GPU reset that answers a `gpu_reset` need.
+GPU_RESET_EVENT = "gpu_reset"
+
+
 def xid_needs(code: int | None, recovery_action: str | None = None) -> Repair:
     """The repair an Xid needs: none for application (and informational, consequence)
     classes; for a hardware class (or a driver recovery action) the catalog's action."""

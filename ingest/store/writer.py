@@ -81,6 +81,7 @@ class BatchWriter:
         self.violation_count = 0
         self.critical_events = 0
         self.faults: list[dict[str, Any]] = []  # events that latch (console.actions.fleet)
+        self.resets: list[str] = []  # GPUs the agent reports reset: repair evidence
         self.last_seen: datetime | None = None  # newest record time: when the node was alive
         self.agent_update: dict[str, Any] = {}
         self.existing_ranks: dict[tuple[str, int], dict[str, Any]] = {}
@@ -233,6 +234,8 @@ class BatchWriter:
             f"{when(ts)}{self.node_cell}{text(rec.gpu)}\t{text(rec.event)}\t{num(rec.code)}\t"
             f"{text(scrub_text(rec.detail))}\t{text(rec.recovery_action)}\n"
         )
+        if rec.event == fleet_health.GPU_RESET_EVENT:
+            self.resets.append(rec.gpu)
         if rec.event in CRITICAL_EVENTS:
             self.critical_events += 1  # diagnose and push at once, whatever its class
             # Only a hardware fault turns the GPU (and so its node) critical: an application

@@ -247,3 +247,15 @@ def test_it_opens_a_node_incident_for_a_silent_node_and_resolves_it_when_it_repo
     assert len(_node_incidents()) == 1
     _post(post_batch, [_sample()])
     assert _node_incidents() == []
+
+
+def test_it_reads_a_recorded_gpu_reset_as_repair_of_a_reset_need_but_not_of_a_reboot_need(
+    post_batch,
+):
+    reset = {"kind": "device_event", "gpu": GPU, "event": "gpu_reset", "detail": "nvidia-smi -r"}
+    _post(post_batch, [_sample(), _xid(48)])
+    _post(post_batch, [reset])
+    assert (_gpu().lifecycle, _node().lifecycle) == ("validating", "validating")
+    _post(post_batch, [_xid(79)])  # a fault that needs a reboot: a reset is not enough
+    _post(post_batch, [reset])
+    assert (_gpu().lifecycle, _gpu().repair_needed) == ("faulted", "node_reboot")
