@@ -85,3 +85,27 @@ def test_it_reads_the_same_node_card_in_ingest_and_in_the_console(faulted):
     assert card == console_card
     assert card["lifecycle"] == "faulted" and card["devices"][0]["lifecycle"] == "faulted"
     assert card["lifecycle_since"] <= timezone.now().isoformat()
+
+
+def test_it_acknowledges_assigns_and_shows_a_node_incident_like_a_group_incident(
+    client, cast, faulted
+):
+    from console import actions
+    from console.models import Incident
+
+    incident = Incident.objects.get(node__name=NODE, group=None)
+    actions.acknowledge_incident(
+        incident_id=incident.pk, actor=cast["operator"], now=timezone.now()
+    )
+    actions.assign_incident(
+        incident_id=incident.pk, assignee=cast["approver"], actor=cast["operator"],
+        now=timezone.now(),
+    )  # fmt: skip
+    incident.refresh_from_db()
+    assert (incident.state, incident.assignee) == ("acknowledged", cast["approver"])
+    client.force_login(cast["viewer"])
+    page = client.get(f"/incidents/{incident.pk}/")
+    assert page.status_code == 200 and "Xid 48" in page.content.decode()
+    assert client.get(f"/api/v1/incidents/{incident.pk}/").status_code == 200
+    fleet = client.get("/").content.decode()
+    assert f'href="/nodes/{NODE}/"' in fleet
