@@ -102,7 +102,9 @@ def ingest_batch(
         if _fleet_health(node, batch, agent, writer, now) and writer.card is not None:
             # The card was read before the lifecycle moved: read it again (rare).
             with send(NODE_CARD, {"node": node.pk}) as cur:
-                writer.card = node_card(cur.fetchone())
+                row = cur.fetchone()
+            if row is not None:
+                writer.card = node_card(row)
         return IngestResult(
             ack_seq=batch.seq,
             duplicate=False,
