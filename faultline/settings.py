@@ -243,6 +243,12 @@ INGEST_RATE_PER_MIN = env_int("FAULTLINE_INGEST_RATE_PER_MIN", 600, minimum=1)
 INGEST_MAX_FUTURE_S = env_int("FAULTLINE_INGEST_MAX_FUTURE_S", 300, minimum=1)
 TELEMETRY_RETENTION_DAYS = env_int("FAULTLINE_RETENTION_DAYS", 14, minimum=1)
 DIAGNOSIS_DEBOUNCE_MS = env_int("FAULTLINE_DIAGNOSIS_DEBOUNCE_MS", 200, minimum=0)
+# Fleet health (console.policy.fleet_health): after repair evidence (a new boot_id, a GPU
+# reset) the hardware must run this long with no fault before it is proposed for return;
+# FAULTS faults within DAYS flag it for replacement (returning it then needs an approver).
+FLEET_VALIDATION_WINDOW_S = env_int("FAULTLINE_VALIDATION_WINDOW_S", 600, minimum=0)
+FLEET_REPEAT_FAULTS = env_int("FAULTLINE_REPEAT_FAULTS", 3, minimum=1)
+FLEET_REPEAT_WINDOW_DAYS = env_int("FAULTLINE_REPEAT_WINDOW_DAYS", 7, minimum=1)
 # Operator overrides of the Xid catalog (agents/xid.py): a TOML or JSON file of
 # code -> {class, action, investigatory}; read once at startup (console/apps.py).
 XID_OVERRIDES_FILE = env_str("FAULTLINE_XID_OVERRIDES") or None

@@ -106,6 +106,7 @@ class ActionResult(APIView):
             exit_code=v["exit_code"],
             output=v["output"],
             now=timezone.now(),
+            outcome=v.get("outcome") or {},
         )
         return Response(
             ActionSerializer(get_object_or_404(actions_with_votes(), pk=action.pk)).data

@@ -16,6 +16,8 @@ _TARGET_PREFIX = {
     ActionKind.CORDON_NODE: "node",
     ActionKind.DRAIN_NODE: "node",
     ActionKind.ISOLATE_GPU: "gpu",
+    ActionKind.UNCORDON_NODE: "node",
+    ActionKind.RELEASE_GPU: "gpu",
     ActionKind.ISOLATE_RANK: "rank",
     ActionKind.RESTART_GROUP: "group",
     ActionKind.ROLLBACK_MODEL: "group",

@@ -58,6 +58,7 @@ class ActionSerializer(serializers.ModelSerializer):
             "dry_run",
             "params",
             "result",
+            "outcome",
             "proposed_at",
             "expires_at",
             "decided_at",
@@ -151,3 +152,6 @@ class ResultIn(serializers.Serializer):
     output = serializers.CharField(
         required=False, allow_blank=True, default="", trim_whitespace=False
     )
+    # agents/actions_contract.Outcome: what really happened (applied, already, held_by_other,
+    # refused...) and who holds the node; stored on the action, read for ownership.
+    outcome = serializers.DictField(required=False, default=dict)

@@ -81,6 +81,7 @@ ACCESS: dict[tuple[str, str], str] = {
     ("GET", "/api/v1/incidents/"): "viewer",
     ("GET", "/api/v1/incidents/{id}/"): "viewer",
     ("GET", "/api/v1/nodes/"): "viewer",
+    ("GET", "/api/v1/nodes/{name}/"): "viewer",
     ("GET", "/api/v1/notification-channels/"): "admin",
     ("POST", "/api/v1/notification-channels/"): "admin",
     ("GET", "/api/v1/pages/fleet/"): "viewer",
@@ -230,6 +231,7 @@ def seed_fleet(cast: dict[str, Any], post_batch: Callable[..., Any]) -> dict[str
     return {
         "actions": [a.pk for a in made],
         "incidents": [incident.pk],
+        "nodes": [n.name for n in nodes],
         "groups": ["llama", "chat"],
         "silences": [silence.pk],
         "escalation-policies": [policy.pk],
