@@ -6,12 +6,15 @@ import os
 
 from celery import Celery
 
+from faultline import metrics
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "faultline.settings")
 
 app = Celery("faultline")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["console"])
 app.autodiscover_tasks(["console"], related_name="notify_tasks")
+metrics.connect_celery()  # task runs, diagnosis passes, notification outcomes
 app.conf.beat_schedule = {
     "sweep": {"task": "console.sweep", "schedule": 1.0},
     "escalation-sweep": {"task": "console.escalation_sweep", "schedule": 10.0},

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from faultline import metrics_dir
 from faultline.embedded import Embedded, EmbeddedError, port_in_use, start_embedded
 
 
@@ -212,6 +213,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"faultline: {exc}")
         return 2
     os.environ["FAULTLINE_WS_PORT"] = str(args.ws_port)
+    metrics_dir.prepare(data_dir)  # the children share one Prometheus samples folder
     try:
         _django_setup()
         from django.core.management import call_command

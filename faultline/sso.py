@@ -1,0 +1,111 @@
+"""Single sign-on through OpenID Connect (mozilla-django-oidc), off unless configured.
+
+Owns turning an IdP identity into a console user: the username `sso:<claim>` (never a local
+account's, so a local password stays the break-glass way in), the role from the IdP's
+group claim through settings.OIDC_ROLE_MAP (the highest mapped role wins; re-read at every
+login, so removing someone from the IdP group demotes them), and one audit row per login
+naming the SSO identity. Someone whose groups map to no role is refused, not made a viewer,
+unless FAULTLINE_OIDC_DEFAULT_ROLE says otherwise. It must not touch local accounts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+from mozilla_django_oidc.auth import OIDCAuthenticationBackend
+
+from console.choices import ROLE_ORDER
+from console.models import Membership
+from faultline.sso_config import parse_role_map  # noqa: F401 - re-exported
+
+log = logging.getLogger(__name__)
+
+PREFIX = "sso:"
+
+
+def groups_of(claims: dict[str, Any]) -> list[str]:
+    value = claims.get(settings.OIDC_GROUPS_CLAIM)
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [g for g in value if isinstance(g, str)]
+    return []
+
+
+def role_for(claims: dict[str, Any]) -> str | None:
+    """The highest role any of the identity's groups maps to, else the default (or None)."""
+    mapped = [settings.OIDC_ROLE_MAP[g] for g in groups_of(claims) if g in settings.OIDC_ROLE_MAP]
+    if mapped:
+        return max(mapped, key=ROLE_ORDER.index)
+    return settings.OIDC_DEFAULT_ROLE or None
+
+
+def identity(claims: dict[str, Any]) -> str:
+    value = claims.get(settings.OIDC_USERNAME_CLAIM) or claims.get("email") or claims["sub"]
+    return f"{PREFIX}{value}"[:150]
+
+
+class FaultlineOIDCBackend(OIDCAuthenticationBackend):
+    """mozilla-django-oidc's backend with Faultline's usernames, roles and audit."""
+
+    def get_userinfo(self, access_token: str, id_token: str, payload: dict[str, Any]) -> Any:
+        # Some IdPs put the group claim only in the ID token, others only in userinfo.
+        return {**payload, **super().get_userinfo(access_token, id_token, payload)}
+
+    def verify_claims(self, claims: dict[str, Any]) -> bool:
+        if not claims.get("sub"):
+            return False
+        if role_for(claims) is None:
+            log.warning(
+                "sso: %s has no group mapped to a role (groups %s); refused",
+                identity(claims),
+                groups_of(claims)[:20],
+            )
+            return False
+        return True
+
+    def filter_users_by_claims(self, claims: dict[str, Any]) -> Any:
+        # Only accounts SSO made (no usable password): a local account is never taken over.
+        users = get_user_model().objects.filter(username=identity(claims))
+        return [u for u in users if not u.has_usable_password()]
+
+    def create_user(self, claims: dict[str, Any]) -> Any:
+        user = get_user_model().objects.create_user(
+            username=identity(claims), email=claims.get("email") or ""
+        )  # no password: unusable, so the login form never accepts this account
+        return self._apply(user, claims, created=True)
+
+    def update_user(self, user: Any, claims: dict[str, Any]) -> Any:
+        return self._apply(user, claims, created=False)
+
+    @transaction.atomic
+    def _apply(self, user: Any, claims: dict[str, Any], *, created: bool) -> Any:
+        from console.remediation import audit
+
+        role = role_for(claims) or "viewer"  # never empty: verify_claims refused that
+        admin = role == "admin"
+        if user.is_staff != admin or user.is_superuser != admin:
+            user.is_staff = user.is_superuser = admin
+            user.save(update_fields=["is_staff", "is_superuser"])
+        Membership.objects.update_or_create(user=user, defaults={"role": role})
+        audit(
+            actor=user.get_username(),
+            verb="sso_login",
+            obj=user,
+            object_type="user",
+            reason=f"signed in through {settings.OIDC_ISSUER or 'the OpenID provider'} as {role}",
+            data={
+                "issuer": settings.OIDC_ISSUER,
+                "sub": str(claims["sub"])[:255],
+                "groups": groups_of(claims)[:50],
+                "role": role,
+                "created": created,
+            },
+            now=timezone.now(),
+        )
+        return user
