@@ -219,7 +219,7 @@ if OIDC_ENABLED:
     OIDC_OP_JWKS_ENDPOINT = env_str("FAULTLINE_OIDC_JWKS_URI")
     OIDC_RP_SIGN_ALGO = env_str("FAULTLINE_OIDC_SIGN_ALGO", "RS256")
     OIDC_RP_SCOPES = env_str("FAULTLINE_OIDC_SCOPES", "openid email profile")
-    OIDC_USE_PKCE = True
+    OIDC_USE_PKCE = env_bool("FAULTLINE_OIDC_USE_PKCE", True)
     OIDC_TIMEOUT = 10
     LOGIN_REDIRECT_URL_FAILURE = "/login/?sso=refused"
 
