@@ -82,6 +82,8 @@ def ingest_batch(
     skew = batch.sent_at - now
     shift = skew if abs(skew) > timedelta(seconds=5) else timedelta(0)
     _check_future(batch, max_future_s)
+    if shift:
+        _check_shift(batch, shift)
     # Raw psycopg throughout: map its errors to Django's (OperationalError -> 503 in the
     # view); a number out of range for its column becomes a 400 naming the record.
     with transaction.atomic(), connection.wrap_database_errors:
@@ -109,6 +111,20 @@ def ingest_batch(
             actions_pending=writer.actions_pending,
             card=writer.card,
         )
+
+
+def _check_shift(batch: p.Batch, shift: timedelta) -> None:
+    """A record stamp that the clock-skew correction would carry outside the calendar."""
+    for index, rec in enumerate(batch.records):
+        try:
+            rec.ts - shift  # noqa: B018 - only whether it can be computed
+        except OverflowError:
+            raise RecordError(
+                f'record {index}: field "ts": {rec.ts.isoformat()} is out of range once '
+                f"corrected for the agent's clock skew ({shift}); fix the node's clock",
+                index=index,
+                field="ts",
+            ) from None
 
 
 def _check_future(batch: p.Batch, max_future_s: int) -> None:
