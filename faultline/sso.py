@@ -13,8 +13,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import jwt
+import requests
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.exceptions import SuspiciousOperation
 from django.db import transaction
 from django.utils import timezone
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
@@ -52,6 +55,33 @@ def identity(claims: dict[str, Any]) -> str:
 
 class FaultlineOIDCBackend(OIDCAuthenticationBackend):
     """mozilla-django-oidc's backend with Faultline's usernames, roles and audit."""
+
+    def authenticate(self, request: Any, **kwargs: Any) -> Any:
+        # A provider that is down, a bad signature or a malformed token is a refused login
+        # (back to the login page, where the local form still works), never a 500.
+        try:
+            return super().authenticate(request, **kwargs)
+        except (SuspiciousOperation, requests.RequestException, jwt.PyJWTError,
+                KeyError, ValueError) as exc:  # fmt: skip
+            log.warning("sso: sign-in refused: %s: %s", type(exc).__name__, exc)
+            return None
+
+    def retrieve_matching_jwk(self, token: str) -> Any:
+        # Tokens whose header names no `kid` (IdPs with one signing key): match by
+        # algorithm only; the signature is still checked against that key.
+        if "kid" in jwt.get_unverified_header(token):
+            return super().retrieve_matching_jwk(token)
+        response = requests.get(
+            self.OIDC_OP_JWKS_ENDPOINT,
+            verify=self.get_settings("OIDC_VERIFY_SSL", True),
+            timeout=self.get_settings("OIDC_TIMEOUT", None),
+        )
+        response.raise_for_status()
+        alg = jwt.get_unverified_header(token).get("alg")
+        keys = [k for k in response.json().get("keys", []) if k.get("alg", alg) == alg]
+        if len(keys) != 1:
+            raise SuspiciousOperation(f"token names no kid and the JWKS has {len(keys)} keys")
+        return jwt.PyJWK(keys[0])
 
     def get_userinfo(self, access_token: str, id_token: str, payload: dict[str, Any]) -> Any:
         # Some IdPs put the group claim only in the ID token, others only in userinfo.
