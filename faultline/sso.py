@@ -105,6 +105,9 @@ class FaultlineOIDCBackend(OIDCAuthenticationBackend):
         return [u for u in users if not u.has_usable_password()]
 
     def create_user(self, claims: dict[str, Any]) -> Any:
+        if get_user_model().objects.filter(username=identity(claims)).exists():
+            # A local account holds the name: refuse rather than share it (or 500).
+            raise SuspiciousOperation(f"{identity(claims)} is a local account's name")
         user = get_user_model().objects.create_user(
             username=identity(claims), email=claims.get("email") or ""
         )  # no password: unusable, so the login form never accepts this account

@@ -117,7 +117,7 @@ def _check_shift(batch: p.Batch, shift: timedelta) -> None:
     """A record stamp that the clock-skew correction would carry outside the calendar."""
     for index, rec in enumerate(batch.records):
         try:
-            rec.ts - shift  # noqa: B018 - only whether it can be computed
+            rec.ts - shift  # only whether it can be computed
         except OverflowError:
             raise RecordError(
                 f'record {index}: field "ts": {rec.ts.isoformat()} is out of range once '
