@@ -23,7 +23,7 @@ class ActionOrder(Struct, forbid_unknown_fields=True):
     params: dict[str, Any]
 
 
-class IngestAccepted(Struct, forbid_unknown_fields=True):
+class Accepted(Struct, forbid_unknown_fields=True):
     """202: the batch is stored (or was already: `duplicate`); `ack_seq` is its seq."""
 
     ack_seq: int

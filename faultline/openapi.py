@@ -50,7 +50,7 @@ def _to_oas30(node: Any) -> Any:
 
 def ingest_components() -> tuple[dict[str, Any], dict[str, Any]]:
     """(schemas of the batch and of each reply, by status; the components they refer to)."""
-    roots = [protocol.Batch, replies.IngestAccepted, replies.ContractViolation, replies.Refusal]
+    roots = [protocol.Batch, replies.Accepted, replies.ContractViolation, replies.Refusal]
     schemas, components = msgspec.json.schema_components(roots, ref_template=REF)
     named = {PREFIX + name: _to_oas30(schema) for name, schema in components.items()}
     batch, accepted, violation, refusal = schemas

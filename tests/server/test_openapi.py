@@ -77,7 +77,7 @@ def test_it_documents_ingest_from_the_wire_contract(schema: dict[str, Any]) -> N
 
 def test_it_answers_ingest_with_the_documented_replies(post_batch: Any) -> None:
     batch = make_batch([{"kind": "heartbeat", "uptime_s": 3.0}], node="n-9", seq=4)
-    accepted = msgspec.json.decode(post_batch(batch).content, type=replies.IngestAccepted)
+    accepted = msgspec.json.decode(post_batch(batch).content, type=replies.Accepted)
     assert (accepted.ack_seq, accepted.duplicate) == (4, False)
     invalid = post_batch(make_batch([{"kind": "step", "rank": -1}], node="n-9", seq=5))
     assert invalid.status_code == 400
