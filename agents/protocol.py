@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 from msgspec import Meta, Struct
@@ -50,7 +50,7 @@ GroupState = Literal[
     "failed",
     "stopped",
 ]
-GROUP_STATES: tuple[str, ...] = GroupState.__args__  # type: ignore[attr-defined]
+GROUP_STATES: tuple[str, ...] = get_args(GroupState)
 
 
 # gc=False on every Struct: records are trees (no cycles), and a 1,000-record batch would
@@ -82,11 +82,21 @@ class DeviceSample(_Record, tag="device_sample"):
     pcie_replays: Count | None = None
 
 
+# -- Xid recovery action (issue 18) ---------------------------------------------------
+# The driver's GPU recovery action when the event was read (NVML
+# nvmlDeviceGetGpuRecoveryAction; Xid 154 reports each change). Names as in agents/xid.py
+# RECOVERY_ACTIONS; absent when the driver cannot say.
+RecoveryAction = Literal["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"]
+RECOVERY_ACTIONS: tuple[str, ...] = RecoveryAction.__args__  # type: ignore[attr-defined]  # Literal aliases carry __args__ at run time; typeshed omits it
+# -- end Xid recovery action -----------------------------------------------------------
+
+
 class DeviceEvent(_Record, tag="device_event"):
     gpu: GpuId
     event: Code
     code: int | None = None
     detail: Short | None = None
+    recovery_action: RecoveryAction | None = None  # issue 18: see RecoveryAction above
 
 
 class Process(_Record, tag="process"):
@@ -232,7 +242,7 @@ Record = (
     | Serving
 )
 RECORD_KINDS: tuple[str, ...] = tuple(
-    t.__struct_config__.tag  # type: ignore[attr-defined]
+    str(t.__struct_config__.tag)
     for t in (
         Heartbeat,
         DeviceSample,
@@ -310,10 +320,6 @@ def _refuse_nul(value: Any, path: tuple[str | int, ...] = ()) -> None:
     elif isinstance(value, list):
         for i, item in enumerate(value):
             _refuse_nul(item, (*path, i))
-
-
-def encode_batch(batch: Batch) -> bytes:
-    return msgspec.json.encode(batch)
 
 
 def _explain(raw: str, body: bytes) -> ContractError:

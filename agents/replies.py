@@ -7,20 +7,9 @@ replies cannot drift from the ones sent. msgspec only, like agents.protocol.
 
 from __future__ import annotations
 
-from typing import Any
-
 from msgspec import Struct
 
-
-class ActionOrder(Struct, forbid_unknown_fields=True):
-    """An approved action for this node, riding back on the reply (agents/executor.py runs it)."""
-
-    id: int
-    kind: str
-    target: str
-    group: str | None
-    generation: int | None
-    params: dict[str, Any]
+from agents.actions_contract import Action
 
 
 class Accepted(Struct, forbid_unknown_fields=True):
@@ -28,7 +17,7 @@ class Accepted(Struct, forbid_unknown_fields=True):
 
     ack_seq: int
     duplicate: bool
-    actions: list[ActionOrder]
+    actions: list[Action]  # approved actions for this node (agents.actions_contract)
 
 
 class ContractViolation(Struct, forbid_unknown_fields=True):

@@ -46,7 +46,7 @@ class GroupRow:
 class Fleet:
     groups: list[GroupRow] = field(default_factory=list)
     groups_omitted: int = 0
-    incidents: dict[tuple[str | None, str], int] = field(default_factory=dict)
+    incidents: dict[tuple[str | None, str], int] = field(default_factory=dict)  # (group, sev)
     pools: dict[tuple[str, str], int] = field(default_factory=dict)
     actions: dict[str, int] = field(default_factory=dict)
 
@@ -84,8 +84,9 @@ def read_fleet(*, limit: int | None = None) -> Fleet:
         rows = rows[:limit]
     names = {row["pk"]: row["name"] for row in rows}
     for row in rows:
-        summary = row["summary"] if isinstance(row["summary"], dict) else {}
-        goodput = summary.get("goodput") if isinstance(summary.get("goodput"), dict) else {}
+        summary: dict[str, Any] = row["summary"] if isinstance(row["summary"], dict) else {}
+        raw_goodput = summary.get("goodput")
+        goodput: dict[str, Any] = raw_goodput if isinstance(raw_goodput, dict) else {}
         fleet.groups.append(
             GroupRow(
                 name=row["name"],
@@ -106,13 +107,13 @@ def read_fleet(*, limit: int | None = None) -> Fleet:
     )
     for row in open_incidents:
         # Groups past the cap still count in the fleet total (group None).
-        key = (names.get(row["group_id"]), row["severity"])
+        key: tuple[str | None, str] = (names.get(row["group_id"]), row["severity"])
         fleet.incidents[key] = fleet.incidents.get(key, 0) + row["n"]
     nodes = Node.objects.values("pool", "health", "cordoned", "quarantined").annotate(n=Count("id"))
     for row in nodes:
         state = _node_state(row["health"], row["cordoned"], row["quarantined"])
-        key = (row["pool"] or "none", state)
-        fleet.pools[key] = fleet.pools.get(key, 0) + row["n"]
+        pool_state = (row["pool"] or "none", state)
+        fleet.pools[pool_state] = fleet.pools.get(pool_state, 0) + row["n"]
     for row in Action.objects.values("state").annotate(n=Count("id")):
         fleet.actions[row["state"]] = row["n"]
     return fleet

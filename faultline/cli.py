@@ -1,261 +1,53 @@
 """`faultline` command line: run the whole service, issue agent tokens, manage users.
 
-`faultline up` is a small supervisor: it starts (or adopts) the embedded Postgres and Valkey
-when DATABASE_URL / REDIS_URL are unset, migrates, creates the first admin, then runs
-gunicorn (HTTP), uvicorn (websockets), a Celery worker and Celery beat as children, restarts
-a child that dies, and stops everything on Ctrl-C or SIGTERM.
+Owns the arguments and the dispatch to one function per command: bringing the system up is
+faultline.bootstrap, keeping its children running is faultline.supervisor, the demo and the
+drills are faultline.demo and faultline.drill. Must not hold the logic of any of them.
+
+`faultline up` starts (or adopts) the embedded Postgres and Valkey when DATABASE_URL /
+REDIS_URL are unset, migrates, creates the first admin, then runs gunicorn (HTTP), uvicorn
+(websockets), a Celery worker and Celery beat as children, restarts a child that dies, and
+stops everything on Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
-import secrets
-import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-from faultline import metrics_dir
-from faultline.embedded import Embedded, EmbeddedError, port_in_use, start_embedded
-
-
-def _data_dir(arg: str | None) -> Path:
-    return Path(arg or os.environ.get("FAULTLINE_DATA_DIR") or Path.cwd() / ".faultline").resolve()
-
-
-def _runtime_file(data_dir: Path) -> Path:
-    return data_dir / "runtime.json"
-
-
-def write_runtime(data_dir: Path, args: argparse.Namespace) -> None:
-    """What a running `faultline up`/`demo` is: pid, URLs and ports (tests and tools read it)."""
-    _runtime_file(data_dir).write_text(
-        json.dumps(
-            {
-                "pid": os.getpid(),
-                "DATABASE_URL": os.environ["DATABASE_URL"],
-                "REDIS_URL": os.environ["REDIS_URL"],
-                "port": args.port,
-                "ws_port": args.ws_port,
-            }
-        )
-    )
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def _prepare_env(data_dir: Path, *, for_up: bool) -> Embedded:
-    """Export DATABASE_URL/REDIS_URL: from env, from a running `up`, or embedded servers."""
-    os.environ["FAULTLINE_DATA_DIR"] = str(data_dir)
-    runtime = _runtime_file(data_dir)
-    if not for_up and runtime.exists():
-        info = json.loads(runtime.read_text())
-        if _pid_alive(int(info.get("pid", 0))):
-            for key in ("DATABASE_URL", "REDIS_URL"):
-                if info.get(key):
-                    os.environ.setdefault(key, info[key])
-    emb = start_embedded(data_dir)
-    if emb.database_url:
-        os.environ["DATABASE_URL"] = emb.database_url
-    if emb.redis_url:
-        os.environ["REDIS_URL"] = emb.redis_url
-    return emb
-
-
-def _django_setup() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "faultline.settings")
-    import django
-
-    django.setup()
-
-
-def _close_db() -> None:
-    from django.db import connections
-
-    connections.close_all()
-
-
-def _ensure_admin() -> str | None:
-    """Create the first admin; return the generated password (shown once) if we made one."""
-    from django.contrib.auth import get_user_model
-
-    user_model = get_user_model()
-    if user_model.objects.filter(is_superuser=True).exists():
-        return None
-    username = os.environ.get("FAULTLINE_ADMIN_USER", "admin")
-    password = os.environ.get("FAULTLINE_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
-    user_model.objects.create_superuser(username=username, email="", password=password)
-    return f"{username} / {password}"
-
-
-def _children(args: argparse.Namespace) -> dict[str, list[str]]:
-    py = sys.executable
-    return {
-        "web": [
-            py, "-m", "gunicorn", "faultline.wsgi:application",
-            "--bind", f"{args.host}:{args.port}", "--workers", str(args.workers),
-            # Threads overlap a request's Postgres/Redis waits: same CPU per batch as sync
-            # workers, more batches/s than uvicorn here (docs/performance.md).
-            "--worker-class", "gthread", "--threads", "4",
-            "--graceful-timeout", "10", "--timeout", "60", "--log-level", "warning",
-        ],
-        "ws": [
-            py, "-m", "uvicorn", "faultline.asgi:application", "--host", args.host,
-            "--port", str(args.ws_port), "--lifespan", "off", "--log-level", "warning",
-        ],
-        "worker": [
-            py, "-m", "celery", "-A", "faultline", "worker", "--concurrency",
-            str(args.worker_concurrency), "--loglevel", "WARNING", "--without-heartbeat",
-            "--without-gossip", "--without-mingle",
-        ],
-        "beat": [
-            py, "-m", "celery", "-A", "faultline", "beat", "--loglevel", "WARNING",
-            "--schedule", str(_data_dir(args.data_dir) / "celerybeat-schedule"),
-        ],
-    }  # fmt: skip
-
-
-class Supervisor:
-    """Runs the children, restarts one that dies with backoff, stops all on a signal.
-
-    A child that dies is restarted after 0.5 s, doubling up to 30 s while it keeps dying
-    (a Redis blip crashes the Celery worker once; five blips must not take Faultline
-    down). Only a child that died GIVE_UP_AFTER times in ten minutes stops the service.
-    An embedded Valkey that dies is restarted on its port first (`embedded`).
-    """
-
-    GIVE_UP_AFTER = 30
-
-    def __init__(
-        self,
-        commands: dict[str, list[str]],
-        env: dict[str, str],
-        embedded: Embedded | None = None,
-    ) -> None:
-        self.commands, self.env, self.embedded = commands, env, embedded
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.restarts: dict[str, list[float]] = {name: [] for name in commands}
-        self.due: dict[str, float] = {}
-        self.stopping = False
-
-    def start(self, name: str) -> None:
-        self.procs[name] = subprocess.Popen(self.commands[name], env=self.env)
-
-    def run(self) -> int:
-        for name in self.commands:
-            self.start(name)
-        while not self.stopping:
-            time.sleep(0.5)
-            if self.embedded is not None:
-                try:
-                    if self.embedded.revive_valkey():
-                        print("faultline: embedded Valkey exited; restarted it on its port")
-                except EmbeddedError as exc:  # retried on the next tick
-                    print(f"faultline: {exc}")
-            now = time.monotonic()
-            for name, proc in list(self.procs.items()):
-                if self.stopping or proc.poll() is None:
-                    continue
-                if name not in self.due:
-                    recent = [t for t in self.restarts[name] if now - t < 600]
-                    if len(recent) >= self.GIVE_UP_AFTER:
-                        print(f"faultline: {name} died {len(recent)} times in 10 min; stopping")
-                        self.stop()
-                        return 1
-                    self.restarts[name] = [*recent, now]
-                    burst = len([t for t in recent if now - t < 60])
-                    delay = min(30.0, 0.5 * 2**burst)
-                    print(
-                        f"faultline: {name} exited with code {proc.returncode}; "
-                        f"restarting in {delay:.1f}s"
-                    )
-                    self.due[name] = now + delay
-                if now >= self.due[name]:
-                    del self.due[name]
-                    self.start(name)
-        return 0
-
-    def stop(self) -> None:
-        self.stopping = True
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for proc in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+from faultline import bootstrap
+from faultline.supervisor import Supervisor
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    started = time.monotonic()
     args.ws_port = args.ws_port or args.port + 1
-    for port, flag in ((args.port, "--port"), (args.ws_port, "--ws-port")):
-        if port_in_use(port, args.host):
-            print(f"faultline: port {port} is already in use; choose another with {flag} N")
-            return 2
-    data_dir = _data_dir(args.data_dir)
     try:
-        emb = _prepare_env(data_dir, for_up=True)
-    except EmbeddedError as exc:
+        with bootstrap.system_up(
+            host=args.host, port=args.port, ws_port=args.ws_port, data_dir_arg=args.data_dir
+        ) as system:
+            system.hand_over()
+            commands = bootstrap.service_commands(
+                host=args.host, port=args.port, ws_port=args.ws_port, workers=args.workers,
+                worker_concurrency=args.worker_concurrency, directory=system.data_dir,
+            )  # fmt: skip
+            sup = Supervisor(commands, dict(os.environ), embedded=system.embedded)
+            sup.handle_signals()
+            url = f"http://{bootstrap.public_host(args.host)}:{args.port}/"
+            ready_s = time.monotonic() - system.started
+            print(f"faultline: ready in {ready_s:.1f}s (embedded: {system.embedded_timings()})")
+            if system.admin is not None:
+                bootstrap.announce_admin(system.admin, system.data_dir)
+            print(f"faultline: console at {url}  (websockets on port {args.ws_port}); Ctrl-C stops")
+            return sup.serve()
+    except bootstrap.BootstrapError as exc:
         print(f"faultline: {exc}")
         return 2
-    os.environ["FAULTLINE_WS_PORT"] = str(args.ws_port)
-    metrics_dir.prepare(data_dir)  # the children share one Prometheus samples folder
-    try:
-        _django_setup()
-        from django.core.management import call_command
-
-        call_command("migrate", interactive=False, verbosity=0)
-        login = _ensure_admin()
-        _close_db()  # the supervisor holds no connection: Postgres can stop cleanly later
-        write_runtime(data_dir, args)
-        sup = Supervisor(_children(args), dict(os.environ), embedded=emb)
-
-        def on_signal(signum: int, frame: object) -> None:
-            sup.stopping = True
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{args.port}/"  # noqa: S104
-        embedded = ", ".join(f"{k} {v:.2f}s" for k, v in emb.timings.items()) or "external"
-        print(f"faultline: ready in {time.monotonic() - started:.1f}s (embedded: {embedded})")
-        if login:
-            print(f"faultline: first admin login (shown once): {login}")
-        print(f"faultline: console at {url}  (websockets on port {args.ws_port}); Ctrl-C stops")
-        sys.stdout.flush()
-        code = sup.run()
-        sup.stop()
-        return code
-    finally:
-        _runtime_file(data_dir).unlink(missing_ok=True)
-        emb.stop(force=True)
-
-
-def _with_django(args: argparse.Namespace) -> Embedded:
-    emb = _prepare_env(_data_dir(getattr(args, "data_dir", None)), for_up=False)
-    _django_setup()
-    from django.core.management import call_command
-
-    call_command("migrate", interactive=False, verbosity=0)
-    return emb
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    emb = _with_django(args)
-    try:
+    with bootstrap.django_ready(args.data_dir):
         from ingest.auth import issue_token, revoke_tokens
 
         if args.action == "create":
@@ -266,14 +58,14 @@ def cmd_token(args: argparse.Namespace) -> int:
             count = revoke_tokens(node_name=args.node)
             print(f"revoked {count} token(s) of node {args.node}")
         return 0
-    finally:
-        _close_db()
-        emb.stop()
 
 
 def cmd_user(args: argparse.Namespace) -> int:
-    emb = _with_django(args)
-    try:
+    with bootstrap.django_ready(args.data_dir):
+        from django.contrib.auth import get_user_model
+        from django.contrib.auth.password_validation import validate_password
+        from django.core.exceptions import ValidationError
+
         from console.accounts import create_user
 
         password = args.password or os.environ.get("FAULTLINE_USER_PASSWORD")
@@ -281,31 +73,33 @@ def cmd_user(args: argparse.Namespace) -> int:
             import getpass
 
             password = getpass.getpass(f"password for {args.name}: ")
+        try:
+            validate_password(password, user=get_user_model()(username=args.name))
+        except ValidationError as exc:
+            print(f"faultline: password refused for {args.name}: {' '.join(exc.messages)}")
+            return 2
         create_user(username=args.name, role=args.role, password=password)
         print(f"user {args.name} created with role {args.role}")
         return 0
-    finally:
-        _close_db()
-        emb.stop()
 
 
 def cmd_manage(args: argparse.Namespace) -> int:
-    emb = _prepare_env(_data_dir(None), for_up=False)
+    emb = bootstrap.prepare_env(bootstrap.data_dir(None), adopt_running=True)
     try:
-        _django_setup()
+        bootstrap.django_setup()
         from django.core.management import execute_from_command_line
 
         execute_from_command_line(["faultline manage", *args.rest])
         return 0
     finally:
-        _close_db()
+        bootstrap.close_db()
         emb.stop()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from faultline import demo
+    from faultline.demo.runner import run
 
-    return demo.run(args)
+    return run(args)
 
 
 def cmd_drill(args: argparse.Namespace) -> int:

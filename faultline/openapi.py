@@ -48,13 +48,15 @@ def _to_oas30(node: Any) -> Any:
     return out
 
 
-def ingest_components() -> tuple[dict[str, Any], dict[str, Any]]:
+def ingest_components() -> tuple[dict[str | int, Any], dict[str, Any]]:
     """(schemas of the batch and of each reply, by status; the components they refer to)."""
     roots = [protocol.Batch, replies.Accepted, replies.ContractViolation, replies.Refusal]
     schemas, components = msgspec.json.schema_components(roots, ref_template=REF)
     named = {PREFIX + name: _to_oas30(schema) for name, schema in components.items()}
     batch, accepted, violation, refusal = schemas
-    return {"batch": batch, 202: accepted, 400: violation, "refusal": refusal}, named
+    by_use: dict[str | int, Any] = {"batch": batch, 202: accepted, 400: violation}
+    by_use["refusal"] = refusal
+    return by_use, named
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:

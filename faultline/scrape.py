@@ -13,7 +13,7 @@ import hmac
 import ipaddress
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from django.conf import settings
@@ -85,7 +85,7 @@ def forget_dead_processes(folder: Path) -> None:
 class _ThisProcess:
     """This process's own samples (no multiprocess folder: `runserver`, tests)."""
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterable[Metric]:
         return REGISTRY.collect()
 
 
@@ -108,7 +108,7 @@ class DependencyCollector:
             labels=["queue"],
         )
         try:
-            client = cache._cache.get_client(write=False)  # type: ignore[attr-defined]
+            client = cache._cache.get_client(write=False)
             client.ping()
             for queue, keys in CELERY_QUEUES.items():
                 depth.add_metric([queue], sum(client.llen(key) for key in keys))
@@ -144,10 +144,10 @@ def registry() -> CollectorRegistry:
         forget_dead_processes(Path(folder))
         MultiProcessCollector(out, path=folder)
     else:
-        out.register(_ThisProcess())  # type: ignore[arg-type]
+        out.register(_ThisProcess())
     dependencies = DependencyCollector()
-    out.register(dependencies)  # type: ignore[arg-type]
-    out.register(_Fleet(dependencies))  # type: ignore[arg-type]
+    out.register(dependencies)
+    out.register(_Fleet(dependencies))
     return out
 
 

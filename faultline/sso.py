@@ -22,9 +22,8 @@ from django.db import transaction
 from django.utils import timezone
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
-from console.choices import ROLE_ORDER
 from console.models import Membership
-from faultline.sso_config import parse_role_map  # noqa: F401 - re-exported
+from faultline.sso_config import ROLES, parse_role_map  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +43,7 @@ def role_for(claims: dict[str, Any]) -> str | None:
     """The highest role any of the identity's groups maps to, else the default (or None)."""
     mapped = [settings.OIDC_ROLE_MAP[g] for g in groups_of(claims) if g in settings.OIDC_ROLE_MAP]
     if mapped:
-        return max(mapped, key=ROLE_ORDER.index)
+        return max(mapped, key=ROLES.index)
     return settings.OIDC_DEFAULT_ROLE or None
 
 

@@ -5,7 +5,9 @@ Owns the FAULTLINE_OIDC_ROLE_MAP format, `GROUP=ROLE,GROUP=ROLE`; faultline.sso 
 
 from __future__ import annotations
 
-ROLES = ("viewer", "operator", "approver", "admin")  # console.choices.ROLE_ORDER, lowest first
+from console.policy.roles import Role  # plain Python: safe to import from settings
+
+ROLES = tuple(role.value for role in Role)  # the ladder, lowest first
 
 
 def parse_role_map(raw: list[str]) -> dict[str, str]:

@@ -1,3 +1,5 @@
+"""Top-level routes: health, ingest and the agent endpoints, REST, schema, admin, pages."""
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -15,6 +17,7 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("metrics", scrape.metrics, name="metrics"),
     path("api/v1/ingest", metrics.count_ingest(ingest), name="ingest"),
+    path("api/v1/", include("ingest.urls")),  # the agent-facing action poll and result
     path("api/v1/", include("console.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger"),

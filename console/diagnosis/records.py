@@ -7,7 +7,7 @@ transitions and serving windows (DESIGN §3 names). Must not do I/O or import Dj
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -106,6 +106,7 @@ class DeviceEvent:
     event: str  # xid | ecc_dbe | thermal | gpu_lost | ...
     code: int | None = None
     detail: str | None = None
+    recovery_action: str | None = None  # the driver's, when the event was read
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +197,10 @@ class ServingSlo:
 
     def to_dict(self) -> dict[str, float]:
         return {k: getattr(self, k) for k in self.__slots__}
+
+
+# The keys a group's SLO may set: the one list the API, the write path and diagnosis share.
+SLO_KEYS: tuple[str, ...] = tuple(f.name for f in fields(ServingSlo))
 
 
 @dataclass(frozen=True, slots=True)

@@ -236,7 +236,11 @@ def build_snapshot(
                 dev_index.setdefault(gpu, r.get("index"))
                 events[gpu].append(
                     DeviceEvent(
-                        ts=r["ts"], event=r["event"], code=r.get("code"), detail=r.get("detail")
+                        ts=r["ts"],
+                        event=r["event"],
+                        code=r.get("code"),
+                        detail=r.get("detail"),
+                        recovery_action=r.get("recovery_action"),
                     )
                 )
             continue

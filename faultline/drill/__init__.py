@@ -15,7 +15,6 @@ import importlib.util
 import json
 import shutil
 import signal
-import sys
 import tempfile
 import time
 import uuid
@@ -127,9 +126,3 @@ def run(args: argparse.Namespace) -> int:
         Path(args.markdown).write_text(markdown(rows))
     ok = all(r["error"] is None and r["found_root_cause"] == r["expected_root_cause"] for r in rows)
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    from faultline.cli import main
-
-    sys.exit(main(["drill", *sys.argv[1:]]))

@@ -21,6 +21,7 @@ import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from agents import reporter
 
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     start = 0
     if args.resume is not None:
-        state = {"model": model.state_dict(), "step": torch.tensor(0)}
+        state: dict[str, Any] = {"model": model.state_dict(), "step": torch.tensor(0)}
         dcp.load(state, checkpoint_id=str(args.resume))
         model.load_state_dict(state["model"])
         start = int(state["step"])
@@ -97,13 +98,18 @@ def main(argv: list[str] | None = None) -> int:
             loss = torch.nn.functional.mse_loss(model(x), y)
             opt.zero_grad()
             loss.backward()
-        flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        grads = []
+        for p in model.parameters():
+            if p.grad is None:
+                raise RuntimeError("a parameter got no gradient")
+            grads.append(p.grad)
+        flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat)  # the gradient average: one collective per step, same on all
         flat /= world
         offset = 0
-        for p in model.parameters():
-            n = p.numel()
-            p.grad.copy_(flat[offset : offset + n].reshape(p.shape))
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset : offset + n].reshape(g.shape))
             offset += n
         with fl_torch.phase("optimizer"):
             opt.step()
@@ -122,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _save(args: argparse.Namespace, dcp, dist, torch, model, step: int, rank: int) -> None:  # type: ignore[no-untyped-def]
+def _save(
+    args: argparse.Namespace, dcp: Any, dist: Any, torch: Any, model: Any, step: int, rank: int
+) -> None:
     directory = args.ckpt_root / f"{args.group}-step_{step:06d}"
     if rank == 0:
         directory.mkdir(parents=True, exist_ok=True)

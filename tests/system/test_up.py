@@ -1,18 +1,90 @@
-"""`faultline up` end to end: embedded servers, real agent over HTTP, clean shutdown."""
+"""`faultline up` end to end: embedded servers, real agent over HTTP, clean shutdown.
+
+Also the supervisor's restart rules and how the first admin's password is shown (fast).
+"""
 
 from __future__ import annotations
 
+import io
+import os
+import stat
 import subprocess
+import urllib.error
 from pathlib import Path
 
 import pytest
 
+from faultline import supervisor
+from faultline.bootstrap import ADMIN_PASSWORD_FILE, AdminLogin, announce_admin
 from faultline.embedded import free_port
-from tests.system.conftest import BIN, service_env, start_service, stop_service, wait_for
+from faultline.supervisor import restart_delay
+from tests.system.conftest import (
+    ADMIN,
+    BIN,
+    Service,
+    service_env,
+    start_service,
+    stop_service,
+    wait_for,
+)
 
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow
 
 
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_it_restarts_after_half_a_second_then_doubles_while_a_child_keeps_dying() -> None:
+    now = 10_000.0
+    assert restart_delay([], now) == 0.5
+    assert restart_delay([now - 5], now) == 1.0
+    assert restart_delay([now - 50, now - 5], now) == 2.0
+    assert restart_delay([now - 120, now - 61], now) == 0.5  # older than a minute: no burst
+
+
+def test_it_caps_the_restart_delay_at_thirty_seconds() -> None:
+    now = 10_000.0
+    assert restart_delay([now - i for i in range(20)], now) == supervisor.MAX_DELAY_S == 30.0
+
+
+def test_it_gives_up_only_after_thirty_deaths_in_ten_minutes() -> None:
+    now = 10_000.0
+    deaths = [now - 590 + i * 19 for i in range(supervisor.GIVE_UP_AFTER)]
+    assert restart_delay(deaths[:-1], now) is not None
+    assert restart_delay(deaths, now) is None
+    assert restart_delay([t - 20 for t in deaths], now) is not None  # the oldest expired
+
+
+def test_it_prints_a_generated_password_only_on_a_terminal(tmp_path: Path) -> None:
+    out = _Terminal()
+    announce_admin(AdminLogin("admin", "s3cret-generated", generated=True), tmp_path, out)
+    assert "admin / s3cret-generated" in out.getvalue()
+    assert not (tmp_path / ADMIN_PASSWORD_FILE).exists()
+
+
+def test_it_puts_a_generated_password_in_an_owner_only_file_when_output_is_a_log(
+    tmp_path: Path,
+) -> None:
+    out = io.StringIO()
+    announce_admin(AdminLogin("admin", "s3cret-generated", generated=True), tmp_path, out)
+    path = tmp_path / ADMIN_PASSWORD_FILE
+    assert "s3cret-generated" not in out.getvalue()
+    assert str(path) in out.getvalue()
+    assert path.read_text() == "s3cret-generated\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_it_never_shows_a_password_the_operator_gave(tmp_path: Path) -> None:
+    out = _Terminal()
+    announce_admin(AdminLogin("root", "from-the-env-1", generated=False), tmp_path, out)
+    assert "from-the-env-1" not in out.getvalue()
+    assert "root (password from FAULTLINE_ADMIN_PASSWORD)" in out.getvalue()
+    assert not (tmp_path / ADMIN_PASSWORD_FILE).exists()
+
+
+@slow
 def test_it_shows_a_real_agents_eight_gpus_through_the_rest_api(service):
     service.start_agent("node-api")
 
@@ -28,6 +100,7 @@ def test_it_shows_a_real_agents_eight_gpus_through_the_rest_api(service):
     assert any(a["node"] == "node-api" and a["batches"] >= 1 for a in agents)
 
 
+@slow
 def test_it_refuses_the_api_to_anonymous_callers(service):
     import urllib.error
     import urllib.request
@@ -37,6 +110,7 @@ def test_it_refuses_the_api_to_anonymous_callers(service):
     assert err.value.code == 401
 
 
+@slow
 def test_it_names_the_busy_port_and_the_flag_to_change_it(tmp_path: Path):
     import socket
 
@@ -57,6 +131,7 @@ def test_it_names_the_busy_port_and_the_flag_to_change_it(tmp_path: Path):
     )
 
 
+@slow
 def test_it_stops_every_child_and_reuses_its_data_on_the_next_start(tmp_path: Path):
     first = start_service(tmp_path)
     token = first.token("node-keep")
@@ -78,6 +153,7 @@ def test_it_stops_every_child_and_reuses_its_data_on_the_next_start(tmp_path: Pa
         assert stop_service(second) == 0
 
 
+@slow
 def test_it_revives_its_embedded_valkey_and_keeps_serving(tmp_path: Path):
     import json
     import os
@@ -105,3 +181,61 @@ def test_it_revives_its_embedded_valkey_and_keeps_serving(tmp_path: Path):
         )
     finally:
         assert stop_service(svc) == 0
+
+
+@slow
+def test_it_keeps_the_given_admin_password_out_of_up_log(service):
+    log = service.log.read_text()
+    assert f"first admin login: {ADMIN[0]} (password from FAULTLINE_ADMIN_PASSWORD)" in log
+    assert ADMIN[1] not in log
+
+
+@slow
+def test_it_refuses_a_password_that_fails_django_validation(service):
+    out = subprocess.run(
+        [str(BIN / "faultline"), "user", "create", "shorty", "--role", "viewer",
+         "--password", "short", "--data-dir", str(service.data_dir)],
+        env=service_env(service.data_dir), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stdout.strip() == (
+        "faultline: password refused for shorty: "
+        "This password is too short. It must contain at least 8 characters."
+    )
+    with pytest.raises(urllib.error.HTTPError) as err:
+        service.api("/api/v1/nodes/", auth=("shorty", "short"))
+    assert err.value.code in (401, 403)
+    service.cli("user", "create", "longer", "--role", "viewer", "--password", "long-enough-1")
+    assert "results" in service.api("/api/v1/nodes/", auth=("longer", "long-enough-1"))
+
+
+@slow
+def test_it_writes_a_generated_admin_password_to_a_0600_file_and_not_to_up_log(
+    tmp_path: Path,
+) -> None:
+    env = service_env(tmp_path)
+    del env["FAULTLINE_ADMIN_PASSWORD"]
+    port, ws_port = free_port(), free_port()
+    log = tmp_path / "up.log"
+    proc = subprocess.Popen(
+        [str(BIN / "faultline"), "up", "--port", str(port), "--ws-port", str(ws_port),
+         "--data-dir", str(tmp_path), "--workers", "1", "--worker-concurrency", "1"],
+        env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        start_new_session=True,
+    )  # fmt: skip
+    svc = Service(f"http://127.0.0.1:{port}", port, ws_port, tmp_path, proc, log)
+    try:
+        wait_for(lambda: svc.api("/readyz", auth=("-", "-"))["ready"], 90, "faultline up")
+        path = tmp_path / ADMIN_PASSWORD_FILE
+        password = path.read_text().strip()
+        assert len(password) >= 12
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        wait_for(lambda: "console at" in log.read_text(), 10, "the banner in up.log")
+        text = log.read_text()
+        assert password not in text
+        assert f"first admin login: {ADMIN[0]}, password in {path} (mode 0600)" in text
+        assert "results" in svc.api("/api/v1/nodes/", auth=(ADMIN[0], password))
+    finally:
+        assert stop_service(svc) == 0
+    assert not (tmp_path / "runtime.json").exists()
+    assert os.path.exists(tmp_path / ADMIN_PASSWORD_FILE)  # kept until the operator deletes it

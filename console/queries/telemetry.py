@@ -1,4 +1,11 @@
-"""Reads for pages, the API and live payloads, with their joins baked in (no N+1)."""
+"""The console's one read of ingest's telemetry tables: charts, timelines, snapshots, serving.
+
+Every read in `console` of a table `ingest` owns (steps, collectives, processes,
+checkpoints, transitions, serving windows, device events, contract violations, agent
+bookkeeping, the step-bin rollups) lives here, so this is the only console module that
+imports `ingest` (an import-linter contract holds it). Reads are bounded by time and walk
+the telemetry indexes; chart reads aggregate in Postgres. Must not write.
+"""
 
 from __future__ import annotations
 
@@ -6,73 +13,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, Q, QuerySet
+from django.db.models import QuerySet
 
-from console import events
-from console.models import ConsistencyGroup, Device, Incident, Node, Rank
+from console import charts
+from console.models import ConsistencyGroup
 from ingest import models as m
 from ingest import step_bins
 
-
-def groups_on_nodes(names: list[str]) -> list[str]:
-    return list(
-        Rank.objects.filter(node__name__in=names).values_list("group__name", flat=True).distinct()
-    )
-
-
-def groups_overview() -> QuerySet[ConsistencyGroup]:
-    return ConsistencyGroup.objects.annotate(
-        # distinct: the ranks join repeats every incident once per rank.
-        open_incidents=Count("incidents", filter=~Q(incidents__state="resolved"), distinct=True),
-        rank_count=Count("ranks", distinct=True),
-    ).order_by("name")
-
-
-def open_incidents() -> QuerySet[Incident]:
-    return Incident.objects.exclude(state="resolved").select_related("group")
-
-
-def node_payloads(
-    names: list[str] | None = None, labels: dict[str, str] | None = None
-) -> list[events.NodePayload]:
-    """Node cards for the fleet grid and its live pushes, in two flat queries.
-
-    No model instances: at 2,048 nodes x 8 GPUs, building Device models and decoding every
-    `last_sample` costs more than the page; this reads just the fields the grid shows.
-    """
-    nodes = Node.objects.order_by("name")
-    if names is not None:
-        nodes = nodes.filter(name__in=names)
-    if labels:
-        nodes = nodes.filter(labels__contains=labels)
-    rows = list(nodes.values("pk", "name", "health", "last_seen", "quarantined", "cordoned"))
-    devices: dict[int, list[Any]] = {r["pk"]: [] for r in rows}
-    sample = ("temp_c", "power_w", "util_pct", "sm_clock_mhz", "throttle_reasons")
-    qs = Device.objects.filter(node__in=nodes).order_by("node_id", "index")
-    for d in qs.values(
-        "node_id", "uuid", "index", "health", *[f"last_sample__{k}" for k in sample]
-    ):
-        devices[d["node_id"]].append(
-            {
-                "uuid": d["uuid"],
-                "index": d["index"],
-                "health": d["health"],
-                **{k: d[f"last_sample__{k}"] for k in sample},
-                "throttle_reasons": d["last_sample__throttle_reasons"] or [],
-            }
-        )
-    return [
-        {
-            "name": r["name"],
-            "health": r["health"],
-            "last_seen": r["last_seen"].isoformat() if r["last_seen"] else None,
-            "quarantined": r["quarantined"],
-            "cordoned": r["cordoned"],
-            "devices": devices[r["pk"]],
-        }
-        for r in rows
-    ]
-
+# The model console.api.serializers describes agents with (a ModelSerializer needs it).
+AgentState = m.AgentState
 
 # -- group page -----------------------------------------------------------------------------
 # Chart reads aggregate in Postgres: a 16k-rank group holds ~1M step rows per 10 minutes,
@@ -81,6 +30,8 @@ def node_payloads(
 CHART_WINDOW = timedelta(minutes=10)
 SLOWEST_RANKS = 8
 HIST_RESOLUTION = step_bins.HIST_RESOLUTION
+# The charts' time bins are whole step-bin rollup buckets of this many seconds.
+STEP_BUCKET_S = step_bins.BUCKET_S
 
 # The heatmap cells (rank bin x time bin: slowest, mean and count) and a log-scale
 # step-time histogram per time bin, from which console.charts reads percentiles (within
@@ -150,15 +101,6 @@ GROUP BY rank ORDER BY 2 DESC LIMIT %(limit)s
 """
 
 
-def group_page(name: str) -> ConsistencyGroup:
-    """The group with its open-incident and rank counts (raises DoesNotExist)."""
-    return groups_overview().get(name=name)
-
-
-def group_incidents(group: ConsistencyGroup, limit: int = 50) -> list[Incident]:
-    return list(group.incidents.select_related("assignee").order_by("-opened_at")[:limit])
-
-
 def group_transitions(group: ConsistencyGroup, limit: int = 200) -> list[dict[str, Any]]:
     """The newest `limit` state transitions, oldest first (stale writers excluded)."""
     rows = (
@@ -215,8 +157,6 @@ def step_aggregates(
     Returns aggregated rows only (at most rank bins x grid.bins cells plus a histogram),
     with time bins as indexes of `grid`; nothing here loops over step rows.
     """
-    from console import charts
-
     origin = datetime.fromtimestamp(grid.start, UTC)
     # Rollup buckets [lo, hi) inside the window; raw rows before lo and from hi on.
     lo = hi = origin
@@ -254,3 +194,185 @@ def step_aggregates(
         slowest = cur.fetchall()
     percentiles = charts.histogram_percentiles(hist, resolution=HIST_RESOLUTION)
     return {"cells": cells, "percentiles": percentiles, "slowest": slowest}
+
+
+# -- agents ---------------------------------------------------------------------------------
+
+
+def agents() -> QuerySet[AgentState]:
+    """Every agent's bookkeeping (sequence, gaps, spool), by node then agent id."""
+    return AgentState.objects.select_related("node").order_by("node__name", "agent_id")
+
+
+# -- serving --------------------------------------------------------------------------------
+# JSON fields of the windows are cast in SQL, so a page costs a few indexed queries however
+# many windows a fleet reports.
+
+_SERVING_SERIES = """
+SELECT date_trunc('minute', ts) AS minute,
+       sum(coalesce(("window"->>'slo_met')::bigint, 0)) AS met,
+       sum(coalesce(("window"->>'requests')::bigint, 0)) AS requests,
+       sum(coalesce(("window"->>'seconds')::float, 0))
+         / greatest(count(DISTINCT worker), 1) AS secs,
+       max(("window"->>'ttft_ms_p99')::float) AS ttft_p99,
+       max(("window"->>'tpot_ms_p99')::float) AS tpot_p99
+FROM ingest_servingwindow
+WHERE group_id = %s AND ts >= %s
+GROUP BY 1 ORDER BY 1
+"""
+
+_SERVING_VERSIONS = """
+SELECT coalesce(model_version, '?') AS version,
+       sum(coalesce(("window"->>'requests')::bigint, 0)) AS requests,
+       sum(coalesce(("window"->>'slo_met')::bigint, 0)) AS met,
+       count(DISTINCT worker) AS workers,
+       min(ts) AS first_seen, max(ts) AS last_seen
+FROM ingest_servingwindow
+WHERE group_id = %s AND ts >= %s
+GROUP BY 1 ORDER BY min(ts)
+"""
+
+
+def serving_minutes(group: ConsistencyGroup, since: datetime) -> list[tuple[Any, ...]]:
+    """Per minute since `since`: (minute, slo_met, requests, seconds per worker, worst
+    ttft p99, worst tpot p99)."""
+    with connection.cursor() as cur:
+        cur.execute(_SERVING_SERIES, [group.pk, since])
+        return list(cur.fetchall())
+
+
+def serving_versions(group: ConsistencyGroup, since: datetime) -> list[tuple[Any, ...]]:
+    """Per model version since `since`, oldest first: (version, requests, slo_met, workers,
+    first seen, last seen)."""
+    with connection.cursor() as cur:
+        cur.execute(_SERVING_VERSIONS, [group.pk, since])
+        return list(cur.fetchall())
+
+
+# -- diagnosis snapshots --------------------------------------------------------------------
+# Contract-shaped dicts (the `kind` and field names of agents.protocol) for
+# console.snapshots. Each query is bounded by time and, where a table grows per rank, takes
+# just the newest row per rank (DISTINCT ON), so a 16k-rank group costs a handful of
+# indexed queries, not one per rank.
+
+STEP_WINDOW = timedelta(minutes=10)
+EVENT_WINDOW = timedelta(minutes=30)
+HISTORY_WINDOW = timedelta(hours=24)
+MAX_STEP_ROWS = 200_000
+
+_STEP_FIELDS = ["generation", "rank", "step", "tokens", "data_cursor", "duration_ms",
+                "phases", "loss", "grad_norm", "loss_scale", "overflow"]  # fmt: skip
+
+
+def _rows(
+    qs: QuerySet[Any], kind: str, fields: list[str], node_names: dict[int, str]
+) -> list[dict[str, Any]]:
+    out = []
+    for row in qs.values("ts", "node_id", *fields):
+        row["kind"] = kind
+        row["node"] = node_names.get(row.pop("node_id"))
+        out.append(row)
+    return out
+
+
+def group_records(
+    group: ConsistencyGroup, *, node_names: dict[int, str], now: datetime
+) -> list[dict[str, Any]]:
+    """The group's recent steps, collectives, exits, checkpoints, transitions and serving
+    windows, as records of the wire contract (`node` is the node's name)."""
+    gen = group.generation
+    records: list[dict[str, Any]] = []
+    current = m.StepRecord.objects.filter(group=group, generation=gen, stale=False)
+    steps = _rows(
+        current.filter(ts__gte=now - STEP_WINDOW).order_by("-ts")[:MAX_STEP_ROWS],
+        "step",
+        _STEP_FIELDS,
+        node_names,
+    )
+    # A rank hung for longer than the step window must stay in the snapshot with its last
+    # step, or the hang would vanish from diagnosis and its incident resolve by itself.
+    quiet = set(group.ranks.filter(generation=gen).values_list("rank", flat=True)) - {
+        row["rank"] for row in steps
+    }
+    if quiet:
+        steps += _rows(
+            current.filter(rank__in=quiet, ts__gte=now - HISTORY_WINDOW)
+            .order_by("rank", "-ts")
+            .distinct("rank"),
+            "step",
+            _STEP_FIELDS,
+            node_names,
+        )
+    records += steps
+    windows = (
+        m.CollectiveWindow.objects.filter(
+            group=group, generation=gen, stale=False, ts__gte=now - HISTORY_WINDOW
+        )
+        .order_by("rank", "-ts")
+        .distinct("rank")
+    )
+    collectives = _rows(windows, "collective", ["generation", "rank", "entries"], node_names)
+    for row in collectives:
+        for entry in row["entries"]:
+            if entry.get("started_ts"):
+                entry["started_ts"] = datetime.fromisoformat(entry["started_ts"])
+    records += collectives
+    # Exits and device events explain stops for as long as the stop lasts: keep a day.
+    procs = m.ProcessRecord.objects.filter(group=group, ts__gte=now - HISTORY_WINDOW, stale=False)
+    records += _rows(
+        procs,
+        "process",
+        ["generation", "rank", "event", "pid", "gpu", "exit_code", "signal", "reason",
+         "error_type"],
+        node_names,
+    )  # fmt: skip
+    ckpts = m.CheckpointRecord.objects.filter(group=group, ts__gte=now - HISTORY_WINDOW)
+    records += _rows(
+        ckpts,
+        "checkpoint",
+        ["generation", "checkpoint_id", "step", "phase", "manifest", "duration_ms", "detail"],
+        node_names,
+    )
+    transitions = m.TransitionRecord.objects.filter(
+        group=group, ts__gte=now - HISTORY_WINDOW, stale=False
+    )
+    records += _rows(
+        transitions,
+        "transition",
+        ["generation", "from_state", "to_state", "reason", "restart_count", "world_size",
+         "data_cursor", "model_version"],
+        node_names,
+    )  # fmt: skip
+    serving = (
+        m.ServingWindow.objects.filter(group=group, ts__gte=now - EVENT_WINDOW)
+        .order_by("worker", "-ts")
+        .distinct("worker")
+    )
+    records += _rows(
+        serving,
+        "serving",
+        ["generation", "worker", "model_version", "adapter_version", "kv_schema", "ready",
+         "draining", "window"],
+        node_names,
+    )  # fmt: skip
+    return records
+
+
+def device_events(
+    node_ids: set[int], *, node_names: dict[int, str], now: datetime
+) -> list[dict[str, Any]]:
+    """Device events of the last day on these nodes, as records."""
+    events = m.DeviceEvent.objects.filter(node_id__in=node_ids, ts__gte=now - HISTORY_WINDOW)
+    return _rows(
+        events, "device_event", ["gpu", "event", "code", "detail", "recovery_action"], node_names
+    )
+
+
+def contract_violations(group: ConsistencyGroup, now: datetime) -> list[dict[str, Any]]:
+    """The group's contract violations of the last EVENT_WINDOW, oldest first."""
+    return [
+        {"kind": c.kind, "subject": c.subject, "evidence": c.evidence, "ts": c.ts}
+        for c in m.ContractViolation.objects.filter(
+            group=group, ts__gte=now - EVENT_WINDOW
+        ).order_by("ts")
+    ]

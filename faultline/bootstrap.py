@@ -1,0 +1,256 @@
+"""Bringing the system up: what `faultline up`, `faultline demo` and the CLI's one-shot
+commands share before anything is supervised.
+
+Owns the data directory and its `runtime.json`, starting (or adopting) the embedded
+Postgres and Valkey and exporting their URLs, Django set-up and migrations, the first admin
+user and how its password is shown, and the four service children's command lines. `faultline
+drill` reaches all of this through a real `faultline up` child (faultline.testing.service).
+Must not run or restart processes (faultline.supervisor does) and must not parse arguments
+(faultline.cli does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from faultline import metrics_dir
+from faultline.embedded import Embedded, EmbeddedError, port_in_use, start_embedded
+
+# The generated first-admin password, when it cannot be shown on a terminal.
+ADMIN_PASSWORD_FILE = "admin-password"  # noqa: S105 - a file name, not a password
+
+
+class BootstrapError(RuntimeError):
+    """The system cannot come up (busy port, embedded server failed): exit 2 with this."""
+
+
+def data_dir(arg: str | None) -> Path:
+    """--data-dir, else FAULTLINE_DATA_DIR, else ./.faultline (absolute)."""
+    return Path(arg or os.environ.get("FAULTLINE_DATA_DIR") or Path.cwd() / ".faultline").resolve()
+
+
+def runtime_file(directory: Path) -> Path:
+    return directory / "runtime.json"
+
+
+def write_runtime(directory: Path, *, port: int, ws_port: int) -> None:
+    """What a running `faultline up`/`demo` is: pid, URLs and ports (tests and tools read it)."""
+    runtime_file(directory).write_text(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "DATABASE_URL": os.environ["DATABASE_URL"],
+                "REDIS_URL": os.environ["REDIS_URL"],
+                "port": port,
+                "ws_port": ws_port,
+            }
+        )
+    )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def prepare_env(directory: Path, *, adopt_running: bool) -> Embedded:
+    """Export DATABASE_URL/REDIS_URL: from the environment, from a running `faultline up`
+    (when `adopt_running`, for one-shot commands beside it), or from embedded servers."""
+    os.environ["FAULTLINE_DATA_DIR"] = str(directory)
+    runtime = runtime_file(directory)
+    if adopt_running and runtime.exists():
+        info = json.loads(runtime.read_text())
+        if _pid_alive(int(info.get("pid", 0))):
+            for key in ("DATABASE_URL", "REDIS_URL"):
+                if info.get(key):
+                    os.environ.setdefault(key, info[key])
+    emb = start_embedded(directory)
+    if emb.database_url:
+        os.environ["DATABASE_URL"] = emb.database_url
+    if emb.redis_url:
+        os.environ["REDIS_URL"] = emb.redis_url
+    return emb
+
+
+def django_setup() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "faultline.settings")
+    import django
+
+    django.setup()
+
+
+def migrate() -> None:
+    from django.core.management import call_command
+
+    call_command("migrate", interactive=False, verbosity=0)
+
+
+def close_db() -> None:
+    """Drop this process's connections: a supervisor holds none, so Postgres stops cleanly."""
+    from django.db import connections
+
+    connections.close_all()
+
+
+@contextlib.contextmanager
+def django_ready(data_dir_arg: str | None) -> Iterator[None]:
+    """For one-shot commands (token, user): database URLs, Django, migrations; then clean up."""
+    emb = prepare_env(data_dir(data_dir_arg), adopt_running=True)
+    try:
+        django_setup()
+        migrate()
+        yield
+    finally:
+        close_db()
+        emb.stop()
+
+
+@dataclass(frozen=True)
+class AdminLogin:
+    """The first admin that `ensure_admin` created; `generated` when we chose the password."""
+
+    username: str
+    password: str = field(repr=False)
+    generated: bool
+
+
+def ensure_admin() -> AdminLogin | None:
+    """Create the first admin unless a superuser exists; return who was created."""
+    from django.contrib.auth import get_user_model
+
+    user_model = get_user_model()
+    if user_model.objects.filter(is_superuser=True).exists():
+        return None
+    username = os.environ.get("FAULTLINE_ADMIN_USER", "admin")
+    given = os.environ.get("FAULTLINE_ADMIN_PASSWORD")
+    password = given or secrets.token_urlsafe(12)
+    user_model.objects.create_superuser(username=username, email="", password=password)
+    return AdminLogin(username, password, generated=not given)
+
+
+def announce_admin(login: AdminLogin, directory: Path, out: TextIO | None = None) -> None:
+    """Tell the operator how to log in, without writing a password into a log.
+
+    A generated password is printed once when `out` is a terminal; otherwise (output
+    redirected to a file such as up.log) it goes to `<data dir>/admin-password`, mode 0600,
+    and only that path is printed. A password from FAULTLINE_ADMIN_PASSWORD is never shown.
+    """
+    out = out or sys.stdout
+    if not login.generated:
+        print(
+            f"faultline: first admin login: {login.username} "
+            "(password from FAULTLINE_ADMIN_PASSWORD)",
+            file=out,
+        )
+    elif out.isatty():
+        print(f"faultline: first admin login (shown once): {login.username} / {login.password}",
+              file=out)  # fmt: skip
+    else:
+        path = write_admin_password(directory, login.password)
+        print(f"faultline: first admin login: {login.username}, password in {path} (mode 0600)",
+              file=out)  # fmt: skip
+
+
+def write_admin_password(directory: Path, password: str) -> Path:
+    """Write the password to a file only its owner can read (created 0600, never wider)."""
+    path = directory / ADMIN_PASSWORD_FILE
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(password + "\n")
+    return path
+
+
+def public_host(host: str) -> str:
+    """The host to print in URLs: a wildcard bind is reached on 127.0.0.1."""
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host  # noqa: S104
+
+
+@dataclass
+class System:
+    """A system that is up to the point of supervision: data dir, embedded servers, admin."""
+
+    data_dir: Path
+    embedded: Embedded
+    admin: AdminLogin | None
+    started: float
+    port: int
+    ws_port: int
+
+    def hand_over(self) -> None:
+        """Close our connections and write runtime.json: the supervisor takes over now."""
+        close_db()
+        write_runtime(self.data_dir, port=self.port, ws_port=self.ws_port)
+
+    def embedded_timings(self) -> str:
+        return ", ".join(f"{k} {v:.2f}s" for k, v in self.embedded.timings.items()) or "external"
+
+
+@contextlib.contextmanager
+def system_up(*, host: str, port: int, ws_port: int, data_dir_arg: str | None) -> Iterator[System]:
+    """Check ports, start or adopt the embedded servers, migrate, create the first admin.
+
+    Raises BootstrapError before anything is started if a port is busy or an embedded
+    server cannot start. On exit removes runtime.json and stops the embedded servers.
+    """
+    started = time.monotonic()
+    for busy, flag in ((port, "--port"), (ws_port, "--ws-port")):
+        if port_in_use(busy, host):
+            raise BootstrapError(f"port {busy} is already in use; choose another with {flag} N")
+    directory = data_dir(data_dir_arg)
+    try:
+        emb = prepare_env(directory, adopt_running=False)
+    except EmbeddedError as exc:
+        raise BootstrapError(str(exc)) from exc
+    os.environ["FAULTLINE_WS_PORT"] = str(ws_port)
+    metrics_dir.prepare(directory)  # the children share one Prometheus samples folder
+    try:
+        django_setup()
+        migrate()
+        admin = ensure_admin()
+        yield System(directory, emb, admin, started, port, ws_port)
+    finally:
+        runtime_file(directory).unlink(missing_ok=True)
+        emb.stop(force=True)
+
+
+def service_commands(
+    *, host: str, port: int, ws_port: int, workers: int, worker_concurrency: int, directory: Path
+) -> dict[str, list[str]]:
+    """The four children of the service: HTTP, websockets, Celery worker and beat."""
+    py = sys.executable
+    return {
+        "web": [
+            py, "-m", "gunicorn", "faultline.wsgi:application",
+            "--bind", f"{host}:{port}", "--workers", str(workers),
+            # Threads overlap a request's Postgres/Redis waits: same CPU per batch as sync
+            # workers, more batches/s than uvicorn here (docs/performance.md).
+            "--worker-class", "gthread", "--threads", "4",
+            "--graceful-timeout", "10", "--timeout", "60", "--log-level", "warning",
+        ],
+        "ws": [
+            py, "-m", "uvicorn", "faultline.asgi:application", "--host", host,
+            "--port", str(ws_port), "--lifespan", "off", "--log-level", "warning",
+        ],
+        "worker": [
+            py, "-m", "celery", "-A", "faultline", "worker", "--concurrency",
+            str(worker_concurrency), "--loglevel", "WARNING", "--without-heartbeat",
+            "--without-gossip", "--without-mingle",
+        ],
+        "beat": [
+            py, "-m", "celery", "-A", "faultline", "beat", "--loglevel", "WARNING",
+            "--schedule", str(directory / "celerybeat-schedule"),
+        ],
+    }  # fmt: skip

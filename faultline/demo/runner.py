@@ -1,0 +1,104 @@
+"""`faultline demo`: the service plus a simulated fleet that fails, live, through the real path.
+
+Owns the demo process: it brings the system up exactly like `faultline up`
+(faultline.bootstrap, the same supervisor and children), then adds one REAL
+`faultline-agent run --fake-gpus N` process per simulated node and one workload simulator
+(`python -m faultline.demo simulate PLAN`, faultline.demo.simulator) as children. It must
+not write to the database itself (only tokens, through ingest.auth, before the fleet
+starts) and must not hold diagnosis logic: what the console shows comes from the real
+pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agents.fake_nvml import CONTROL_ENV
+from faultline import bootstrap
+from faultline.embedded import free_port
+from faultline.supervisor import Supervisor
+
+BIN = Path(sys.executable).parent
+
+
+def _agent_command(server: str, token: str, node: str, state: Path, gpus: int) -> list[str]:
+    return [
+        str(BIN / "faultline-agent"), "run", "--server", server, "--token", token,
+        "--node", node, "--fake-gpus", str(gpus), "--state-dir", str(state),
+        "--config", str(state / "agent.toml"), "--checkpoint-root", str(state / "checkpoints"),
+        "--log-level", "WARNING",
+    ]  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    """`faultline demo`: like `up`, plus agents and the workload simulator as children."""
+    if args.nodes < 3:
+        print(f"faultline: --nodes {args.nodes} is too small; the demo needs at least 3")
+        return 2
+    args.ws_port = args.ws_port or args.port + 1
+    try:
+        with bootstrap.system_up(
+            host=args.host, port=args.port, ws_port=args.ws_port, data_dir_arg=args.data_dir
+        ) as system:
+            return _play(args, system)
+    except bootstrap.BootstrapError as exc:
+        print(f"faultline: {exc}")
+        return 2
+
+
+def _play(args: argparse.Namespace, system: bootstrap.System) -> int:
+    from ingest.auth import issue_token
+
+    nodes = [f"node-{i:03d}" for i in range(1, args.nodes + 1)]
+    tokens = {node: issue_token(node_name=node) for node in nodes}
+    demo_dir = system.data_dir / "demo"
+    # Each run starts from a clean fleet: old spools would replay yesterday's demo.
+    shutil.rmtree(demo_dir, ignore_errors=True)
+    control = demo_dir / "fake-nvml"
+    control.mkdir(parents=True)
+    server = f"http://{bootstrap.public_host(args.host)}:{args.port}"
+    commands = bootstrap.service_commands(
+        host=args.host, port=args.port, ws_port=args.ws_port, workers=args.workers,
+        worker_concurrency=args.worker_concurrency, directory=system.data_dir,
+    )  # fmt: skip
+    plan: dict[str, Any] = {
+        "nodes": {},
+        "gpus": args.gpus,
+        "schedule": args.schedule,
+        "seed": args.seed,
+        "control": str(control),
+    }
+    for node in nodes:
+        state = demo_dir / "agents" / node
+        (state / "checkpoints").mkdir(parents=True)
+        udp = free_port()
+        (state / "agent.toml").write_text(f"reporter_udp_port = {udp}\n")
+        commands[f"agent:{node}"] = _agent_command(server, tokens[node], node, state, args.gpus)
+        plan["nodes"][node] = {"state": str(state), "udp": udp}
+    (demo_dir / "plan.json").write_text(json.dumps(plan, indent=1))
+    commands["workload"] = [
+        sys.executable, "-m", "faultline.demo", "simulate", str(demo_dir / "plan.json"),
+    ]  # fmt: skip
+    system.hand_over()
+    env = dict(os.environ)
+    env[CONTROL_ENV] = str(control)
+    sup = Supervisor(commands, env)
+    sup.handle_signals()
+    print(f"faultline: demo ready in {time.monotonic() - system.started:.1f}s")
+    print(
+        f"faultline: {args.nodes} nodes x {args.gpus} fake GPUs, groups train-a, train-b, "
+        f"serve; fault schedule '{args.schedule}'"
+    )
+    if system.admin is not None:
+        bootstrap.announce_admin(system.admin, system.data_dir)
+    else:
+        print("faultline: log in with your existing admin account")
+    print(f"faultline: console at {server}/  (websockets on port {args.ws_port}); Ctrl-C stops")
+    return sup.serve()

@@ -1,0 +1,133 @@
+"""The child-process supervisor of `faultline up` and `faultline demo`.
+
+Owns running a set of named commands, restarting one that dies (the rules below, in
+`restart_delay`), reviving an embedded Valkey, and stopping every child on SIGTERM/SIGINT.
+Must not know what the children are (faultline.bootstrap builds the service's commands,
+faultline.demo adds agents and the workload) and must not touch the database.
+
+Restart rules: a child that dies is restarted after 0.5 s, doubling with each death in
+the last minute up to 30 s (a Redis blip crashes the Celery worker once; five blips must
+not take Faultline down). Only a child that died 30 times in ten minutes stops the whole
+service (exit 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from faultline.embedded import Embedded, EmbeddedError
+
+FIRST_DELAY_S = 0.5
+MAX_DELAY_S = 30.0
+BURST_WINDOW_S = 60.0
+GIVE_UP_AFTER = 30
+GIVE_UP_WINDOW_S = 600.0
+STOP_GRACE_S = 15.0
+TICK_S = 0.5
+
+
+def restart_delay(deaths: Sequence[float], now: float) -> float | None:
+    """Seconds to wait before restarting a child whose earlier restarts were at `deaths`
+    (monotonic times), or None when it has died too often and the service must stop."""
+    recent = [t for t in deaths if now - t < GIVE_UP_WINDOW_S]
+    if len(recent) >= GIVE_UP_AFTER:
+        return None
+    burst = sum(1 for t in recent if now - t < BURST_WINDOW_S)
+    return min(MAX_DELAY_S, FIRST_DELAY_S * 2**burst)
+
+
+class Supervisor:
+    """Runs the children, restarts one that dies with backoff, stops all on a signal.
+
+    An embedded Valkey that dies is restarted on its port first (`embedded`).
+    """
+
+    def __init__(
+        self,
+        commands: dict[str, list[str]],
+        env: dict[str, str],
+        embedded: Embedded | None = None,
+    ) -> None:
+        self.commands, self.env, self.embedded = commands, env, embedded
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.restarts: dict[str, list[float]] = {name: [] for name in commands}
+        self.due: dict[str, float] = {}
+        self.stopping = False
+
+    def start(self, name: str) -> None:
+        self.procs[name] = subprocess.Popen(self.commands[name], env=self.env)
+
+    def run(self) -> int:
+        """Start every child and keep them running until `stopping`; 1 if one gave up."""
+        for name in self.commands:
+            self.start(name)
+        while not self.stopping:
+            time.sleep(TICK_S)
+            self._revive_embedded()
+            now = time.monotonic()
+            for name, proc in list(self.procs.items()):
+                if self.stopping or proc.poll() is None:
+                    continue
+                if name not in self.due:
+                    delay = restart_delay(self.restarts[name], now)
+                    if delay is None:
+                        print(f"faultline: {name} died {GIVE_UP_AFTER} times in 10 min; stopping")
+                        self.stop()
+                        return 1
+                    self.restarts[name] = [
+                        *(t for t in self.restarts[name] if now - t < GIVE_UP_WINDOW_S),
+                        now,
+                    ]
+                    print(
+                        f"faultline: {name} exited with code {proc.returncode}; "
+                        f"restarting in {delay:.1f}s"
+                    )
+                    self.due[name] = now + delay
+                if now >= self.due[name]:
+                    del self.due[name]
+                    self.start(name)
+        return 0
+
+    def _revive_embedded(self) -> None:
+        if self.embedded is None:
+            return
+        try:
+            if self.embedded.revive_valkey():
+                print("faultline: embedded Valkey exited; restarted it on its port")
+        except EmbeddedError as exc:  # retried on the next tick
+            print(f"faultline: {exc}")
+
+    def handle_signals(self) -> None:
+        """SIGTERM and SIGINT end `serve` (install before announcing the service)."""
+
+        def on_signal(signum: int, frame: object) -> None:
+            self.stopping = True
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+    def serve(self) -> int:
+        """Run in the foreground until a signal, then stop every child; the exit code."""
+        sys.stdout.flush()
+        code = self.run()
+        self.stop()
+        return code
+
+    def stop(self) -> None:
+        """SIGTERM every child, wait up to STOP_GRACE_S in all, SIGKILL what is left."""
+        self.stopping = True
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,492 @@
+"""One batch's rows and live-state changes, collected per record and written in bulk.
+
+`BatchWriter` reads the groups and ranks a batch names (fencing each record against its
+group's generation), formats every record as a COPY line of its table, and folds the
+newest state per GPU, rank and group; `flush` then COPYs the rows and sends every
+live-state write in one multi-statement round trip. Must not commit or open transactions:
+`batch.ingest_batch` owns the transaction.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import msgspec
+from django.db import transaction
+from psycopg.types.json import Jsonb
+
+from agents import protocol as p
+from agents import xid
+from agents.gpu_health import CRITICAL, CRITICAL_EVENTS, sample_health
+from console.choices import ACTION_LIVE_STATES, GroupKind
+from console.models import ConsistencyGroup, Node
+from ingest import fencing
+from ingest.copytext import flag, num, text, when
+from ingest.copytext import json as cjson
+from ingest.models import ContractViolation
+from ingest.rawsql import from_row, send
+from ingest.scrub import scrub_text
+from ingest.store.fleet_card import NODE_CARD, node_card
+from ingest.store.live_state import (
+    ACTIONS_PENDING,
+    ACTIVITY_STEP,
+    ACTIVITY_UPDATE,
+    DEVICE_UPSERT,
+    EVENT_DEVICE_UPSERT,
+    GROUP_JSON,
+    GROUP_KIND,
+    GROUP_NAME,
+    GROUP_UPDATE,
+    GROUP_WRITTEN,
+    GROUPS_AND_RANKS,
+    GROUPS_AND_RANKS_LOCKED,
+    KIND_UPDATE,
+    NODE_UPDATE,
+    RANK_STATE,
+    RANK_UPSERT,
+    recent_activity,
+)
+from ingest.store.receipts import AGENT_UPDATE
+from ingest.store.tables import copy_rows
+
+# msgspec encodes contract Structs straight to JSON bytes, 5-10x faster than json.dumps of
+# their to_builtins() copies; the JSON is the same (omit_defaults, ISO times with "Z").
+_JSON = msgspec.json.Encoder()
+
+
+def _plain(struct: Any) -> Any:
+    return msgspec.to_builtins(struct) if struct is not None else None
+
+
+class BatchWriter:
+    """Collects rows and live-state changes for one batch, then writes them in bulk."""
+
+    def __init__(
+        self, *, node: Node, agent_id: str, now: datetime, shift: timedelta, want_card: bool
+    ) -> None:
+        self.node, self.agent_id, self.now, self.shift = node, agent_id, now, shift
+        self.node_id = node.pk
+        self.rows: dict[str, list[str]] = defaultdict(list)  # COPY text lines per table
+        self.node_cell = f"\t{self.node_id}\t"  # every row's node_id, between its neighbours
+        self.devices: dict[str, dict[str, Any]] = {}
+        self.device_events: dict[str, str] = {}
+        self.ranks: dict[tuple[str, int], dict[str, Any]] = {}
+        self.groups: dict[str, tuple[ConsistencyGroup, fencing.GroupView]] = {}
+        self.violations: list[fencing.Violation] = []
+        self.touched_groups: set[str] = set()
+        self.violation_count = 0
+        self.critical_events = 0
+        self.last_seen: datetime | None = None  # newest record time: when the node was alive
+        self.agent_update: dict[str, Any] = {}
+        self.existing_ranks: dict[tuple[str, int], dict[str, Any]] = {}
+        self.summary_changed: set[str] = set()
+        self.locked: set[str] = set()  # groups locked FOR UPDATE: their state may change
+        self.kind_read: dict[str, str] = {}
+        self.activity_read: dict[str, datetime | None] = {}
+        self.activity_written: dict[int, datetime] = {}
+        self.actions_pending = True
+        self.want_card = want_card  # read the node's fleet card in the last send
+        self.card: dict[str, Any] | None = None
+
+    # -- collection --------------------------------------------------------------------
+    def add(self, records: list[Any]) -> None:
+        self._load_groups(records)
+        handlers: dict[type[Any], Callable[[Any, datetime], None]] = {
+            p.Heartbeat: self._on_heartbeat,
+            p.DeviceSample: self._on_device_sample,
+            p.DeviceEvent: self._on_device_event,
+            p.Process: self._on_process,
+            p.Step: self._on_step,
+            p.Collective: self._on_collective,
+            p.Checkpoint: self._on_checkpoint,
+            p.Transition: self._on_transition,
+            p.Serving: self._on_serving,
+        }
+        shift = self.shift if self.shift else None
+        last_seen = self.last_seen
+        for rec in records:
+            ts = rec.ts if shift is None else rec.ts - shift
+            if last_seen is None or ts > last_seen:
+                last_seen = ts
+            handlers[type(rec)](rec, ts)
+        self.last_seen = last_seen
+
+    def _load_groups(self, records: list[Any]) -> None:
+        """Read the groups the batch names, creating new ones, and the live state of the
+        ranks it names: one round trip when the groups exist.
+
+        A batch that changes group state (a transition or a checkpoint) locks the group rows
+        FOR UPDATE (name order: no deadlocks), and so does creating a group. Steps, collectives and
+        serving windows take FOR KEY SHARE: they never wait for each other, so the thousands
+        of nodes of one job do not queue on their group's row, yet a transition still waits
+        for them and they for it, so fencing sees the generation that commits. They may
+        only move `last_activity` forward (`_groups`).
+        """
+        wanted: dict[str, str] = {}
+        ranks: set[tuple[str, int]] = set()
+        lock = False
+        for rec in records:
+            name = getattr(rec, "group", None)
+            if name is None:
+                continue
+            kind = GroupKind.SERVING if isinstance(rec, p.Serving) else GroupKind.TRAINING
+            if isinstance(rec, p.Transition | p.Checkpoint):
+                lock = True
+                if isinstance(rec, p.Transition):
+                    kind = wanted.get(name, GroupKind.UNKNOWN)
+            wanted.setdefault(name, kind)
+            if wanted[name] == GroupKind.UNKNOWN:
+                wanted[name] = kind
+            rank = getattr(rec, "rank", None)
+            if rank is not None:
+                ranks.add((name, rank))
+        if not wanted:
+            return
+        names = sorted(wanted)
+        rows = self._select_groups(names, ranks, lock=lock)
+        self.locked = set(names) if lock else set()
+        new_names: set[str] = set()
+        if len(rows) < len(names):
+            # Only the new rows are locked FOR UPDATE: upgrading a row this batch already
+            # holds FOR KEY SHARE could deadlock with another batch doing the same.
+            found = {row[GROUP_NAME] for row in rows}
+            missing = [
+                ConsistencyGroup(name=n, kind=wanted[n], state_since=self.now)
+                for n in names
+                if n not in found
+            ]
+            ConsistencyGroup.objects.bulk_create(missing, ignore_conflicts=True)
+            new_names = {g.name for g in missing}
+            rows = [*rows, *self._select_groups(sorted(new_names), set(), lock=True)]
+            self.locked |= new_names
+        for row in rows:
+            group = from_row(ConsistencyGroup, row)
+            if group.kind == GroupKind.UNKNOWN and wanted[group.name] != GroupKind.UNKNOWN:
+                group.kind = wanted[group.name]
+            view = fencing.GroupView(
+                name=group.name,
+                generation=group.generation,
+                fenced_at=group.state_since,
+                restart_count=group.restart_count,
+                data_cursor=group.data_cursor,
+                model_version=group.model_version,
+                last_checkpoint_step=group.last_checkpoint_step,
+                is_new=group.name in new_names and group.last_activity is None,
+                versions_seen=list(group.summary.get("versions_seen", [])),
+            )
+            self.groups[group.name] = (group, view)
+            self.activity_read[group.name] = group.last_activity
+            self.kind_read[group.name] = row[GROUP_KIND]
+
+    def _select_groups(
+        self, names: list[str], ranks: set[tuple[str, int]], *, lock: bool
+    ) -> list[Any]:
+        params = {"names": names, "ranks": sorted({r for _, r in ranks})}
+        with send(GROUPS_AND_RANKS_LOCKED if lock else GROUPS_AND_RANKS, params) as cur:
+            rows = cur.fetchall()
+            cur.nextset()
+            for gname, rank, *values in cur.fetchall():
+                self.existing_ranks[(gname, rank)] = dict(zip(RANK_STATE, values, strict=True))
+        return rows
+
+    def _fence(self, rec: Any, ts: datetime, *, is_transition: bool = False) -> bool:
+        """True when the record may move live state; flags stale writers."""
+        group, view = self.groups[rec.group]
+        self.touched_groups.add(group.name)
+        verdict = fencing.classify_generation(view, rec.generation, is_transition=is_transition)
+        if verdict == "stale":
+            violation = fencing.stale_violation(view, rec.__struct_config__.tag, rec.generation, ts)
+            if violation is not None:
+                self.violations.append(violation)
+            return False
+        if verdict == "ahead":
+            return False
+        if view.is_new:
+            view.generation = rec.generation
+            group.generation = rec.generation
+            view.is_new = False
+        group.last_activity = max(group.last_activity or ts, ts)
+        return True
+
+    def _on_heartbeat(self, rec: p.Heartbeat, ts: datetime) -> None:
+        return  # heartbeats only prove liveness (self.last_seen) and spool state
+
+    # Each handler appends one COPY text line in the column order of COLUMNS[table].
+    def _on_device_sample(self, rec: p.DeviceSample, ts: datetime) -> None:
+        self.rows["devicesample"].append(
+            f"{when(ts)}{self.node_cell}{text(rec.gpu)}\t{rec.index}\t{num(rec.temp_c)}\t"
+            f"{num(rec.power_w)}\t{num(rec.sm_clock_mhz)}\t{num(rec.mem_clock_mhz)}\t"
+            f"{num(rec.util_pct)}\t{num(rec.mem_used_bytes)}\t{num(rec.ecc_sbe)}\t"
+            f"{num(rec.ecc_dbe)}\t{num(rec.retired_or_remapped_pending)}\t"
+            f"{cjson(rec.throttle_reasons)}\t{num(rec.nvlink_errors)}\t{num(rec.pcie_replays)}\n"
+        )
+        # Only the newest sample per GPU becomes live state: turn it into a dict at flush.
+        self.devices[rec.gpu] = {"index": rec.index, "rec": rec, "ts": ts}
+
+    def _on_device_event(self, rec: p.DeviceEvent, ts: datetime) -> None:
+        self.rows["deviceevent"].append(
+            f"{when(ts)}{self.node_cell}{text(rec.gpu)}\t{text(rec.event)}\t{num(rec.code)}\t"
+            f"{text(scrub_text(rec.detail))}\t{text(rec.recovery_action)}\n"
+        )
+        if rec.event in CRITICAL_EVENTS:
+            self.critical_events += 1  # diagnose and push at once, whatever its class
+            # Only a hardware fault turns the GPU (and so its node) critical: an application
+            # Xid (13, 31, 43, 94...) leaves a healthy GPU (agents/xid.py decides).
+            if xid.is_hardware_fault(rec.event, rec.code, rec.recovery_action):
+                self.device_events[rec.gpu] = rec.event
+
+    def _on_step(self, rec: p.Step, ts: datetime) -> None:
+        applied = self._fence(rec, ts)
+        group, _ = self.groups[rec.group]
+        self.rows["steprecord"].append(
+            f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
+            f"{rec.rank}\t{rec.step}\t{rec.tokens}\t{num(rec.data_cursor)}\t"
+            f"{num(rec.duration_ms)}\t{cjson(rec.phases)}\t{num(rec.loss)}\t"
+            f"{num(rec.grad_norm)}\t{num(rec.loss_scale)}\t{flag(rec.overflow)}\n"
+        )
+        if applied:
+            entry = self._rank(group, rec.rank, rec.generation)
+            if entry.get("last_step") is None or rec.step >= entry["last_step"]:
+                entry.update(last_step=rec.step, last_step_at=ts)
+            if rec.data_cursor is not None:
+                entry["cursor_seen"] = [*entry.get("cursor_seen", []), rec.data_cursor]
+
+    def _on_collective(self, rec: p.Collective, ts: datetime) -> None:
+        applied = self._fence(rec, ts)
+        group, _ = self.groups[rec.group]
+        self.rows["collectivewindow"].append(
+            f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
+            f"{rec.rank}\t{cjson(rec.entries)}\n"
+        )
+        if applied:
+            self._rank(group, rec.rank, rec.generation)
+
+    def _on_process(self, rec: p.Process, ts: datetime) -> None:
+        applied = self._fence(rec, ts)
+        group, _ = self.groups[rec.group]
+        self.rows["processrecord"].append(
+            f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
+            f"{rec.rank}\t{text(rec.event)}\t{num(rec.pid)}\t{text(rec.gpu)}\t"
+            f"{num(rec.exit_code)}\t{num(rec.signal)}\t{text(scrub_text(rec.reason, limit=64))}\t"
+            f"{text(scrub_text(rec.error_type, limit=128))}\n"
+        )
+        if applied:
+            entry = self._rank(group, rec.rank, rec.generation)
+            entry["process_state"] = rec.event
+            if rec.gpu:
+                entry["gpu"] = rec.gpu
+
+    def _on_checkpoint(self, rec: p.Checkpoint, ts: datetime) -> None:
+        applied = self._fence(rec, ts)
+        group, view = self.groups[rec.group]
+        self.rows["checkpointrecord"].append(
+            f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
+            f"{text(rec.checkpoint_id)}\t{num(rec.step)}\t{text(rec.phase)}\t"
+            f"{cjson(rec.manifest)}\t{num(rec.duration_ms)}\t{text(scrub_text(rec.detail))}\n"
+        )
+        if applied:
+            violation = fencing.check_checkpoint_order(view, rec)
+            if violation:
+                self.violations.append(violation)
+            elif rec.phase == "committed" and rec.step is not None:
+                view.last_checkpoint_step = rec.step
+                group.last_checkpoint_step = rec.step
+
+    def _on_transition(self, rec: p.Transition, ts: datetime) -> None:
+        group, view = self.groups[rec.group]
+        self.violations.extend(fencing.check_transition(view, rec))
+        applied = self._fence(rec, ts, is_transition=True)
+        self.rows["transitionrecord"].append(
+            f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
+            f"{text(rec.from_state)}\t{text(rec.to_state)}\t"
+            f"{text(scrub_text(rec.reason, limit=64))}\t{num(rec.restart_count)}\t"
+            f"{num(rec.world_size)}\t{cjson(rec.topology)}\t{num(rec.data_cursor)}\t"
+            f"{text(rec.model_version)}\n"
+        )
+        if not applied:
+            return
+        if rec.generation > view.generation:
+            view.generation = group.generation = rec.generation
+            view.fenced_at = ts
+            view.versions_seen = []
+        group.state = rec.to_state
+        group.state_since = ts
+        if rec.restart_count is not None:
+            view.restart_count = group.restart_count = max(view.restart_count, rec.restart_count)
+        if rec.world_size is not None:
+            group.world_size = rec.world_size
+        if rec.topology is not None:
+            group.topology = _plain(rec.topology)
+        if rec.data_cursor is not None:
+            view.data_cursor = group.data_cursor = rec.data_cursor
+        if rec.model_version:
+            if view.model_version and view.model_version not in view.versions_seen:
+                view.versions_seen.append(view.model_version)
+            view.model_version = group.model_version = rec.model_version
+        group.summary = {**group.summary, "versions_seen": view.versions_seen[-20:]}
+        self.summary_changed.add(group.name)
+
+    def _on_serving(self, rec: p.Serving, ts: datetime) -> None:
+        group, view = self.groups[rec.group]
+        generation = rec.generation
+        if generation is None:
+            # A worker outside generation fencing (most serving stacks) follows the group.
+            generation, applied = view.generation, True
+            self.touched_groups.add(group.name)
+            group.last_activity = max(group.last_activity or ts, ts)
+        else:
+            applied = self._fence(rec, ts)
+        self.rows["servingwindow"].append(
+            f"{when(ts)}{self.node_cell}{group.pk}\t{generation}\t{flag(not applied)}\t"
+            f"{text(rec.worker)}\t{text(rec.model_version)}\t{text(rec.adapter_version)}\t"
+            f"{text(rec.kv_schema)}\t{flag(rec.ready)}\t{flag(rec.draining)}\t"
+            f"{cjson(rec.window)}\n"
+        )
+
+    def _rank(self, group: ConsistencyGroup, rank: int, generation: int) -> dict[str, Any]:
+        return self.ranks.setdefault((group.name, rank), {"generation": generation})
+
+    # -- writing -------------------------------------------------------------------------
+    def flush(self) -> None:
+        copy_rows(self.rows)
+        sql: list[str] = []
+        params: dict[str, Any] = {
+            "node": self.node_id, "now": self.now, "live": list(ACTION_LIVE_STATES),
+            **self.agent_update,
+        }  # fmt: skip
+        self._devices_and_node(sql, params)
+        self._ranks(sql, params)
+        self._groups(sql, params)
+        if self.agent_update:
+            sql.append(AGENT_UPDATE)
+        sql.append(ACTIONS_PENDING)
+        card = self.want_card or self.critical_events > 0
+        if card:
+            sql.append(NODE_CARD)
+        # The rows of the SELECTs, in order: actions pending, then the card.
+        selected: list[Any] = []
+        with send(";".join(sql), params) as cur:
+            while True:
+                if cur.description is not None:
+                    selected.append(cur.fetchone())
+                if not cur.nextset():
+                    break
+        self.actions_pending = bool(selected[0][0])
+        if card:
+            self.card = node_card(selected[1])
+        self._write_violations()
+        transaction.on_commit(lambda: recent_activity.update(self.activity_written))
+
+    def _devices_and_node(self, sql: list[str], params: dict[str, Any]) -> None:
+        """The GPUs this batch saw, then the node's health and last_seen (worst GPU's: the
+        node update runs after the GPU upserts, so it sees this batch's GPUs)."""
+        devices = []
+        for uuid, info in self.devices.items():
+            sample = _plain(info["rec"])
+            sample.pop("kind", None)
+            sample["ts"] = info["ts"].isoformat()
+            health = CRITICAL if uuid in self.device_events else sample_health(sample)
+            devices.append(
+                {"uuid": uuid, "index": info["index"], "sample": sample, "seen": sample["ts"],
+                 "health": health}
+            )  # fmt: skip
+        events_only = [u for u in self.device_events if u not in self.devices]
+        params.update(
+            devices=Jsonb(devices, dumps=_JSON.encode),
+            events_only=Jsonb(events_only, dumps=_JSON.encode),
+            seen=self.last_seen,
+            touched=bool(devices or events_only),
+        )
+        if devices:
+            sql.append(DEVICE_UPSERT)
+        if events_only:
+            sql.append(EVENT_DEVICE_UPSERT)
+        sql.append(NODE_UPDATE)
+
+    def _ranks(self, sql: list[str], params: dict[str, Any]) -> None:
+        """Rank live state: a new generation resets the cursor; steps never go backwards
+        within one; every cursor the batch carries is checked against the one before."""
+        if not self.ranks:
+            return
+        out = []
+        for (gname, rank), entry in self.ranks.items():
+            old = self.existing_ranks.get((gname, rank))
+            generation = entry["generation"]
+            new_generation = old is None or old["generation"] != generation
+            last_step = None if old is None else old["last_step"]
+            last_step_at = None if old is None else old["last_step_at"]
+            cursor = None if new_generation or old is None else old["data_cursor"]
+            if "last_step" in entry and (
+                new_generation or last_step is None or entry["last_step"] >= last_step
+            ):
+                last_step, last_step_at = entry["last_step"], entry["last_step_at"]
+            for seen in entry.get("cursor_seen", []):
+                violation = fencing.check_rank_cursor(gname, rank, generation, cursor, seen)
+                if violation:
+                    self.violations.append(violation)
+                cursor = seen
+            out.append(
+                {"group_id": self.groups[gname][0].pk, "rank": rank, "generation": generation,
+                 "last_step": last_step, "last_step_at": last_step_at, "data_cursor": cursor,
+                 "process_state": entry.get("process_state", old and old["process_state"]),
+                 "gpu": entry.get("gpu", old and old["gpu"])}
+            )  # fmt: skip
+        params["ranks"] = Jsonb(out, dumps=_JSON.encode)
+        sql.append(RANK_UPSERT)
+
+    def _groups(self, sql: list[str], params: dict[str, Any]) -> None:
+        for i, (group, _view) in enumerate(self.groups.values()):
+            params[f"g{i}_id"] = group.pk
+            params[f"g{i}_last_activity"] = group.last_activity
+            if group.name not in self.locked:
+                # FOR KEY SHARE: write only what needs no lock to be right. A kind learned
+                # from this batch's records, once (an UPDATE takes the row lock until
+                # commit; a second writer re-checks `kind = 'unknown'` after it); activity
+                # once it moved a second past what this process last wrote.
+                if group.kind != self.kind_read.get(group.name):
+                    params[f"g{i}_kind"] = group.kind
+                    sql.append(KIND_UPDATE.replace("%(g_", f"%(g{i}_"))
+                now = group.last_activity
+                read, wrote = self.activity_read.get(group.name), recent_activity.get(group.pk)
+                was = max(filter(None, (read, wrote)), default=None)
+                if now is not None and (was is None or now - was >= ACTIVITY_STEP):
+                    sql.append(ACTIVITY_UPDATE.replace("%(g_", f"%(g{i}_"))
+                    self.activity_written[group.pk] = now
+                continue
+            for field_name in GROUP_WRITTEN:
+                value = getattr(group, field_name)
+                params[f"g{i}_{field_name}"] = Jsonb(value) if field_name in GROUP_JSON else value
+            params[f"g{i}_versions"] = (
+                Jsonb(group.summary.get("versions_seen", []))
+                if group.name in self.summary_changed
+                else None
+            )
+            sql.append(GROUP_UPDATE.replace("%(g_", f"%(g{i}_"))
+
+    def _write_violations(self) -> None:
+        seen: set[tuple[str, str, int]] = set()
+        rows = []
+        for v in self.violations:
+            key = (v.kind, v.subject, v.generation)
+            if key in seen:
+                continue  # one finding per batch per contract breach, not one per record
+            seen.add(key)
+            group_name = v.subject.split(":", 1)[1].split("/", 1)[0]
+            group = self.groups[group_name][0]
+            rows.append(
+                ContractViolation(
+                    ts=self.now,
+                    group=group,
+                    generation=v.generation,
+                    kind=v.kind,
+                    subject=v.subject,
+                    evidence=v.evidence,
+                    agent_id=self.agent_id,
+                )
+            )
+        if rows:
+            ContractViolation.objects.bulk_create(rows)
+        self.violation_count = len(rows)
