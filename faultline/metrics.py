@@ -98,7 +98,7 @@ def count_ingest(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespons
 
     wrapped.__name__ = view.__name__
     wrapped.__doc__ = view.__doc__
-    wrapped.csrf_exempt = getattr(view, "csrf_exempt", False)  # type: ignore[attr-defined]
+    wrapped.csrf_exempt = getattr(view, "csrf_exempt", False)  # type: ignore[attr-defined]  # Django's marker attribute
     return wrapped
 
 

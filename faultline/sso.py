@@ -18,11 +18,9 @@ import requests
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import SuspiciousOperation
-from django.db import transaction
 from django.utils import timezone
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
-from console.models import Membership
 from faultline.sso_config import ROLES, parse_role_map  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
@@ -115,29 +113,16 @@ class FaultlineOIDCBackend(OIDCAuthenticationBackend):
     def update_user(self, user: Any, claims: dict[str, Any]) -> Any:
         return self._apply(user, claims, created=False)
 
-    @transaction.atomic
     def _apply(self, user: Any, claims: dict[str, Any], *, created: bool) -> Any:
-        from console.remediation import audit
+        from console import actions
 
-        role = role_for(claims) or "viewer"  # never empty: verify_claims refused that
-        admin = role == "admin"
-        if user.is_staff != admin or user.is_superuser != admin:
-            user.is_staff = user.is_superuser = admin
-            user.save(update_fields=["is_staff", "is_superuser"])
-        Membership.objects.update_or_create(user=user, defaults={"role": role})
-        audit(
-            actor=user.get_username(),
-            verb="sso_login",
-            obj=user,
-            object_type="user",
-            reason=f"signed in through {settings.OIDC_ISSUER or 'the OpenID provider'} as {role}",
-            data={
-                "issuer": settings.OIDC_ISSUER,
-                "sub": str(claims["sub"])[:255],
-                "groups": groups_of(claims)[:50],
-                "role": role,
-                "created": created,
-            },
+        actions.record_sso_sign_in(
+            actor=user,
+            role=role_for(claims) or "viewer",  # never empty: verify_claims refused that
+            issuer=settings.OIDC_ISSUER,
+            sub=str(claims["sub"]),
+            groups=groups_of(claims),
+            created=created,
             now=timezone.now(),
         )
         return user
