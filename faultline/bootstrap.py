@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from faultline import dbroles
+from faultline import dbroles, metrics_dir
 from faultline.embedded import Embedded, EmbeddedError, port_in_use, start_embedded
 
 # The generated first-admin password, when it cannot be shown on a terminal.
@@ -215,6 +215,7 @@ def system_up(*, host: str, port: int, ws_port: int, data_dir_arg: str | None) -
     except EmbeddedError as exc:
         raise BootstrapError(str(exc)) from exc
     os.environ["FAULTLINE_WS_PORT"] = str(ws_port)
+    metrics_dir.prepare(directory)  # the children share one Prometheus samples folder
     try:
         django_setup()
         migrate()

@@ -80,6 +80,12 @@ class ThrottledLoginView(auth_views.LoginView):
 
     template_name = "login.html"
 
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        context["sso_name"] = settings.OIDC_PROVIDER_NAME if settings.OIDC_ENABLED else ""
+        context["sso_refused"] = self.request.GET.get("sso") == "refused"
+        return context
+
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         username = str(request.POST.get("username", ""))
         # Checked before the password: a guesser learns nothing, even from a right guess.

@@ -17,9 +17,11 @@ from faultline.env import (
     env_bool,
     env_int,
     env_list,
+    env_networks,
     env_secret,
     env_str,
 )
+from faultline.sso_config import ROLES, parse_role_map
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("FAULTLINE_DATA_DIR", str(Path.cwd() / ".faultline"))).resolve()
@@ -76,6 +78,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Outermost, so the latency it records covers every other middleware.
+    "faultline.metrics.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -181,6 +185,59 @@ LOGIN_REDIRECT_URL = "/"
 NOTIFY_ALLOW_PRIVATE = env_bool("FAULTLINE_NOTIFY_ALLOW_PRIVATE", False)
 LOGOUT_REDIRECT_URL = "/login/"
 
+# Single sign-on (OpenID Connect, faultline.sso); off unless FAULTLINE_OIDC_CLIENT_ID is set.
+# Local accounts keep working beside it: they are the break-glass way in.
+OIDC_ENABLED = bool(env_str("FAULTLINE_OIDC_CLIENT_ID"))
+OIDC_ISSUER = env_str("FAULTLINE_OIDC_ISSUER")
+OIDC_GROUPS_CLAIM = env_str("FAULTLINE_OIDC_GROUPS_CLAIM", "groups")
+OIDC_USERNAME_CLAIM = env_str("FAULTLINE_OIDC_USERNAME_CLAIM", "preferred_username")
+OIDC_DEFAULT_ROLE = env_str("FAULTLINE_OIDC_DEFAULT_ROLE")
+OIDC_PROVIDER_NAME = env_str("FAULTLINE_OIDC_PROVIDER_NAME", "single sign-on")
+try:
+    OIDC_ROLE_MAP = parse_role_map(env_list("FAULTLINE_OIDC_ROLE_MAP", []))
+except ValueError as exc:
+    raise ConfigError(str(exc)) from None
+if OIDC_DEFAULT_ROLE and OIDC_DEFAULT_ROLE not in ROLES:
+    raise ConfigError(
+        f"FAULTLINE_OIDC_DEFAULT_ROLE must be viewer, operator, approver or admin "
+        f"(or unset to refuse unmapped users), got {OIDC_DEFAULT_ROLE!r}"
+    )
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+if OIDC_ENABLED:
+    _oidc_missing = [
+        name
+        for name in (
+            "FAULTLINE_OIDC_CLIENT_SECRET",
+            "FAULTLINE_OIDC_AUTHORIZATION_ENDPOINT",
+            "FAULTLINE_OIDC_TOKEN_ENDPOINT",
+            "FAULTLINE_OIDC_USERINFO_ENDPOINT",
+            "FAULTLINE_OIDC_JWKS_URI",
+        )
+        if not (env_secret(name) if name.endswith("SECRET") else env_str(name))
+    ]
+    if _oidc_missing:
+        raise ConfigError(
+            f"FAULTLINE_OIDC_CLIENT_ID is set, so single sign-on is on, but "
+            f"{', '.join(_oidc_missing)} is not: see docs/operations.md (single sign-on)"
+        )
+    if not OIDC_ROLE_MAP and not OIDC_DEFAULT_ROLE:
+        raise ConfigError(
+            "single sign-on is on but FAULTLINE_OIDC_ROLE_MAP is empty: map IdP groups to "
+            "roles (e.g. sre=operator,sre-leads=approver) or set FAULTLINE_OIDC_DEFAULT_ROLE"
+        )
+    AUTHENTICATION_BACKENDS.insert(0, "faultline.sso.FaultlineOIDCBackend")
+    OIDC_RP_CLIENT_ID = env_str("FAULTLINE_OIDC_CLIENT_ID")
+    OIDC_RP_CLIENT_SECRET = env_secret("FAULTLINE_OIDC_CLIENT_SECRET")
+    OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("FAULTLINE_OIDC_AUTHORIZATION_ENDPOINT")
+    OIDC_OP_TOKEN_ENDPOINT = env_str("FAULTLINE_OIDC_TOKEN_ENDPOINT")
+    OIDC_OP_USER_ENDPOINT = env_str("FAULTLINE_OIDC_USERINFO_ENDPOINT")
+    OIDC_OP_JWKS_ENDPOINT = env_str("FAULTLINE_OIDC_JWKS_URI")
+    OIDC_RP_SIGN_ALGO = env_str("FAULTLINE_OIDC_SIGN_ALGO", "RS256")
+    OIDC_RP_SCOPES = env_str("FAULTLINE_OIDC_SCOPES", "openid email profile")
+    OIDC_USE_PKCE = env_bool("FAULTLINE_OIDC_USE_PKCE", True)
+    OIDC_TIMEOUT = 10
+    LOGIN_REDIRECT_URL_FAILURE = "/login/?sso=refused"
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
@@ -233,10 +290,20 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",  # served locally: the console works with no internet
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Plain Django views (POST /api/v1/ingest) documented from the wire contract itself.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "faultline.openapi.add_ingest",
+    ],
 }
 
 # Web serving: HTTP and websockets may sit on different ports (see README).
 FAULTLINE_WS_PORT = env_int("FAULTLINE_WS_PORT", 0, minimum=0)
+
+# /metrics (faultline.scrape): a Bearer token, or client addresses allowed without one.
+METRICS_TOKEN = env_secret("FAULTLINE_METRICS_TOKEN")
+METRICS_ALLOW_CIDRS = env_networks("FAULTLINE_METRICS_ALLOW_CIDRS")
+METRICS_MAX_GROUPS = env_int("FAULTLINE_METRICS_MAX_GROUPS", 500, minimum=1)
 
 # Ingest limits and diagnosis cadence.
 INGEST_RATE_PER_MIN = env_int("FAULTLINE_INGEST_RATE_PER_MIN", 600, minimum=1)

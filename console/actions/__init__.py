@@ -8,6 +8,7 @@ import this package (`from console import actions`); the submodules import each 
 never this package, so the package has no import cycles:
 
     audit, errors        the audit log writer; the refusals every verb raises
+    accounts             the role an SSO identity holds, set at each sign-in
     incidents            acknowledge, assign, comment (people)
     diagnosis            findings folded into incidents, settle and reopen (the engine)
     groups               a serving group's SLO overrides
@@ -26,6 +27,7 @@ needs, render anything, or import views, tasks or ingest.
 
 from __future__ import annotations
 
+from console.actions.accounts import record_sso_sign_in
 from console.actions.audit import actor_name, audit
 from console.actions.breaker import breaker_payload, set_breaker
 from console.actions.diagnosis import record_diagnosis
@@ -109,6 +111,7 @@ __all__ = [
     "record_action_result",
     "record_diagnosis",
     "record_repair_evidence",
+    "record_sso_sign_in",
     "return_to_service",
     "save_channel",
     "save_escalation_policy",

@@ -19,7 +19,7 @@ from agents import protocol as p
 from console import actions
 from console.models import Node
 from ingest.rawsql import send
-from ingest.store.errors import check_future, out_of_range
+from ingest.store.errors import check_future, check_shift, out_of_range
 from ingest.store.fleet_card import NODE_CARD, node_card
 from ingest.store.receipts import AGENT_DUPLICATE, agent_update, claim_receipt
 from ingest.store.writer import BatchWriter
@@ -83,6 +83,8 @@ def ingest_batch(
     skew = batch.sent_at - now
     shift = skew if abs(skew) > timedelta(seconds=5) else timedelta(0)
     check_future(batch, max_future_s)
+    if shift:
+        check_shift(batch, shift)
     # Raw psycopg throughout: map its errors to Django's (OperationalError -> 503 in the
     # view); a number out of range for its column becomes a 400 naming the record.
     with transaction.atomic(), connection.wrap_database_errors:
