@@ -13,7 +13,9 @@ never this package, so the package has no import cycles:
     groups               a serving group's SLO overrides
     fleet                node health, quarantine/cordon marks, GPU isolation
     gating, targets      inputs of the pure gates, read under the remediation lock
-    remediation          propose, vote, cancel, expire, dispatch, the agent's result
+    remediation          propose, vote, cancel, withdraw, expire, abandon, dispatch, the
+                         agent's result
+    proposals            the remediation policy's proposals and withdrawals
     breaker              the automation circuit breaker
     paging               silences, escalation policies, notification channels
     notifications        which pages are due; each delivered at most once
@@ -47,16 +49,20 @@ from console.actions.paging import (
     save_channel,
     save_escalation_policy,
 )
+from console.actions.proposals import cause_of_incident, remediate, remediate_group
 from console.actions.remediation import (
     Outcome,
+    abandon_action,
     agent_payload,
     cancel_action,
+    deadline_of,
     dispatch_action,
     dispatch_for_node,
     expire_actions,
     propose_action,
     record_action_result,
     vote_on_action,
+    withdraw_action,
 )
 
 __all__ = [
@@ -69,6 +75,7 @@ __all__ = [
     "Outcome",
     "RemediationError",
     "SloError",
+    "abandon_action",
     "acknowledge_incident",
     "actor_name",
     "agent_payload",
@@ -76,8 +83,10 @@ __all__ = [
     "audit",
     "breaker_payload",
     "cancel_action",
+    "cause_of_incident",
     "comment_on_incident",
     "create_silence",
+    "deadline_of",
     "delete_escalation_policy",
     "deliver",
     "dispatch_action",
@@ -90,6 +99,8 @@ __all__ = [
     "propose_action",
     "record_action_result",
     "record_diagnosis",
+    "remediate",
+    "remediate_group",
     "save_channel",
     "save_escalation_policy",
     "schedule_due",
@@ -97,4 +108,5 @@ __all__ = [
     "set_group_slo",
     "set_node_health",
     "vote_on_action",
+    "withdraw_action",
 ]
