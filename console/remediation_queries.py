@@ -10,7 +10,7 @@ from django.db.models import Count, Q, QuerySet
 
 from console.choices import UserRole
 from console.models import Action, AuditLog
-from console.policy.lifecycle import ActionState
+from console.policy.lifecycle import IN_FLIGHT_STATES, ActionState
 from console.roles import User, has_role
 
 
@@ -21,6 +21,20 @@ def proposed() -> QuerySet[Action]:
         .select_related("proposed_by", "node", "group")
         .order_by("proposed_at")
     )
+
+
+def in_flight() -> list[Action]:
+    """Dispatched actions the agent has not reported on, oldest first, with their deadline."""
+    from console.actions.remediation import deadline_of  # pure arithmetic over one setting
+
+    rows = list(
+        Action.objects.filter(state__in=IN_FLIGHT_STATES)
+        .select_related("node", "group")
+        .order_by("dispatched_at")[:200]
+    )
+    for a in rows:
+        a.deadline = deadline_of(a)  # type: ignore[attr-defined]
+    return rows
 
 
 def waiting_for(user: User) -> list[Action]:

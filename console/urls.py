@@ -21,5 +21,6 @@ from console import pages_remediation  # noqa: E402 - appended block, kept toget
 urlpatterns += [
     path("approvals/", pages_remediation.approvals, name="approvals"),
     path("approvals/<int:pk>/vote/", pages_remediation.vote, name="approvals-vote"),
+    path("approvals/<int:pk>/abandon/", pages_remediation.abandon, name="approvals-abandon"),
     path("audit/", pages_remediation.audit, name="audit"),
 ]
