@@ -23,6 +23,15 @@ def proposed() -> QuerySet[Action]:
     )
 
 
+def for_incident(incident_id: int) -> list[Action]:
+    """The actions proposed for an incident (the policy's and people's), newest first."""
+    return list(
+        Action.objects.filter(incident_id=incident_id)
+        .select_related("proposed_by", "node")
+        .order_by("-proposed_at", "-id")[:50]
+    )
+
+
 def in_flight() -> list[Action]:
     """Dispatched actions the agent has not reported on, oldest first, with their deadline."""
     from console.actions.remediation import deadline_of  # pure arithmetic over one setting

@@ -13,6 +13,7 @@ urlpatterns = [
     path("incidents/<int:pk>/acknowledge/", views.incident_acknowledge, name="incident-ack"),
     path("incidents/<int:pk>/assign/", views.incident_assign, name="incident-assign"),
     path("incidents/<int:pk>/comment/", views.incident_comment, name="incident-comment"),
+    path("incidents/<int:pk>/propose/", views.incident_propose, name="incident-propose"),
 ]
 
 # Remediation pages: the approvals queue and the read-only audit log.
