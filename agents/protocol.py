@@ -87,7 +87,7 @@ class DeviceSample(_Record, tag="device_sample"):
 # nvmlDeviceGetGpuRecoveryAction; Xid 154 reports each change). Names as in agents/xid.py
 # RECOVERY_ACTIONS; absent when the driver cannot say.
 RecoveryAction = Literal["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"]
-RECOVERY_ACTIONS: tuple[str, ...] = RecoveryAction.__args__  # type: ignore[attr-defined]
+RECOVERY_ACTIONS: tuple[str, ...] = RecoveryAction.__args__  # type: ignore[attr-defined]  # Literal aliases carry __args__ at run time; typeshed omits it
 # -- end Xid recovery action -----------------------------------------------------------
 
 

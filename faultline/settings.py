@@ -112,7 +112,7 @@ TEMPLATES = [
 _db = database_from_url(DATABASE_URL)
 if env_bool("FAULTLINE_DB_POOL", True):
     # Under ASGI, CONN_MAX_AGE leaks a connection per thread; the psycopg pool does not.
-    _db["OPTIONS"]["pool"] = {  # type: ignore[index]
+    _db["OPTIONS"]["pool"] = {  # type: ignore[index]  # OPTIONS is a dict[str, Any] the env reader built
         "min_size": 1,
         "max_size": env_int("FAULTLINE_DB_POOL_MAX", 8, minimum=1),
         "timeout": 10,

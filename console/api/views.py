@@ -97,7 +97,7 @@ class IncidentDetail(generics.RetrieveAPIView):
     def get_queryset(self) -> QuerySet[Any]:
         return Incident.objects.select_related("group").prefetch_related("alerts")
 
-    def get_serializer_context(self):  # type: ignore[no-untyped-def]
+    def get_serializer_context(self) -> dict[str, Any]:
         return {**super().get_serializer_context(), "symptom_limit": 10_000}
 
 

@@ -123,7 +123,7 @@ PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
 def _wait(check: object, timeout: float, what: str, slurm: Slurm | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
+        if check():
             return
         time.sleep(0.2)
     detail = slurm.logs() if slurm else ""
@@ -143,7 +143,7 @@ def start_slurm(*, timeout: float = 60) -> Slurm:
     os.chmod(root, 0o755)  # noqa: S103 -- munged (user munge) must traverse the root
     munge_dir = root / "munge"
     key = munge_dir / "munge.key"
-    subprocess.run([_which("mungekey"), "-c", "-f", "-k", str(key)], check=True)  # type: ignore[list-item]
+    subprocess.run([_which("mungekey"), "-c", "-f", "-k", str(key)], check=True)
     shutil.chown(munge_dir, "munge", "munge")
     shutil.chown(key, "munge", "munge")
     os.chmod(munge_dir, 0o700)

@@ -36,7 +36,7 @@ def pool(db: Any) -> list[Node]:
 
 
 @pytest.fixture
-def propose(cast: dict[str, Any], now: datetime):  # type: ignore[no-untyped-def]
+def propose(cast: dict[str, Any], now: datetime):
     """propose(target, kind="cordon_node", by="operator") -> Outcome."""
 
     def make(target: str, kind: str = "cordon_node", by: str = "operator", **kw: Any) -> Any:
@@ -53,7 +53,7 @@ def propose(cast: dict[str, Any], now: datetime):  # type: ignore[no-untyped-def
 
 
 @pytest.fixture
-def vote(cast: dict[str, Any], now: datetime):  # type: ignore[no-untyped-def]
+def vote(cast: dict[str, Any], now: datetime):
     def cast_vote(action_id: int, by: str, approve: bool = True, **kw: Any) -> Any:
         return actions.vote_on_action(
             action_id=action_id, actor=cast[by], approve=approve, now=kw.pop("at", now), **kw

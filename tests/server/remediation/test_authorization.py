@@ -65,7 +65,7 @@ ENDPOINTS: list[tuple[str, str, str, dict[str, Any] | None, set[str]]] = [
 
 
 @pytest.fixture
-def world(pool, cast, now):  # type: ignore[no-untyped-def]
+def world(pool, cast, now):
     action = actions.propose_action(
         kind="cordon_node", target="node:n-01", reason="xid 79", actor=cast["operator"], now=now
     ).action

@@ -14,7 +14,7 @@ from console.models import Action, AuditLog, ConsistencyGroup, Node
 pytestmark = pytest.mark.django_db
 
 
-def _approved(propose, vote, target, kind="cordon_node", **kw):  # type: ignore[no-untyped-def]
+def _approved(propose, vote, target, kind="cordon_node", **kw):
     action = propose(target, kind=kind, **kw).action
     return vote(action.pk, "approver").action
 

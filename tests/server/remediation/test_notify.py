@@ -51,7 +51,7 @@ class Receiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
-def remediation_now():  # type: ignore[no-untyped-def]
+def remediation_now():
     from django.utils import timezone
 
     return timezone.now()
@@ -66,7 +66,7 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture
-def incident(receiver: Receiver, now) -> Incident:  # type: ignore[no-untyped-def]
+def incident(receiver: Receiver, now) -> Incident:
     NotificationChannel.objects.create(name="hook", kind="webhook", url=receiver.url, secret=SECRET)
     EscalationPolicy.objects.create(
         name="critical", severities=["critical"], steps=[{"delay_s": 0, "channels": ["hook"]}]
@@ -83,7 +83,7 @@ def incident(receiver: Receiver, now) -> Incident:  # type: ignore[no-untyped-de
     )
 
 
-def _sweep_and_deliver(now, times: int = 1) -> list[str]:  # type: ignore[no-untyped-def]
+def _sweep_and_deliver(now, times: int = 1) -> list[str]:
     """Run the sweep, then deliver each enqueued send `times` times (Celery redelivery)."""
     enqueued = actions.schedule_due(now=now)
     statuses = []
@@ -162,7 +162,7 @@ def test_it_declares_retries_with_backoff_on_the_send_task():
     assert task.retry_backoff and task.max_retries == 10
 
 
-def _admin():  # type: ignore[no-untyped-def]
+def _admin():
     from console.accounts import create_user
 
     return create_user(username="silencer", role="admin", password="pw-silencer-123")
