@@ -201,7 +201,6 @@ def _is_latched_hardware(cause: Cause) -> bool:
 
 
 def _take_out(cause: Cause, pool: PoolPolicy) -> tuple[Proposal | None, str]:
-    base = {"evidence": dict(cause.evidence), "finding": cause.finding}
     why = f"{cause.kind} on {cause.subject}: {cause.summary}".strip(": ")
     if (
         cause.gpu
@@ -220,7 +219,8 @@ def _take_out(cause: Cause, pool: PoolPolicy) -> tuple[Proposal | None, str]:
                 trigger=_trigger(cause),
                 params=params,
                 incident=cause.incident,
-                **base,
+                evidence=dict(cause.evidence),
+                finding=cause.finding,
             ),
             "",
         )
@@ -235,7 +235,8 @@ def _take_out(cause: Cause, pool: PoolPolicy) -> tuple[Proposal | None, str]:
             trigger=_trigger(cause),
             params={"node": cause.node},
             incident=cause.incident,
-            **base,
+            evidence=dict(cause.evidence),
+            finding=cause.finding,
         ),
         "",
     )

@@ -37,7 +37,7 @@ def xid(**over: object) -> Cause:
         incident=9,
     )
     base.update(over)
-    return Cause(**base)  # type: ignore[arg-type]
+    return Cause(**base)  # type: ignore[arg-type]  # the overrides are Cause fields
 
 
 def test_it_drains_the_node_on_slurm_and_restarts_the_job_without_it() -> None:

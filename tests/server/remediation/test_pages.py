@@ -67,7 +67,7 @@ def test_it_sends_anonymous_visitors_to_the_login_page(client):
         assert response.status_code == 302 and response.url.startswith("/login/")
 
 
-def _in_flight(pool, propose, vote, now):  # type: ignore[no-untyped-def]
+def _in_flight(pool, propose, vote, now):
     from console import actions
 
     action = propose("node:n-04").action

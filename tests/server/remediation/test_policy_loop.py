@@ -12,7 +12,7 @@ from console.models import Action, AuditLog, ConsistencyGroup, Incident
 pytestmark = pytest.mark.django_db
 
 
-def _xid_incident(now, *, recovery=None, fp="fp-xid", kind="xid", evidence=None):  # type: ignore[no-untyped-def]
+def _xid_incident(now, *, recovery=None, fp="fp-xid", kind="xid", evidence=None):
     group = ConsistencyGroup.objects.get(name="llama")
     ev = {"code": 79, "takes_gpu_out": True, "node": "n-01", "gpu": "GPU-0001"}
     return Incident.objects.create(
@@ -88,7 +88,7 @@ def test_it_keeps_a_person_s_proposal_when_the_incident_resolves(pool, propose, 
     assert Action.objects.get(pk=mine.pk).state == "proposed"
 
 
-def _dispatched(propose, vote, pool, now):  # type: ignore[no-untyped-def]
+def _dispatched(propose, vote, pool, now):
     action = propose("node:n-04").action
     vote(action.pk, "approver")
     actions.dispatch_for_node(node=pool[4], now=now)
