@@ -32,7 +32,12 @@ BIN = Path(sys.executable).parent
 # hardware Xid inside the blast radius; restarting a group still waits for a human, so the
 # approvals page has something to decide.
 DEMO_POLICY = {
-    "gates": {"auto_approve": {"drain_node": ["xid"]}, "max_per_target": 5},
+    "gates": {
+        "auto_approve": {"drain_node": ["xid"]},
+        "max_nodes_out_per_pool": "34%",  # one of the 3-node demo's nodes, 5 of 16
+        "max_nodes_out_fleet": "34%",
+        "max_per_target": 5,
+    },
     "remediation": {"default": {"scheduler": "slurm", "take_out": "drain_node"}},
 }
 

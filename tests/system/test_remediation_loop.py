@@ -113,11 +113,13 @@ def _start_agent(svc: Service, slurm: Slurm, tmp: Path) -> subprocess.Popen[byte
     return proc
 
 
-def _group_records(node: str, start: datetime) -> list[dict[str, Any]]:
+def _group_records(node: str, start: datetime, job: str) -> list[dict[str, Any]]:
     gpu = fake_uuid(node, 0)
+    manifest = {"shards": [{"path": "rank0.pt", "bytes": 4096, "sha256": "ab" * 32}],
+                "total_bytes": 4096}  # fmt: skip
     records: list[dict[str, Any]] = [
         {"kind": "transition", "group": GROUP, "generation": 1, "from_state": "initializing",
-         "to_state": "running", "restart_count": 0, "world_size": 1, "job": "4242",
+         "to_state": "running", "restart_count": 0, "world_size": 1, "job": job,
          "ts": iso(start)},
         {"kind": "process", "group": GROUP, "generation": 1, "rank": 0, "event": "started",
          "pid": 100, "gpu": gpu, "ts": iso(start)},
@@ -127,6 +129,11 @@ def _group_records(node: str, start: datetime) -> list[dict[str, Any]]:
          "duration_ms": 1000.0, "loss": 2.5, "ts": iso(start + timedelta(seconds=s))}
         for s in range(8)
     ]  # fmt: skip
+    records.append(
+        {"kind": "checkpoint", "group": GROUP, "generation": 1, "checkpoint_id": "step-4",
+         "step": 4, "phase": "committed", "manifest": manifest,
+         "ts": iso(start + timedelta(seconds=4.5))}
+    )  # fmt: skip
     return records
 
 
@@ -141,8 +148,18 @@ def test_it_drains_the_node_on_slurm_after_a_hardware_xid_and_two_approvals(
         "the agent's node in the inventory",
     )
     token = svc.token(slurm.node)
+    submitted = slurm.run(
+        "sbatch", "--parsable", f"--chdir={tmp_path}", "--output=/dev/null", "--wrap", "sleep 300"
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+
+    def job_state() -> str:
+        return slurm.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip()
+
+    wait_for(lambda: job_state() == "RUNNING", 30, f"Slurm job {job} running")
     start = datetime.now(UTC) - timedelta(seconds=10)
-    _ingest(svc, token, slurm.node, _group_records(slurm.node, start))
+    _ingest(svc, token, slurm.node, _group_records(slurm.node, start, job))
     fault_at = datetime.now(UTC)
     _ingest(svc, token, slurm.node, [
         {"kind": "device_event", "gpu": fake_uuid(slurm.node, 0), "event": "xid", "code": 79,
@@ -182,5 +199,33 @@ def test_it_drains_the_node_on_slurm_after_a_hardware_xid_and_two_approvals(
     assert done["result"]["status"] == "succeeded", done["result"]
     assert f"faultline: {action['id']}" in json.dumps(done["result"])
     print(f"fault -> node out of service on Slurm: {(out_at - fault_at).total_seconds():.1f} s")
+
+    # The job stopped by the fault restarts from its checkpoint without the node: the
+    # policy proposes restart_group with the group's Slurm job id; a human approves.
+    def restart() -> dict[str, Any] | None:
+        rows = svc.api("/api/v1/actions/?state=proposed")["results"]
+        return next((a for a in rows if a["kind"] == "restart_group"), None)
+
+    again = wait_for(restart, 60, "the policy's restart_group proposal")
+    assert again["params"]["job"] == job and "step-4" in again["reason"]
+    _post(svc, f"/api/v1/actions/{again['id']}/approve/", {"reason": "from step-4"}, APPROVERS[0])
+    requeued = wait_for(
+        lambda: (a := svc.api(f"/api/v1/actions/{again['id']}/"))["state"] == "succeeded" and a,
+        60,
+        "the agent's requeue result",
+    )
+    requeued_at = datetime.now(UTC)
+    assert f"job {job}: RUNNING" in requeued["result"]["output"]
+    shown = slurm.run("scontrol", "show", "job", job, "-o").stdout
+    assert "Restarts=1" in shown
+    # One node, and it is drained: the requeued job waits for a node in service.
+    assert job_state() in ("PENDING", "REQUEUED", "COMPLETING"), job_state()
+    Path("test-artifacts/remediation-loop.json").write_text(
+        json.dumps({
+            "fault_to_out_of_service_s": (out_at - fault_at).total_seconds(),
+            "fault_to_job_requeued_s": (requeued_at - fault_at).total_seconds(),
+        })
+    )  # fmt: skip
     assert agent.poll() is None
+    slurm.run("scancel", "--quiet", job)
     slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=resume")
