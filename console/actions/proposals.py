@@ -24,7 +24,7 @@ from console.actions.remediation import propose_action, withdraw_action
 from console.choices import ACTION_LIVE_STATES, IncidentState
 from console.models import Action, Incident, Node
 from console.policy import remediation as rp
-from console.policy.lifecycle import ActionState
+from console.policy.lifecycle import ActionKind, ActionState
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,30 @@ def cause_of_incident(incident: Incident) -> rp.Cause:
     subject = incident.subject or str(head.get("subject") or "")
     node = str(evidence.get("node") or "") or _name_of(subject, "node")
     gpu = str(evidence.get("gpu") or "") or _name_of(subject, "gpu")
-    pool = ""
+    pool, node_out = "", False
     if node:
-        pool = Node.objects.filter(name=node).values_list("pool", flat=True).first() or ""
+        row = Node.objects.filter(name=node).values_list("pool", "cordoned", "quarantined")
+        found = row.first()
+        if found is not None:
+            pool, node_out = found[0] or "", bool(found[1] or found[2])
     group = incident.group
+    restarted = bool(
+        group
+        and Action.objects.filter(
+            kind=ActionKind.RESTART_GROUP,
+            group=group,
+            evidence__excluded=node or gpu or subject,
+        )
+        .exclude(
+            state__in=[
+                ActionState.REJECTED,
+                ActionState.FAILED,
+                ActionState.EXPIRED,
+                ActionState.CANCELLED,
+            ]
+        )
+        .exists()
+    )
     return rp.Cause(
         kind=incident.kind,
         subject=subject,
@@ -65,6 +85,8 @@ def cause_of_incident(incident: Incident) -> rp.Cause:
         group=group.name if group else None,
         job=(group.scheduler_job or None) if group else None,
         incident=incident.pk,
+        node_out=node_out,
+        restarted=restarted,
     )
 
 

@@ -142,6 +142,10 @@ class Cause:
     group: str | None = None
     job: str | None = None
     incident: int | None = None
+    # What already happened, so a root cause that outlives the action (device events stay
+    # in the diagnosis window; a new generation re-opens them) does not repeat it.
+    node_out: bool = False  # the node is already out of service
+    restarted: bool = False  # a restart without this node was already made for the group
 
 
 @dataclass(frozen=True)
@@ -281,12 +285,16 @@ def plan(
             )
     elif _is_latched_hardware(cause):
         out, note = _take_out(cause, pool)
-        if out is not None:
+        if out is not None and cause.node_out and out.kind != contract.ISOLATE_GPU:
+            notes.append(f"node {cause.node} is already out of service")
+        elif out is not None:
             proposals.append(out)
         if note:
             notes.append(note)
         if cause.group and pool.restart_after_hardware:
-            if safe is True and recovery.get("checkpoint") and cause.job:
+            if cause.restarted:
+                notes.append(f"{cause.group} was already restarted without {cause.node}")
+            elif safe is True and recovery.get("checkpoint") and cause.job:
                 without = cause.node or cause.gpu or cause.subject
                 proposals.append(
                     Proposal(

@@ -143,3 +143,10 @@ def test_it_withdraws_only_the_policys_proposals_whose_finding_resolved() -> Non
 def test_it_refuses_bad_settings(data: dict[str, object]) -> None:
     with pytest.raises(PolicyError):
         RemediationPolicy.from_dict(data)
+
+
+def test_it_does_not_repeat_what_already_happened_for_a_lingering_fault() -> None:
+    out = plan(xid(node_out=True, restarted=True), RemediationPolicy())
+    assert out.proposals == ()
+    assert any("already out of service" in n for n in out.notes)
+    assert any("already restarted" in n for n in out.notes)

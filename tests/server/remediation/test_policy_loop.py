@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from console import actions
-from console.models import Action, AuditLog, ConsistencyGroup, Incident
+from console.models import Action, AuditLog, ConsistencyGroup, Incident, Node
 
 pytestmark = pytest.mark.django_db
 
@@ -122,3 +122,15 @@ def test_it_lets_only_an_admin_abandon_a_dispatched_action(pool, propose, vote, 
     assert entry.actor == "admin" and "reimaged" in entry.reason
     with pytest.raises(actions.Conflict):
         actions.abandon_action(action_id=action.pk, actor=cast["admin"], reason="again", now=now)
+
+
+def test_it_does_not_drain_or_restart_again_in_the_next_generation(pool, now):
+    ConsistencyGroup.objects.filter(name="llama").update(scheduler_job="4242")
+    _xid_incident(now)
+    first = actions.remediate_group(group_name="llama", now=now)
+    assert len(first) == 2
+    Action.objects.filter(pk__in=first).update(state="succeeded")
+    Node.objects.filter(name="n-01").update(cordoned=True)
+    # The group restarted; the Xid is still in the window and re-opens under gen 4.
+    _xid_incident(now, fp="fp-xid-gen4")
+    assert actions.remediate_group(group_name="llama", now=now) == []
