@@ -104,6 +104,7 @@ class BatchWriter:
             p.Checkpoint: self._on_checkpoint,
             p.Transition: self._on_transition,
             p.Serving: self._on_serving,
+            p.ProcessGroups: self._on_process_groups,
         }
         shift = self.shift if self.shift else None
         last_seen = self.last_seen
@@ -260,6 +261,16 @@ class BatchWriter:
         self.rows["collectivewindow"].append(
             f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
             f"{rec.rank}\t{cjson(rec.entries)}\n"
+        )
+        if applied:
+            self._rank(group, rec.rank, rec.generation)
+
+    def _on_process_groups(self, rec: p.ProcessGroups, ts: datetime) -> None:
+        applied = self._fence(rec, ts)
+        group, _ = self.groups[rec.group]
+        self.rows["processgroupsrecord"].append(
+            f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
+            f"{rec.rank}\t{cjson(rec.groups)}\n"
         )
         if applied:
             self._rank(group, rec.rank, rec.generation)
