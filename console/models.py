@@ -464,3 +464,22 @@ class NotificationDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} to {self.channel} for incident {self.incident_id}"
+
+
+class ApiToken(models.Model):
+    """A user's API token, stored as its SHA-256 only: the token itself is shown once.
+
+    Anyone who reads this table (an admin, a backup, a replica) learns nothing they can act
+    with: authentication hashes the presented token and looks the hash up. `prefix` is the
+    token's first characters, enough to tell two tokens apart in a list, not to use one.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=64, blank=True, default="")
+    key_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=8)
+    created_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"token {self.prefix}… of user {self.user_id}"

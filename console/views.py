@@ -102,7 +102,8 @@ def _operator(request: HttpRequest) -> None:
 
 def _version(request: HttpRequest) -> int | None:
     raw = request.POST.get("version", "")
-    return int(raw) if raw.isdigit() else None
+    # isdigit() alone lets "²" through, which int() refuses (a 500): ASCII digits only.
+    return int(raw) if raw.isascii() and raw.isdigit() else None
 
 
 @login_required

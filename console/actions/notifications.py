@@ -14,6 +14,7 @@ import json
 import logging
 from datetime import datetime
 
+from django.conf import settings
 from django.db import transaction
 
 from console import scheduling
@@ -169,7 +170,13 @@ def deliver(*, incident_id: int, key: str, channel: str, event: str, now: dateti
         else:
             try:
                 body, headers = _request(target, notification(incident, event, key, now), now)
-                transport.send(target.url, body, headers, SEND_TIMEOUT_S)
+                transport.send(
+                    target.url,
+                    body,
+                    headers,
+                    SEND_TIMEOUT_S,
+                    allow_private=settings.NOTIFY_ALLOW_PRIVATE,
+                )
                 delivery.status, delivery.sent_at, delivery.detail = "sent", now, ""
             except transport.RetryableError as exc:
                 delivery.status, delivery.detail, retry = "retrying", str(exc)[:512], exc
