@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("console", "0005_group_slo"),
+        ("console", "0006_api_token_hashes"),
     ]
 
     operations = [
