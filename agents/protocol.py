@@ -118,6 +118,7 @@ class Process(_Record, tag="process"):
     signal: int | None = None
     reason: Code | None = None
     error_type: Annotated[str, Meta(max_length=128)] | None = None
+    job: Name | None = None  # the scheduler's job id (Slurm job id): restart_group's target
 
 
 class Phases(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
@@ -241,6 +242,7 @@ class Transition(_Record, tag="transition"):
     topology: Topology | None = None
     data_cursor: Count | None = None
     model_version: Name | None = None
+    job: Name | None = None  # the scheduler's job id (Slurm job id): restart_group's target
 
 
 class ServingWindowStats(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):

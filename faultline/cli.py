@@ -154,6 +154,17 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--json", dest="json_out", default=None, help="write results as JSON")
     drill.add_argument("--markdown", default=None, help="write results as a Markdown table")
     drill.add_argument("--data-dir", default=None, help="work directory (default: a temp dir)")
+    drill.add_argument(
+        "--remediation",
+        action="store_true",
+        help="the remediation drill: Xid -> node out of service on Slurm (real if present, "
+        "else a fake scontrol) -> job requeued; no PyTorch needed",
+    )
+    drill.add_argument(
+        "--fake-scheduler",
+        action="store_true",
+        help="--remediation on the fake scontrol even where a real Slurm could start",
+    )
     drill.set_defaults(func=cmd_drill)
 
     manage = sub.add_parser("manage", help="run a Django management command")

@@ -6,9 +6,12 @@ Postgres and Valkey and export those URLs before Django loads, so this module on
 
 from __future__ import annotations
 
+import json
 import secrets
 import sys
+import tomllib
 from pathlib import Path
+from typing import Any
 
 from agents.wire import MAX_BATCH_BYTES
 from faultline.env import (
@@ -319,6 +322,29 @@ FLEET_REPEAT_WINDOW_DAYS = env_int("FAULTLINE_REPEAT_WINDOW_DAYS", 7, minimum=1)
 # Operator overrides of the Xid catalog (agents/xid.py): a TOML or JSON file of
 # code -> {class, action, investigatory}; read once at startup (console/apps.py).
 XID_OVERRIDES_FILE = env_str("FAULTLINE_XID_OVERRIDES") or None
+
+
+def _remediation_file(path: str) -> dict[str, Any]:
+    """`FAULTLINE_REMEDIATION_POLICY`: a TOML or JSON file with `[gates]` (the safety gates,
+    console.policy.inputs.Policy) and `[remediation]` (per-pool remediation policy,
+    console.policy.remediation); both are validated where they are used, loudly."""
+    if not path:
+        return {}
+    text = Path(path).read_text()
+    data = json.loads(text) if path.endswith(".json") else tomllib.loads(text)
+    unknown = sorted(set(data) - {"gates", "remediation"})
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown section(s) {', '.join(unknown)}; known: gates, remediation"
+        )
+    return data
+
+
+_REMEDIATION = _remediation_file(env_str("FAULTLINE_REMEDIATION_POLICY"))
+FAULTLINE_REMEDIATION_POLICY = _REMEDIATION.get("gates") or {}
+FAULTLINE_REMEDIATION_POOLS = _REMEDIATION.get("remediation") or {}
+# A dispatched action whose agent reports nothing this long fails (docs/safety.md).
+FAULTLINE_ACTION_DEADLINE_S = env_int("FAULTLINE_ACTION_DEADLINE_S", 900, minimum=10)
 
 LOGGING = {
     "version": 1,

@@ -36,6 +36,7 @@ urlpatterns += [
     path("actions/<int:pk>/approve/", rem.ActionVote.as_view(approve=True), name="api-approve"),
     path("actions/<int:pk>/reject/", rem.ActionVote.as_view(approve=False), name="api-reject"),
     path("actions/<int:pk>/cancel/", rem.ActionCancel.as_view(), name="api-cancel"),
+    path("actions/<int:pk>/abandon/", rem.ActionAbandon.as_view(), name="api-abandon"),
     path("audit/", oversight.AuditList.as_view(), name="api-audit"),
     path("silences/", paging.SilenceList.as_view(), name="api-silences"),
     path("silences/<int:pk>/", paging.SilenceDetail.as_view(), name="api-silence"),

@@ -69,7 +69,7 @@ ON CONFLICT (group_id, rank) DO UPDATE SET node_id = EXCLUDED.node_id, gpu = EXC
 # versions seen are merged into it, and only when a transition changed them.
 GROUP_WRITTEN = (
     "kind", "state", "generation", "restart_count", "world_size", "topology", "data_cursor",
-    "model_version", "last_checkpoint_step", "state_since", "last_activity",
+    "model_version", "last_checkpoint_step", "state_since", "last_activity", "scheduler_job",
 )  # fmt: skip
 GROUP_JSON = {"topology"}
 _GROUP_SET = ", ".join(f"{f} = %(g_{f})s" for f in GROUP_WRITTEN)

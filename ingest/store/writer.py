@@ -301,6 +301,8 @@ class BatchWriter:
             entry["process_state"] = rec.event
             if rec.gpu:
                 entry["gpu"] = rec.gpu
+            if rec.job:
+                group.scheduler_job = rec.job
 
     def _on_checkpoint(self, rec: p.Checkpoint, ts: datetime) -> None:
         applied = self._fence(rec, ts)
@@ -341,6 +343,8 @@ class BatchWriter:
             view.restart_count = group.restart_count = max(view.restart_count, rec.restart_count)
         if rec.world_size is not None:
             group.world_size = rec.world_size
+        if rec.job:
+            group.scheduler_job = rec.job
         if rec.topology is not None:
             group.topology = _plain(rec.topology)
         if rec.data_cursor is not None:

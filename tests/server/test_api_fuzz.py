@@ -59,6 +59,7 @@ ACCESS: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/actions/{id}/approve/"): "approver",
     ("POST", "/api/v1/actions/{id}/reject/"): "approver",
     ("POST", "/api/v1/actions/{id}/cancel/"): "operator",
+    ("POST", "/api/v1/actions/{id}/abandon/"): "admin",
     ("POST", "/api/v1/actions/{id}/result"): "agent",
     ("GET", "/api/v1/agents/"): "viewer",
     ("GET", "/api/v1/agents/actions"): "agent",

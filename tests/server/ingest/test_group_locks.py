@@ -138,3 +138,14 @@ def test_a_batch_naming_a_new_group_does_not_wait_for_batches_of_the_existing_on
     assert out[0].status_code == 202, out[0].content
     new = ConsistencyGroup.objects.get(name="g-new-job")
     assert (new.kind, new.generation) == ("training", 1)
+
+
+def test_it_stores_the_schedulers_job_id_from_a_transition_or_a_process(post_batch):
+    post_batch(make_batch([_transition(1, job="4242")]))
+    assert ConsistencyGroup.objects.get(name=GROUP).scheduler_job == "4242"
+    post_batch(make_batch([_step(1, 1)]))  # a batch without a job id keeps it
+    assert ConsistencyGroup.objects.get(name=GROUP).scheduler_job == "4242"
+    process = {"kind": "process", "group": GROUP, "generation": 1, "rank": 0,
+               "event": "started", "job": "4343"}  # fmt: skip
+    post_batch(make_batch([_transition(1), process]))
+    assert ConsistencyGroup.objects.get(name=GROUP).scheduler_job == "4343"
