@@ -33,7 +33,7 @@ from typing import Any
 from agents.wire import Record
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
-SAMPLE_KINDS = frozenset({"device_sample", "heartbeat"})
+SAMPLE_KINDS = frozenset({"device_sample", "heartbeat", "net_sample", "host_sample"})
 
 
 def write_atomic(path: Path, data: bytes) -> None:
