@@ -10,6 +10,7 @@ Standard library only; it must not decide findings nor send anything itself.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -156,10 +157,8 @@ def read_psi(proc_root: str | Path, resource: str) -> dict[str, float]:
         for f in fields:
             key, _, value = f.partition("=")
             if key == "avg10":
-                try:
+                with contextlib.suppress(ValueError):
                     out[kind] = min(100.0, max(0.0, float(value)))
-                except ValueError:
-                    pass
     return out
 
 

@@ -14,6 +14,7 @@ reader falls back to `journalctl -k -o json -f`, and without that it says so onc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -279,10 +280,8 @@ class KernelLog:
             why = f"{self.path}: {exc.strerror} (needs CAP_SYSLOG or root)"
         if fd >= 0:
             self.source = "kmsg"
-            try:
-                os.lseek(fd, 0, os.SEEK_END)  # SEEK_END on /dev/kmsg: only new records
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):  # SEEK_END on /dev/kmsg: only new records
+                os.lseek(fd, 0, os.SEEK_END)
             self._emit(self._kmsg(fd))
             os.close(fd)
             return
@@ -294,8 +293,8 @@ class KernelLog:
                 stderr=subprocess.DEVNULL,
                 text=True,
             )
-            assert self._proc.stdout is not None
-            self._emit(parse_journal_record(line) for line in self._proc.stdout)
+            lines = self._proc.stdout or ()
+            self._emit(parse_journal_record(line) for line in lines)
             return
         log.warning("kernel log unavailable (%s; no journalctl): no kernel evidence", why)
 
