@@ -105,6 +105,10 @@ class FakeHost:
         pressure = self.proc_root / "pressure"
         pressure.mkdir(parents=True, exist_ok=True)
         self._psi(0.0)
+        # The checkpoint roots live on a fake NVMe disk (host_sample names it).
+        (self.proc_root / "mounts").write_text(
+            "/dev/nvme0n1p2 / ext4 rw,relatime 0 0\n/dev/nvme1n1 /ckpt xfs rw,noatime 0 0\n"
+        )
         (self.proc_root / "meminfo").write_text(
             "MemTotal:       2113488896 kB\nMemFree:        1000000000 kB\n"
             "SwapTotal:       8388604 kB\nSwapFree:        8388604 kB\n"

@@ -50,6 +50,12 @@ _WHAT = {
 LINK_COUNTERS = ("link_downed", "link_error_recovery", "carrier_changes")
 
 
+def _lead(moved: dict[str, int]) -> str | None:
+    """The counter to cite: the link's own (a flap) before error counts, then the largest."""
+    flap = [c for c in LINK_COUNTERS if moved.get(c)]
+    return flap[0] if flap else max(moved, key=lambda k: moved[k]) if moved else None
+
+
 def _node_ranks(ctx: Context, node: str | None) -> list[int]:
     return sorted(ctx.ranks_on_node.get(node or "", ()))
 
@@ -97,7 +103,7 @@ def net_evidence(ctx: Context, node: str, since_s: float) -> dict[str, object] |
             "net_event": worst.event,
             "what": what,
             "counters": dict(sorted(moved.items())),
-            "counter": max(moved, key=lambda k: (k in LINK_COUNTERS, moved[k])) if moved else None,
+            "counter": _lead(moved),
             "rate_gbps": worst.rate_gbps,
             "prev_rate_gbps": worst.prev_rate_gbps,
             "state": worst.state,
@@ -111,7 +117,7 @@ def net_evidence(ctx: Context, node: str, since_s: float) -> dict[str, object] |
                 "link": port.link,
                 "what": "error counters",
                 "counters": dict(sorted(moved.items())),
-                "counter": max(moved, key=lambda k: moved[k]),
+                "counter": _lead(moved),
                 "rate_gbps": port.rate_gbps,
                 "state": port.state,
                 "at": port.ts,
