@@ -8,7 +8,7 @@ asserts the finding, its subject and the evidence it cites.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -218,7 +218,3 @@ def test_it_leaves_a_checkpoint_in_progress_alone_when_its_disk_has_room(tl, tmp
     tl.steps(first=HEALTHY_S, count=3, at=HEALTHY_S + 1)
     _host_round(tl, "node-0", host, at=HEALTHY_S + 1)
     assert tl.diagnose(at=HEALTHY_S + 3.5) == []
-
-
-def _utc(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, UTC)
