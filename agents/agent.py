@@ -273,6 +273,8 @@ class Agent:
             self.watcher.stop()
         if self.kernel_log is not None:
             self.kernel_log.stop()
+        if self.fake_host is not None:
+            self.fake_host.close()
         self.executor.stop()
         if self.backend is not None:
             self.backend.close()

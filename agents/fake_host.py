@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -59,6 +60,7 @@ class FakeHost:
         control: str | os.PathLike[str] | None = None,
         disk_total: int = 8 * 1024**4,
     ) -> None:
+        self._owns_root = root is None
         self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="fl-host-"))
         control_dir = os.environ.get(CONTROL_ENV)
         if control is None and control_dir:
@@ -71,6 +73,11 @@ class FakeHost:
         self._pending: list[kmsg.KernelEvent] = []
         self._lock = threading.Lock()
         self._build()
+
+    def close(self) -> None:
+        """Remove the tree when this fake made it."""
+        if self._owns_root:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     # -- the tree ---------------------------------------------------------------------
     @property

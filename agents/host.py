@@ -294,7 +294,12 @@ class HostMonitor:
         return (r.state or "").upper() in ("ACTIVE", "UP")
 
     def _events(self, prev: PortReading, now: PortReading, deltas: dict[str, int]) -> list[Record]:
-        base = {"port": now.port, "link": now.link, "state": now.state, "rate_gbps": now.rate_gbps}
+        base: dict[str, Any] = {
+            "port": now.port,
+            "link": now.link,
+            "state": now.state,
+            "rate_gbps": now.rate_gbps,
+        }
         moved = {k: v for k, v in deltas.items() if v > 0 and k in now.error_counters}
         out = []
         flapped = moved.get("link_downed", 0) > 0 or moved.get("carrier_changes", 0) > 0
