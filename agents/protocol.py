@@ -135,14 +135,54 @@ class Step(_Record, tag="step"):
     overflow: bool | None = None
 
 
+# -- collectives: process groups and per-call detail (issue 17) -----------------------
+# Matching needs to know who is in which process group and what each call moved. Every
+# field below is optional: a payload from before these fields existed means what it meant.
+MAX_PG_RANKS = 16384
+MAX_PROCESS_GROUPS = 1024
+MAX_SPLITS = 16384
+PgName = Annotated[str, Meta(max_length=64)]
+
+
 class CollectiveEntry(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
+    # `seq` counts this rank's collectives on `pg` (1, 2, ...); the members of one coalesced
+    # batch share it. Point-to-point entries (`peer` set) count separately (see `p2p_seq`).
     seq: Count
     op: Code
-    pg: Annotated[str, Meta(max_length=64)] = "default"
-    numel: Count | None = None
-    dtype: Code | None = None
+    pg: PgName = "default"
+    numel: Count | None = None  # input numel
+    dtype: Code | None = None  # input dtype
     state: Literal["scheduled", "started", "completed"] = "scheduled"
     started_ts: UtcTime | None = None
+    out_numel: Count | None = None
+    out_dtype: Code | None = None
+    # all_to_all: elements sent to / received from each member, in the group's rank order.
+    in_splits: Annotated[list[Count], Meta(max_length=MAX_SPLITS)] | None = None
+    out_splits: Annotated[list[Count], Meta(max_length=MAX_SPLITS)] | None = None
+    peer: Rank | None = None  # send/recv: the other side's global rank
+    p2p_seq: Count | None = None  # send/recv: k-th send to (or recv from) `peer` on `pg`
+    coalesced: Count | None = None  # id of the coalesced batch this call belongs to
+
+
+class ProcessGroupInfo(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
+    pg: PgName
+    size: Annotated[int, Meta(ge=1, le=1_000_001)]
+    # Global ranks of the members in group-rank order; absent means 0 .. size-1 (the world).
+    ranks: Annotated[list[Rank], Meta(max_length=MAX_PG_RANKS)] | None = None
+    desc: Code | None = None  # what the job calls it: tp, dp, pp, ep, ...
+    backend: Code | None = None
+
+
+class ProcessGroups(_Record, tag="process_groups"):
+    """The process groups one rank belongs to, sent once per generation (and on change)."""
+
+    group: Name
+    generation: Generation
+    rank: Rank
+    groups: Annotated[list[ProcessGroupInfo], Meta(max_length=MAX_PROCESS_GROUPS)]
+
+
+# -- end of issue 17 block ---------------------------------------------------------------
 
 
 class Collective(_Record, tag="collective"):
@@ -325,6 +365,7 @@ Record = (
     | NetSample
     | NetEvent
     | HostSample
+    | ProcessGroups
 )
 RECORD_KINDS: tuple[str, ...] = tuple(
     str(t.__struct_config__.tag)
@@ -339,6 +380,7 @@ RECORD_KINDS: tuple[str, ...] = tuple(
         Transition,
         Serving,
         *HOST_RECORDS,
+        ProcessGroups,
     )
 )
 

@@ -31,6 +31,7 @@ from console.diagnosis.records import (
     NetPort,
     NodeState,
     Phases,
+    ProcessGroup,
     ProcessRecord,
     ServingSlo,
     ServingWindow,
@@ -58,6 +59,7 @@ __all__ = [
     "NetPort",
     "NodeState",
     "Phases",
+    "ProcessGroup",
     "ProcessRecord",
     "RankState",
     "ServingWindow",
@@ -67,7 +69,7 @@ __all__ = [
     "build_snapshot",
 ]
 
-RANK_KINDS = frozenset({"step", "process", "collective"})
+RANK_KINDS = frozenset({"step", "process", "collective", "process_groups"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,7 @@ class GroupSnapshot:
     net_events: tuple[NetEvent, ...] = ()
     net_ports: tuple[NetPort, ...] = ()  # newest sample per (node, port)
     hosts: tuple[HostState, ...] = ()  # newest host sample per node
+    process_groups: tuple[ProcessGroup, ...] = ()  # active generation, sorted by pg
 
 
 def _num(value: Any) -> float | None:
@@ -183,10 +186,55 @@ def _window(r: Mapping[str, Any]) -> CollectiveWindow:
             dtype=e.get("dtype"),
             state=e.get("state", "scheduled"),
             started_ts=e.get("started_ts"),
+            out_numel=e.get("out_numel"),
+            out_dtype=e.get("out_dtype"),
+            in_splits=_ints(e.get("in_splits")),
+            out_splits=_ints(e.get("out_splits")),
+            peer=e.get("peer"),
+            p2p_seq=e.get("p2p_seq"),
+            coalesced=e.get("coalesced"),
         )
         for e in r.get("entries") or ()
     )
     return CollectiveWindow(ts=r["ts"], generation=int(r.get("generation") or 0), entries=entries)
+
+
+def _ints(values: Any) -> tuple[int, ...] | None:
+    return None if values is None else tuple(int(v) for v in values)
+
+
+def _process_groups(reports: Mapping[int, Mapping[str, Any]]) -> tuple[ProcessGroup, ...]:
+    """Merge each rank's `process_groups` report into one view per pg.
+
+    Members are those most ranks reported (ties: the first in rank order); a report
+    without `ranks` means the world (0 .. size-1).
+    """
+    seen: dict[str, list[tuple[int, tuple[int, ...], int, str | None]]] = defaultdict(list)
+    for rank in sorted(reports):
+        for g in reports[rank].get("groups") or ():
+            size = int(g["size"])
+            members = _ints(g.get("ranks")) or tuple(range(size))
+            seen[str(g["pg"])].append((rank, members, size, g.get("desc")))
+    out = []
+    for pg in sorted(seen):
+        rows = seen[pg]
+        votes: dict[tuple[int, ...], int] = defaultdict(int)
+        for _, members, _, _ in rows:
+            votes[members] += 1
+        best = max(votes.values())
+        members = next(m for _, m, _, _ in rows if votes[m] == best)
+        size = next(sz for _, m, sz, _ in rows if m == members)
+        desc = next((d for _, m, _, d in rows if m == members and d), None)
+        out.append(
+            ProcessGroup(
+                pg=pg,
+                size=size,
+                ranks=members,
+                desc=desc,
+                reported_by=tuple(rank for rank, _, _, _ in rows),
+            )
+        )
+    return tuple(out)
 
 
 def _sample(r: Mapping[str, Any]) -> DeviceSample:
@@ -227,6 +275,7 @@ def build_snapshot(
     steps: dict[int, list[StepRecord]] = defaultdict(list)
     procs: dict[int, list[ProcessRecord]] = defaultdict(list)
     windows: dict[int, CollectiveWindow] = {}
+    pg_reports: dict[int, Mapping[str, Any]] = {}
     rank_gens: dict[int, int] = {}
     rank_gpu: dict[int, str] = {}
     rank_node: dict[int, str] = {}
@@ -285,6 +334,9 @@ def build_snapshot(
         elif kind == "collective":
             if gen == generation:
                 windows[rank] = _window(r)
+        elif kind == "process_groups":
+            if gen == generation:
+                pg_reports[rank] = r
         elif kind == "checkpoint":
             ckpt[str(r["checkpoint_id"])].append(
                 CheckpointEvent(
@@ -387,6 +439,7 @@ def build_snapshot(
         net_events=tuple(net_events),
         net_ports=tuple(net_ports[k] for k in sorted(net_ports, key=str)),
         hosts=tuple(hosts[k] for k in sorted(hosts, key=str)),
+        process_groups=_process_groups({rk: pg_reports[rk] for rk in active if rk in pg_reports}),
     )
 
 

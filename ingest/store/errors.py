@@ -50,6 +50,7 @@ _KIND_OF_TABLE = {
     "steprecord": "step",
     "collectivewindow": "collective",
     "processrecord": "process",
+    "processgroupsrecord": "process_groups",
     "checkpointrecord": "checkpoint",
     "transitionrecord": "transition",
     "servingwindow": "serving",

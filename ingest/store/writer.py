@@ -111,6 +111,7 @@ class BatchWriter:
             p.NetEvent: self._on_net_event,
             p.NetSample: self._on_net_sample,
             p.HostSample: self._on_host_sample,
+            p.ProcessGroups: self._on_process_groups,
         }
         shift = self.shift if self.shift else None
         last_seen = self.last_seen
@@ -296,6 +297,16 @@ class BatchWriter:
         self.rows["collectivewindow"].append(
             f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
             f"{rec.rank}\t{cjson(rec.entries)}\n"
+        )
+        if applied:
+            self._rank(group, rec.rank, rec.generation)
+
+    def _on_process_groups(self, rec: p.ProcessGroups, ts: datetime) -> None:
+        applied = self._fence(rec, ts)
+        group, _ = self.groups[rec.group]
+        self.rows["processgroupsrecord"].append(
+            f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
+            f"{rec.rank}\t{cjson(rec.groups)}\n"
         )
         if applied:
             self._rank(group, rec.rank, rec.generation)
