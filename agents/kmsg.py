@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import select
 import shutil
 import subprocess
 import threading
@@ -274,7 +275,7 @@ class KernelLog:
 
     def _run(self) -> None:
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as exc:
             fd = -1
             why = f"{self.path}: {exc.strerror} (needs CAP_SYSLOG or root)"
@@ -301,8 +302,14 @@ class KernelLog:
     def _kmsg(self, fd: int) -> Iterator[tuple[str, datetime] | None]:
         epoch = boot_epoch()
         while not self._stop.is_set():
+            # Non-blocking with a short select: stop() never waits on a quiet kernel.
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if not ready:
+                continue
             try:
                 data = os.read(fd, 8192)  # one record per read
+            except BlockingIOError:
+                continue
             except BrokenPipeError:
                 continue  # EPIPE: records were overwritten before we read them
             except OSError:

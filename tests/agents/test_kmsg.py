@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import stat
+import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -98,3 +101,38 @@ def test_it_says_once_that_there_is_no_kernel_log_and_stops(tmp_path: Path, capl
     assert reader.source is None
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "CAP_SYSLOG" in warnings[0]
+
+
+def test_it_follows_kmsg_records_as_they_arrive_and_stops_promptly(tmp_path: Path) -> None:
+    fifo = tmp_path / "kmsg"
+    os.mkfifo(fifo)
+    seen: list[kmsg.KernelEvent] = []
+    got = threading.Event()
+
+    def sink(event: kmsg.KernelEvent) -> None:
+        seen.append(event)
+        got.set()
+
+    reader = kmsg.KernelLog(sink, path=str(fifo), journalctl="")
+    reader.start()
+    writer = os.open(fifo, os.O_WRONLY)  # blocks until the reader has opened it
+    try:
+        lines = (
+            "6,1,100,-;eth0: renamed from veth1\n",
+            "3,2,200,-;Out of memory: Killed process 9 (python) total-vm:1kB\n",
+            "0,3,300,-;mce: [Hardware Error]: CPU 1: Machine Check: 0 Bank 4: b2\n",
+        )
+        for line in lines:
+            got.clear()
+            os.write(writer, line.encode())
+            if "eth0" not in line:
+                assert got.wait(5), line
+            else:
+                time.sleep(0.2)
+        assert [e.event for e in seen] == ["oom_kill", "mce"]
+        assert reader.source == "kmsg"
+        started = time.monotonic()
+        reader.stop()
+        assert time.monotonic() - started < 1.5  # a quiet kernel log never holds shutdown
+    finally:
+        os.close(writer)
