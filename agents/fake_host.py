@@ -131,9 +131,16 @@ class FakeHost:
         path.write_text(f"{int(path.read_text()) + by}\n")
 
     def monitor(self, checkpoint_roots: list[Path] | None = None) -> HostMonitor:
-        """A real HostMonitor over this tree; checkpoint disks report the scripted space."""
+        """A real HostMonitor over this tree; checkpoint disks report the scripted space.
+
+        Every checkpoint root is mounted, in the fake's mount table, from `nvme1n1`."""
+        roots = list(checkpoint_roots or [Path("/ckpt")])
+        mounts = (self.proc_root / "mounts").read_text()
+        for root in roots:
+            mounts += f"/dev/nvme1n1 {os.path.realpath(root)} xfs rw,noatime 0 0\n"
+        (self.proc_root / "mounts").write_text(mounts)
         return HostMonitor(
-            HostPaths(self.sys_root, self.proc_root, list(checkpoint_roots or [Path("/ckpt")])),
+            HostPaths(self.sys_root, self.proc_root, roots),
             statvfs=lambda _root: (self.disk_free, self.disk_total),
         )
 

@@ -279,3 +279,12 @@ def test_it_sends_one_event_when_the_fake_gpu_and_fake_kernel_log_report_one_xid
     assert [(r["gpu"], r["code"]) for r in xids] == [(agent.backend.uuid(2), 79)]  # type: ignore[union-attr]  # FakeNvml
     agent.spool.close()
     agent.fake_host.close()
+
+
+def test_it_puts_every_checkpoint_root_of_the_fake_host_on_its_fake_nvme_disk(
+    tmp_path: Path,
+) -> None:
+    host = FakeHost("node-1", root=tmp_path / "tree")
+    rec = host.monitor([tmp_path / "ckpt-a", Path("/ckpt")]).host_record()
+    assert [(d["root"], d["device"]) for d in rec["disks"]] == [
+        (str(tmp_path / "ckpt-a"), "nvme1n1"), ("/ckpt", "nvme1n1")]  # fmt: skip
