@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import unicodedata
 from typing import Any
 
 from django.conf import settings
@@ -23,8 +24,17 @@ from rest_framework import authentication, exceptions
 log = logging.getLogger(__name__)
 
 
+def normalise(username: str) -> str:
+    """The name as Django authenticates it (the login form applies NFKC), folded for case.
+
+    Counting the raw string let a locked-out user log in as the fullwidth look-alike of
+    their own name: a different counter, the same account.
+    """
+    return unicodedata.normalize("NFKC", username).strip().casefold()
+
+
 def _key(username: str, request: HttpRequest) -> str:
-    who = f"{username.strip().lower()}|{request.META.get('REMOTE_ADDR', '')}"
+    who = f"{normalise(username)}|{request.META.get('REMOTE_ADDR', '')}"
     return "login-fail:" + hashlib.sha256(who.encode()).hexdigest()[:32]
 
 

@@ -10,6 +10,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from agents.wire import MAX_BATCH_BYTES
 from faultline.env import (
     ConfigError,
     database_from_url,
@@ -67,7 +68,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
@@ -120,6 +120,15 @@ if env_bool("FAULTLINE_DB_POOL", True):
 _db["CONN_MAX_AGE"] = 0
 _db["TEST"] = {"NAME": env_str("FAULTLINE_TEST_DB_NAME") or None}
 DATABASES = {"default": _db}
+# The schema owner, for `migrate --database owner` and `db_roles` when the service itself
+# runs as the restricted role (faultline.dbroles, docs/security.md).
+MIGRATE_DATABASE_URL = env_str("FAULTLINE_MIGRATE_DATABASE_URL")
+if MIGRATE_DATABASE_URL:
+    DATABASES["owner"] = {
+        **database_from_url(MIGRATE_DATABASE_URL),
+        "CONN_MAX_AGE": 0,
+        "TEST": {"MIRROR": "default"},
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CACHES = {
@@ -159,11 +168,17 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# Django's default (2.5 MB) answered 400 to agent batches the contract allows (up to 8 MiB),
+# and the agent dead-lettered them: one limit, the contract's, for every request body.
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_BATCH_BYTES
 LOGIN_URL = "/login/"
 # Failed password checks per (username, client IP) before 429, and how long that lasts.
 LOGIN_FAILURE_LIMIT = env_int("FAULTLINE_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 LOGIN_LOCKOUT_S = env_int("FAULTLINE_LOGIN_LOCKOUT_S", 300, minimum=1)
 LOGIN_REDIRECT_URL = "/"
+# Notification channels may POST to loopback/private/link-local addresses only when set
+# (a receiver inside the cluster): a channel URL must not reach the service's own network.
+NOTIFY_ALLOW_PRIVATE = env_bool("FAULTLINE_NOTIFY_ALLOW_PRIVATE", False)
 LOGOUT_REDIRECT_URL = "/login/"
 
 LANGUAGE_CODE = "en-us"
@@ -187,8 +202,9 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        # Token first so an anonymous caller gets 401 + WWW-Authenticate, not 403.
-        "rest_framework.authentication.TokenAuthentication",
+        # Token first so an anonymous caller gets 401 + WWW-Authenticate, not 403. Tokens
+        # are stored as SHA-256 only (console.tokens); DRF's authtoken kept them in clear.
+        "console.api.auth.HashedTokenAuthentication",
         # Basic shares the login form's failure counter (faultline.login).
         "faultline.login.ThrottledBasicAuthentication",
         "rest_framework.authentication.SessionAuthentication",
@@ -201,7 +217,8 @@ REST_FRAMEWORK = {
         "faultline.nul.MultiPartParser",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # At most 1,000 rows a page (`?limit=1000000` was served whole).
+    "DEFAULT_PAGINATION_CLASS": "console.api.pagination.Pagination",
     "PAGE_SIZE": 200,
     "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
 }
@@ -210,6 +227,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Incident console for GPU training and LLM-serving fleets.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # /api/schema/ and /api/docs/ map every operation: viewers and up only, like the API.
+    "SERVE_PERMISSIONS": ["console.api.permissions.IsViewer"],
     "COMPONENT_SPLIT_REQUEST": True,
     "SWAGGER_UI_DIST": "SIDECAR",  # served locally: the console works with no internet
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
@@ -224,6 +243,12 @@ INGEST_RATE_PER_MIN = env_int("FAULTLINE_INGEST_RATE_PER_MIN", 600, minimum=1)
 INGEST_MAX_FUTURE_S = env_int("FAULTLINE_INGEST_MAX_FUTURE_S", 300, minimum=1)
 TELEMETRY_RETENTION_DAYS = env_int("FAULTLINE_RETENTION_DAYS", 14, minimum=1)
 DIAGNOSIS_DEBOUNCE_MS = env_int("FAULTLINE_DIAGNOSIS_DEBOUNCE_MS", 200, minimum=0)
+# Fleet health (console.policy.fleet_health): after repair evidence (a new boot_id, a GPU
+# reset) the hardware must run this long with no fault before it is proposed for return;
+# FAULTS faults within DAYS flag it for replacement (returning it then needs an approver).
+FLEET_VALIDATION_WINDOW_S = env_int("FAULTLINE_VALIDATION_WINDOW_S", 600, minimum=0)
+FLEET_REPEAT_FAULTS = env_int("FAULTLINE_REPEAT_FAULTS", 3, minimum=1)
+FLEET_REPEAT_WINDOW_DAYS = env_int("FAULTLINE_REPEAT_WINDOW_DAYS", 7, minimum=1)
 # Operator overrides of the Xid catalog (agents/xid.py): a TOML or JSON file of
 # code -> {class, action, investigatory}; read once at startup (console/apps.py).
 XID_OVERRIDES_FILE = env_str("FAULTLINE_XID_OVERRIDES") or None

@@ -103,7 +103,7 @@ def ingest(request: HttpRequest) -> JsonResponse:
         {
             "ack_seq": result.ack_seq,
             "duplicate": result.duplicate,
-            "actions": actions_for_node(credential.node) if result.actions_pending else [],
+            "actions": actions_for_node(credential) if result.actions_pending else [],
         },
         status=202,
     )

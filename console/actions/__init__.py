@@ -11,9 +11,11 @@ never this package, so the package has no import cycles:
     incidents            acknowledge, assign, comment (people)
     diagnosis            findings folded into incidents, settle and reopen (the engine)
     groups               a serving group's SLO overrides
-    fleet                node health, quarantine/cordon marks, GPU isolation
+    fleet                node health, quarantine/cordon marks, GPU isolation, the health
+                         lifecycle (latched faults, repair evidence, return to service)
     gating, targets      inputs of the pure gates, read under the remediation lock
     remediation          propose, vote, cancel, expire, dispatch, the agent's result
+    returns              validated hardware proposed for return to service (the sweep)
     breaker              the automation circuit breaker
     paging               silences, escalation policies, notification channels
     notifications        which pages are due; each delivered at most once
@@ -36,7 +38,17 @@ from console.actions.errors import (
     RemediationError,
     SloError,
 )
-from console.actions.fleet import isolate_gpu, mark_node, set_node_health
+from console.actions.fleet import (
+    isolate_gpu,
+    latch_fault,
+    mark_node,
+    mark_out_of_service,
+    mark_returned,
+    node_reporting,
+    record_repair_evidence,
+    return_to_service,
+    set_node_health,
+)
 from console.actions.groups import SLO_KEYS, set_group_slo
 from console.actions.incidents import acknowledge_incident, assign_incident, comment_on_incident
 from console.actions.notifications import deliver, freeze_policies, schedule_due
@@ -58,6 +70,7 @@ from console.actions.remediation import (
     record_action_result,
     vote_on_action,
 )
+from console.actions.returns import propose_returns
 
 __all__ = [
     "SLO_KEYS",
@@ -86,10 +99,17 @@ __all__ = [
     "expire_silence",
     "freeze_policies",
     "isolate_gpu",
+    "latch_fault",
     "mark_node",
+    "mark_out_of_service",
+    "mark_returned",
+    "node_reporting",
     "propose_action",
+    "propose_returns",
     "record_action_result",
     "record_diagnosis",
+    "record_repair_evidence",
+    "return_to_service",
     "save_channel",
     "save_escalation_policy",
     "schedule_due",

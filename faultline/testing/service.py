@@ -118,6 +118,8 @@ def service_env(data_dir: Path) -> dict[str, str]:
         FAULTLINE_ADMIN_USER=ADMIN[0],
         FAULTLINE_ADMIN_PASSWORD=ADMIN[1],
         FAULTLINE_DB_POOL="1",
+        # Test receivers listen on 127.0.0.1, which channels may not reach by default.
+        FAULTLINE_NOTIFY_ALLOW_PRIVATE="1",
     )
     return env
 
