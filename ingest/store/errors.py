@@ -68,6 +68,10 @@ _KIND_OF_TABLE = {
     "checkpointrecord": "checkpoint",
     "transitionrecord": "transition",
     "servingwindow": "serving",
+    "hostevent": "host_event",
+    "netevent": "net_event",
+    "netsample": "net_sample",
+    "hostsample": "host_sample",
 }
 
 

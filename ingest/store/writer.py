@@ -53,6 +53,9 @@ from ingest.store.live_state import (
 from ingest.store.receipts import AGENT_UPDATE
 from ingest.store.tables import copy_rows
 
+# Kernel events that end or endanger a rank's process: diagnose without waiting (issue 18).
+HOST_URGENT = frozenset({"oom_kill", "mce", "aer_fatal"})
+
 # msgspec encodes contract Structs straight to JSON bytes, 5-10x faster than json.dumps of
 # their to_builtins() copies; the JSON is the same (omit_defaults, ISO times with "Z").
 _JSON = msgspec.json.Encoder()
@@ -107,6 +110,10 @@ class BatchWriter:
             p.Checkpoint: self._on_checkpoint,
             p.Transition: self._on_transition,
             p.Serving: self._on_serving,
+            p.HostEvent: self._on_host_event,
+            p.NetEvent: self._on_net_event,
+            p.NetSample: self._on_net_sample,
+            p.HostSample: self._on_host_sample,
             p.ProcessGroups: self._on_process_groups,
         }
         shift = self.shift if self.shift else None
@@ -250,6 +257,35 @@ class BatchWriter:
                      "recovery_action": rec.recovery_action, "detail": rec.detail or "",
                      "ts": ts.isoformat()}
                 )  # fmt: skip
+
+    # -- host, network and kernel evidence (issue 18): rows only, no live state ----------
+    def _on_host_event(self, rec: p.HostEvent, ts: datetime) -> None:
+        self.rows["hostevent"].append(
+            f"{when(ts)}{self.node_cell}{text(rec.event)}\t{text(rec.device)}\t{num(rec.code)}\t"
+            f"{num(rec.pid)}\t{text(scrub_text(rec.comm))}\t{text(rec.severity)}\n"
+        )
+        if rec.event in HOST_URGENT:
+            self.critical_events += 1  # an OOM kill or a machine check: diagnose at once
+
+    def _on_net_event(self, rec: p.NetEvent, ts: datetime) -> None:
+        self.rows["netevent"].append(
+            f"{when(ts)}{self.node_cell}{text(rec.port)}\t{text(rec.link)}\t{text(rec.event)}\t"
+            f"{text(rec.state)}\t{num(rec.rate_gbps)}\t{num(rec.prev_rate_gbps)}\t"
+            f"{cjson(rec.counters)}\n"
+        )
+
+    def _on_net_sample(self, rec: p.NetSample, ts: datetime) -> None:
+        self.rows["netsample"].append(
+            f"{when(ts)}{self.node_cell}{text(rec.port)}\t{text(rec.link)}\t{text(rec.state)}\t"
+            f"{num(rec.rate_gbps)}\t{cjson(rec.counters)}\n"
+        )
+
+    def _on_host_sample(self, rec: p.HostSample, ts: datetime) -> None:
+        self.rows["hostsample"].append(
+            f"{when(ts)}{self.node_cell}{num(rec.mem_some_avg10)}\t{num(rec.mem_full_avg10)}\t"
+            f"{num(rec.io_full_avg10)}\t{num(rec.swap_used_bytes)}\t"
+            f"{num(rec.swap_total_bytes)}\t{num(rec.d_state)}\t{cjson(rec.disks)}\n"
+        )
 
     def _on_step(self, rec: p.Step, ts: datetime) -> None:
         applied = self._fence(rec, ts)
