@@ -222,6 +222,14 @@ FAULTLINE_WS_PORT = env_int("FAULTLINE_WS_PORT", 0, minimum=0)
 # Ingest limits and diagnosis cadence.
 INGEST_RATE_PER_MIN = env_int("FAULTLINE_INGEST_RATE_PER_MIN", 600, minimum=1)
 INGEST_MAX_FUTURE_S = env_int("FAULTLINE_INGEST_MAX_FUTURE_S", 300, minimum=1)
+# What one node's token may add (docs/security.md): records a minute, GPUs in all, new
+# groups an hour, how far one transition may move a generation, and how long a GPU must
+# go unreported by its node before another node may claim it.
+INGEST_RECORDS_PER_MIN = env_int("FAULTLINE_INGEST_RECORDS_PER_MIN", 60_000, minimum=1)
+INGEST_MAX_GPUS_PER_NODE = env_int("FAULTLINE_INGEST_MAX_GPUS_PER_NODE", 16, minimum=1)
+INGEST_NEW_GROUPS_PER_HOUR = env_int("FAULTLINE_INGEST_NEW_GROUPS_PER_HOUR", 20, minimum=1)
+INGEST_MAX_GENERATION_JUMP = env_int("FAULTLINE_INGEST_MAX_GENERATION_JUMP", 1000, minimum=1)
+INGEST_DEVICE_MOVE_AFTER_S = env_int("FAULTLINE_INGEST_DEVICE_MOVE_AFTER_S", 900, minimum=0)
 TELEMETRY_RETENTION_DAYS = env_int("FAULTLINE_RETENTION_DAYS", 14, minimum=1)
 DIAGNOSIS_DEBOUNCE_MS = env_int("FAULTLINE_DIAGNOSIS_DEBOUNCE_MS", 200, minimum=0)
 # Operator overrides of the Xid catalog (agents/xid.py): a TOML or JSON file of

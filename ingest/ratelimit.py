@@ -1,6 +1,7 @@
-"""Per-credential ingest rate limit: a fixed one-minute window counted in Redis.
+"""Per-credential ingest rate limits (batches and records a minute) and per-node budgets
+(new groups an hour), fixed windows counted in Redis.
 
-One round trip per batch (INCR and EXPIRE NX pipelined). Django's cache API needed two
+One round trip per count (INCR and EXPIRE NX pipelined). Django's cache API needed two
 (`incr` checks that the key exists first) or three in the first batch of a window.
 A Redis outage never blocks ingest: storing beats limiting.
 """
@@ -34,19 +35,50 @@ def _redis() -> redis.Redis:
         return _client[1]
 
 
-def over_limit(credential_id: int, *, now: float | None = None) -> bool:
-    """Count one batch for this credential; True once it exceeds the per-minute limit."""
-    window = int((time.time() if now is None else now) // WINDOW_S)
-    key = f"faultline:ingest-rate:{credential_id}:{window}"
+def _count(key: str, amount: int, window_s: int) -> int | None:
+    """Add `amount` to this window's counter; its new value, or None when Redis is down."""
     try:
         pipe = _redis().pipeline(transaction=False)
-        pipe.incr(key)
-        pipe.expire(key, WINDOW_S + 10, nx=True)
+        pipe.incrby(key, amount)
+        pipe.expire(key, window_s + 10, nx=True)
         count, _ = pipe.execute()
     except redis.RedisError:
         global _warned_at
         if time.monotonic() - _warned_at > WINDOW_S:  # one line a minute, not one a batch
             _warned_at = time.monotonic()
             log.warning("ingest: rate limit unavailable (Redis down); admitting batches")
-        return False
-    return int(count) > settings.INGEST_RATE_PER_MIN
+        return None
+    return int(count)
+
+
+def over_limit(credential_id: int, *, now: float | None = None) -> bool:
+    """Count one batch for this credential; True once it exceeds the per-minute limit."""
+    window = int((time.time() if now is None else now) // WINDOW_S)
+    count = _count(f"faultline:ingest-rate:{credential_id}:{window}", 1, WINDOW_S)
+    return count is not None and count > settings.INGEST_RATE_PER_MIN
+
+
+def over_record_limit(credential_id: int, records: int, *, now: float | None = None) -> bool:
+    """Count a batch's records for this credential; True once the minute's total exceeds
+    INGEST_RECORDS_PER_MIN (a batch limit alone lets 1,000-record batches through)."""
+    window = int((time.time() if now is None else now) // WINDOW_S)
+    count = _count(f"faultline:ingest-records:{credential_id}:{window}", records, WINDOW_S)
+    return count is not None and count > settings.INGEST_RECORDS_PER_MIN
+
+
+HOUR_S = 3600
+
+
+def take_new_groups(node_id: int, wanted: int, *, limit: int, now: float | None = None) -> int:
+    """Take up to `wanted` new groups from this node's hourly budget; how many it may create.
+
+    Redis down: all of them (storing beats limiting). A refused batch still spends what it
+    asked for, so a flooding node stays refused for the rest of the hour.
+    """
+    if wanted <= 0:
+        return 0
+    window = int((time.time() if now is None else now) // HOUR_S)
+    count = _count(f"faultline:ingest-new-groups:{node_id}:{window}", wanted, HOUR_S)
+    if count is None:
+        return wanted
+    return max(0, min(wanted, limit - (count - wanted)))

@@ -21,7 +21,7 @@ from console import live
 from ingest import ratelimit
 from ingest.agent_actions import actions_for_node
 from ingest.auth import authenticate
-from ingest.store import RecordError, ingest_batch
+from ingest.store import AgentNotOwnedError, RecordError, ingest_batch
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,8 @@ def ingest(request: HttpRequest) -> JsonResponse:
         batch = protocol.decode_batch(body)
     except protocol.ContractError as exc:
         return JsonResponse(exc.as_dict(), status=400)
+    if ratelimit.over_record_limit(credential.pk, len(batch.records)):
+        return _error(429, "agent record rate limit exceeded", retry_after=60)
     if batch.agent.node != credential.node.name:
         return _error(
             403,
@@ -79,7 +81,10 @@ def ingest(request: HttpRequest) -> JsonResponse:
             now=timezone.now(),
             max_future_s=settings.INGEST_MAX_FUTURE_S,
             want_card=live.push_due(credential.node.name),
+            launcher_group=credential.launcher_group,
         )
+    except AgentNotOwnedError as exc:
+        return _error(403, str(exc))
     except RecordError as exc:
         return JsonResponse(exc.as_dict(), status=400)
     except DataError as exc:
