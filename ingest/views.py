@@ -17,7 +17,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from agents import protocol
-from console import live
+from console import live, scheduling
 from ingest import ratelimit
 from ingest.agent_actions import actions_for_node
 from ingest.auth import authenticate
@@ -98,6 +98,7 @@ def ingest(request: HttpRequest) -> JsonResponse:
         log.exception("ingest: batch rejected by the database")
         return _error(503, "batch could not be stored: retry later", retry_after=5)
     if not result.duplicate:
+        scheduling.mark_young(result.new_groups)  # before diagnosis is scheduled
         live.after_ingest(
             groups=result.groups,
             nodes=result.nodes,

@@ -31,6 +31,7 @@ class IngestResult:
     duplicate: bool
     records: int = 0
     groups: list[str] = field(default_factory=list)
+    new_groups: list[str] = field(default_factory=list)  # created by this batch
     nodes: list[str] = field(default_factory=list)
     violations: int = 0
     device_events: int = 0  # Xid/DBE/GPU-lost records: push and diagnose without delay
@@ -88,6 +89,7 @@ def ingest_batch(
             duplicate=False,
             records=len(batch.records),
             groups=sorted(writer.touched_groups),
+            new_groups=writer.created,
             nodes=[node.name],
             violations=writer.violation_count,
             device_events=writer.critical_events,

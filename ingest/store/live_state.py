@@ -121,12 +121,10 @@ WHERE g.name = ANY(%(names)s) AND r.rank = ANY(%(ranks)s)
 # indexes. A join on a jsonb_to_recordset of the pairs was planned as a scan of all ranks.
 # A batch that may transition also reads which named groups this node hosts ranks of
 # (and which have ranks at all): who may fence a group (writer._transition_refused).
-GROUPS_AND_RANKS_LOCKED = (
-    GROUPS_AND_RANKS.replace("FOR KEY SHARE;", "FOR UPDATE;")
-    + """;
+_HOSTED = """;
 SELECT g.name,
     EXISTS (SELECT 1 FROM console_rank r WHERE r.group_id = g.id AND r.node_id = %(node)s),
     EXISTS (SELECT 1 FROM console_rank r WHERE r.group_id = g.id)
 FROM console_consistencygroup g WHERE g.name = ANY(%(names)s)
 """
-)  # noqa: S608 - constant SQL
+GROUPS_AND_RANKS_LOCKED = GROUPS_AND_RANKS.replace("FOR KEY SHARE;", "FOR UPDATE;") + _HOSTED

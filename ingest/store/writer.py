@@ -107,6 +107,7 @@ class BatchWriter:
         self.hosted: set[str] = set()  # named groups this node hosts ranks of
         self.ranked: set[str] = set()  # named groups that have ranks at all
         self.refused_groups: set[str] = set()  # new groups over the node's hourly limit
+        self.created: list[str] = []  # groups this batch created
 
     # -- collection --------------------------------------------------------------------
     def add(self, records: list[Any]) -> None:
@@ -199,6 +200,8 @@ class BatchWriter:
                 versions_seen=list(group.summary.get("versions_seen", [])),
             )
             self.groups[group.name] = (group, view)
+            if view.is_new:
+                self.created.append(group.name)
             self.activity_read[group.name] = group.last_activity
             self.kind_read[group.name] = row[GROUP_KIND]
 

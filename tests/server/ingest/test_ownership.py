@@ -200,3 +200,25 @@ def test_it_refuses_a_batch_naming_another_nodes_agent_id(post_batch):
     state = AgentState.objects.get(agent_id="agent-victim")
     assert (state.node.name, state.batches, state.last_seq) == ("victim", 2, 2)
     assert not Device.objects.filter(uuid="GPU-x").exists()
+
+
+# -- High 4: established groups are diagnosed ahead of young ones ---------------------------
+def test_it_diagnoses_established_groups_ahead_of_a_flood_of_new_ones(
+    post_batch, settings, monkeypatch
+):
+    from console import scheduling
+
+    settings.INGEST_NEW_GROUPS_PER_HOUR = 100
+    settings.DIAGNOSIS_YOUNG_PER_S = 3
+    queued: list[tuple[str, float]] = []
+    monkeypatch.setattr(
+        scheduling, "enqueue", lambda name, group, countdown=None: queued.append((group, countdown))
+    )
+    ConsistencyGroup.objects.create(name="real", generation=1)  # an established group
+    flood = [step(0, 1, group=f"new-{i:03d}") for i in range(30)]
+    assert post_batch(make_batch(flood, node="evil")).status_code == 202
+    assert post_batch(make_batch([step(0, 1, group="real")], node="good")).status_code == 202
+    young = [c for g, c in queued if g.startswith("new-")]
+    assert len(young) == 3  # the fleet-wide budget a second; the sweep catches up on the rest
+    assert all(c == settings.DIAGNOSIS_YOUNG_DEBOUNCE_MS / 1000 for c in young)
+    assert ("real", settings.DIAGNOSIS_DEBOUNCE_MS / 1000) in queued
