@@ -43,12 +43,16 @@ def _count(key: str, amount: int, window_s: int) -> int | None:
         pipe.expire(key, window_s + 10, nx=True)
         count, _ = pipe.execute()
     except redis.RedisError:
-        global _warned_at
-        if time.monotonic() - _warned_at > WINDOW_S:  # one line a minute, not one a batch
-            _warned_at = time.monotonic()
-            log.warning("ingest: rate limit unavailable (Redis down); admitting batches")
+        _warn()
         return None
     return int(count)
+
+
+def _warn() -> None:
+    global _warned_at
+    if time.monotonic() - _warned_at > WINDOW_S:  # one line a minute, not one a batch
+        _warned_at = time.monotonic()
+        log.warning("ingest: rate limit unavailable (Redis down); admitting batches")
 
 
 def over_limit(credential_id: int, *, now: float | None = None) -> bool:
@@ -58,12 +62,41 @@ def over_limit(credential_id: int, *, now: float | None = None) -> bool:
     return count is not None and count > settings.INGEST_RATE_PER_MIN
 
 
-def over_record_limit(credential_id: int, records: int, *, now: float | None = None) -> bool:
-    """Count a batch's records for this credential; True once the minute's total exceeds
-    INGEST_RECORDS_PER_MIN (a batch limit alone lets 1,000-record batches through)."""
+def over_limits(credential_id: int, records: int, *, now: float | None = None) -> str | None:
+    """Count one batch and its records for this credential in one round trip; which limit
+    the minute's totals exceed ("batch" or "record"), or None. A batch limit alone lets
+    1,000-record batches through, so records are counted too (INGEST_RECORDS_PER_MIN)."""
     window = int((time.time() if now is None else now) // WINDOW_S)
-    count = _count(f"faultline:ingest-records:{credential_id}:{window}", records, WINDOW_S)
-    return count is not None and count > settings.INGEST_RECORDS_PER_MIN
+    batches = f"faultline:ingest-rate:{credential_id}:{window}"
+    total = f"faultline:ingest-records:{credential_id}:{window}"
+    try:
+        pipe = _redis().pipeline(transaction=False)
+        pipe.incr(batches)
+        pipe.expire(batches, WINDOW_S + 10, nx=True)
+        pipe.incrby(total, records)
+        pipe.expire(total, WINDOW_S + 10, nx=True)
+        n_batches, _, n_records, _ = pipe.execute()
+    except redis.RedisError:
+        _warn()
+        return None
+    over = None
+    if int(n_batches) > settings.INGEST_RATE_PER_MIN:
+        over = "batch"
+    elif int(n_records) > settings.INGEST_RECORDS_PER_MIN:
+        over = "record"
+    if over is not None:
+        _over_in[credential_id] = window
+    return over
+
+
+# Per process: the window in which each credential was last over a limit. Until it ends,
+# its batches are refused before their bodies are read (no Redis, no decode).
+_over_in: dict[int, int] = {}
+
+
+def known_over(credential_id: int, *, now: float | None = None) -> bool:
+    window = int((time.time() if now is None else now) // WINDOW_S)
+    return _over_in.get(credential_id) == window
 
 
 HOUR_S = 3600

@@ -53,7 +53,7 @@ def ingest(request: HttpRequest) -> JsonResponse:
         return _error(503, "database unavailable: retry later", retry_after=5)
     if credential is None:
         return _error(401, "missing, unknown or revoked agent token")
-    if ratelimit.over_limit(credential.pk):
+    if ratelimit.known_over(credential.pk):
         return _error(429, "agent rate limit exceeded", retry_after=60)
     length = int(request.headers.get("Content-Length") or 0)
     if length > protocol.MAX_BATCH_BYTES:
@@ -65,9 +65,13 @@ def ingest(request: HttpRequest) -> JsonResponse:
     try:
         batch = protocol.decode_batch(body)
     except protocol.ContractError as exc:
+        if ratelimit.over_limit(credential.pk):  # a refused batch still counts
+            return _error(429, "agent rate limit exceeded", retry_after=60)
         return JsonResponse(exc.as_dict(), status=400)
-    if ratelimit.over_record_limit(credential.pk, len(batch.records)):
-        return _error(429, "agent record rate limit exceeded", retry_after=60)
+    # Batches and records in one Redis round trip, once the record count is known.
+    over = ratelimit.over_limits(credential.pk, len(batch.records))
+    if over is not None:
+        return _error(429, f"agent {over} rate limit exceeded", retry_after=60)
     if batch.agent.node != credential.node.name:
         return _error(
             403,
