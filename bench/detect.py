@@ -324,6 +324,8 @@ def main() -> int:
         for i in range(trials):
             group = f"explicit-{i}"
             rank = (7 * i + 3) % args.ranks
+            if args.explicit_only:  # one node per trial: no trial sees another's incident
+                rank = (i * PER_NODE + 3) % args.ranks
             node, gpu = fleet.gpu(rank)
             t0 = time.monotonic()
             fleet.post(
@@ -362,6 +364,7 @@ def main() -> int:
         print(f"flood: {args.flood_groups} invented groups a batch, "
               f"{flood_sent[0]} batches accepted, {flood_sent[1]} refused")  # fmt: skip
     if args.explicit_only:
+        print("explicit trials (s): " + " ".join(f"{x:.2f}" for x in explicit))
         print(f"explicit_p50_s {pct(explicit, 50):.2f} explicit_p99_s {pct(explicit, 99):.2f}")
         return 0
     print(
