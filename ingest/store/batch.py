@@ -67,7 +67,7 @@ def ingest_batch(
     # Raw psycopg throughout: map its errors to Django's (OperationalError -> 503 in the
     # view); a number out of range for its column becomes a 400 naming the record.
     with transaction.atomic(), connection.wrap_database_errors:
-        gpus = {r.gpu for r in batch.records if type(r) in _GPU_RECORDS and r.gpu}
+        gpus = {r.gpu for r in batch.records if isinstance(r, _GPU_RECORDS) and r.gpu}
         claim = claim_receipt(batch, node, now, gpus)
         agent = claim.agent
         if agent is None:

@@ -95,7 +95,8 @@ def claim_receipt(batch: p.Batch, node: Node, now: datetime, gpus: set[str]) -> 
             cur.nextset()
             claim.device_owners = {u: (n, seen) for u, n, seen in cur.fetchall()}
             cur.nextset()
-            claim.node_gpus = cur.fetchone()[0]
+            count = cur.fetchone()
+            claim.node_gpus = count[0] if count else 0
     if row is not None and row[0] != node.pk:
         raise AgentNotOwnedError(batch.agent.id)
     if not claimed or row is None:
