@@ -20,6 +20,7 @@ from django.conf import settings
 from django.core.cache import cache
 
 from console import events
+from faultline import metrics
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +81,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.counted_for, self.channel = user.pk, channel
         await self.channel_layer.group_add(self.channel, self.channel_name)
         await self.accept()
+        metrics.WEBSOCKET_CLIENTS.inc()
         await self.send_json({"type": "hello", "topic": topic})
 
     async def disconnect(self, code: int) -> None:
         if self.channel:
+            metrics.WEBSOCKET_CLIENTS.dec()
             await self.channel_layer.group_discard(self.channel, self.channel_name)
         if self.counted_for is not None:
             await sync_to_async(_close_socket)(self.counted_for)

@@ -175,6 +175,17 @@ class CollectiveWindow(_GroupRecord):
         indexes = [models.Index(fields=["group", "generation", "rank", "-ts"])]
 
 
+class ProcessGroupsRecord(_GroupRecord):
+    """The process groups one rank belongs to (pg, size, member ranks), once per generation."""
+
+    rank = models.PositiveIntegerField()
+    groups = models.JSONField(default=list)
+
+    class Meta:
+        # The snapshot takes the newest report per rank of the active generation.
+        indexes = [models.Index(fields=["group", "generation", "rank", "-ts"])]
+
+
 class ProcessRecord(_GroupRecord):
     """A rank process started or exited (exit code, signal, reason such as oom)."""
 

@@ -64,10 +64,29 @@ class CollectiveEntry:
     dtype: str | None
     state: str  # scheduled | started | completed
     started_ts: datetime | None = None
+    # Contract v1 additions (issue 17); absent in older payloads.
+    out_numel: int | None = None
+    out_dtype: str | None = None
+    in_splits: tuple[int, ...] | None = None
+    out_splits: tuple[int, ...] | None = None
+    peer: int | None = None  # send/recv: the other side's global rank
+    p2p_seq: int | None = None  # k-th send to / recv from `peer` on `pg`
+    coalesced: int | None = None  # coalesced batch id (rank-local)
 
     @property
     def signature(self) -> tuple[str, str, int | None, str | None]:
         return (self.pg, self.op, self.numel, self.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessGroup:
+    """One process group as its members reported it: name, size, members in group order."""
+
+    pg: str
+    size: int
+    ranks: tuple[int, ...]  # global ranks, group-rank order
+    desc: str | None = None
+    reported_by: tuple[int, ...] = ()  # ranks whose `process_groups` record named it
 
 
 @dataclass(frozen=True, slots=True)

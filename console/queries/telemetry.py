@@ -317,6 +317,13 @@ def group_records(
             if entry.get("started_ts"):
                 entry["started_ts"] = datetime.fromisoformat(entry["started_ts"])
     records += collectives
+    # Process groups are reported once per generation per rank: the newest report each.
+    reports = (
+        m.ProcessGroupsRecord.objects.filter(group=group, generation=gen, stale=False)
+        .order_by("rank", "-ts")
+        .distinct("rank")
+    )
+    records += _rows(reports, "process_groups", ["generation", "rank", "groups"], node_names)
     # Exits and device events explain stops for as long as the stop lasts: keep a day.
     procs = m.ProcessRecord.objects.filter(group=group, ts__gte=now - HISTORY_WINDOW, stale=False)
     records += _rows(

@@ -20,6 +20,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "data_cursor", "duration_ms", "phases", "loss", "grad_norm", "loss_scale", "overflow",
     ),
     "collectivewindow": ("ts", "node_id", "group_id", "generation", "stale", "rank", "entries"),
+    "processgroupsrecord": ("ts", "node_id", "group_id", "generation", "stale", "rank", "groups"),
     "processrecord": (
         "ts", "node_id", "group_id", "generation", "stale", "rank", "event", "pid", "gpu",
         "exit_code", "signal", "reason", "error_type",

@@ -12,7 +12,7 @@ from typing import Any
 
 from agents import listener as listener_mod
 from agents.listener import Listener, check
-from agents.protocol import Checkpoint, Process, Serving, Step, Transition
+from agents.protocol import Checkpoint, Process, ProcessGroups, Serving, Step, Transition
 from agents.protocol import Collective as CollectiveRecord
 from agents.reporter import Reporter, classify_exception, scrub
 
@@ -106,6 +106,7 @@ def test_its_listener_fields_match_the_contract_structs() -> None:
         "checkpoint": Checkpoint,
         "transition": Transition,
         "serving": Serving,
+        "process_groups": ProcessGroups,
     }
     for kind, struct in structs.items():
         contract = set(struct.__struct_fields__) - {"ts"}
