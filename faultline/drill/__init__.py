@@ -11,7 +11,6 @@ agents or servers), on Ctrl-C and SIGTERM too.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shutil
 import signal
@@ -65,8 +64,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if importlib.util.find_spec("torch") is None:
-        print("faultline: drill needs PyTorch; install it with pip install 'faultline[torch]'")
+    from faultline.drill.prereqs import python_missing
+
+    missing = python_missing()
+    if missing:
+        for m in missing:
+            print(m.line())
         return 2
     from faultline.drill.runner import MATRIX, Drill
     from faultline.testing.service import start_service, stop_service, wait_for
@@ -115,8 +118,14 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if service is not None:
             stop_service(service)
-        if own_dir:
+        failed = [r for r in rows if r.get("error")]
+        if own_dir and not failed:
             shutil.rmtree(work, ignore_errors=True)
+        elif own_dir:
+            # An error names a log: keep the logs (not the checkpoints or the database).
+            for bulky in ("ckpt", "status", "service/pg"):
+                shutil.rmtree(work / bulky, ignore_errors=True)
+            print(f"faultline: drill: {len(failed)} drill(s) failed; logs kept under {work}")
     print()
     print(table(rows))
     print(f"\n{len(rows)} drill(s) in {time.monotonic() - began:.0f}s")

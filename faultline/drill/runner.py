@@ -113,6 +113,7 @@ class Job:
         self.procs: list[subprocess.Popen[bytes]] = []
         logs = drill.work / "logs"
         logs.mkdir(exist_ok=True)
+        self.logs: list[Path] = []
         for rank in range(self.world):
             env = dict(
                 os.environ,
@@ -131,7 +132,8 @@ class Job:
             ]  # fmt: skip
             # One process group per generation (same session): killpg reaches every rank.
             pgid = self.pgid if self.procs else 0
-            log = open(logs / f"{drill.group}-g{generation}-r{rank}.log", "wb")  # noqa: SIM115
+            self.logs.append(logs / f"{drill.group}-g{generation}-r{rank}.log")
+            log = open(self.logs[-1], "wb")  # noqa: SIM115
             self.procs.append(
                 subprocess.Popen(
                     cmd, env=env, stdout=log, stderr=subprocess.STDOUT, process_group=pgid
@@ -166,6 +168,9 @@ class Job:
             return float(json.loads((self.status / "fault.json").read_text())["ts"])
         return None
 
+    def why(self) -> str:
+        return first_error(self.logs)
+
     def alive(self) -> bool:
         return any(p.poll() is None for p in self.procs)
 
@@ -183,6 +188,19 @@ class Job:
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5)
+
+
+def first_error(logs: list[Path]) -> str:
+    """The last error line of the first rank log that has one, and the log's path: what a
+    user reads first when a generation never got going (a missing module, a bad port)."""
+    for log in logs:
+        with contextlib.suppress(OSError):
+            lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines()]
+            errors = [ln for ln in lines if "Error" in ln or "error:" in ln]
+            if errors:
+                return f"{errors[-1][:200]} (see {log})"
+    where = logs[0].parent if logs else "the work directory's logs/"
+    return f"no rank logged an error (see {where})"
 
 
 def _wait(predicate: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
@@ -307,7 +325,7 @@ class Drill:
         # Past step 6: step 6 carries the step-5 checkpoint's time, which excuses silence.
         warm = 10 if spec.name in ("corrupt_checkpoint", "stale_generation") else 8
         if not _wait(lambda: job.step() >= warm or not all_alive(job), 90) or job.step() < warm:
-            raise RuntimeError(f"generation 1 never reached step {warm}: see {self.work}/logs")
+            raise RuntimeError(f"generation 1 never reached step {warm}: {job.why()}")
         # The node agent's own view: committed and hashed (not the console's verdict).
         verified = ("verified", "corrupt")
         if spec.name in ("corrupt_checkpoint", "stale_generation") and not _wait(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from faultline.drill import markdown, table
+from faultline.drill.runner import first_error
 from tests.system.conftest import BIN
 
 
@@ -108,14 +109,7 @@ def test_it_renders_one_table_row_and_one_markdown_row_per_drill() -> None:
 
 
 def test_it_says_in_one_line_that_torch_is_missing(tmp_path: Path) -> None:
-    # A site dir whose `torch` cannot be found: shadow it with a module that hides itself.
-    shim = tmp_path / "sitecustomize.py"
-    shim.write_text(
-        "import importlib.util, sys\n"
-        "_find = importlib.util.find_spec\n"
-        "importlib.util.find_spec = lambda n, *a: None if n == 'torch' else _find(n, *a)\n"
-    )
-    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    env = _hide(tmp_path, "torch")
     out = subprocess.run(
         [str(BIN / "faultline"), "drill", "--quick"],
         capture_output=True, text=True, timeout=60, env=env,
@@ -124,3 +118,36 @@ def test_it_says_in_one_line_that_torch_is_missing(tmp_path: Path) -> None:
     assert out.stdout.strip().splitlines() == [
         "faultline: drill needs PyTorch; install it with pip install 'faultline[torch]'"
     ]
+
+
+def _hide(tmp_path: Path, module: str) -> dict[str, str]:
+    """An environment in which `module` cannot be found (a sitecustomize that hides it)."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import importlib.util, sys\n"
+        "_find = importlib.util.find_spec\n"
+        f"importlib.util.find_spec = lambda n, *a: None if n == {module!r} else _find(n, *a)\n"
+    )
+    return dict(os.environ, PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
+
+
+def test_it_names_numpy_before_any_drill_runs(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [str(BIN / "faultline"), "drill", "--quick"],
+        capture_output=True, text=True, timeout=60, env=_hide(tmp_path, "numpy"),
+    )  # fmt: skip
+    assert out.returncode == 2
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("faultline: drill needs numpy")
+    assert "starting a service" not in out.stdout
+
+
+def test_it_points_at_the_rank_log_that_says_what_went_wrong(tmp_path: Path) -> None:
+    quiet, broken = tmp_path / "g-r0.log", tmp_path / "g-r1.log"
+    quiet.write_text("starting\n")
+    broken.write_text(
+        "Traceback (most recent call last):\n  File x\n"
+        "ModuleNotFoundError: No module named 'numpy'\n"
+    )
+    said = first_error([quiet, broken])
+    assert said == f"ModuleNotFoundError: No module named 'numpy' (see {broken})"
+    assert first_error([quiet]) == f"no rank logged an error (see {tmp_path})"
