@@ -55,6 +55,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "grad_norm",
             "loss_scale",
             "overflow",
+            "step_id",
         }
     ),
     "collective": frozenset({"group", "generation", "rank", "entries"}),
@@ -97,6 +98,22 @@ FIELDS: dict[str, frozenset[str]] = {
             "generation",
         }
     ),
+    # correctness probes (issue 23)
+    "probe": frozenset(
+        {
+            "group",
+            "probe",
+            "generation",
+            "rank",
+            "worker",
+            "step",
+            "step_id",
+            "value",
+            "checksum",
+            "duration_ms",
+            "model_version",
+        }
+    ),
 }
 REQUIRED: dict[str, frozenset[str]] = {
     "process": frozenset({"group", "generation", "rank", "event"}),
@@ -105,6 +122,7 @@ REQUIRED: dict[str, frozenset[str]] = {
     "checkpoint": frozenset({"group", "generation", "checkpoint_id", "phase"}),
     "transition": frozenset({"group", "generation", "to_state"}),
     "serving": frozenset({"group", "worker", "window"}),
+    "probe": frozenset({"group", "probe"}),
 }
 # Carried reporter -> agent but kept off the wire (contract v1 has no such field).
 LOCAL_ONLY = frozenset({"message"})

@@ -70,6 +70,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._dist: Any = None
         self._pending: dict[int, tuple[dict[str, Any], Any]] = {}
+        self._next_step: int | None = None  # the step in progress (correlation: step_id)
         # A rank blocked inside a collective cannot report from its own thread: a watchdog
         # sends the window once a call has been in flight for WATCH_AFTER_S, so the console
         # sees which rank waits at which seq (and which rank never arrived).
@@ -104,6 +105,9 @@ class Recorder:
                     "state": "started",
                     "started_ts": iso_ts(),
                 }
+                if self._next_step is not None:
+                    gen = self.reporter.generation
+                    entry["step_id"] = _reporter.step_id(gen, self._next_step)
                 if tensor is not None:
                     entry["numel"] = int(tensor.numel())
                     entry["dtype"] = str(tensor.dtype).replace("torch.", "")
@@ -200,6 +204,7 @@ class Recorder:
             self._step_started = now
             phases = {k: round(v, 3) for k, v in self.phases.items()}
             self.phases = {}
+            self._next_step = step + 1
             self.reporter.step(
                 step,
                 tokens=tokens,

@@ -21,8 +21,13 @@ class DiagnosisConfig:
     hang_floor_s: float = 4.0
     # a group that never reported a step is only stalled after this long in its generation
     warmup_timeout_s: float = 1800.0
-    # a checkpoint in progress excuses silence for at most this long
+    # a checkpoint in progress excuses silence for
+    # min(checkpoint_grace_s, max(factor x its measured duration, floor)); the measure is
+    # the longest of the quiet step's checkpoint phase and the group's recent checkpoints
+    # (their duration_ms, or first event to commit). Unmeasured: the cap alone.
     checkpoint_grace_s: float = 1800.0
+    checkpoint_grace_factor: float = 2.0
+    checkpoint_grace_floor_s: float = 10.0
     # process: exits this much later than the first one are its teardown/cascade
     # (0: any later exit; gloo/NCCL peers raise within milliseconds of the first exit)
     cascade_tolerance_s: float = 0.0

@@ -48,6 +48,7 @@ class Spec:
     quick: bool = True
     # Two ranks by default; a straggler needs a majority to be slow against.
     world: int = 2
+    fault_step: int = FAULT_STEP  # for inside faults
 
 
 MATRIX: tuple[Spec, ...] = (
@@ -59,6 +60,16 @@ MATRIX: tuple[Spec, ...] = (
     # agents.torch watchdogs report where they wait, so the console names the rank that
     # never arrived (undetermined: no exit or device evidence, so no automatic restart).
     Spec("hang", "SIGSTOP rank 1", "rank_hang", False, quick=False),
+    # The step after a checkpoint carries its phase, which excused silence for 30 min;
+    # now the grace is relative to the checkpoint's measured duration (10 s floor here).
+    Spec(
+        "hang_after_checkpoint",
+        "rank 1 stops right after the step carrying the step-10 checkpoint",
+        "rank_hang",
+        False,
+        inside="hang_after_ckpt",
+        fault_step=11,
+    ),
     Spec(
         "slow",
         "rank 1 sleeps in its input phase",
@@ -318,7 +329,7 @@ class Drill:
         extra = ["--ckpt-every", "5"]
         if spec.inside:
             extra += ["--fault", spec.inside, "--fault-rank", str(FAULT_RANK)]
-            extra += ["--fault-step", str(FAULT_STEP)]
+            extra += ["--fault-step", str(spec.fault_step)]
         if spec.name == "corrupt_checkpoint":
             extra += ["--ckpt-until", "10"]  # the corrupted one stays the newest
         job = self.launch(1, extra)

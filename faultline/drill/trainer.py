@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import warnings
@@ -49,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ckpt-until", type=int, default=0, help="no checkpoints after step N")
     parser.add_argument("--resume", type=Path, default=None, help="DCP checkpoint to load")
     parser.add_argument("--status-dir", type=Path, required=True)
-    parser.add_argument("--fault", default="", help="oom | nan | slow (in this rank)")
+    parser.add_argument(
+        "--fault", default="", help="oom | nan | slow | hang_after_ckpt (in this rank)"
+    )
     parser.add_argument("--fault-rank", type=int, default=-1)
     parser.add_argument("--fault-step", type=int, default=-1)
     parser.add_argument("--step-sleep", type=float, default=0.15)
@@ -121,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
             data_cursor=step * batch_tokens * world,
         )
         _write_status(status, {"step": step, "pid": os.getpid(), "ts": time.time()})
+        if faulty and args.fault == "hang_after_ckpt" and step == args.fault_step:
+            # Stopped right after the step that carried the checkpoint phase: the silence
+            # the old 30-minute checkpoint grace excused.
+            _fault_mark(args, rank, step)
+            os.kill(os.getpid(), signal.SIGSTOP)
         if step % args.ckpt_every == 0 and (not args.ckpt_until or step <= args.ckpt_until):
             with fl_torch.phase("checkpoint"):
                 _save(args, dcp, dist, torch, model, step, rank)
