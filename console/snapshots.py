@@ -18,6 +18,7 @@ STEP_WINDOW = timedelta(minutes=10)
 EVENT_WINDOW = timedelta(minutes=30)
 HISTORY_WINDOW = timedelta(hours=24)
 MAX_STEP_ROWS = 200_000
+MAX_PROBE_ROWS = 20_000
 
 
 def _rows(qs: Any, kind: str, fields: list[str], node_names: dict[int, str]) -> list[dict]:
@@ -114,6 +115,16 @@ def load(*, group_name: str, now: datetime) -> GroupSnapshot | None:
          "draining", "window"],
         names,
     )  # fmt: skip
+    # Correctness probes: compared across ranks at one step and over time (issue 23).
+    probes = m.ProbeRecord.objects.filter(
+        group=group, generation=gen, stale=False, ts__gte=now - EVENT_WINDOW
+    ).order_by("-ts")[:MAX_PROBE_ROWS]
+    records += _rows(
+        probes,
+        "probe",
+        ["generation", "probe", "rank", "worker", "step", "value", "checksum", "model_version"],
+        names,
+    )
     records += _device_records(node_ids, names, now)
     contract = [
         {"kind": c.kind, "subject": c.subject, "evidence": c.evidence, "ts": c.ts}

@@ -26,6 +26,7 @@ from console.diagnosis.records import (
     Manifest,
     NodeState,
     Phases,
+    ProbeRecord,
     ProcessRecord,
     ServingSlo,
     ServingWindow,
@@ -48,6 +49,7 @@ __all__ = [
     "Manifest",
     "NodeState",
     "Phases",
+    "ProbeRecord",
     "ProcessRecord",
     "RankState",
     "ServingWindow",
@@ -99,6 +101,7 @@ class GroupSnapshot:
     serving: tuple[ServingWindow, ...] = ()  # latest window per worker
     contract_findings: tuple[ContractFinding, ...] = ()
     slo: ServingSlo = field(default_factory=ServingSlo)
+    probes: tuple[ProbeRecord, ...] = ()  # oldest first, every generation
 
 
 def _num(value: Any) -> float | None:
@@ -222,6 +225,7 @@ def build_snapshot(
     ckpt: dict[str, list[CheckpointEvent]] = defaultdict(list)
     transitions: list[Transition] = []
     serving: dict[str, ServingWindow] = {}
+    probes: list[ProbeRecord] = []
     heartbeats = dict(nodes)
     for r in recs:
         kind = r.get("kind")
@@ -296,6 +300,20 @@ def build_snapshot(
                 draining=r.get("draining"),
                 window=r.get("window") or {},
             )
+        elif kind == "probe":
+            probes.append(
+                ProbeRecord(
+                    ts=r["ts"],
+                    generation=gen,
+                    probe=str(r["probe"]),
+                    rank=r.get("rank"),
+                    worker=r.get("worker"),
+                    step=r.get("step"),
+                    value=_num(r.get("value")),
+                    checksum=r.get("checksum"),
+                    model_version=r.get("model_version"),
+                )
+            )
         elif kind == "heartbeat" and r.get("node"):
             prev = heartbeats.get(r["node"])
             heartbeats[r["node"]] = r["ts"] if prev is None else max(prev, r["ts"])
@@ -357,4 +375,5 @@ def build_snapshot(
             for c in contract_findings
         ),
         slo=ServingSlo.from_mapping(slo),
+        probes=tuple(probes),
     )
