@@ -81,6 +81,17 @@ MATRIX: tuple[Spec, ...] = (
         world=3,
     ),
     Spec("stale_generation", "restart while generation 1 keeps writing", "split_brain", False),
+    # Byzantine-like: nothing crashes, the loss stays finite; only the fixed-input probe
+    # (every 5 steps, compared across ranks) says which rank went wrong.
+    Spec(
+        "silent_corruption",
+        "rank 1's weights silently perturbed (3 ranks)",
+        "probe_divergence",
+        False,
+        inside="corrupt_weights",
+        fault_step=12,
+        world=3,
+    ),
 )
 
 

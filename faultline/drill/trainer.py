@@ -51,11 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", type=Path, default=None, help="DCP checkpoint to load")
     parser.add_argument("--status-dir", type=Path, required=True)
     parser.add_argument(
-        "--fault", default="", help="oom | nan | slow | hang_after_ckpt (in this rank)"
+        "--fault", default="", help="oom | nan | slow | hang_after_ckpt | corrupt_weights"
     )
     parser.add_argument("--fault-rank", type=int, default=-1)
     parser.add_argument("--fault-step", type=int, default=-1)
     parser.add_argument("--step-sleep", type=float, default=0.15)
+    parser.add_argument("--probe-every", type=int, default=5, help="fixed-batch probe period")
     args = parser.parse_args(argv)
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -73,6 +74,16 @@ def main(argv: list[str] | None = None) -> int:
     fl_torch.install()
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    # The correctness probe: one fixed batch, the same on every rank, no gradients. Data
+    # parallel ranks hold the same weights, so their answers must agree.
+    probe_x = torch.randn(16, 64, generator=torch.Generator().manual_seed(99))
+    probe_y = probe_x.sum(dim=1, keepdim=True) * 0.1
+
+    def fixed_batch_loss() -> float:
+        with torch.no_grad():
+            return float(torch.nn.functional.mse_loss(model(probe_x), probe_y))
+
+    reporter.get().set_probe(fixed_batch_loss, every=args.probe_every, name="fixed_batch_loss")
     start = 0
     if args.resume is not None:
         state: dict[str, Any] = {"model": model.state_dict(), "step": torch.tensor(0)}
@@ -95,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             if faulty and args.fault == "nan" and step >= args.fault_step:
                 _fault_mark(args, rank, step)
                 x = x * float("nan")  # a poisoned sample
+            if faulty and args.fault == "corrupt_weights" and step == args.fault_step:
+                _fault_mark(args, rank, step)
+                with torch.no_grad():  # a silent bit-rot of this rank's weights: no error
+                    model[0].weight.add_(0.05)
             if faulty and args.fault == "oom" and step == args.fault_step:
                 _fault_mark(args, rank, step)
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
