@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", type=Path, default=None, help="DCP checkpoint to load")
     parser.add_argument("--status-dir", type=Path, required=True)
     parser.add_argument(
-        "--fault", default="", help="oom | nan | slow | hang_after_ckpt | corrupt_weights"
+        "--fault", default="", help="what breaks in this rank (see faultline.drill.runner.MATRIX)"
     )
     parser.add_argument("--fault-rank", type=int, default=-1)
     parser.add_argument("--fault-step", type=int, default=-1)
@@ -91,14 +91,27 @@ def main(argv: list[str] | None = None) -> int:
         model.load_state_dict(state["model"])
         start = int(state["step"])
     status = args.status_dir / f"rank{rank}.json"
+    # One line per step: what the runner checks the invariants and the observer cost with.
+    steps_log = open(args.status_dir / f"rank{rank}.steps", "a")  # noqa: SIM115
+    last_end = time.monotonic()
     faulty = rank == args.fault_rank
     batch_tokens = 32 * 64
     for step in range(start + 1, args.steps + 1):
+        here = faulty and step == args.fault_step
         with fl_torch.phase("input"):
             gen = torch.Generator().manual_seed(step * 1000 + rank)
             x = torch.randn(32, 64, generator=gen)
             y = x.sum(dim=1, keepdim=True) * 0.1
             time.sleep(args.step_sleep)  # stands in for reading a real data shard
+            if here and args.fault == "read_timeout":
+                _fault_mark(args, rank, step)
+                time.sleep(600)  # a read that never returns (a hung filesystem, say)
+            if here and args.fault == "bad_sample":
+                _fault_mark(args, rank, step)
+                x = x[:, :63]  # a malformed record: the model cannot take it
+            if here and args.fault == "clean_exit":
+                _fault_mark(args, rank, step)
+                sys.exit(0)  # a worker that decides it is done, mid-run
             if faulty and args.fault == "slow" and step >= args.fault_step:
                 _fault_mark(args, rank, step)
                 time.sleep(args.step_sleep * 4)  # a slow data loader on this rank only
@@ -122,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError("a parameter got no gradient")
             grads.append(p.grad)
         flat = torch.cat([g.reshape(-1) for g in grads])
+        if here and args.fault == "raise_before_collective":
+            _fault_mark(args, rank, step)
+            raise RuntimeError("drill: rank failed before entering the collective")
         dist.all_reduce(flat)  # the gradient average: one collective per step, same on all
         flat /= world
         offset = 0
@@ -129,15 +145,36 @@ def main(argv: list[str] | None = None) -> int:
             n = g.numel()
             g.copy_(flat[offset : offset + n].reshape(g.shape))
             offset += n
+        if here and args.fault == "raise_after_collective":
+            _fault_mark(args, rank, step)
+            raise RuntimeError("drill: rank failed after the collective, before its update")
         with fl_torch.phase("optimizer"):
             opt.step()
+        cursor = step * batch_tokens * world
+        if faulty and args.fault == "cursor_mismatch" and step >= args.fault_step:
+            _fault_mark(args, rank, step)
+            cursor -= 10 * batch_tokens * world  # this rank's sampler restarted behind
+        began = time.monotonic()
         fl_torch.report_step(
             step,
             loss=loss.detach(),
             grad_norm=float(flat.norm()),
             tokens=batch_tokens,
-            data_cursor=step * batch_tokens * world,
+            data_cursor=cursor,
         )
+        ended = time.monotonic()
+        rep = reporter.get()
+        line = {
+            "step": step,
+            "ts": time.time(),
+            "step_ms": round((ended - last_end) * 1000, 3),
+            "report_ms": round((ended - began) * 1000, 3),
+            "dropped": rep.dropped,
+            "sample_seed": step * 1000 + rank,
+        }
+        steps_log.write(json.dumps(line) + "\n")
+        steps_log.flush()
+        last_end = ended
         _write_status(status, {"step": step, "pid": os.getpid(), "ts": time.time()})
         if faulty and args.fault == "hang_after_ckpt" and step == args.fault_step:
             # Stopped right after the step that carried the checkpoint phase: the silence

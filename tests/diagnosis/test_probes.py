@@ -6,7 +6,15 @@ from datetime import timedelta
 from typing import Any
 
 from console.diagnosis import ROOT_CAUSE, UNDETERMINED, diagnose
-from tests.diagnosis.factory import GROUP, T0, of_kind, rank_subject, snap, training
+from tests.diagnosis.factory import (
+    GROUP,
+    T0,
+    checkpoint,
+    of_kind,
+    rank_subject,
+    snap,
+    training,
+)
 
 
 def probe(rank: int | None, n: int | None, value: Any = None, **kw: Any) -> dict[str, Any]:
@@ -105,3 +113,18 @@ def test_it_names_a_serving_worker_whose_answer_changed_under_the_same_version()
 def test_it_accepts_a_new_answer_after_a_version_switch() -> None:
     recs = [_serving_probe("w0", "aa", 1, "m1"), _serving_probe("w0", "dd", 5, "m2")]
     assert of_kind(diagnose(snap(recs), T0 + timedelta(seconds=6)), "probe_divergence") == []
+
+
+def test_it_steps_the_restore_point_back_before_the_first_divergent_step() -> None:
+    answers = {n: {0: 0.5, 1: 0.5, 2: 0.5} for n in (100, 110, 120)}
+    answers[110][1] = answers[120][1] = 0.9
+    recs = _probed(3, answers)
+    ck = T0 - timedelta(seconds=5)
+    recs += [
+        checkpoint(ck, "ckpt-115", 115, "committed"),
+        checkpoint(ck, "ckpt-115", 115, "verified"),
+    ]
+    d = diagnose(snap(recs), T0)
+    assert d.checkpoint == "ckpt-100"  # ckpt-115 was written from corrupt state
+    healthy = [r for r in recs if r["kind"] != "probe"]
+    assert diagnose(snap(healthy), T0).checkpoint == "ckpt-115"

@@ -23,6 +23,7 @@ from console.diagnosis.findings import (
     CRITICAL,
     ROOT_CAUSE,
     UNDETERMINED,
+    checkpoint_subject,
     group_subject,
     rank_subject,
     worker_subject,
@@ -91,6 +92,26 @@ def _emit(
     )
     if role == ROOT_CAUSE:
         ctx.unsafe_reasons[f.id] = unsafe
+
+
+def _distrust_since(ctx: Context, step: int) -> None:
+    """A checkpoint written at or after the first divergent step may carry the corruption:
+    recovery must use the newest valid one before it (the `checkpoints` rule's choice,
+    stepped back)."""
+    ckpt = ctx.valid_checkpoint
+    if ckpt is None or ckpt.step is None or ckpt.step < step:
+        return
+    earlier = [
+        c
+        for c in ctx.snap.checkpoints
+        if c.step is not None
+        and c.step < step
+        and c.phase in ("committed", "verified")
+        and not ctx.on(checkpoint_subject(ctx.snap.group, c.checkpoint_id))
+        and c.manifest is not None
+        and all(s.sha256 for s in c.manifest.shards)
+    ]
+    ctx.valid_checkpoint = max(earlier, key=lambda c: c.step or 0, default=None)
 
 
 def _training(ctx: Context, probes: Sequence[ProbeRecord]) -> None:
@@ -177,6 +198,7 @@ def _training(ctx: Context, probes: Sequence[ProbeRecord]) -> None:
             r = ctx.ranks.get(rk)
             node = None if r is None else r.node
             got = _shown(_answer(at[rk], cfg.probe_rel_tol))
+            _distrust_since(ctx, first)
             _emit(
                 ctx,
                 subject=rank_subject(group, rk),
