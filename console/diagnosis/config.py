@@ -43,10 +43,8 @@ class DiagnosisConfig:
     loss_scale_floor: float = 1.0
     loss_scale_collapse_factor: float = 1024.0
     # probes: answers to a fixed input agree within this relative tolerance (data-parallel
-    # ranks share weights, so their fixed-batch loss is equal up to reduction order);
-    # compared over the newest this-many probed steps
+    # ranks share weights, so their fixed-batch loss is equal up to reduction order)
     probe_rel_tol: float = 1e-5
-    probe_window_steps: int = 8
     # devices: cumulative NVLink error counter above which a link is suspect
     nvlink_errors_limit: int = 10
     # restarts: more than `retry_limit` restarts within `retry_window_s` is a storm

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from faultline.drill.runner import Drill, Job
 
 
+# Faults after which every later checkpoint holds bad state (NaN weights, corrupt weights).
+POISONED = frozenset({"nan", "corrupt_weights"})
+
+
 def logged_steps(job: Job, rank: int) -> list[int]:
     """The steps this rank of this generation reported, in order (the trainer's log)."""
     out: list[int] = []
@@ -54,8 +58,8 @@ def newest_valid_step(drill: Drill) -> int:
         step = int(directory.name.rsplit("_", 1)[-1])
         if step in drill.broken or not (directory / "COMMITTED").exists():
             continue
-        if drill.spec.inside == "corrupt_weights" and step >= drill.spec.fault_step:
-            continue  # written from silently corrupt state
+        if drill.spec.inside in POISONED and step >= drill.spec.fault_step:
+            continue  # written from NaN or silently corrupt state: not a restore point
         if drill.agent_phase(step) == "verified":
             best = max(best, step)
     return best

@@ -33,6 +33,7 @@ from faultline.embedded import free_port
 from faultline.testing.service import Service
 
 DETECT_TIMEOUT_S = 25.0
+CONVERGE_S = 10.0
 CKPT_FAULTS = frozenset(
     {"corrupt_checkpoint", "ckpt_shard_missing", "ckpt_shard_duplicated", "ckpt_partial_manifest"}
 )
@@ -483,12 +484,25 @@ class Drill:
     def restore(self, job: Job) -> None:
         r = self.result
         last = max(j.step() for j in self.jobs)
+        # The console learns of the agent's newest verification a moment later: give it up
+        # to CONVERGE_S to name the restore point the drill knows is right.
+        expected = invariants.newest_valid_step(self)
+        began = time.monotonic()
         info = self.group_info() or {}
+        while (
+            _step_of(info.get("newest_valid_checkpoint")) != expected
+            and time.monotonic() - began < CONVERGE_S
+        ):
+            time.sleep(0.5)
+            info = self.group_info() or {}
         ckpt = info.get("newest_valid_checkpoint")
         r.checkpoint = ckpt
         resume = _step_of(ckpt)
         r.measured.update(
-            last_step=last, resume_step=resume, expected_resume=invariants.newest_valid_step(self)
+            last_step=last,
+            resume_step=resume,
+            expected_resume=expected,
+            restore_point_wait_s=round(time.monotonic() - began, 2),
         )
         r.lost_steps = last - resume
         r.lost_tokens = r.lost_steps * TOKENS_PER_RANK_STEP * self.spec.world

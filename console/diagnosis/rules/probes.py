@@ -121,8 +121,9 @@ def _training(ctx: Context, probes: Sequence[ProbeRecord]) -> None:
         if p.rank is not None and p.step is not None:
             by_name[p.probe][p.step][p.rank] = p  # newest answer per (step, rank)
     for name, steps in sorted(by_name.items()):
+        # Every loaded probed step (the loader bounds them): the first divergent step must
+        # not fall out of a window while the rank stays divergent.
         recent = sorted(s for s, ranks in steps.items() if len(ranks) >= 2)
-        recent = recent[-cfg.probe_window_steps :]
         if not recent:
             continue
         divergent: dict[int, list[int]] = defaultdict(list)  # rank -> steps it was outside
