@@ -75,9 +75,20 @@ def test_it_forgets_a_divergence_the_newest_probe_no_longer_shows() -> None:
 
 
 def test_it_calls_a_non_finite_answer_on_every_rank_a_group_root_cause() -> None:
-    answers = {120: {0: float("nan"), 1: float("nan"), 2: float("nan")}}
-    (f,) = of_kind(diagnose(snap(_probed(3, answers)), T0), "probe_divergence")
+    nan = float("nan")
+    answers = {110: {0: 0.5, 1: 0.5, 2: 0.5}, 115: {0: nan, 1: nan, 2: nan}}
+    answers[120] = answers[115]
+    recs = _probed(3, answers)
+    ck = T0 - timedelta(seconds=4)
+    recs += [
+        checkpoint(ck, "ckpt-115", 115, "committed"),
+        checkpoint(ck, "ckpt-115", 115, "verified"),
+    ]
+    d = diagnose(snap(recs), T0)
+    (f,) = of_kind(d, "probe_divergence")
     assert (f.subject, f.role) == (f"group:{GROUP}", ROOT_CAUSE)
+    assert f.evidence["first_step"] == 115
+    assert d.checkpoint == "ckpt-100"  # the NaN-era checkpoint is no restore point
 
 
 def test_it_names_the_one_rank_whose_answer_is_nan() -> None:

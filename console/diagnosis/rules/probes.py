@@ -127,6 +127,7 @@ def _training(ctx: Context, probes: Sequence[ProbeRecord]) -> None:
         if not recent:
             continue
         divergent: dict[int, list[int]] = defaultdict(list)  # rank -> steps it was outside
+        nonfinite_since = 0
         last_verdict: tuple[str, list[Any], list[list[Any]]] | None = None
         for s in recent:
             answers = {rk: a for rk, p in steps[s].items() if (a := _answer(p, cfg.probe_rel_tol))}
@@ -135,6 +136,11 @@ def _training(ctx: Context, probes: Sequence[ProbeRecord]) -> None:
             clusters = _clusters(answers, cfg.probe_rel_tol)
             if len(clusters) == 1:
                 if answers and all(a == ("value", "non-finite") for a in answers.values()):
+                    nonfinite_since = (
+                        s
+                        if last_verdict is None or last_verdict[0] != ("nonfinite")
+                        else nonfinite_since
+                    )
                     last_verdict = ("nonfinite", [s], clusters)
                 else:
                     last_verdict = None
@@ -152,6 +158,7 @@ def _training(ctx: Context, probes: Sequence[ProbeRecord]) -> None:
         at = steps[newest]
         ts = max(p.ts for p in at.values())
         if verdict == "nonfinite":
+            _distrust_since(ctx, nonfinite_since)
             _emit(
                 ctx,
                 subject=group_subject(group),
@@ -160,7 +167,12 @@ def _training(ctx: Context, probes: Sequence[ProbeRecord]) -> None:
                 f"non-finite at step {newest}: the model state is corrupt everywhere",
                 first_seen=ts,
                 last_seen=ts,
-                evidence={"probe": name, "step": newest, "ranks": ctx.capped(sorted(at))},
+                evidence={
+                    "probe": name,
+                    "step": newest,
+                    "first_step": nonfinite_since,
+                    "ranks": ctx.capped(sorted(at)),
+                },
                 unsafe="probe_divergence: the fixed input gives a non-finite answer on every "
                 "rank; the newest checkpoints may carry the corruption",
             )
