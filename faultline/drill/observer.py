@@ -55,7 +55,8 @@ def _stored_steps(drill: Drill) -> set[tuple[int, int]]:
 
 def telemetry_down(drill: Drill) -> None:
     r = drill.result
-    job = drill.launch(1, ["--ckpt-every", "5"])
+    # No probe here: its fixed-batch forward pass would be timed as reporter time.
+    job = drill.launch(1, ["--ckpt-every", "5", "--probe-every", "0"])
     from faultline.drill.runner import _wait
 
     if not _wait(lambda: job.step() >= 8 or not job.alive(), 90) or job.step() < 8:

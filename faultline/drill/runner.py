@@ -495,6 +495,7 @@ class Drill:
         ):
             time.sleep(0.5)
             info = self.group_info() or {}
+            expected = invariants.newest_valid_step(self)  # the agent's state file lags too
         ckpt = info.get("newest_valid_checkpoint")
         r.checkpoint = ckpt
         resume = _step_of(ckpt)
