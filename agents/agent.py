@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from agents import __version__
+from agents import __version__, xid
 from agents.checkpoints import CheckpointWatcher, RootConfig
 from agents.executor import Executor
 from agents.fake_nvml import FakeNvml, parse_scripts
@@ -54,10 +54,13 @@ class Config:
     reporter_udp_port: int | None = None
     reporter_socket_mode: int = 0o660
     hooks: dict[str, str] = field(default_factory=dict)
+    scheduler: str | None = None  # built-in backend: "slurm" | "kubernetes" (agents/schedulers)
     hook_timeout_s: float = 60.0
     action_poll_s: float = 15.0
     verify_rate_mb_s: float = 100.0
     max_batch_records: int = 1000
+    # [xid_overrides] of agent.toml: code -> {class, action, investigatory} (agents/xid.py)
+    xid_catalog: xid.XidCatalog | None = None
 
 
 def boot_id() -> str | None:
@@ -83,6 +86,8 @@ class Agent:
     ) -> None:
         self.config = config
         self.out = out or sys.stdout
+        if config.xid_catalog is not None:
+            xid.install(config.xid_catalog)  # before the backend reads any Xid
         state = Path(config.state_dir)
         state.mkdir(parents=True, exist_ok=True)
         self.identity = Identity(state)
@@ -97,6 +102,7 @@ class Agent:
             token=config.token,
             dry_run=config.dry_run,
             timeout_s=config.hook_timeout_s,
+            scheduler=config.scheduler,
         )
         self.sender = Sender(
             self.spool,

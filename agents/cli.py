@@ -18,9 +18,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from agents import __version__
+from agents import __version__, xid
 from agents.agent import DEFAULT_STATE_DIR, Agent, Config, make_backend
 from agents.checkpoints import RootConfig
+from agents.schedulers import backend_named
 from agents.sender import opener_for
 from agents.spool import Identity, Spool
 
@@ -183,9 +184,20 @@ def build_config(args: argparse.Namespace) -> Config:
     except ValueError:
         raise ConfigError(f'reporter_socket_mode {mode!r} must be octal, e.g. "660"') from None
     cfg.hooks = {str(k): str(v) for k, v in toml.get("hooks", {}).items()}
+    cfg.scheduler = str(toml.get("scheduler") or "") or None
+    try:
+        backend_named(cfg.scheduler)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     cfg.hook_timeout_s = float(toml.get("hook_timeout_s", 60.0))
     cfg.action_poll_s = float(toml.get("action_poll_s", 15.0))
     cfg.verify_rate_mb_s = float(toml.get("verify_rate_mb_s", 100.0))
+    overrides = toml.get("xid_overrides")
+    if overrides:
+        try:
+            cfg.xid_catalog = xid.CATALOG.with_overrides(overrides, source="[xid_overrides]")
+        except xid.OverrideError as exc:
+            raise ConfigError(str(exc)) from None
     if not cfg.dry_run and (not cfg.server or not cfg.token):
         raise ConfigError(
             "a server and a token are needed: pass --server URL and --token "

@@ -72,6 +72,8 @@ def parse(text: str) -> dict[str, dict[str, float]]:
 class DcgmBackend:
     """GpuBackend over dcgm-exporter; one scrape per sampling tick, shared by all GPUs."""
 
+    name = "dcgm"
+
     def __init__(self, url: str, *, timeout: float = 2.0, poll_s: float = 1.0) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"dcgm-exporter URL must be http(s)://, got {url!r}")

@@ -2,7 +2,8 @@
 
 Owns action execution: it receives approved actions (riding back on ingest responses, or
 polled from `GET <server>/api/v1/agents/actions`), runs the hook configured for the action
-kind with a timeout, and reports `{"status", "exit_code", "output"}` to
+kind with a timeout (or, with `scheduler = "slurm"|"kubernetes"` configured and no hook for
+the kind, the built-in backend in agents/schedulers/), and reports the result to
 `POST <server>/api/v1/actions/<id>/result`. It must never decide *whether* an action is
 wise — the service's gates and human approvers do — but it does refuse what is provably
 stale: an action for an older generation than the newest it has seen for that group
@@ -23,6 +24,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from agents import actions_contract as contract
+from agents import schedulers
 from agents.sender import opener_for
 from agents.spool import read_json, write_atomic
 
@@ -32,12 +35,12 @@ OUTPUT_LIMIT = 4096
 
 # Examples documented in docs/agent.md; nothing runs unless configured.
 EXAMPLE_HOOKS = {
-    "cordon": "kubectl cordon {node}",
-    "drain": 'scontrol update nodename={node} state=drain reason="{reason}"',
+    "cordon_node": "kubectl cordon {node}",
+    "drain_node": 'scontrol update nodename={node} state=drain reason="{reason}"',
 }
 
 
-class _SafeDict(dict):  # type: ignore[type-arg]
+class _SafeDict(dict[str, str]):
     def __missing__(self, key: str) -> str:
         return "{" + key + "}"
 
@@ -53,9 +56,11 @@ class Executor:
         token: str = "",
         dry_run: bool = False,
         timeout_s: float = 60.0,
+        scheduler: str | None = None,
     ) -> None:
         self.node = node
-        self.hooks = dict(hooks)
+        self.hooks = contract.normalize_hooks(hooks)
+        self.scheduler = schedulers.backend_named(scheduler)
         self.server = server.rstrip("/")
         self.token = token
         self.dry_run = dry_run
@@ -127,7 +132,7 @@ class Executor:
         return result
 
     def _argv(self, action: dict[str, Any]) -> list[str] | None:
-        template = self.hooks.get(str(action.get("kind")))
+        template = self.hooks.get(contract.canonical(str(action.get("kind"))))
         if not template:
             return None
         params = action.get("params") or {}
@@ -150,6 +155,20 @@ class Executor:
         return [part.format_map(values) for part in shlex.split(template)]
 
     def _run(self, action: dict[str, Any]) -> dict[str, Any]:
+        kind = contract.canonical(str(action.get("kind")))
+        if kind not in self.hooks and self.scheduler is not None and kind in contract.KINDS:
+            # The built-in backend answers every contract kind ("unsupported" included).
+            params = contract.params_of(action)
+            dry_run = self.dry_run or params.get("dry_run") is True
+            return dict(
+                schedulers.execute(
+                    self.scheduler,
+                    action,
+                    node=self.node,
+                    timeout_s=self.timeout_s,
+                    dry_run=dry_run,
+                )
+            )
         argv = self._argv(action)
         if argv is None:
             return {
@@ -189,6 +208,8 @@ class Executor:
             return False
         result = self.done.get(action_id, {})
         body = {k: result.get(k) for k in ("status", "exit_code", "output")}
+        if result.get("outcome"):
+            body["outcome"] = result["outcome"]  # agents/actions_contract.py Outcome
         url = f"{self.server}/api/v1/actions/{urllib.parse.quote(action_id)}/result"
         request = urllib.request.Request(  # noqa: S310 -- server URL comes from config
             url,

@@ -9,6 +9,8 @@ the agent only uses it when asked (`--fake-gpus N`).
 Runtime control (demos and drills): when `FAULTLINE_FAKE_NVML_CONTROL_DIR` is set, the
 fake GPUs of node N read new lines appended to `<dir>/<N>` once per sampling round, each
 `<gpu>:<script>` as on the command line ("3:xid79", "3:clear"). Bad lines are skipped.
+`script(i, "xid", code=62, recovery_action="gpu_reset")` also sets the GPU's recovery
+action and, when it changed, emits the Xid 154 the driver would.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class _Gpu:
     ramp: float = 0.0  # degrees per sample while a temp_ramp runs
     ramp_to: float = 95.0
     clock_factor: float = 1.0
+    recovery_action: str = xid.RECOVERY_NONE
 
 
 class FakeNvml:
@@ -141,7 +144,14 @@ class FakeNvml:
             gpu.clock_factor = float(params.get("factor", 0.7))
         elif name in ("xid", "xid79"):
             code = int(params.get("code", 79 if name == "xid79" else 13))
-            self._emit(device_event(gpu.uuid, "xid", code, xid.detail(code)))
+            action = params.get("recovery_action")
+            if action is not None and action not in xid.RECOVERY_ACTIONS:
+                raise ValueError(f"recovery_action {action!r}: one of {list(xid.RECOVERY_ACTIONS)}")
+            changed = action is not None and action != gpu.recovery_action
+            gpu.recovery_action = action or gpu.recovery_action
+            self._emit(device_event(gpu.uuid, "xid", code, xid.detail(code), gpu.recovery_action))
+            if changed and code != 154:
+                self._emit(device_event(gpu.uuid, "xid", 154, xid.detail(154), gpu.recovery_action))
             if code == 79:
                 self._lose(gpu, "Xid 79: fallen off the bus")
         elif name == "dbe":
@@ -157,6 +167,7 @@ class FakeNvml:
         elif name == "clear":
             gpu.throttle, gpu.clock_factor, gpu.ramp, gpu.lost = [], 1.0, 0.0, False
             gpu.temp_c, gpu.power_w = 45.0, 350.0
+            gpu.recovery_action = xid.RECOVERY_NONE
         else:
             raise ValueError(f"unknown fake NVML script {name!r}; known: {', '.join(SCRIPTS)}")
 
@@ -193,6 +204,10 @@ class FakeNvml:
             except ValueError as exc:
                 log.warning("fake NVML control %s: skipping %r (%s)", self._control, spec, exc)
         return applied
+
+    def recovery_action(self, index: int) -> str | None:
+        """The scripted recovery action, as `NvmlBackend.recovery_action` reads the driver's."""
+        return self._gpus[index].recovery_action
 
     def sample(self, index: int) -> Record:
         if index == 0:

@@ -59,6 +59,7 @@ FIELDS: dict[str, frozenset[str]] = {
         }
     ),
     "collective": frozenset({"group", "generation", "rank", "entries"}),
+    "process_groups": frozenset({"group", "generation", "rank", "groups"}),  # issue 17
     "checkpoint": frozenset(
         {
             "group",
@@ -119,6 +120,7 @@ REQUIRED: dict[str, frozenset[str]] = {
     "process": frozenset({"group", "generation", "rank", "event"}),
     "step": frozenset({"group", "generation", "rank", "step"}),
     "collective": frozenset({"group", "generation", "rank", "entries"}),
+    "process_groups": frozenset({"group", "generation", "rank", "groups"}),  # issue 17
     "checkpoint": frozenset({"group", "generation", "checkpoint_id", "phase"}),
     "transition": frozenset({"group", "generation", "to_state"}),
     "serving": frozenset({"group", "worker", "window"}),

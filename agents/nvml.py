@@ -1,8 +1,8 @@
 """GPU collection over NVML (module `pynvml` from the nvidia-ml-py package).
 
-Owns the backend interface the agent samples through, the real NVML backend, throttle
-reason decoding and the Xid/ECC event thread. `pynvml` is imported lazily inside
-`load_backend` so the agent runs (without GPU collection) on a node with no driver.
+Owns the backend interface the agent samples through, the real NVML backend and the Xid/ECC
+event thread (throttle reason names are `agents.gpu_health`'s). `pynvml` is imported lazily
+inside `load_backend` so the agent runs (without GPU collection) on a node with no driver.
 A field that NVML cannot read is reported missing (None), never 0: a zero temperature or
 ECC count would be a lie the console would reason from.
 """
@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import IO, Any, Protocol
 
 from agents import xid
+from agents.gpu_health import decode_throttle_reasons as decode_throttle_reasons
 from agents.wire import Record, record
 
 log = logging.getLogger("faultline.agent.nvml")
@@ -25,36 +26,6 @@ log = logging.getLogger("faultline.agent.nvml")
 NO_DRIVER_MESSAGE = "NVML library not found: running without GPU collection"
 
 EventSink = Callable[[Record], None]
-
-# nvmlClocksEventReason* bits (formerly "throttle reasons"), decoded to stable names that
-# the console's findings use (thermal_throttle, power_throttle, ...).
-THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
-    (0x0001, "gpu_idle"),
-    (0x0002, "applications_clocks_setting"),
-    (0x0004, "sw_power_cap"),
-    (0x0008, "hw_slowdown"),
-    (0x0010, "sync_boost"),
-    (0x0020, "sw_thermal_slowdown"),
-    (0x0040, "hw_thermal_slowdown"),
-    (0x0080, "hw_power_brake_slowdown"),
-    (0x0100, "display_clock_setting"),
-)
-
-
-def decode_throttle_reasons(mask: int) -> list[str]:
-    """Names of the set bits; unknown bits become `bit_0x...` so nothing is hidden."""
-    names = [name for bit, name in THROTTLE_REASONS if mask & bit]
-    known = 0
-    for bit, _ in THROTTLE_REASONS:
-        known |= bit
-    rest = mask & ~known
-    bit = 1
-    while rest:
-        if rest & bit:
-            names.append(f"bit_{bit:#x}")
-            rest &= ~bit
-        bit <<= 1
-    return names
 
 
 def device_sample(uuid: str, index: int, fields: dict[str, Any]) -> Record:
@@ -69,10 +40,20 @@ def device_sample(uuid: str, index: int, fields: dict[str, Any]) -> Record:
 
 
 def device_event(
-    uuid: str, event: str, code: int | None = None, detail: str | None = None
+    uuid: str,
+    event: str,
+    code: int | None = None,
+    detail: str | None = None,
+    recovery_action: str | None = None,
 ) -> Record:
+    """A `device_event`; `recovery_action` is the driver's (agents/xid.RECOVERY_ACTIONS)."""
     return record(
-        "device_event", gpu=uuid, event=event, code=code, detail=(detail or None) and detail[:256]
+        "device_event",
+        gpu=uuid,
+        event=event,
+        code=code,
+        detail=(detail or None) and detail[:256],
+        recovery_action=recovery_action,
     )
 
 
@@ -219,6 +200,27 @@ class NvmlBackend:
                     seen = True
         return total if seen else None
 
+    def recovery_action(self, index: int) -> str | None:
+        """The driver's GPU recovery action (none, gpu_reset, ...), or None where the driver
+        or pynvml cannot say: nvmlDeviceGetGpuRecoveryAction where the binding has it, else
+        the NVML_FI_DEV_GET_GPU_RECOVERY_ACTION field (R570 and newer drivers)."""
+        nv, h = self._nv, self._handles[index]
+        fn = getattr(nv, "nvmlDeviceGetGpuRecoveryAction", None)
+        if fn is not None:
+            value = self._read(index, fn, h)
+            if value is not None:
+                return xid.recovery_action_name(int(value))
+        field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field_id is None:
+            return None
+        values = self._read(index, nv.nvmlDeviceGetFieldValues, h, [field_id])
+        if not values or getattr(values[0], "nvmlReturn", 0) != 0:
+            return None
+        try:
+            return xid.recovery_action_name(int(values[0].value.uiVal))
+        except (AttributeError, TypeError, ValueError):
+            return None
+
     def sample(self, index: int) -> Record:
         nv, h = self._nv, self._handles[index]
         power = self._read(index, nv.nvmlDeviceGetPowerUsage, h)
@@ -308,7 +310,9 @@ class NvmlBackend:
             # NVML reports a DBE both as Xid 48 and as a DBE event: pass each through once.
             if data.eventType & nv.nvmlEventTypeXidCriticalError:
                 code = int(data.eventData)
-                sink(device_event(uuid, "xid", code, xid.detail(code)))
+                # Read at once: Xid 154 means the recovery action just changed.
+                action = None if index is None else self.recovery_action(index)
+                sink(device_event(uuid, "xid", code, xid.detail(code), action))
             if data.eventType & nv.nvmlEventTypeDoubleBitEccError:
                 sink(device_event(uuid, "ecc_dbe", None, "double-bit ECC error"))
         with contextlib.suppress(nv.NVMLError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 from msgspec import Meta, Struct
@@ -50,7 +50,7 @@ GroupState = Literal[
     "failed",
     "stopped",
 ]
-GROUP_STATES: tuple[str, ...] = GroupState.__args__  # type: ignore[attr-defined]
+GROUP_STATES: tuple[str, ...] = get_args(GroupState)
 
 
 # gc=False on every Struct: records are trees (no cycles), and a 1,000-record batch would
@@ -82,11 +82,21 @@ class DeviceSample(_Record, tag="device_sample"):
     pcie_replays: Count | None = None
 
 
+# -- Xid recovery action (issue 18) ---------------------------------------------------
+# The driver's GPU recovery action when the event was read (NVML
+# nvmlDeviceGetGpuRecoveryAction; Xid 154 reports each change). Names as in agents/xid.py
+# RECOVERY_ACTIONS; absent when the driver cannot say.
+RecoveryAction = Literal["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"]
+RECOVERY_ACTIONS: tuple[str, ...] = RecoveryAction.__args__  # type: ignore[attr-defined]  # Literal aliases carry __args__ at run time; typeshed omits it
+# -- end Xid recovery action -----------------------------------------------------------
+
+
 class DeviceEvent(_Record, tag="device_event"):
     gpu: GpuId
     event: Code
     code: int | None = None
     detail: Short | None = None
+    recovery_action: RecoveryAction | None = None  # issue 18: see RecoveryAction above
 
 
 class Process(_Record, tag="process"):
@@ -127,15 +137,55 @@ class Step(_Record, tag="step"):
     step_id: Name | None = None
 
 
+# -- collectives: process groups and per-call detail (issue 17) -----------------------
+# Matching needs to know who is in which process group and what each call moved. Every
+# field below is optional: a payload from before these fields existed means what it meant.
+MAX_PG_RANKS = 16384
+MAX_PROCESS_GROUPS = 1024
+MAX_SPLITS = 16384
+PgName = Annotated[str, Meta(max_length=64)]
+
+
 class CollectiveEntry(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
+    # `seq` counts this rank's collectives on `pg` (1, 2, ...); the members of one coalesced
+    # batch share it. Point-to-point entries (`peer` set) count separately (see `p2p_seq`).
     seq: Count
     op: Code
-    pg: Annotated[str, Meta(max_length=64)] = "default"
-    numel: Count | None = None
-    dtype: Code | None = None
+    pg: PgName = "default"
+    numel: Count | None = None  # input numel
+    dtype: Code | None = None  # input dtype
     state: Literal["scheduled", "started", "completed"] = "scheduled"
     started_ts: UtcTime | None = None
     step_id: Name | None = None  # correlation: the step this call belongs to
+    out_numel: Count | None = None
+    out_dtype: Code | None = None
+    # all_to_all: elements sent to / received from each member, in the group's rank order.
+    in_splits: Annotated[list[Count], Meta(max_length=MAX_SPLITS)] | None = None
+    out_splits: Annotated[list[Count], Meta(max_length=MAX_SPLITS)] | None = None
+    peer: Rank | None = None  # send/recv: the other side's global rank
+    p2p_seq: Count | None = None  # send/recv: k-th send to (or recv from) `peer` on `pg`
+    coalesced: Count | None = None  # id of the coalesced batch this call belongs to
+
+
+class ProcessGroupInfo(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
+    pg: PgName
+    size: Annotated[int, Meta(ge=1, le=1_000_001)]
+    # Global ranks of the members in group-rank order; absent means 0 .. size-1 (the world).
+    ranks: Annotated[list[Rank], Meta(max_length=MAX_PG_RANKS)] | None = None
+    desc: Code | None = None  # what the job calls it: tp, dp, pp, ep, ...
+    backend: Code | None = None
+
+
+class ProcessGroups(_Record, tag="process_groups"):
+    """The process groups one rank belongs to, sent once per generation (and on change)."""
+
+    group: Name
+    generation: Generation
+    rank: Rank
+    groups: Annotated[list[ProcessGroupInfo], Meta(max_length=MAX_PROCESS_GROUPS)]
+
+
+# -- end of issue 17 block ---------------------------------------------------------------
 
 
 class Collective(_Record, tag="collective"):
@@ -262,9 +312,10 @@ Record = (
     | Transition
     | Serving
     | Probe
+    | ProcessGroups
 )
 RECORD_KINDS: tuple[str, ...] = tuple(
-    t.__struct_config__.tag  # type: ignore[attr-defined]
+    str(t.__struct_config__.tag)
     for t in (
         Heartbeat,
         DeviceSample,
@@ -276,6 +327,7 @@ RECORD_KINDS: tuple[str, ...] = tuple(
         Transition,
         Serving,
         Probe,
+        ProcessGroups,
     )
 )
 
@@ -343,10 +395,6 @@ def _refuse_nul(value: Any, path: tuple[str | int, ...] = ()) -> None:
     elif isinstance(value, list):
         for i, item in enumerate(value):
             _refuse_nul(item, (*path, i))
-
-
-def encode_batch(batch: Batch) -> bytes:
-    return msgspec.json.encode(batch)
 
 
 def _explain(raw: str, body: bytes) -> ContractError:

@@ -346,6 +346,25 @@ class Reporter:
         except Exception:  # noqa: BLE001 -- never raise into the workload; count it
             self.dropped += 1
 
+    # -- process groups (issue 17) ------------------------------------------------------
+    def process_groups(
+        self,
+        groups: Iterable[dict[str, Any]],
+        *,
+        group: str | None = None,
+        generation: int | None = None,
+        rank: int | None = None,
+    ) -> None:
+        """The process groups this rank belongs to: [{pg, size, ranks, desc, backend}]."""
+        try:
+            rec = self._scoped("process_groups", group, generation, rank)
+            rec["groups"] = list(groups)[:1024]
+            self._send(rec)
+        except Exception:  # noqa: BLE001 -- never raise into the workload; count it
+            self.dropped += 1
+
+    # -- end of issue 17 block -----------------------------------------------------------
+
     def checkpoint(
         self,
         checkpoint_id: str,
@@ -560,6 +579,7 @@ def _forward(name: str) -> Callable[..., None]:
 
 step = _forward("step")
 collective = _forward("collective")
+process_groups = _forward("process_groups")
 checkpoint = _forward("checkpoint")
 transition = _forward("transition")
 serving_window = _forward("serving_window")

@@ -89,7 +89,7 @@ def bursts(fns: list, calls: int, size: int = 8, pause: float = 0.002) -> list[f
 def per_call_us(fn: object, calls: int) -> float:
     started = time.perf_counter()
     for _ in range(calls):
-        fn()  # type: ignore[operator]
+        fn()
     return (time.perf_counter() - started) / calls * 1e6
 
 

@@ -345,7 +345,7 @@ def copy_baseline(database_url: str, agents: list[Agent], sent: dict[int, int]) 
     from psycopg.types.json import Jsonb
 
     from console.models import ConsistencyGroup, Node
-    from ingest.store import COLUMNS
+    from ingest.store.tables import COLUMNS
 
     node_ids = dict(Node.objects.values_list("name", "id"))
     group_ids = dict(ConsistencyGroup.objects.values_list("name", "id"))

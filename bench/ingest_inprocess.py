@@ -36,8 +36,8 @@ def _setup(root: Path) -> object | None:
         from faultline.embedded import start_embedded
 
         embedded = start_embedded(Path(tempfile.mkdtemp(prefix="faultline-inproc-")))
-        os.environ["DATABASE_URL"] = embedded.database_url  # type: ignore[attr-defined]
-        os.environ["REDIS_URL"] = embedded.redis_url  # type: ignore[attr-defined]
+        os.environ["DATABASE_URL"] = embedded.database_url
+        os.environ["REDIS_URL"] = embedded.redis_url
     os.environ["DJANGO_SETTINGS_MODULE"] = "faultline.settings"
     os.environ["FAULTLINE_ALLOWED_HOSTS"] = "testserver"
     os.environ["FAULTLINE_INGEST_RATE_PER_MIN"] = "1000000"
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         run(40, max(args.batches // 4, 8), args.profile)
     finally:
         if embedded is not None:
-            embedded.stop()  # type: ignore[attr-defined]
+            embedded.stop()
     return 0
 
 

@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         from console import notify_tasks, tasks
         from console.models import ConsistencyGroup
+        from ingest import tasks as ingest_tasks
 
         while not ready.exists() or ConsistencyGroup.objects.count() < args.nodes:
             time.sleep(0.5)
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             if i % 10 == 0:
                 notify_tasks.escalation_sweep()
             if i % 60 == 0:
-                tasks.rollup_telemetry()
+                ingest_tasks.rollup_telemetry()
             if i in checkpoints:
                 row = {
                     "iteration": i,

@@ -1,6 +1,19 @@
+"""The console app's startup: Celery binding and the operator's Xid catalog overrides."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.conf import settings
+
+
+def apply_xid_overrides() -> None:
+    """Install FAULTLINE_XID_OVERRIDES (settings.XID_OVERRIDES_FILE) as this process's Xid
+    catalog, or the stock one when unset. Ingest and diagnosis read it from agents/xid.py.
+    A bad file stops startup with a message naming the file, the code and the key."""
+    from agents import xid
+
+    path = getattr(settings, "XID_OVERRIDES_FILE", None)
+    xid.install(xid.load_overrides(path) if path else xid.CATALOG)
 
 
 class ConsoleConfig(AppConfig):
@@ -11,3 +24,5 @@ class ConsoleConfig(AppConfig):
         # Bind shared tasks to Faultline's Celery app (broker = REDIS_URL) in every process
         # that loads Django, not only in the worker.
         import faultline.celery  # noqa: F401
+
+        apply_xid_overrides()

@@ -2,7 +2,7 @@
 
 Owns the binning rules (at most MAX_RANK_BINS x MAX_TIME_BINS heatmap cells, whatever
 the group's size), the state-machine segments, the checkpoint table and badput bars.
-Pure functions over plain rows: the SQL that produces the rows lives in console.queries,
+Pure functions over plain rows: the SQL that produces the rows lives in console.queries.telemetry,
 and nothing here touches the database, the clock or a request. Must not loop over raw
 telemetry rows — callers hand in rows Postgres has already aggregated.
 """
@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from agents import gpu_health
+
 MAX_RANK_BINS = 256
 MAX_TIME_BINS = 120
 MIN_BIN_S = 1.0
 
-HEALTH_ORDER = ("ok", "unknown", "warning", "critical", "down")
 VALID_PHASES = ("committed", "verified")
 BADPUT_CAUSES = ("stall", "restart", "checkpoint", "recompute", "invalid")
 PHASES = ("compute", "collective", "input", "checkpoint", "optimizer")
@@ -287,8 +288,7 @@ def worst_health(node: Mapping[str, Any]) -> str:
     """The worst of a node's own health and its GPUs': the colour of its grid cell."""
     healths = [node.get("health") or "unknown"]
     healths += [d.get("health") or "unknown" for d in node.get("devices", [])]
-    ranked = [h if h in HEALTH_ORDER else "unknown" for h in healths]
-    return max(ranked, key=HEALTH_ORDER.index)
+    return gpu_health.worst_health(healths)
 
 
 def symptom_groups(

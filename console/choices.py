@@ -1,8 +1,16 @@
-"""Enumerations shared by the console's models, API and pages."""
+"""Enumerations shared by the console's models, API and pages.
+
+Django's `TextChoices` views of vocabularies. Where a pure package owns the vocabulary
+(roles in console.policy.roles, action kinds and states in console.policy.lifecycle),
+the choices here are built from it, never spelled a second time.
+"""
 
 from __future__ import annotations
 
 from django.db import models
+
+from console.policy.lifecycle import LIVE_STATES, ActionKind, ActionState
+from console.policy.roles import Role as _Role
 
 
 class GroupKind(models.TextChoices):
@@ -50,15 +58,28 @@ class IncidentState(models.TextChoices):
 
 
 class UserRole(models.TextChoices):
-    VIEWER = "viewer"
-    OPERATOR = "operator"
-    APPROVER = "approver"
-    ADMIN = "admin"
+    """A console user's role; the ladder and permissions are console.policy.roles'."""
+
+    VIEWER = _Role.VIEWER.value
+    OPERATOR = _Role.OPERATOR.value
+    APPROVER = _Role.APPROVER.value
+    ADMIN = _Role.ADMIN.value
 
 
-ROLE_ORDER = [UserRole.VIEWER, UserRole.OPERATOR, UserRole.APPROVER, UserRole.ADMIN]
-
+# Model choices for Action.kind and Action.state; the labels are what the admin shows.
+ACTION_KIND_LABELS = {
+    ActionKind.QUARANTINE_NODE: "quarantine node",
+    ActionKind.CORDON_NODE: "cordon node",
+    ActionKind.DRAIN_NODE: "drain node",
+    ActionKind.ISOLATE_GPU: "isolate GPU",
+    ActionKind.ISOLATE_RANK: "isolate rank",
+    ActionKind.RESTART_GROUP: "restart group",
+    ActionKind.ROLLBACK_MODEL: "roll back model",
+    ActionKind.PAGE_HUMAN: "page a human",
+}
+ACTION_KINDS = [(k.value, ACTION_KIND_LABELS[k]) for k in ActionKind]
+ACTION_STATES = [(s.value, s.value) for s in ActionState]
 
 # Action states in flight: approved, handed to the agent, or acknowledged by it. Ingest asks
 # whether a node has any, so the common "none" answer costs nothing on the response path.
-ACTION_LIVE_STATES = ("approved", "dispatched", "acknowledged")
+ACTION_LIVE_STATES = tuple(s.value for s in LIVE_STATES)

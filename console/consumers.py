@@ -1,4 +1,9 @@
-"""Websocket consumers: authenticate, join a channel group, forward typed events. Thin."""
+"""Websocket consumers: authenticate, join a channel group, forward typed events. Thin.
+
+The fleet topic carries `node.changed`, `incident.changed`, `action.changed` and
+`breaker.changed`; a group topic carries `group.changed` and `incident.changed`. Payloads
+are console.events'; a consumer must not query or change state.
+"""
 
 from __future__ import annotations
 
@@ -36,4 +41,5 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(self.channel, self.channel_name)
 
     async def push(self, message: dict[str, Any]) -> None:
+        """Every event published to this socket's channel group (console.events.publish)."""
         await self.send_json(message["event"])

@@ -10,6 +10,8 @@ from django.db import models
 from django.db.models import Q
 
 from console.choices import (
+    ACTION_KINDS,
+    ACTION_STATES,
     GroupKind,
     GroupState,
     Health,
@@ -226,26 +228,8 @@ class Membership(models.Model):
 
 
 # --- Remediation: actions, votes, audit, breaker, silences, escalation --------------------
-# Written only through console.remediation (and console.notify_tasks for deliveries); the
+# Written only through console.actions (remediation, paging, notifications); the
 # rules they store come from the pure gates in console.policy.
-
-ACTION_KINDS = [
-    ("quarantine_node", "quarantine node"),
-    ("cordon_node", "cordon node"),
-    ("drain_node", "drain node"),
-    ("isolate_gpu", "isolate GPU"),
-    ("isolate_rank", "isolate rank"),
-    ("restart_group", "restart group"),
-    ("rollback_model", "roll back model"),
-    ("page_human", "page a human"),
-]
-ACTION_STATES = [
-    (s, s)
-    for s in (
-        "proposed", "approved", "rejected", "expired", "cancelled", "dispatched",
-        "acknowledged", "succeeded", "failed",
-    )
-]  # fmt: skip
 
 
 class Action(models.Model):

@@ -1,7 +1,7 @@
 """Pages for remediation: the approvals queue and the audit log.
 
-Thin: read through console.remediation, render, and for the vote form call
-`vote_on_action`. The server checks the role on every POST (a hidden button is not a
+Thin: read through console.remediation_queries, render, and for the vote form call
+`console.actions.vote_on_action`. The server checks the role on every POST (a hidden button is not a
 permission) and Django's CSRF middleware guards the form. The audit page is read-only.
 """
 
@@ -15,9 +15,8 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from console import remediation
+from console import actions, remediation_queries
 from console.choices import UserRole
-from console.models import Action
 from console.policy.votes import VoteRefused
 from console.roles import has_role
 
@@ -31,11 +30,9 @@ def approvals(request: HttpRequest) -> HttpResponse:
         "console/approvals.html",
         {
             "can_vote": can_vote,
-            "waiting": remediation.waiting_for(request.user),
-            "proposed": Action.objects.filter(state="proposed")
-            .select_related("proposed_by", "node", "group")
-            .order_by("proposed_at")[:200],
-            "breaker": remediation.breaker_payload(),
+            "waiting": remediation_queries.waiting_for(request.user),
+            "proposed": remediation_queries.proposed()[:200],
+            "breaker": actions.breaker_payload(),
         },
     )
 
@@ -49,7 +46,7 @@ def vote(request: HttpRequest, pk: int) -> HttpResponse:
     if decision not in ("approve", "reject"):
         return HttpResponse('decision must be "approve" or "reject"', status=400)
     try:
-        outcome = remediation.vote_on_action(
+        outcome = actions.vote_on_action(
             action_id=pk,
             actor=request.user,
             approve=decision == "approve",
@@ -58,7 +55,7 @@ def vote(request: HttpRequest, pk: int) -> HttpResponse:
         )
     except VoteRefused as exc:
         messages.error(request, str(exc))
-    except remediation.NotFound as exc:
+    except actions.NotFound as exc:
         return HttpResponse(str(exc), status=404)
     else:
         messages.info(
@@ -72,6 +69,6 @@ def vote(request: HttpRequest, pk: int) -> HttpResponse:
 def audit(request: HttpRequest) -> HttpResponse:
     verb = request.GET.get("verb", "").strip()
     actor = request.GET.get("actor", "").strip()
-    rows = remediation.audit_log(verb=verb or None, actor=actor or None)
+    rows = remediation_queries.audit_log(verb=verb or None, actor=actor or None)
     page = Paginator(rows, 100).get_page(request.GET.get("page"))
     return render(request, "console/audit.html", {"page": page, "verb": verb, "actor": actor})

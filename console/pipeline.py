@@ -1,27 +1,26 @@
 """The diagnosis pipeline: database rows -> snapshot -> pure engine -> incidents.
 
 Reads go through console.snapshots, writes through console.actions; this module only
-sequences them and decides which groups a sweep should look at.
+sequences them and decides which groups a sweep should look at. It must not write rows
+itself or enqueue tasks by importing them (console.scheduling enqueues by name).
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db.models import Q
 
-from console import actions
-from console.choices import Health
+from console import actions, snapshots
+from console.actions.audit import SYSTEM
+from console.choices import GroupState, Health, IncidentState
+from console.diagnosis import diagnose as run_engine
 from console.models import ConsistencyGroup, Node
 
 NODE_SILENT_AFTER = timedelta(seconds=10)
 
 
 def diagnose(*, group_name: str, now: datetime) -> None:
-    from console import snapshots
-    from console.diagnosis import diagnose as run_engine
-
     snapshot = snapshots.load(group_name=group_name, now=now)
     if snapshot is None:
         return
@@ -37,22 +36,20 @@ def mark_silent_nodes(*, now: datetime) -> list[str]:
         .values_list("name", flat=True)
     )
     for name in silent:
-        actions.set_node_health(name=name, health=Health.DOWN, actor=None)
+        actions.set_node_health(
+            name=name, health=Health.DOWN, actor=SYSTEM, now=now,
+            reason=f"no report for {NODE_SILENT_AFTER.total_seconds():.0f} s",
+        )  # fmt: skip
     return silent
 
 
 def groups_to_sweep(*, now: datetime, window: timedelta) -> list[str]:
     return list(
         ConsistencyGroup.objects.filter(
-            Q(last_activity__gte=now - window) | Q(incidents__state__in=["open", "acknowledged"])
+            Q(last_activity__gte=now - window)
+            | Q(incidents__state__in=[IncidentState.OPEN, IncidentState.ACKNOWLEDGED])
         )
-        .exclude(state__in=["completed", "stopped"])
+        .exclude(state__in=[GroupState.COMPLETED, GroupState.STOPPED])
         .distinct()
         .values_list("name", flat=True)
     )
-
-
-def maintain_telemetry(*, now: datetime) -> None:
-    from ingest import retention
-
-    retention.run(now=now, keep_days=settings.TELEMETRY_RETENTION_DAYS)

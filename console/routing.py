@@ -1,3 +1,5 @@
+"""Websocket routes: one live socket per page, its topic in the path."""
+
 from __future__ import annotations
 
 from django.urls import re_path

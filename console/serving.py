@@ -1,7 +1,8 @@
 """Reads for serving groups: G_serve over time, per-worker state, and version switches.
 
-Aggregates ServingWindow rows in SQL (JSON fields cast in the query), so a page or API call
-costs a few indexed queries however many windows a fleet reports.
+Shapes what `console.queries.telemetry` aggregates from the serving windows in SQL, so a
+page or API call costs a few indexed queries however many windows a fleet reports. Must not
+query ingest's tables itself.
 """
 
 from __future__ import annotations
@@ -9,11 +10,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection
-
-from console import queries
 from console.diagnosis.records import ServingSlo
 from console.models import ConsistencyGroup
+from console.queries import telemetry
 
 WINDOW = timedelta(hours=1)
 
@@ -24,7 +23,7 @@ def effective_slo(group: ConsistencyGroup) -> dict[str, float]:
 
 def workers(group: ConsistencyGroup) -> list[dict[str, Any]]:
     """The newest window of every worker, with its versions, readiness and drain state."""
-    rows = queries.serving_workers(group)
+    rows = telemetry.serving_workers(group)
     out = []
     for row in rows:
         row = dict(row)
@@ -45,36 +44,9 @@ def workers(group: ConsistencyGroup) -> list[dict[str, Any]]:
     return out
 
 
-_SERIES = """
-SELECT date_trunc('minute', ts) AS minute,
-       sum(coalesce(("window"->>'slo_met')::bigint, 0)) AS met,
-       sum(coalesce(("window"->>'requests')::bigint, 0)) AS requests,
-       sum(coalesce(("window"->>'seconds')::float, 0))
-         / greatest(count(DISTINCT worker), 1) AS secs,
-       max(("window"->>'ttft_ms_p99')::float) AS ttft_p99,
-       max(("window"->>'tpot_ms_p99')::float) AS tpot_p99
-FROM ingest_servingwindow
-WHERE group_id = %s AND ts >= %s
-GROUP BY 1 ORDER BY 1
-"""
-
-_VERSIONS = """
-SELECT coalesce(model_version, '?') AS version,
-       sum(coalesce(("window"->>'requests')::bigint, 0)) AS requests,
-       sum(coalesce(("window"->>'slo_met')::bigint, 0)) AS met,
-       count(DISTINCT worker) AS workers,
-       min(ts) AS first_seen, max(ts) AS last_seen
-FROM ingest_servingwindow
-WHERE group_id = %s AND ts >= %s
-GROUP BY 1 ORDER BY min(ts)
-"""
-
-
 def series(group: ConsistencyGroup, now: datetime) -> list[dict[str, Any]]:
     """G_serve (SLO-meeting requests per second) and worst p99 latencies per minute."""
-    with connection.cursor() as cur:
-        cur.execute(_SERIES, [group.pk, now - WINDOW])
-        rows = cur.fetchall()
+    rows = telemetry.serving_minutes(group, now - WINDOW)
     return [
         {
             "minute": minute.isoformat(),
@@ -92,10 +64,10 @@ def series(group: ConsistencyGroup, now: datetime) -> list[dict[str, Any]]:
 
 def versions(group: ConsistencyGroup, now: datetime) -> list[dict[str, Any]]:
     """Traffic share and SLO goodput per model version: how a canary compares."""
-    with connection.cursor() as cur:
-        cur.execute(_VERSIONS, [group.pk, now - WINDOW])
-        rows = cur.fetchall()
-    rows = [(v, int(req), int(met), int(n), first, last) for v, req, met, n, first, last in rows]
+    rows = [
+        (v, int(req), int(met), int(n), first, last)
+        for v, req, met, n, first, last in telemetry.serving_versions(group, now - WINDOW)
+    ]
     total = sum(r[1] for r in rows)
     return [
         {

@@ -1,3 +1,5 @@
+"""Console pages: fleet, group, incident (with its forms), approvals, audit."""
+
 from __future__ import annotations
 
 from django.urls import path

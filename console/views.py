@@ -89,7 +89,7 @@ def incident_assign(request: HttpRequest, pk: int) -> HttpResponse:
             return redirect("incident", pk=pk)
     try:
         actions.assign_incident(
-            incident_id=pk, assignee=assignee, actor=request.user,
+            incident_id=pk, assignee=assignee, actor=request.user, now=timezone.now(),
             expected_version=_version(request),
         )  # fmt: skip
     except actions.IncidentChangeError as exc:
@@ -103,7 +103,10 @@ def incident_comment(request: HttpRequest, pk: int) -> HttpResponse:
     _operator(request)
     try:
         actions.comment_on_incident(
-            incident_id=pk, actor=request.user, body=request.POST.get("body", "")
+            incident_id=pk,
+            actor=request.user,
+            body=request.POST.get("body", ""),
+            now=timezone.now(),
         )
     except actions.IncidentChangeError as exc:
         messages.error(request, str(exc))

@@ -1,4 +1,8 @@
-"""Celery app: the worker runs diagnosis and notifications, beat runs the sweeps."""
+"""Celery app: the worker runs diagnosis and notifications, beat runs the sweeps.
+
+Tasks are found by autodiscovery (console.tasks, console.notify_tasks, ingest.tasks) and
+scheduled here by their stable names; nothing else imports a tasks module.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ app = Celery("faultline")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["console"])
 app.autodiscover_tasks(["console"], related_name="notify_tasks")
+app.autodiscover_tasks(["ingest"])
 app.conf.beat_schedule = {
     "sweep": {"task": "console.sweep", "schedule": 1.0},
     "escalation-sweep": {"task": "console.escalation_sweep", "schedule": 10.0},

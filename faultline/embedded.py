@@ -64,7 +64,7 @@ class Embedded:
                 self._valkey.kill()
         self._valkey = None
         if self._pg is not None:
-            self._pg.cleanup()  # type: ignore[attr-defined]
+            self._pg.cleanup()  # type: ignore[attr-defined]  # pgserver ships no stubs
             if force:
                 _force_stop_postgres(self._pg)
             self._pg = None
@@ -74,13 +74,13 @@ def _force_stop_postgres(server: object) -> None:
     # pgserver makes one function per Postgres binary at import (setattr): no stub knows it.
     from pgserver._commands import pg_ctl  # type: ignore[attr-defined]  # set at import
 
-    pgdata: Path = server.pgdata  # type: ignore[attr-defined]
+    pgdata: Path = server.pgdata  # type: ignore[attr-defined]  # a pgserver PostgresServer, typed object here
     if (pgdata / "postmaster.pid").exists():
         with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
             pg_ctl(
                 ["-w", "-m", "fast", "stop"],
                 pgdata=pgdata,
-                user=server.system_user,  # type: ignore[attr-defined]
+                user=server.system_user,  # type: ignore[attr-defined]  # as above
                 timeout=30,
             )
 

@@ -47,7 +47,7 @@ class RejectNulMiddleware:
 
 class _RejectNul:
     def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
-        data = super().parse(stream, media_type, parser_context)  # type: ignore[misc]
+        data = super().parse(stream, media_type, parser_context)  # type: ignore[misc]  # mixin: the parser class it is mixed into has parse()
         fields = data.data if isinstance(data, parsers.DataAndFiles) else data
         if has_nul(fields):
             raise ParseError(f"{MESSAGE} in the request body")

@@ -112,7 +112,7 @@ TEMPLATES = [
 _db = database_from_url(DATABASE_URL)
 if env_bool("FAULTLINE_DB_POOL", True):
     # Under ASGI, CONN_MAX_AGE leaks a connection per thread; the psycopg pool does not.
-    _db["OPTIONS"]["pool"] = {  # type: ignore[index]
+    _db["OPTIONS"]["pool"] = {  # type: ignore[index]  # OPTIONS is a dict[str, Any] the env reader built
         "min_size": 1,
         "max_size": env_int("FAULTLINE_DB_POOL_MAX", 8, minimum=1),
         "timeout": 10,
@@ -224,6 +224,9 @@ INGEST_RATE_PER_MIN = env_int("FAULTLINE_INGEST_RATE_PER_MIN", 600, minimum=1)
 INGEST_MAX_FUTURE_S = env_int("FAULTLINE_INGEST_MAX_FUTURE_S", 300, minimum=1)
 TELEMETRY_RETENTION_DAYS = env_int("FAULTLINE_RETENTION_DAYS", 14, minimum=1)
 DIAGNOSIS_DEBOUNCE_MS = env_int("FAULTLINE_DIAGNOSIS_DEBOUNCE_MS", 200, minimum=0)
+# Operator overrides of the Xid catalog (agents/xid.py): a TOML or JSON file of
+# code -> {class, action, investigatory}; read once at startup (console/apps.py).
+XID_OVERRIDES_FILE = env_str("FAULTLINE_XID_OVERRIDES") or None
 
 LOGGING = {
     "version": 1,

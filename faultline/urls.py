@@ -1,3 +1,5 @@
+"""Top-level routes: health, ingest and the agent endpoints, REST, schema, admin, pages."""
+
 from __future__ import annotations
 
 from django.contrib import admin
@@ -13,6 +15,7 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("api/v1/ingest", ingest, name="ingest"),
+    path("api/v1/", include("ingest.urls")),  # the agent-facing action poll and result
     path("api/v1/", include("console.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger"),

@@ -1,7 +1,7 @@
 """Agent-facing storage: credentials, per-agent delivery bookkeeping, and raw telemetry.
 
-Telemetry rows are written with COPY by ingest.store and read by console.snapshots; they
-keep the contract's field names so a row turns back into a contract record unchanged.
+Telemetry rows are written with COPY by ingest.store and read by console.queries.telemetry;
+they keep the contract's field names so a row turns back into a contract record unchanged.
 DeviceSample, StepRecord, CollectiveWindow and ServingWindow are partitioned by day in
 Postgres (migration 0002, ingest.partitions): the models stay managed and describe the
 columns and indexes; the real primary key is (id, ts), which Django need not know since
@@ -111,6 +111,8 @@ class DeviceEvent(models.Model):
     event = models.CharField(max_length=64)
     code = models.IntegerField(null=True)
     detail = models.CharField(max_length=256, null=True)
+    # The driver's GPU recovery action when the event was read (none, gpu_reset, ...).
+    recovery_action = models.CharField(max_length=32, null=True)
 
     class Meta:
         indexes = [models.Index(fields=["gpu", "-ts"]), models.Index(fields=["node", "-ts"])]
@@ -165,6 +167,17 @@ class CollectiveWindow(_GroupRecord):
 
     class Meta:
         # The snapshot takes the newest window per rank of the active generation.
+        indexes = [models.Index(fields=["group", "generation", "rank", "-ts"])]
+
+
+class ProcessGroupsRecord(_GroupRecord):
+    """The process groups one rank belongs to (pg, size, member ranks), once per generation."""
+
+    rank = models.PositiveIntegerField()
+    groups = models.JSONField(default=list)
+
+    class Meta:
+        # The snapshot takes the newest report per rank of the active generation.
         indexes = [models.Index(fields=["group", "generation", "rank", "-ts"])]
 
 

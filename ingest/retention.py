@@ -1,4 +1,4 @@
-"""Telemetry upkeep, run hourly by the Celery task `console.maintain_telemetry`.
+"""Telemetry upkeep, run hourly by the Celery task `console.maintain_telemetry` (ingest/tasks.py).
 
 Creates the coming days' partitions, drops whole days older than `keep_days` (O(1), no
 dead tuples), deletes 5 s step bins older than a day, trims the DEFAULT partitions,

@@ -12,15 +12,7 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
-# NVML reasons that mean clocks were cut for heat or power; gpu_idle, sync_boost and
-# application/display clock settings are not throttling anyone should see.
-SLOWDOWN_REASONS = (
-    "sw_power_cap",
-    "hw_slowdown",
-    "sw_thermal_slowdown",
-    "hw_thermal_slowdown",
-    "hw_power_brake_slowdown",
-)
+from agents.gpu_health import SLOWDOWN_REASONS
 
 _STEP_SQL = """
 INSERT INTO ingest_steprollup
@@ -66,7 +58,7 @@ def rollup(*, now: datetime, minutes: int = 5) -> dict[str, int]:
     agent's spool. Safe to run twice or concurrently: the unique (key, minute) decides.
     """
     start, end = closed_window(now, minutes)
-    params = {"start": start, "end": end, "reasons": list(SLOWDOWN_REASONS)}
+    params = {"start": start, "end": end, "reasons": sorted(SLOWDOWN_REASONS)}
     written: dict[str, int] = {}
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(_STEP_SQL, params)

@@ -19,6 +19,7 @@ from django.views.decorators.http import require_POST
 from agents import protocol
 from console import live
 from ingest import ratelimit
+from ingest.agent_actions import actions_for_node
 from ingest.auth import authenticate
 from ingest.store import RecordError, ingest_batch
 
@@ -102,7 +103,7 @@ def ingest(request: HttpRequest) -> JsonResponse:
         {
             "ack_seq": result.ack_seq,
             "duplicate": result.duplicate,
-            "actions": live.actions_for_node(credential.node) if result.actions_pending else [],
+            "actions": actions_for_node(credential.node) if result.actions_pending else [],
         },
         status=202,
     )

@@ -2,7 +2,8 @@
 
 The server-rendered page and GET /api/v1/pages/... return the same dicts, so a page that
 reconnects (or receives an event) refetches exactly what it first rendered. Builders read
-through console.queries and shape through console.charts; they never write.
+through console.queries (telemetry through console.queries.telemetry) and shape through
+console.charts; they never write.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from agents.gpu_health import HEALTH_ORDER
 from console import charts, queries
 from console.choices import GroupState
 from console.models import ConsistencyGroup, Incident
-from ingest import step_bins
+from console.queries import telemetry
 
 SEVERITY_ORDER = ("critical", "major", "minor", "info")
 # Chart aggregates scan every step row of the window (~1M at 16k ranks): one computation
@@ -116,11 +118,11 @@ def fleet_data(*, label: str | None = None, state: str | None = None) -> dict[st
         queries.open_incidents().order_by("-opened_at")[:100],
         key=lambda i: SEVERITY_ORDER.index(i.severity) if i.severity in SEVERITY_ORDER else 9,
     )
-    counts: dict[str, int] = {h: 0 for h in charts.HEALTH_ORDER}
+    counts: dict[str, int] = {h: 0 for h in HEALTH_ORDER}
     gpu_total = 0
-    for n in node_rows:
-        counts[n["worst"]] += 1
-        gpu_total += len(n["devices"])
+    for row in node_rows:
+        counts[row["worst"]] += 1
+        gpu_total += len(row["devices"])
     return {
         "filters": {"label": label or "", "state": state or ""},
         "compact": compact,
@@ -158,12 +160,13 @@ def group_data(group: ConsistencyGroup) -> dict[str, Any]:
         "states": [],
     }
     if group.kind == "serving":
-        data["workers"] = [{**w, "ts": w["ts"].isoformat()} for w in queries.serving_workers(group)]
+        workers = telemetry.serving_workers(group)
+        data["workers"] = [{**w, "ts": w["ts"].isoformat()} for w in workers]
     else:
         data["checkpoints"] = charts.checkpoint_table(
-            queries.group_checkpoints(group), summary.get("newest_valid_checkpoint")
+            telemetry.group_checkpoints(group), summary.get("newest_valid_checkpoint")
         )
-        data["states"] = charts.state_segments(queries.group_transitions(group), timezone.now())
+        data["states"] = charts.state_segments(telemetry.group_transitions(group), timezone.now())
     return data
 
 
@@ -186,15 +189,15 @@ def group_charts(group: ConsistencyGroup) -> dict[str, Any]:
 def compute_group_charts(group: ConsistencyGroup, *, rollups: bool = True) -> dict[str, Any]:
     """The chart JSON, from the step-bin rollup plus the raw open tail (`rollups=False`: raw)."""
     empty = {"heatmap": None, "percentiles": None, "slowest": None, "window": None}
-    window = queries.step_window(group)
+    window = telemetry.step_window(group)
     if window is None:
         return empty
     first, newest = window
     world = max(group.world_size or 0, getattr(group, "rank_count", 0) or 0, 1)
     bins = charts.rank_bins(world)
     # Time bins are whole rollup buckets, so rollup rows add up without being split.
-    grid = charts.time_grid(first, newest, step_s=step_bins.BUCKET_S)
-    agg = queries.step_aggregates(group, world=world, grid=grid, until=newest, rollups=rollups)
+    grid = charts.time_grid(first, newest, step_s=telemetry.STEP_BUCKET_S)
+    agg = telemetry.step_aggregates(group, world=world, grid=grid, until=newest, rollups=rollups)
     return {
         "heatmap": charts.heatmap(agg["cells"], world=world, bins=bins, grid=grid),
         "percentiles": charts.percentile_series(agg["percentiles"], grid=grid),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from console.models import Alert, ConsistencyGroup, Device, Incident, Node, Rank
-from ingest.models import AgentState
+from console.models import Alert, ConsistencyGroup, Device, Incident, Node
+from console.queries import telemetry
 
 
 class NodeSerializer(serializers.ModelSerializer):
@@ -32,28 +32,11 @@ class AgentSerializer(serializers.ModelSerializer):
     gaps = serializers.IntegerField()
 
     class Meta:
-        model = AgentState
+        model = telemetry.AgentState
         fields = [
             "agent_id", "node", "version", "last_seq", "batches", "records", "duplicates",
             "gaps", "gap_ranges", "last_seen", "clock_skew_ms", "spool_depth", "dropped",
         ]  # fmt: skip
-
-
-class RankSerializer(serializers.ModelSerializer):
-    node = serializers.CharField(source="node.name", default=None)
-
-    class Meta:
-        model = Rank
-        fields = [
-            "rank",
-            "node",
-            "gpu",
-            "generation",
-            "last_step",
-            "last_step_at",
-            "data_cursor",
-            "process_state",
-        ]
 
 
 class GroupSerializer(serializers.ModelSerializer):

@@ -14,16 +14,11 @@ from rest_framework.views import APIView
 
 from console import actions, serving
 from console.api.permissions import IsOperator, IsViewer
+from console.diagnosis.records import SLO_KEYS
 from console.models import ConsistencyGroup
 
 SloSerializer = inline_serializer(
-    name="Slo",
-    fields={
-        "ttft_ms_p99": serializers.FloatField(required=False),
-        "tpot_ms_p99": serializers.FloatField(required=False),
-        "e2e_ms_p99": serializers.FloatField(required=False),
-        "goodput_target": serializers.FloatField(required=False),
-    },
+    name="Slo", fields={key: serializers.FloatField(required=False) for key in SLO_KEYS}
 )
 
 

@@ -1,3 +1,5 @@
+"""REST routes under /api/v1/ (the agent-facing ones are ingest/urls.py)."""
+
 from __future__ import annotations
 
 from django.urls import path
@@ -22,8 +24,10 @@ urlpatterns = [
     path("alerts/", views.AlertList.as_view(), name="api-alerts"),
 ]
 
-# Remediation: actions and votes, audit, silences, escalation, breaker, agent-facing.
-from console.api import remediation as rem  # noqa: E402 - appended block, kept together
+# Remediation: actions and votes, audit, silences, escalation, breaker. (The agent-facing
+# action poll and result are ingest's: ingest/urls.py.)
+from console.api import actions as rem  # noqa: E402 - appended block, kept together
+from console.api import oversight, paging  # noqa: E402
 
 urlpatterns += [
     path("actions/", rem.ActionList.as_view(), name="api-actions"),
@@ -31,15 +35,13 @@ urlpatterns += [
     path("actions/<int:pk>/approve/", rem.ActionVote.as_view(approve=True), name="api-approve"),
     path("actions/<int:pk>/reject/", rem.ActionVote.as_view(approve=False), name="api-reject"),
     path("actions/<int:pk>/cancel/", rem.ActionCancel.as_view(), name="api-cancel"),
-    path("actions/<int:pk>/result", rem.ActionResult.as_view(), name="api-action-result"),
-    path("agents/actions", rem.AgentActions.as_view(), name="api-agent-actions"),
-    path("audit/", rem.AuditList.as_view(), name="api-audit"),
-    path("silences/", rem.SilenceList.as_view(), name="api-silences"),
-    path("silences/<int:pk>/", rem.SilenceDetail.as_view(), name="api-silence"),
-    path("escalation-policies/", rem.PolicyList.as_view(), name="api-policies"),
-    path("escalation-policies/<int:pk>/", rem.PolicyDetail.as_view(), name="api-policy"),
-    path("notification-channels/", rem.ChannelList.as_view(), name="api-channels"),
-    path("breaker/", rem.Breaker.as_view(), name="api-breaker"),
+    path("audit/", oversight.AuditList.as_view(), name="api-audit"),
+    path("silences/", paging.SilenceList.as_view(), name="api-silences"),
+    path("silences/<int:pk>/", paging.SilenceDetail.as_view(), name="api-silence"),
+    path("escalation-policies/", paging.PolicyList.as_view(), name="api-policies"),
+    path("escalation-policies/<int:pk>/", paging.PolicyDetail.as_view(), name="api-policy"),
+    path("notification-channels/", paging.ChannelList.as_view(), name="api-channels"),
+    path("breaker/", oversight.Breaker.as_view(), name="api-breaker"),
 ]
 
 # The console pages' JSON twins (what a page refetches after an event or a reconnect).

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, Prefetch
+from typing import Any
+
+from django.db.models import Count, Prefetch, QuerySet
+from django.http import QueryDict
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics
@@ -12,13 +15,13 @@ from console import queries
 from console.api import serializers as s
 from console.choices import IncidentState, Role
 from console.models import Alert, ConsistencyGroup, Device, Incident, Node
-from ingest.models import AgentState
+from console.queries import telemetry
 
 
 class NodeList(generics.ListAPIView):
     serializer_class = s.NodeSerializer
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self) -> QuerySet[Any]:
         return Node.objects.annotate(gpu_count=Count("devices")).order_by("name")
 
 
@@ -26,7 +29,7 @@ class NodeList(generics.ListAPIView):
 class DeviceList(generics.ListAPIView):
     serializer_class = s.DeviceSerializer
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self) -> QuerySet[Any]:
         qs = Device.objects.select_related("node").order_by("node__name", "index")
         node = self.request.query_params.get("node")
         if node:
@@ -38,14 +41,14 @@ class DeviceList(generics.ListAPIView):
 class AgentList(generics.ListAPIView):
     serializer_class = s.AgentSerializer
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
-        return AgentState.objects.select_related("node").order_by("node__name", "agent_id")
+    def get_queryset(self) -> QuerySet[Any]:
+        return telemetry.agents()
 
 
 class GroupList(generics.ListAPIView):
     serializer_class = s.GroupSerializer
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self) -> QuerySet[Any]:
         return queries.groups_overview()
 
 
@@ -54,11 +57,11 @@ class GroupDetail(generics.RetrieveAPIView):
     lookup_field = "name"
     lookup_value_regex = "[^/]+"
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self) -> QuerySet[Any]:
         return queries.groups_overview()
 
 
-def _choice(params, name: str, allowed: list[str]) -> str | None:  # type: ignore[no-untyped-def]
+def _choice(params: QueryDict, name: str, allowed: list[str]) -> str | None:
     value = params.get(name)
     if value is not None and value not in allowed:
         raise ValidationError({name: f"must be one of {', '.join(allowed)}, got {value!r}"})
@@ -74,7 +77,7 @@ def _choice(params, name: str, allowed: list[str]) -> str | None:  # type: ignor
 class IncidentList(generics.ListAPIView):
     serializer_class = s.IncidentSerializer
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self) -> QuerySet[Any]:
         qs = Incident.objects.select_related("group").prefetch_related(
             Prefetch("alerts", queryset=Alert.objects.order_by("subject"))
         )
@@ -91,10 +94,10 @@ class IncidentList(generics.ListAPIView):
 class IncidentDetail(generics.RetrieveAPIView):
     serializer_class = s.IncidentSerializer
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self) -> QuerySet[Any]:
         return Incident.objects.select_related("group").prefetch_related("alerts")
 
-    def get_serializer_context(self):  # type: ignore[no-untyped-def]
+    def get_serializer_context(self) -> dict[str, Any]:
         return {**super().get_serializer_context(), "symptom_limit": 10_000}
 
 
@@ -108,7 +111,7 @@ class IncidentDetail(generics.RetrieveAPIView):
 class AlertList(generics.ListAPIView):
     serializer_class = s.AlertSerializer
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self) -> QuerySet[Any]:
         qs = Alert.objects.select_related("incident__group").order_by("-last_seen")
         params = self.request.query_params
         role = _choice(params, "role", Role.values)

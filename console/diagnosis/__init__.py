@@ -17,7 +17,6 @@ from console.diagnosis.findings import (
     Recovery,
 )
 from console.diagnosis.goodput import Goodput
-from console.diagnosis.rules.device import XIDS, classify_xid
 from console.diagnosis.snapshot import GroupSnapshot, RankState, build_snapshot
 
 __all__ = [
@@ -25,7 +24,6 @@ __all__ = [
     "RULES",
     "SYMPTOM",
     "UNDETERMINED",
-    "XIDS",
     "Diagnosis",
     "DiagnosisConfig",
     "Finding",
@@ -34,6 +32,5 @@ __all__ = [
     "RankState",
     "Recovery",
     "build_snapshot",
-    "classify_xid",
     "diagnose",
 ]

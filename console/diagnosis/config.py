@@ -6,7 +6,9 @@ Must not read settings or the environment: the caller builds a `DiagnosisConfig`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from agents.xid import XidCatalog, active
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,3 +60,6 @@ class DiagnosisConfig:
     serving_retry_min: int = 20
     # evidence lists are capped so 4,096-rank findings stay small
     max_evidence_items: int = 16
+    # the Xid catalog with the operator's overrides (agents/xid.py; the service installs
+    # FAULTLINE_XID_OVERRIDES at startup, so the default is the process's active catalog)
+    xids: XidCatalog = field(default_factory=active)

@@ -165,7 +165,8 @@ def _recovery(
         )
     where = f.evidence.get("node")
     reason = f"restart from checkpoint {ckpt_id}" if ckpt_id else "restart the worker"
-    if where and f.kind in EXCLUDE_NODE:
+    # An Xid takes its node out only when its class is hardware (agents/xid.py).
+    if where and f.kind in EXCLUDE_NODE and f.evidence.get("takes_gpu_out", True):
         reason += f" without {where}"
     if f.evidence.get("action"):
         reason += f"; {f.evidence['action']}"

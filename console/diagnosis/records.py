@@ -8,7 +8,7 @@ or import Django.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -65,10 +65,29 @@ class CollectiveEntry:
     dtype: str | None
     state: str  # scheduled | started | completed
     started_ts: datetime | None = None
+    # Contract v1 additions (issue 17); absent in older payloads.
+    out_numel: int | None = None
+    out_dtype: str | None = None
+    in_splits: tuple[int, ...] | None = None
+    out_splits: tuple[int, ...] | None = None
+    peer: int | None = None  # send/recv: the other side's global rank
+    p2p_seq: int | None = None  # k-th send to / recv from `peer` on `pg`
+    coalesced: int | None = None  # coalesced batch id (rank-local)
 
     @property
     def signature(self) -> tuple[str, str, int | None, str | None]:
         return (self.pg, self.op, self.numel, self.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessGroup:
+    """One process group as its members reported it: name, size, members in group order."""
+
+    pg: str
+    size: int
+    ranks: tuple[int, ...]  # global ranks, group-rank order
+    desc: str | None = None
+    reported_by: tuple[int, ...] = ()  # ranks whose `process_groups` record named it
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +126,7 @@ class DeviceEvent:
     event: str  # xid | ecc_dbe | thermal | gpu_lost | ...
     code: int | None = None
     detail: str | None = None
+    recovery_action: str | None = None  # the driver's, when the event was read
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +217,10 @@ class ServingSlo:
 
     def to_dict(self) -> dict[str, float]:
         return {k: getattr(self, k) for k in self.__slots__}
+
+
+# The keys a group's SLO may set: the one list the API, the write path and diagnosis share.
+SLO_KEYS: tuple[str, ...] = tuple(f.name for f in fields(ServingSlo))
 
 
 @dataclass(frozen=True, slots=True)

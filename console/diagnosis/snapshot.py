@@ -27,6 +27,7 @@ from console.diagnosis.records import (
     NodeState,
     Phases,
     ProbeRecord,
+    ProcessGroup,
     ProcessRecord,
     ServingSlo,
     ServingWindow,
@@ -50,6 +51,7 @@ __all__ = [
     "NodeState",
     "Phases",
     "ProbeRecord",
+    "ProcessGroup",
     "ProcessRecord",
     "RankState",
     "ServingWindow",
@@ -59,7 +61,7 @@ __all__ = [
     "build_snapshot",
 ]
 
-RANK_KINDS = frozenset({"step", "process", "collective"})
+RANK_KINDS = frozenset({"step", "process", "collective", "process_groups"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +104,7 @@ class GroupSnapshot:
     contract_findings: tuple[ContractFinding, ...] = ()
     slo: ServingSlo = field(default_factory=ServingSlo)
     probes: tuple[ProbeRecord, ...] = ()  # oldest first, every generation
+    process_groups: tuple[ProcessGroup, ...] = ()  # active generation, sorted by pg
 
 
 def _num(value: Any) -> float | None:
@@ -171,10 +174,55 @@ def _window(r: Mapping[str, Any]) -> CollectiveWindow:
             dtype=e.get("dtype"),
             state=e.get("state", "scheduled"),
             started_ts=e.get("started_ts"),
+            out_numel=e.get("out_numel"),
+            out_dtype=e.get("out_dtype"),
+            in_splits=_ints(e.get("in_splits")),
+            out_splits=_ints(e.get("out_splits")),
+            peer=e.get("peer"),
+            p2p_seq=e.get("p2p_seq"),
+            coalesced=e.get("coalesced"),
         )
         for e in r.get("entries") or ()
     )
     return CollectiveWindow(ts=r["ts"], generation=int(r.get("generation") or 0), entries=entries)
+
+
+def _ints(values: Any) -> tuple[int, ...] | None:
+    return None if values is None else tuple(int(v) for v in values)
+
+
+def _process_groups(reports: Mapping[int, Mapping[str, Any]]) -> tuple[ProcessGroup, ...]:
+    """Merge each rank's `process_groups` report into one view per pg.
+
+    Members are those most ranks reported (ties: the first in rank order); a report
+    without `ranks` means the world (0 .. size-1).
+    """
+    seen: dict[str, list[tuple[int, tuple[int, ...], int, str | None]]] = defaultdict(list)
+    for rank in sorted(reports):
+        for g in reports[rank].get("groups") or ():
+            size = int(g["size"])
+            members = _ints(g.get("ranks")) or tuple(range(size))
+            seen[str(g["pg"])].append((rank, members, size, g.get("desc")))
+    out = []
+    for pg in sorted(seen):
+        rows = seen[pg]
+        votes: dict[tuple[int, ...], int] = defaultdict(int)
+        for _, members, _, _ in rows:
+            votes[members] += 1
+        best = max(votes.values())
+        members = next(m for _, m, _, _ in rows if votes[m] == best)
+        size = next(sz for _, m, sz, _ in rows if m == members)
+        desc = next((d for _, m, _, d in rows if m == members and d), None)
+        out.append(
+            ProcessGroup(
+                pg=pg,
+                size=size,
+                ranks=members,
+                desc=desc,
+                reported_by=tuple(rank for rank, _, _, _ in rows),
+            )
+        )
+    return tuple(out)
 
 
 def _sample(r: Mapping[str, Any]) -> DeviceSample:
@@ -215,6 +263,7 @@ def build_snapshot(
     steps: dict[int, list[StepRecord]] = defaultdict(list)
     procs: dict[int, list[ProcessRecord]] = defaultdict(list)
     windows: dict[int, CollectiveWindow] = {}
+    pg_reports: dict[int, Mapping[str, Any]] = {}
     rank_gens: dict[int, int] = {}
     rank_gpu: dict[int, str] = {}
     rank_node: dict[int, str] = {}
@@ -240,7 +289,11 @@ def build_snapshot(
                 dev_index.setdefault(gpu, r.get("index"))
                 events[gpu].append(
                     DeviceEvent(
-                        ts=r["ts"], event=r["event"], code=r.get("code"), detail=r.get("detail")
+                        ts=r["ts"],
+                        event=r["event"],
+                        code=r.get("code"),
+                        detail=r.get("detail"),
+                        recovery_action=r.get("recovery_action"),
                     )
                 )
             continue
@@ -263,6 +316,9 @@ def build_snapshot(
         elif kind == "collective":
             if gen == generation:
                 windows[rank] = _window(r)
+        elif kind == "process_groups":
+            if gen == generation:
+                pg_reports[rank] = r
         elif kind == "checkpoint":
             ckpt[str(r["checkpoint_id"])].append(
                 CheckpointEvent(
@@ -376,4 +432,5 @@ def build_snapshot(
         ),
         slo=ServingSlo.from_mapping(slo),
         probes=tuple(probes),
+        process_groups=_process_groups({rk: pg_reports[rk] for rk in active if rk in pg_reports}),
     )

@@ -9,16 +9,27 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from agents import actions_contract as contract
+
 
 class ActionKind(StrEnum):
-    QUARANTINE_NODE = "quarantine_node"
-    CORDON_NODE = "cordon_node"
-    DRAIN_NODE = "drain_node"
-    ISOLATE_GPU = "isolate_gpu"
+    """What the service may propose. Kinds an agent executes take their wire names from
+    agents/actions_contract.py (the agent's hook table is keyed by them); the others are
+    the service's own until the contract carries them."""
+
+    QUARANTINE_NODE = contract.QUARANTINE_NODE
+    CORDON_NODE = contract.CORDON_NODE
+    DRAIN_NODE = contract.DRAIN_NODE
+    ISOLATE_GPU = contract.ISOLATE_GPU
     ISOLATE_RANK = "isolate_rank"
-    RESTART_GROUP = "restart_group"
+    RESTART_GROUP = contract.RESTART_GROUP
     ROLLBACK_MODEL = "rollback_model"
     PAGE_HUMAN = "page_human"
+
+
+# Kinds a node agent runs through the contract (the rest answer "no hook configured"
+# unless a site configures one by that name).
+CONTRACT_KINDS = frozenset(k for k in ActionKind if k.value in contract.KINDS)
 
 
 class ActionState(StrEnum):
@@ -64,6 +75,23 @@ TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
     ActionState.SUCCEEDED: frozenset(),
     ActionState.FAILED: frozenset(),
 }
+
+# In flight: approved, handed to the agent, or acknowledged by it (ingest asks whether a
+# node has any on every batch).
+LIVE_STATES = (ActionState.APPROVED, ActionState.DISPATCHED, ActionState.ACKNOWLEDGED)
+# Handed to an agent and not yet reported on: what rides back to the agent until it answers.
+IN_FLIGHT_STATES = (ActionState.DISPATCHED, ActionState.ACKNOWLEDGED)
+# Dispatched at some point: what the rate limit, repeat and breaker windows count.
+HISTORY_STATES = (
+    ActionState.DISPATCHED,
+    ActionState.ACKNOWLEDGED,
+    ActionState.SUCCEEDED,
+    ActionState.FAILED,
+)
+# A decision on a proposal (sets decided_at) and an end of the road (sets finished_at).
+DECIDED_STATES = frozenset(
+    {ActionState.APPROVED, ActionState.REJECTED, ActionState.CANCELLED, ActionState.EXPIRED}
+)
 
 TERMINAL = frozenset(state for state, targets in TRANSITIONS.items() if not targets)
 

@@ -1,6 +1,7 @@
 """Roles and what each may do in the console.
 
-Owns the role ladder (viewer < operator < approver < admin) and the permission table.
+Owns the role ladder (viewer < operator < approver < admin) and the permission table: the
+one definition of roles (console.choices.UserRole and console.roles are views of it).
 It must not know about users, sessions or Django groups: the caller maps a user to a
 role and asks `can(role, permission)`. Unknown roles and permissions are refused.
 """

@@ -188,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _save(args: argparse.Namespace, dcp, dist, torch, model, step: int, rank: int) -> None:  # type: ignore[no-untyped-def]
+def _save(
+    args: argparse.Namespace, dcp: Any, dist: Any, torch: Any, model: Any, step: int, rank: int
+) -> None:
     directory = args.ckpt_root / f"{args.group}-step_{step:06d}"
     if rank == 0:
         directory.mkdir(parents=True, exist_ok=True)

@@ -78,3 +78,8 @@ def test_it_emits_an_xid_event_when_the_gauge_changes_not_while_it_stays(exporte
     time.sleep(0.4)  # the gauge keeps saying 79: no second event
     backend.close()
     assert [(e["event"], e["code"], e["gpu"]) for e in events] == [("xid", 79, "GPU-aaa")]
+
+
+def test_it_names_itself_for_the_doctor_line_like_every_gpu_backend():
+    # `faultline-agent doctor` prints backend.name; the DCGM backend lacked it.
+    assert DcgmBackend("http://127.0.0.1:9400/metrics").name == "dcgm"

@@ -91,12 +91,59 @@ def test_it_decodes_throttle_reason_bits_to_names() -> None:
     assert decode_throttle_reasons(0) == []
 
 
-def test_it_classifies_the_xids_the_console_acts_on() -> None:
-    for code in (48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 154):
-        assert xid.classify(code).name != "unknown"
-    assert xid.classify(79).action == "drain_and_reboot_node"
-    assert xid.classify(31).name == "unknown"
-    assert len(xid.detail(79)) <= 256
+def test_it_labels_an_xid_event_with_the_catalogs_mnemonic_class_and_bucket() -> None:
+    assert xid.detail(79).startswith("ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS:")
+    assert "hardware; RESTART_BM" in xid.detail(79)
+    assert "application; RESTART_APP" in xid.detail(13)
+    assert len(xid.detail(31337)) <= 256 and "undetermined" in xid.detail(31337)
+
+
+def test_it_scripts_a_recovery_action_and_emits_the_drivers_xid_154() -> None:
+    gpus = FakeNvml("n1", 2)
+    events: list[dict[str, Any]] = []
+    gpus.start_events(events.append)
+    gpus.script(1, "xid", code=62, recovery_action="gpu_reset")
+    assert [(e["code"], e["recovery_action"]) for e in events] == [
+        (62, "gpu_reset"),
+        (154, "gpu_reset"),
+    ]
+    assert (gpus.recovery_action(1), gpus.recovery_action(0)) == ("gpu_reset", "none")
+    validate(events)
+    gpus.script(1, "clear")
+    assert gpus.recovery_action(1) == "none"
+    with pytest.raises(ValueError, match="recovery_action"):
+        gpus.script(0, "xid", code=62, recovery_action="reboot_please")
+
+
+@pytest.mark.parametrize(
+    ("surface", "expected"),
+    [
+        ({"nvmlDeviceGetGpuRecoveryAction": lambda h: 2}, "node_reboot"),
+        (
+            {
+                "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION": 230,
+                "nvmlDeviceGetFieldValues": lambda h, ids: [
+                    SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(uiVal=4))
+                ],
+            },
+            "drain_and_reset",
+        ),
+        (
+            {
+                "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION": 230,
+                "nvmlDeviceGetFieldValues": lambda h, ids: [
+                    SimpleNamespace(nvmlReturn=3, value=SimpleNamespace(uiVal=0))
+                ],
+            },
+            None,
+        ),
+        ({}, None),  # an old driver/binding: absent symbol, no field id
+        ({"nvmlDeviceGetGpuRecoveryAction": lambda h: 99}, None),  # a value we do not know
+    ],
+)
+def test_it_reads_the_gpu_recovery_action_where_the_driver_has_it(surface, expected) -> None:
+    backend = NvmlBackend(_fake_pynvml(**surface))
+    assert backend.recovery_action(0) == expected
 
 
 class _NVMLError(Exception):
@@ -217,6 +264,7 @@ def test_it_delivers_xid_events_from_the_nvml_event_thread_at_once() -> None:
 
     handles = [ctypes.c_void_p(0x1000), ctypes.c_void_p(0x2000)]
     pending = [SimpleNamespace(device=ctypes.c_void_p(0x2000), eventType=0x8, eventData=79)]
+    read_for: list[Any] = []
 
     def wait(event_set: Any, timeout_ms: int) -> Any:
         if pending:
@@ -236,6 +284,7 @@ def test_it_delivers_xid_events_from_the_nvml_event_thread_at_once() -> None:
             nvmlDeviceRegisterEvents=lambda h, types, s: None,
             nvmlEventSetWait=wait,
             nvmlEventSetFree=lambda s: None,
+            nvmlDeviceGetGpuRecoveryAction=lambda h: read_for.append(h) or 1,
         )
     )
     arrived = threading.Event()
@@ -250,4 +299,6 @@ def test_it_delivers_xid_events_from_the_nvml_event_thread_at_once() -> None:
     backend.close()
     assert [(e["gpu"], e["event"], e["code"]) for e in events] == [("GPU-2000", "xid", 79)]
     assert "fallen off the bus" in events[0]["detail"]
+    assert events[0]["recovery_action"] == "gpu_reset"  # read for the GPU the event named
+    assert read_for == [handles[1]]
     validate(events)

@@ -20,6 +20,7 @@ from agents.protocol import (
     ContractError,
     Probe,
     Process,
+    ProcessGroups,
     Serving,
     Step,
     Transition,
@@ -119,6 +120,7 @@ def test_its_listener_fields_match_the_contract_structs() -> None:
         "transition": Transition,
         "serving": Serving,
         "probe": Probe,
+        "process_groups": ProcessGroups,
     }
     for kind, struct in structs.items():
         contract = set(struct.__struct_fields__) - {"ts"}

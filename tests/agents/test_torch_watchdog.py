@@ -20,7 +20,7 @@ class FakeReporter:
 
 def test_it_reports_a_collective_that_blocks_past_the_watch_threshold() -> None:
     rep = FakeReporter()
-    rec = Recorder(rep)  # type: ignore[arg-type]
+    rec = Recorder(rep)
     rec.WATCH_AFTER_S = 0.3
     fake_torch = types.SimpleNamespace(Tensor=type("Tensor", (), {}))
     release = threading.Event()
@@ -43,7 +43,7 @@ def test_it_reports_a_collective_that_blocks_past_the_watch_threshold() -> None:
 
 def test_it_stays_quiet_for_collectives_that_finish_quickly() -> None:
     rep = FakeReporter()
-    rec = Recorder(rep)  # type: ignore[arg-type]
+    rec = Recorder(rep)
     rec.WATCH_AFTER_S = 0.3
     fake_torch = types.SimpleNamespace(Tensor=type("Tensor", (), {}))
     barrier = rec._wrap(fake_torch, "barrier", lambda *a, **k: None)

@@ -2,13 +2,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from console.diagnosis import ROOT_CAUSE, XIDS, classify_xid, diagnose
+from agents import xid as catalog
+from console.diagnosis import ROOT_CAUSE, SYMPTOM, UNDETERMINED, DiagnosisConfig, diagnose
 from tests.diagnosis.factory import (
     T0,
     device_event,
     gpu_of,
     heartbeats,
     of_kind,
+    process,
+    rank_subject,
     sample,
     snap,
     training,
@@ -17,31 +20,122 @@ from tests.diagnosis.factory import (
 NOW = T0 + timedelta(seconds=3)  # inside the 4 s hang floor: healthy ranks are not hung
 
 
-def _diag(extra: list[dict]):
-    return diagnose(snap([*training(ranks=16), *extra], nodes=heartbeats(16, NOW)), NOW)
+def _diag(extra: list[dict], config: DiagnosisConfig | None = None):
+    return diagnose(snap([*training(ranks=16), *extra], nodes=heartbeats(16, NOW)), NOW, config)
 
 
-def test_it_knows_every_xid_the_fleet_meets_most() -> None:
-    assert {48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 154} <= set(XIDS)
-
-
-def test_it_classifies_an_unknown_xid_as_major_with_an_action() -> None:
-    info = classify_xid(31337)
-    assert info.severity == "major" and "catalogue" in info.action
+def _xid(rank: int, code: int, recovery_action: str | None = None, at=T0) -> dict:
+    rec = device_event(rank, at, "xid", code)
+    if recovery_action is not None:
+        rec["recovery_action"] = recovery_action
+    return rec
 
 
 def test_it_names_node_gpu_index_and_rank_for_xid_79() -> None:
     (xid,) = of_kind(_diag([device_event(13, T0, "xid", 79)]), "xid")
-    assert xid.summary == "Xid 79 on node-02 GPU 5 (rank 13): GPU fell off the bus"
+    assert xid.summary == "Xid 79 on node-02 GPU 5 (rank 13): GPU has fallen off the bus"
     assert (xid.subject, xid.role, xid.severity) == (f"gpu:{gpu_of(13)}", ROOT_CAUSE, "critical")
+    assert (xid.evidence["xid_class"], xid.evidence["immediate"]) == ("hardware", "RESTART_BM")
+    assert xid.recovery is not None and "without node-02" in xid.recovery.reason
+    assert "reboot the node" in xid.recovery.reason
+
+
+def test_it_advises_a_gpu_reset_for_codes_whose_bucket_says_so() -> None:
+    for code in (46, 109, 110, 136, 143, 155, 156):
+        (xid,) = of_kind(_diag([_xid(3, code)]), "xid")
+        assert (xid.role, xid.severity, xid.evidence["immediate"]) == (
+            ROOT_CAUSE,
+            "critical",
+            "RESET_GPU",
+        ), code
+        assert "reset it (nvidia-smi -r)" in xid.recovery.reason, code
+        assert "without node-01" in xid.recovery.reason, code
+
+
+def test_it_keeps_an_application_xid_on_the_rank_and_the_node_in_service() -> None:
+    for code in (13, 31, 43, 94):
+        (xid,) = of_kind(_diag([_xid(3, code)]), "xid")
+        assert (xid.subject, xid.role, xid.evidence["xid_class"]) == (
+            rank_subject(3),
+            ROOT_CAUSE,
+            "application",
+        ), code
+        assert xid.evidence["takes_gpu_out"] is False
+        assert "without" not in xid.recovery.reason, code
+        assert "restart the application" in xid.recovery.reason, code
+
+
+def test_it_folds_an_application_xid_under_the_ranks_exception() -> None:
+    exc = process(3, T0 + timedelta(seconds=1), "exited", exit_code=1, reason="exception",
+                  error_type="RuntimeError")  # fmt: skip
+    d = _diag([_xid(3, 13), exc])
+    (root,) = d.root_causes
+    (xid,) = of_kind(d, "xid")
+    assert (root.kind, root.subject) == ("exception", rank_subject(3))
+    assert root.evidence["xids"][0]["code"] == 13 and "after Xid 13" in root.summary
+    assert (xid.role, xid.caused_by) == (SYMPTOM, (root.id,))
+    assert "without" not in root.recovery.reason
+
+
+def test_it_files_xid_45_after_a_hardware_fault_as_its_symptom() -> None:
+    d = _diag([_xid(3, 48), _xid(3, 45, at=T0 + timedelta(milliseconds=5))])
+    roots = [f for f in of_kind(d, "xid") if f.role == ROOT_CAUSE]
+    (symptom,) = [f for f in of_kind(d, "xid") if f.role == SYMPTOM]
+    assert [r.evidence["code"] for r in roots] == [48]
+    assert (symptom.evidence["code"], symptom.caused_by) == (45, (roots[0].id,))
+
+
+def test_it_files_xid_45_after_a_kill_under_the_ranks_exit() -> None:
+    kill = process(3, T0, "exited", signal=9, reason="killed")
+    d = _diag([kill, _xid(3, 45, at=T0 + timedelta(milliseconds=50))])
+    (root,) = d.root_causes
+    assert (root.kind, root.subject) == ("process_exit", rank_subject(3))
+    (xid,) = of_kind(d, "xid")
+    assert (xid.role, xid.caused_by) == (SYMPTOM, (root.id,))
+
+
+def test_it_calls_an_unknown_or_unused_code_undetermined_and_keeps_the_node() -> None:
+    for code in (31337, 2):
+        (xid,) = of_kind(_diag([_xid(3, code)]), "xid")
+        assert (xid.role, xid.subject) == (UNDETERMINED, f"gpu:{gpu_of(3)}"), code
+        assert xid.recovery is not None and xid.recovery.auto_restart_safe is False
+        assert "without" not in xid.recovery.reason and "human" in xid.recovery.reason
+
+
+def test_it_names_the_drivers_recovery_action_in_the_advice() -> None:
+    d = _diag([_xid(3, 62), _xid(3, 154, "node_reboot", at=T0 + timedelta(milliseconds=1))])
+    (xid,) = [f for f in of_kind(d, "xid") if f.role == ROOT_CAUSE]
+    assert (xid.evidence["code"], xid.evidence["recovery_action"]) == (62, "node_reboot")
+    assert "the driver requires a node reboot" in xid.recovery.reason
+
+
+def test_it_makes_any_xid_a_hardware_fault_when_the_driver_asks_for_a_reset() -> None:
+    (xid,) = of_kind(_diag([_xid(3, 154, "gpu_reset")]), "xid")
+    assert (xid.role, xid.evidence["xid_class"], xid.severity) == (
+        ROOT_CAUSE,
+        "hardware",
+        "critical",
+    )
+    assert "the driver requires a GPU reset" in xid.recovery.reason
+    (info,) = of_kind(_diag([_xid(3, 154, "none")]), "xid")
+    assert (info.severity, info.evidence["xid_class"]) == ("minor", "informational")
+
+
+def test_it_follows_an_operators_override_of_class_and_action() -> None:
+    cfg = DiagnosisConfig(
+        xids=catalog.CATALOG.with_overrides({13: {"class": "hardware", "action": "RESET_GPU"}})
+    )
+    (xid,) = of_kind(_diag([_xid(3, 13)], cfg), "xid")
+    assert (xid.subject, xid.evidence["overridden"]) == (f"gpu:{gpu_of(3)}", True)
+    assert "without node-01" in xid.recovery.reason
 
 
 def test_it_keeps_the_worst_of_several_xids_on_one_gpu() -> None:
     d = _diag(
-        [device_event(3, T0, "xid", 94), device_event(3, T0 + timedelta(seconds=1), "xid", 79)]
+        [device_event(3, T0, "xid", 95), device_event(3, T0 + timedelta(seconds=1), "xid", 79)]
     )
     (xid,) = of_kind(d, "xid")
-    assert (xid.evidence["code"], xid.evidence["codes"]) == (79, [79, 94])
+    assert (xid.evidence["code"], xid.evidence["codes"]) == (95, [79, 95])
 
 
 def test_it_reports_a_lost_gpu() -> None:

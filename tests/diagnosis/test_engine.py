@@ -40,7 +40,7 @@ def test_it_finds_one_xid_root_cause_behind_1023_collective_timeouts() -> None:
     d = diagnose(snap(_headline(), now=NOW, nodes=heartbeats(1024, NOW)), NOW)
     (root,) = d.root_causes
     assert (root.kind, root.subject) == ("xid", f"gpu:{gpu_of(133)}")
-    assert root.summary == "Xid 79 on node-17 GPU 5 (rank 133): GPU fell off the bus"
+    assert root.summary == "Xid 79 on node-17 GPU 5 (rank 133): GPU has fallen off the bus"
     waits = of_kind(d, "collective_timeout")
     assert len(waits) == 1023 and len(d.findings) == 1024
     assert all(w.role == SYMPTOM and w.caused_by == (root.id,) for w in waits)

@@ -18,7 +18,7 @@ def _f(**kw: object):
         first_seen=T0,
     )
     base.update(kw)
-    return make_finding(**base)  # type: ignore[arg-type]
+    return make_finding(**base)
 
 
 def test_it_derives_the_same_id_for_the_same_kind_and_subject() -> None:

@@ -6,7 +6,7 @@ from tests.diagnosis.factory import GROUP, T0, snap
 
 def _w(worker: str, **kw: object) -> dict:
     window = {"seconds": 60, "requests": 100, "slo_met": 100, "retries": 0, "duplicate_tokens": 0}
-    window.update(kw.pop("window", {}))  # type: ignore[arg-type]
+    window.update(kw.pop("window", {}))
     rec = {
         "kind": "serving",
         "ts": T0,

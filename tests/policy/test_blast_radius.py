@@ -10,7 +10,7 @@ from tests.policy.factories import NOW, automatic, fleet, node, request
 AUTO_CORDON = Policy.from_dict({"auto_approve": {"cordon_node": ["xid:79"]}})
 
 
-def propose(req, state: FleetState, policy: Policy = AUTO_CORDON):  # type: ignore[no-untyped-def]
+def propose(req, state: FleetState, policy: Policy = AUTO_CORDON):
     return evaluate_proposal(
         req, policy=policy, fleet=state, history=RecentActions(), breaker=BreakerState(), now=NOW
     )

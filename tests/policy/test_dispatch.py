@@ -15,7 +15,7 @@ RESTART = dict(
 )
 
 
-def dispatch(req, votes, state: FleetState, policy: Policy | None = None):  # type: ignore[no-untyped-def]
+def dispatch(req, votes, state: FleetState, policy: Policy | None = None):
     return check_dispatch(
         req,
         votes,

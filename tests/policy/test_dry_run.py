@@ -11,7 +11,7 @@ from tests.policy.factories import NOW, automatic, fleet, history, node, records
 AUTO = Policy.from_dict({"auto_approve": {"cordon_node": ["xid"]}})
 
 
-def run(req, state=None, past=None, breaker=None, stage="proposal"):  # type: ignore[no-untyped-def]
+def run(req, state=None, past=None, breaker=None, stage="proposal"):
     return dry_run(
         req,
         stage=stage,

@@ -28,7 +28,7 @@ CHAIN = EscalationPolicy(
 SNAP = snapshot_policy(CHAIN)
 
 
-def keys(due):  # type: ignore[no-untyped-def]
+def keys(due):
     return [d.key for d in due]
 
 

@@ -44,3 +44,16 @@ def test_it_names_an_unknown_state() -> None:
 def test_it_marks_only_states_without_exits_as_terminal() -> None:
     assert is_terminal("succeeded")
     assert not is_terminal("dispatched")
+
+
+def test_it_takes_the_wire_names_of_agent_executed_kinds_from_the_action_contract():
+    from agents import actions_contract as contract
+    from console.policy.lifecycle import CONTRACT_KINDS, ActionKind
+
+    assert {k.value for k in CONTRACT_KINDS} == {
+        "quarantine_node", "cordon_node", "drain_node", "isolate_gpu", "restart_group",
+    }  # fmt: skip
+    assert all(contract.KINDS[k.value].name == k.value for k in CONTRACT_KINDS)
+    assert [k.value for k in ActionKind][:4] == [
+        "quarantine_node", "cordon_node", "drain_node", "isolate_gpu",
+    ]  # fmt: skip

@@ -12,7 +12,7 @@ AUTO = Policy.from_dict(
 )
 
 
-def propose(req, past: RecentActions, policy: Policy = AUTO):  # type: ignore[no-untyped-def]
+def propose(req, past: RecentActions, policy: Policy = AUTO):
     return evaluate_proposal(
         req, policy=policy, fleet=fleet(), history=past, breaker=BreakerState(), now=NOW
     )

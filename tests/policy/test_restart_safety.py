@@ -8,7 +8,7 @@ from tests.policy.factories import NOW, automatic, fleet
 AUTO_RESTART = Policy.from_dict({"auto_approve": {"restart_group": ["*"]}})
 
 
-def propose(**changes):  # type: ignore[no-untyped-def]
+def propose(**changes):
     req = automatic(
         kind=ActionKind.RESTART_GROUP,
         target="group:llama",

@@ -12,7 +12,7 @@ from console.policy.votes import VoteRefused, check_vote, tally
 from tests.policy.factories import NOW, fleet, node, request, vote
 
 
-def decide(req, votes, **kw):  # type: ignore[no-untyped-def]
+def decide(req, votes, **kw):
     return decide_approval(
         req,
         votes,

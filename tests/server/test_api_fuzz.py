@@ -176,7 +176,7 @@ def telemetry(start: datetime, *, ranks: int = 4, steps: int = 12) -> list[dict[
 
 def seed_fleet(cast: dict[str, Any], post_batch: Callable[..., Any]) -> dict[str, list[Any]]:
     """Real rows for path parameters to hit: telemetry, an incident, actions in each state."""
-    from console import paging, pipeline, remediation
+    from console import actions, pipeline
     from console.models import ConsistencyGroup, Device, Incident, Node
     from ingest.models import AgentState
 
@@ -192,25 +192,23 @@ def seed_fleet(cast: dict[str, Any], post_batch: Callable[..., Any]) -> dict[str
     AgentState.objects.create(node=nodes[0], agent_id="agent-n-00", version="test")
 
     def propose(target: str, by: str, kind: str = "cordon_node") -> Any:
-        return remediation.propose_action(
+        return actions.propose_action(
             kind=kind, target=target, reason="xid 79 storm", actor=cast[by], now=now
         ).action
 
     def approve(action: Any) -> Any:
-        remediation.vote_on_action(
-            action_id=action.pk, actor=cast["approver2"], approve=True, now=now
-        )
+        actions.vote_on_action(action_id=action.pk, actor=cast["approver2"], approve=True, now=now)
         return action
 
-    actions = [
+    made = [
         propose("node:n-02", "operator"),
         propose("node:n-03", "approver2"),
         approve(propose("node:n-00", "operator")),
         approve(propose("node:n-00", "operator", kind="drain_node")),
         propose("node:n-04", "admin"),
     ]
-    remediation.dispatch_for_node(node=nodes[0], now=now)
-    silence = paging.create_silence(
+    actions.dispatch_for_node(node=nodes[0], now=now)
+    silence = actions.create_silence(
         matchers={"subject": "gpu:*"},
         starts_at=now,
         ends_at=now + timedelta(hours=1),
@@ -218,10 +216,10 @@ def seed_fleet(cast: dict[str, Any], post_batch: Callable[..., Any]) -> dict[str
         actor=cast["operator"],
         now=now,
     )
-    policy = paging.save_escalation_policy(
+    policy = actions.save_escalation_policy(
         actor=cast["admin"], now=now, name="default", steps=[{"delay_s": 0, "channels": ["ops"]}]
     )
-    paging.save_channel(
+    actions.save_channel(
         actor=cast["admin"],
         now=now,
         name="ops",
@@ -230,7 +228,7 @@ def seed_fleet(cast: dict[str, Any], post_batch: Callable[..., Any]) -> dict[str
         secret="s3cret",
     )
     return {
-        "actions": [a.pk for a in actions],
+        "actions": [a.pk for a in made],
         "incidents": [incident.pk],
         "groups": ["llama", "chat"],
         "silences": [silence.pk],

@@ -49,11 +49,49 @@ def test_it_never_unresolves_a_resolved_incident_on_acknowledge(incident, cast):
 
 
 def test_it_assigns_and_keeps_comments_in_order(incident, cast):
-    actions.assign_incident(incident_id=incident.pk, assignee=cast["approver"], actor=cast["admin"])
-    actions.comment_on_incident(incident_id=incident.pk, actor=cast["operator"], body=" first ")
-    actions.comment_on_incident(incident_id=incident.pk, actor=cast["admin"], body="second")
+    actions.assign_incident(
+        incident_id=incident.pk, assignee=cast["approver"], actor=cast["admin"], now=NOW
+    )
+    actions.comment_on_incident(
+        incident_id=incident.pk, actor=cast["operator"], body=" first ", now=NOW
+    )
+    actions.comment_on_incident(
+        incident_id=incident.pk, actor=cast["admin"], body="second", now=NOW
+    )
     incident.refresh_from_db()
     assert incident.assignee == cast["approver"]
     assert [c.body for c in incident.comments.all()] == ["first", "second"]
     with pytest.raises(actions.IncidentChangeError, match="empty"):
-        actions.comment_on_incident(incident_id=incident.pk, actor=cast["admin"], body="  ")
+        actions.comment_on_incident(
+            incident_id=incident.pk, actor=cast["admin"], body="  ", now=NOW
+        )
+
+
+def test_it_audits_acknowledge_assign_and_comment_naming_the_actor(incident, cast):
+    from console.models import AuditLog
+
+    actions.acknowledge_incident(incident_id=incident.pk, actor=cast["operator"], now=NOW)
+    actions.assign_incident(
+        incident_id=incident.pk, assignee=cast["approver"], actor=cast["admin"], now=NOW
+    )
+    actions.assign_incident(incident_id=incident.pk, assignee=None, actor=cast["operator"], now=NOW)
+    actions.comment_on_incident(incident_id=incident.pk, actor=cast["approver"], body="hi", now=NOW)
+    rows = AuditLog.objects.filter(object_type="incident", object_id=str(incident.pk))
+    assert [(r.actor, r.verb) for r in rows.order_by("id")] == [
+        ("operator", "incident.acknowledged"),
+        ("admin", "incident.assigned"),
+        ("operator", "incident.assigned"),
+        ("approver", "incident.commented"),
+    ]
+    assigned = [r.data for r in rows.filter(verb="incident.assigned").order_by("id")]
+    assert [(d["before"], d["after"]) for d in assigned] == [(None, "approver"), ("approver", None)]
+
+
+def test_it_audits_a_node_health_change_with_its_actor_and_only_when_it_changes(db):
+    from console.models import AuditLog, Node
+
+    Node.objects.create(name="n-1", health="ok")
+    assert actions.set_node_health(name="n-1", health="down", actor="system", now=NOW) is True
+    assert actions.set_node_health(name="n-1", health="down", actor="system", now=NOW) is False
+    rows = list(AuditLog.objects.filter(verb="node.health").values_list("actor", "data"))
+    assert rows == [("system", {"before": "ok", "after": "down"})]

@@ -274,6 +274,33 @@ def test_it_marks_a_gpu_with_double_bit_errors_critical(post_batch):
     assert Node.objects.get(name="node-1").health == "critical"
 
 
+def _xid_event(code: int, gpu: str = "GPU-0", **fields: object) -> dict:
+    return {"kind": "device_event", "ts": iso(), "gpu": gpu, "event": "xid", "code": code,
+            **fields}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("code", "recovery", "critical"),
+    [
+        (79, None, True),  # hardware: fallen off the bus
+        (46, None, True),  # hardware: RESET_GPU
+        (13, None, False),  # application: the program faulted, the GPU is fine
+        (94, None, False),  # application: contained to one program
+        (45, None, False),  # consequence
+        (63, None, False),  # informational
+        (31337, None, False),  # unknown: a human looks, the node stays
+        (154, "node_reboot", True),  # the driver asks for a reboot
+        (154, "none", False),
+    ],
+)
+def test_it_marks_a_gpu_critical_only_for_a_hardware_xid(post_batch, code, recovery, critical):
+    post_batch(make_batch([sample(), _xid_event(code, recovery_action=recovery)]))
+    expected = "critical" if critical else "ok"
+    assert Device.objects.get().health == expected
+    assert Node.objects.get(name="node-1").health == expected
+    assert DeviceEvent.objects.get().recovery_action == recovery
+
+
 def test_it_stores_a_late_delivery_from_before_the_fence_without_flagging_it(post_batch):
     """Another node's agent ships generation 1's last step after the restart was fenced."""
     before = datetime.now(UTC) - timedelta(seconds=30)

@@ -101,3 +101,65 @@ def test_it_refuses_nul_in_api_filters_and_paths(client, cast, url):
     assert response.json() == {
         "error": "NUL (0x00) characters are not allowed in the path or query string"
     }
+
+
+TASK_MODULES = {"console.tasks", "console.notify_tasks", "ingest.tasks"}
+
+
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_it_imports_no_tasks_module_outside_celery_autodiscovery():
+    """Tasks are enqueued by name (console.scheduling), so no import cycle runs through them."""
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(_imports(path) & TASK_MODULES)
+        for package in ("console", "ingest", "faultline")
+        for path in (ROOT / package).rglob("*.py")
+        if _imports(path) & TASK_MODULES
+    }
+    assert offenders == {}
+
+
+def test_it_schedules_only_tasks_that_autodiscovery_registers():
+    from console import scheduling
+    from faultline.celery import app
+
+    app.loader.import_default_modules()
+    names = {entry["task"] for entry in app.conf.beat_schedule.values()}
+    names |= {scheduling.DIAGNOSE_GROUP, scheduling.SEND_NOTIFICATION}
+    assert names - set(app.tasks) == set()
+    assert {"console.rollup_step_bins", "console.maintain_telemetry"} <= names
+
+
+@pytest.mark.django_db
+def test_it_shows_audited_models_read_only_in_the_admin_and_hides_api_tokens(client, cast):
+    from console.models import ConsistencyGroup, Incident, Node
+
+    group = ConsistencyGroup.objects.create(name="job")
+    node = Node.objects.create(name="n-1")
+    incident = Incident.objects.create(
+        group=group, fingerprint="fp", kind="xid", subject="gpu:GPU-1", severity="critical",
+        summary="Xid 79", opened_at="2026-11-29T10:00:00Z",
+    )  # fmt: skip
+    client.force_login(cast["admin"])
+    assert client.get(f"/admin/console/incident/{incident.pk}/change/").status_code == 200
+    refused = client.post(
+        f"/admin/console/incident/{incident.pk}/change/", {"state": "resolved", "summary": "x"}
+    )
+    assert refused.status_code == 403
+    assert client.post(f"/admin/console/node/{node.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert client.get("/admin/console/consistencygroup/add/").status_code == 403
+    incident.refresh_from_db()
+    assert (incident.state, Node.objects.filter(pk=node.pk).exists()) == ("open", True)
+    assert client.get("/admin/authtoken/tokenproxy/").status_code == 404
+    assert client.get("/admin/console/membership/").status_code == 200

@@ -36,12 +36,12 @@ LOGIN_FAILURES = 5  # FAULTLINE_LOGIN_FAILURE_LIMIT's default
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """A service of our own: these tests break it, others must not share it."""
     service = start_service(tmp_path_factory.mktemp("chaos"))
-    service.extra_procs = []  # type: ignore[attr-defined] - restarted Valkey, dry-run agents
+    service.extra_procs = []  # restarted Valkey, dry-run agents
     yield service
     try:
         stop_service(service)
     finally:
-        for proc in service.extra_procs:  # type: ignore[attr-defined]
+        for proc in service.extra_procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
@@ -73,7 +73,7 @@ def _in_background(fn: Any, *args: Any) -> threading.Thread:
             errors.append(exc)
 
     thread = threading.Thread(target=run, daemon=True)
-    thread.errors = errors  # type: ignore[attr-defined]
+    thread.errors = errors
     thread.start()
     return thread
 
@@ -81,8 +81,8 @@ def _in_background(fn: Any, *args: Any) -> threading.Thread:
 def _join(thread: threading.Thread, timeout: float = 60) -> None:
     thread.join(timeout)
     assert not thread.is_alive(), "workload thread did not finish"
-    if thread.errors:  # type: ignore[attr-defined]
-        raise thread.errors[0]  # type: ignore[attr-defined]
+    if thread.errors:
+        raise thread.errors[0]
 
 
 def _assert_exactly_once(svc: Service, group: str, sent: list[int], node: str) -> None:

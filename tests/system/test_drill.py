@@ -18,7 +18,7 @@ from faultline.drill.runner import Result, first_error
 from tests.system.conftest import BIN
 
 
-def real_drill(test):  # type: ignore[no-untyped-def]
+def real_drill(test):
     """Marks for the tests that run the real quick drill (slow, needs torch)."""
     for mark in (
         pytest.mark.slow,

@@ -107,8 +107,14 @@ class Context:
         if not gpu:
             return None
         for f in self.on(gpu_subject(gpu)):
-            # A minor Xid (63, 92) is bookkeeping: it stops no rank.
-            if f.kind in HARD_DEVICE_KINDS and f.role == ROOT_CAUSE and f.severity != MINOR:
+            # Only a hardware fault stops the GPU's ranks: an application or informational
+            # Xid on the GPU (agents/xid.py class) does not, nor does a minor one.
+            if (
+                f.kind in HARD_DEVICE_KINDS
+                and f.role == ROOT_CAUSE
+                and f.severity != MINOR
+                and f.evidence.get("takes_gpu_out", True)
+            ):
                 return f
         return None
 

@@ -1,13 +1,18 @@
 """Device rule family: Xid, ECC, lost GPUs, row remaps, throttling, NVLink errors.
 
-Owns the Xid catalogue (meaning, severity, operator action) and one finding per GPU
-fault, each a root cause for the ranks on that GPU. Must not judge step times: slowdown
-attribution lives in `stragglers`.
+Owns one finding per GPU fault, judged by the Xid catalog (agents/xid.py, with the
+operator's overrides, via `DiagnosisConfig.xids`): hardware-class Xids, lost GPUs and
+DBEs are root causes for the ranks on the GPU and take the node out; application-class
+Xids stand on the rank as an application root cause (the process rule folds them under
+the rank's exit); consequence-class Xids are symptoms of what they follow; informational
+ones are minor; codes NVIDIA does not list are undetermined. Must not judge step times:
+slowdown attribution lives in `stragglers`.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from agents import xid as catalog
+from agents.gpu_health import WARNING_REASONS, throttle_kind
 
 from console.diagnosis.findings import (
     CRITICAL,
@@ -15,53 +20,20 @@ from console.diagnosis.findings import (
     MINOR,
     ROOT_CAUSE,
     SEVERITY_RANK,
+    SYMPTOM,
+    UNDETERMINED,
+    Finding,
     gpu_subject,
+    rank_subject,
 )
 from console.diagnosis.rules.base import Context
-from console.diagnosis.snapshot import DeviceState
+from console.diagnosis.snapshot import DeviceEvent, DeviceState
 
-
-class Xid(NamedTuple):
-    meaning: str
-    severity: str
-    action: str
-
-
-# NVIDIA Xid catalogue, the codes a training fleet meets most (docs.nvidia.com, Xid errors).
-XIDS: dict[int, Xid] = {
-    48: Xid("double-bit ECC error", CRITICAL, "drain the node, reset the GPU; RMA if it recurs"),
-    62: Xid("internal micro-controller halt", CRITICAL, "reset the GPU or reboot the node"),
-    63: Xid("ECC page retirement or row remap recorded", MINOR, "reset the GPU at the next drain"),
-    64: Xid("ECC page retirement or row remap failed", CRITICAL, "drain the node and RMA the GPU"),
-    74: Xid("NVLink error", MAJOR, "check NVLink/NVSwitch health, reset the GPU"),
-    79: Xid("GPU fell off the bus", CRITICAL, "drain the node, reboot, inspect PCIe/power"),
-    92: Xid("high single-bit ECC error rate", MINOR, "watch the GPU, schedule a reset"),
-    94: Xid("contained ECC error", MAJOR, "restart the affected process; the GPU stays usable"),
-    95: Xid("uncontained ECC error", CRITICAL, "reset the GPU; every process on it is lost"),
-    119: Xid("GSP RPC timeout", CRITICAL, "reset the GPU or reboot the node"),
-    120: Xid("GSP error", CRITICAL, "reset the GPU or reboot the node"),
-    140: Xid("unrecovered ECC error", CRITICAL, "drain the node, reset the GPU"),
-    154: Xid("GPU recovery action changed", MAJOR, "apply the recovery action nvidia-smi reports"),
-}
-UNKNOWN_XID = Xid("unclassified Xid", MAJOR, "look the code up in NVIDIA's Xid catalogue")
-
-THERMAL_REASONS = ("thermal",)
-POWER_REASONS = ("power_brake", "hw_power", "power_cap")
-
-
-def classify_xid(code: int | None) -> Xid:
-    """Meaning, severity and action for an Xid code (unknown codes are major)."""
-    return XIDS.get(code, UNKNOWN_XID) if code is not None else UNKNOWN_XID
-
-
-def throttle_kind(reasons: tuple[str, ...]) -> str | None:
-    """`thermal_throttle`, `power_throttle` or None from NVML throttle reason names."""
-    low = [r.lower() for r in reasons]
-    if any(t in r for r in low for t in THERMAL_REASONS):
-        return "thermal_throttle"
-    if any(t in r for r in low for t in POWER_REASONS):
-        return "power_throttle"
-    return None
+# Hardware buckets that stop the GPU outright; the others (NVLink workflows, support,
+# mechanics, firmware) are major until the driver's recovery action says more.
+CRITICAL_BUCKETS = frozenset(
+    {"RESET_GPU", "RESTART_BM", "RESTART_VM", "WORKFLOW_XID_48", "XID_154"}
+)
 
 
 def _where(ctx: Context, dev: DeviceState) -> str:
@@ -73,39 +45,99 @@ def _where(ctx: Context, dev: DeviceState) -> str:
     return f"{label} (rank {names})" if len(ranks) == 1 else f"{label} (ranks {names})"
 
 
-def _hard_fault(ctx: Context, dev: DeviceState) -> bool:
-    """Emit at most one hard-fault root cause per GPU: the worst Xid, else loss, else DBE.
+class _Judged:
+    """One Xid event with its catalog row and the class it acts with."""
 
-    Returns True when the fault stops the GPU's ranks (then soft faults are not reported:
-    the hard fault dominates them). Minor Xids (63, 92) are reported but stop nothing.
-    """
-    xids = [e for e in dev.events if e.event == "xid"]
+    __slots__ = ("cls", "event", "info")
+
+    def __init__(self, ctx: Context, event: DeviceEvent) -> None:
+        self.event = event
+        self.info = ctx.cfg.xids.get(event.code)
+        self.cls = catalog.effective_class(self.info, event.recovery_action)
+
+    @property
+    def severity(self) -> str:
+        if self.cls != catalog.HARDWARE:
+            return MAJOR
+        if self.info.immediate in CRITICAL_BUCKETS or catalog.recovery_requires_action(
+            self.event.recovery_action
+        ):
+            return CRITICAL
+        return MAJOR
+
+
+def _recovery_action(events: list[DeviceEvent]) -> str | None:
+    """The newest recovery action the driver reported for this GPU."""
+    for e in reversed(events):
+        if e.recovery_action is not None:
+            return e.recovery_action
+    return None
+
+
+def _advice(info: catalog.XidInfo, recovery: str | None, cls: str) -> str:
+    """The bucket's action and, when the driver asks for one, its recovery action."""
+    if cls == catalog.APPLICATION and info.immediate == "IGNORE":
+        # NVIDIA: nothing to do to the GPU (43, 137); the faulted program still restarts.
+        return catalog.IMMEDIATE_ACTIONS["RESTART_APP"]
+    if catalog.recovery_requires_action(recovery):
+        said = catalog.RECOVERY_ACTIONS[recovery or ""]
+        if info.immediate == "XID_154":
+            return said
+        return f"{info.action}; {said}"
+    return info.action
+
+
+def _xid_evidence(ctx: Context, dev: DeviceState, group: list[_Judged]) -> dict[str, object]:
+    lead = group[0]
+    info = lead.info
+    recovery = _recovery_action([j.event for j in group])
+    return {
+        "gpu": dev.gpu,
+        "node": dev.node,
+        "index": dev.index,
+        "ranks": ctx.capped(sorted(ctx.ranks_on_gpu.get(dev.gpu, ()))),
+        "code": info.code,
+        "codes": sorted({j.event.code for j in group if j.event.code is not None}),
+        "mnemonic": info.mnemonic,
+        "meaning": info.meaning,
+        "xid_class": lead.cls,
+        "immediate": info.immediate,
+        "investigatory": info.investigatory,
+        "action": _advice(info, recovery, lead.cls),
+        "recovery_action": recovery,
+        "applies_to": list(info.gpus),
+        "overridden": info.overridden,
+        "takes_gpu_out": lead.cls == catalog.HARDWARE,
+        "detail": lead.event.detail,
+        "event_ts": lead.event.ts,
+    }
+
+
+def _hard_fault(ctx: Context, dev: DeviceState, judged: list[_Judged]) -> Finding | None:
+    """At most one hardware root cause per GPU: the worst hardware Xid, else loss, else DBE."""
+    hard = [j for j in judged if j.cls == catalog.HARDWARE]
     lost = [e for e in dev.events if e.event == "gpu_lost"]
     dbe = [e for e in dev.events if e.event == "ecc_dbe"]
     sample = dev.sample
-    ranks = sorted(ctx.ranks_on_gpu.get(dev.gpu, ()))
     ev: dict[str, object] = {
         "gpu": dev.gpu,
         "node": dev.node,
         "index": dev.index,
-        "ranks": ctx.capped(ranks),
+        "ranks": ctx.capped(sorted(ctx.ranks_on_gpu.get(dev.gpu, ()))),
+        "takes_gpu_out": True,
     }
-    if xids:
-        worst = min(xids, key=lambda e: (SEVERITY_RANK[classify_xid(e.code).severity], e.ts))
-        info = classify_xid(worst.code)
-        kind, sev, events = "xid", info.severity, xids
-        summary = f"Xid {worst.code} on {_where(ctx, dev)}: {info.meaning}"
-        ev |= {
-            "code": worst.code,
-            "codes": sorted({e.code for e in xids if e.code is not None}),
-            "meaning": info.meaning,
-            "action": info.action,
-            "detail": worst.detail,
-            "event_ts": worst.ts,
-            "also": sorted({e.event for e in lost + dbe}),
-        }
-        if sev == MINOR and (lost or dbe):
-            sev = CRITICAL  # a lost GPU or DBE next to a bookkeeping Xid is still fatal
+    if hard:
+        # Xid 154 only summarises the action another Xid needs: name that Xid when present.
+        hard.sort(
+            key=lambda j: (j.info.immediate == "XID_154", SEVERITY_RANK[j.severity], j.event.ts)
+        )
+        lead = hard[0]
+        kind, sev = "xid", min((j.severity for j in hard), key=SEVERITY_RANK.__getitem__)
+        events = [j.event for j in hard]
+        summary = f"Xid {lead.info.code} on {_where(ctx, dev)}: {lead.info.meaning}"
+        ev = _xid_evidence(ctx, dev, hard) | {"also": sorted({e.event for e in lost + dbe})}
+        if lost or dbe:
+            sev = CRITICAL  # a lost GPU or DBE next to the Xid is fatal whatever its bucket
     elif lost:
         kind, sev, events = "gpu_lost", CRITICAL, lost
         summary = f"GPU lost on {_where(ctx, dev)}: the GPU fell off the bus"
@@ -115,9 +147,10 @@ def _hard_fault(ctx: Context, dev: DeviceState) -> bool:
         summary = f"Double-bit ECC error on {_where(ctx, dev)}"
         ev |= {"ecc_dbe": None if sample is None else sample.ecc_dbe}
     else:
-        return False
-    times = [e.ts for e in events] or [sample.ts]  # type: ignore[union-attr]
-    ctx.put(
+        return None
+    # No events means the sample's DBE count chose this branch, so there is a sample.
+    times = sorted(e.ts for e in events) or ([sample.ts] if sample is not None else [])
+    return ctx.put(
         ctx.new(
             kind=kind,
             subject=gpu_subject(dev.gpu),
@@ -129,7 +162,98 @@ def _hard_fault(ctx: Context, dev: DeviceState) -> bool:
             evidence=ev,
         )
     )
-    return sev != MINOR
+
+
+def _put_xid(
+    ctx: Context,
+    dev: DeviceState,
+    group: list[_Judged],
+    *,
+    subject: str,
+    role: str,
+    severity: str,
+    summary: str,
+    caused_by: tuple[str, ...] = (),
+    extra: dict[str, object] | None = None,
+) -> Finding:
+    times = sorted(j.event.ts for j in group)
+    return ctx.put(
+        ctx.new(
+            kind="xid",
+            subject=subject,
+            role=role,
+            severity=severity,
+            summary=summary,
+            first_seen=times[0],
+            last_seen=times[-1],
+            evidence=_xid_evidence(ctx, dev, group) | (extra or {}),
+            caused_by=caused_by,
+            key=group[0].cls,
+        )
+    )
+
+
+def _soft_xids(ctx: Context, dev: DeviceState, judged: list[_Judged], hard: Finding | None) -> None:
+    """Application, consequence, informational and undetermined Xids on one GPU."""
+    by_class: dict[str, list[_Judged]] = {}
+    for j in judged:
+        if j.cls != catalog.HARDWARE:
+            by_class.setdefault(j.cls, []).append(j)
+    for group in by_class.values():
+        group.sort(key=lambda j: j.event.ts)
+    where = _where(ctx, dev)
+    if hard is not None:
+        # Whatever else the GPU logged around a hardware fault follows from it.
+        for cls, group in by_class.items():
+            codes = ", ".join(str(j.info.code) for j in group)
+            _put_xid(ctx, dev, group, subject=gpu_subject(dev.gpu), role=SYMPTOM,
+                     severity=MINOR, summary=f"Xid {codes} on {where} ({cls}), after "
+                     f"{hard.kind} {hard.evidence.get('code') or ''}".rstrip(),
+                     caused_by=(hard.id,))  # fmt: skip
+        return
+    ranks = sorted(ctx.ranks_on_gpu.get(dev.gpu, ()))
+    # An application's Xid is evidence on its process: the rank, when the GPU has one.
+    owner = rank_subject(ctx.snap.group, ranks[0]) if len(ranks) == 1 else gpu_subject(dev.gpu)
+    app: Finding | None = None
+    if apps := by_class.get(catalog.APPLICATION):
+        group = apps
+        info = group[0].info
+        app = _put_xid(ctx, dev, group, subject=owner, role=ROOT_CAUSE, severity=MAJOR,
+                       summary=f"Xid {info.code} on {where}: {info.meaning} (an application "
+                       "fault; the GPU stays in service)")  # fmt: skip
+    if after := by_class.get(catalog.CONSEQUENCE):
+        group = after
+        info = group[0].info
+        if app is not None:
+            _put_xid(ctx, dev, group, subject=gpu_subject(dev.gpu), role=SYMPTOM,
+                     severity=MINOR, summary=f"Xid {info.code} on {where}: {info.meaning}, "
+                     f"after Xid {app.evidence['code']}", caused_by=(app.id,))  # fmt: skip
+        else:
+            # Alone, or after a kill the process rule will see: minor until folded.
+            _put_xid(ctx, dev, group, subject=owner, role=ROOT_CAUSE, severity=MINOR,
+                     summary=f"Xid {info.code} on {where}: {info.meaning}; no other "
+                     "error on this GPU")  # fmt: skip
+    if infos := by_class.get(catalog.INFORMATIONAL):
+        group = infos
+        info = group[0].info
+        _put_xid(ctx, dev, group, subject=gpu_subject(dev.gpu), role=ROOT_CAUSE,
+                 severity=MINOR, summary=f"Xid {info.code} on {where}: {info.meaning} "
+                 "(informational)")  # fmt: skip
+    if unknown := by_class.get(catalog.UNDETERMINED):
+        group = unknown
+        info = group[0].info
+        why = (
+            "listed by NVIDIA as unused on Ampere and newer GPUs"
+            if info.known and not info.gpus
+            else "not in NVIDIA's Xid catalog"
+            if not info.known
+            else "NVIDIA lists no recovery but contacting support"
+        )
+        _put_xid(ctx, dev, group, subject=gpu_subject(dev.gpu), role=UNDETERMINED,
+                 severity=MAJOR, summary=f"Xid {info.code} on {where}: {why}",
+                 extra={"missing_evidence": f"Xid {info.code} is {why}: read the kernel "
+                        "log line and nvidia-smi -q, or ask NVIDIA support; add an "
+                        "override once it is classified"})  # fmt: skip
 
 
 def _soft_faults(ctx: Context, dev: DeviceState) -> None:
@@ -169,8 +293,7 @@ def _soft_faults(ctx: Context, dev: DeviceState) -> None:
         )
     # Only hardware slowdowns here; a software power cap alone is normal on a busy GPU and
     # becomes a finding only when `stragglers` sees it inflate compute time.
-    hw = tuple(r for r in s.throttle_reasons if "hw" in r.lower() or "thermal" in r.lower())
-    kind = throttle_kind(hw)
+    kind = throttle_kind(r for r in s.throttle_reasons if r in WARNING_REASONS)
     if kind is not None:
         ctx.put(
             ctx.new(
@@ -202,5 +325,8 @@ def run(ctx: Context) -> None:
     for dev in ctx.snap.devices:
         if used and dev.gpu not in used:
             continue
-        if not _hard_fault(ctx, dev):
+        judged = [_Judged(ctx, e) for e in dev.events if e.event == "xid"]
+        hard = _hard_fault(ctx, dev, judged)
+        _soft_xids(ctx, dev, judged, hard)
+        if hard is None:
             _soft_faults(ctx, dev)

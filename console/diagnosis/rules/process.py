@@ -2,12 +2,18 @@
 
 Owns `process_exit`, `oom` and `exception`, and spotting a deterministic OOM (the same
 step failing again after a restart). The first exit of a generation is the
-initiator; later exits (launcher teardown, peers' NCCL errors) are its symptoms. Must
-run after `device` so a crash explained by the rank's GPU is filed as that GPU's
-symptom, not as a second root cause.
+initiator; later exits (launcher teardown, peers' NCCL errors) are its symptoms. An
+application or consequence Xid on the rank's GPU (agents/xid.py class) folds under the
+exit as its evidence: the program faulted, the GPU did not. Must run after `device` so a
+crash explained by the rank's GPU is filed as that GPU's symptom, not as a second root
+cause.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
+
+from agents import xid as catalog
 
 from console.diagnosis.findings import (
     CRITICAL,
@@ -15,6 +21,7 @@ from console.diagnosis.findings import (
     ROOT_CAUSE,
     SYMPTOM,
     Finding,
+    gpu_subject,
     rank_subject,
 )
 from console.diagnosis.rules.base import TERMINAL_STATES, Context
@@ -45,6 +52,22 @@ def deterministic_ooms(ctx: Context) -> dict[int, list[int]]:
                 if step is not None:
                     by_step.setdefault(step, set()).add(p.generation)
     return {s: sorted(g) for s, g in by_step.items() if len(g) > 1}
+
+
+PROCESS_XID_CLASSES = frozenset({catalog.APPLICATION, catalog.CONSEQUENCE})
+
+
+def _process_xids(ctx: Context, r: RankState, gpu: str | None) -> list[Finding]:
+    """Application/consequence Xid findings the device rule left standing for this rank."""
+    subjects = [rank_subject(ctx.snap.group, r.rank)] + ([gpu_subject(gpu)] if gpu else [])
+    return [
+        f
+        for s in subjects
+        for f in ctx.on(s)
+        if f.kind == "xid"
+        and f.role == ROOT_CAUSE
+        and f.evidence.get("xid_class") in PROCESS_XID_CLASSES
+    ]
 
 
 def _exits(ctx: Context) -> list[tuple[RankState, ProcessRecord, bool]]:
@@ -101,6 +124,12 @@ def run(ctx: Context) -> None:
             "last_step": step,
             "teardown": teardown,
         }
+        xids = _process_xids(ctx, r, p.gpu or r.gpu)
+        if xids:
+            ev["xids"] = [
+                {k: x.evidence.get(k) for k in ("code", "mnemonic", "xid_class", "action")}
+                for x in xids
+            ]
         again = repeats.get(step) if kind == "oom" and step is not None else None
         if again:
             ev["deterministic"] = {"step": step, "generations": again}
@@ -111,12 +140,15 @@ def run(ctx: Context) -> None:
                 role=SYMPTOM if cause else ROOT_CAUSE,
                 severity=MAJOR if cause else CRITICAL,
                 summary=f"Rank {r.rank} on {r.node or '?'} {what}"
-                + (f" at step {step}" if step is not None else ""),
+                + (f" at step {step}" if step is not None else "")
+                + (f" after Xid {xids[0].evidence.get('code')}" if xids else ""),
                 first_seen=p.ts,
                 evidence=ev,
                 caused_by=(cause.id,) if cause else (),
             )
         )
+        for x in xids:  # the Xid is the exit's evidence, not a second story
+            ctx.put(replace(x, role=SYMPTOM, caused_by=(f.id,)))
         if initiator is None:
             initiator = f
         if again:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from agents.gpu_health import throttle_kind
+
 from console.diagnosis.findings import (
     MAJOR,
     MINOR,
@@ -23,7 +25,6 @@ from console.diagnosis.findings import (
 )
 from console.diagnosis.records import PHASES
 from console.diagnosis.rules.base import RECENT_STEPS, Context
-from console.diagnosis.rules.device import throttle_kind
 from console.diagnosis.snapshot import RankState
 from console.diagnosis.stats import mad, median, percentile
 
@@ -32,7 +33,7 @@ def _means(ctx: Context, r: RankState) -> tuple[float, dict[str, float]] | None:
     steps = [s for s in ctx.steps(r)[-RECENT_STEPS:] if s.duration_ms is not None]
     if not steps:
         return None
-    total = sum(s.duration_ms for s in steps) / len(steps)  # type: ignore[misc]
+    total = sum(s.duration_ms or 0.0 for s in steps) / len(steps)  # None filtered above
     phases = {p: sum(s.phases.get(p) or 0.0 for s in steps) / len(steps) for p in PHASES}
     return total, phases
 

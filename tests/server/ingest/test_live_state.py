@@ -45,3 +45,10 @@ def test_it_never_moves_node_last_seen_backwards(post_batch):
     old = now - timedelta(minutes=3)
     post_batch(make_batch([{"kind": "heartbeat", "ts": old.isoformat()}], sent_at=now))
     assert Node.objects.get(name="node-1").last_seen == seen
+
+
+def test_it_stores_only_health_values_the_one_health_ordering_knows():
+    from agents.gpu_health import HEALTH_ORDER
+    from console.choices import Health
+
+    assert set(Health.values) == set(HEALTH_ORDER)

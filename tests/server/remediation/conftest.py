@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from console import remediation
+from console import actions
 from console.models import ConsistencyGroup, Device, Node, Rank
 
 
@@ -36,11 +36,11 @@ def pool(db: Any) -> list[Node]:
 
 
 @pytest.fixture
-def propose(cast: dict[str, Any], now: datetime):  # type: ignore[no-untyped-def]
+def propose(cast: dict[str, Any], now: datetime):
     """propose(target, kind="cordon_node", by="operator") -> Outcome."""
 
     def make(target: str, kind: str = "cordon_node", by: str = "operator", **kw: Any) -> Any:
-        return remediation.propose_action(
+        return actions.propose_action(
             kind=kind,
             target=target,
             reason="xid 79 storm",
@@ -53,9 +53,9 @@ def propose(cast: dict[str, Any], now: datetime):  # type: ignore[no-untyped-def
 
 
 @pytest.fixture
-def vote(cast: dict[str, Any], now: datetime):  # type: ignore[no-untyped-def]
+def vote(cast: dict[str, Any], now: datetime):
     def cast_vote(action_id: int, by: str, approve: bool = True, **kw: Any) -> Any:
-        return remediation.vote_on_action(
+        return actions.vote_on_action(
             action_id=action_id, actor=cast[by], approve=approve, now=kw.pop("at", now), **kw
         )
 

@@ -9,7 +9,7 @@ import pytest
 pytestmark = pytest.mark.django_db
 
 
-def _post(client, url, body):  # type: ignore[no-untyped-def]
+def _post(client, url, body):
     return client.post(url, body, content_type="application/json")
 
 

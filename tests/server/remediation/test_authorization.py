@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from console import paging, remediation
+from console import actions
 from console.models import EscalationPolicy
 
 pytestmark = pytest.mark.django_db
@@ -65,11 +65,11 @@ ENDPOINTS: list[tuple[str, str, str, dict[str, Any] | None, set[str]]] = [
 
 
 @pytest.fixture
-def world(pool, cast, now):  # type: ignore[no-untyped-def]
-    action = remediation.propose_action(
+def world(pool, cast, now):
+    action = actions.propose_action(
         kind="cordon_node", target="node:n-01", reason="xid 79", actor=cast["operator"], now=now
     ).action
-    silence = paging.create_silence(
+    silence = actions.create_silence(
         matchers={"group": "llama"},
         starts_at=now,
         ends_at=now + timedelta(hours=1),
@@ -78,7 +78,7 @@ def world(pool, cast, now):  # type: ignore[no-untyped-def]
         now=now,
     )
     policy = EscalationPolicy.objects.create(name="default", steps=STEPS)
-    remediation.set_breaker(open=True, actor=cast["operator"], reason="storm", now=now)
+    actions.set_breaker(open=True, actor=cast["operator"], reason="storm", now=now)
     return {"action": action.pk, "silence": silence.pk, "policy": policy.pk, "now": now}
 
 

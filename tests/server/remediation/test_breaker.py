@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from console import remediation
+from console import actions
 from console.models import AuditLog, BreakerState
 
 pytestmark = pytest.mark.django_db
 
 
 def test_it_refuses_to_close_the_breaker_for_an_approver_through_the_api(client, cast, now):
-    remediation.set_breaker(open=True, actor=cast["operator"], reason="xid storm", now=now)
+    actions.set_breaker(open=True, actor=cast["operator"], reason="xid storm", now=now)
     client.force_login(cast["approver"])
     response = client.post(
         "/api/v1/breaker/", {"open": False, "reason": "looks fine"}, content_type="application/json"
@@ -23,7 +23,7 @@ def test_it_refuses_to_close_the_breaker_for_an_approver_through_the_api(client,
 
 
 def test_it_refuses_to_close_the_breaker_without_a_reason(client, cast, now):
-    remediation.set_breaker(open=True, actor=cast["operator"], reason="xid storm", now=now)
+    actions.set_breaker(open=True, actor=cast["operator"], reason="xid storm", now=now)
     client.force_login(cast["admin"])
     response = client.post(
         "/api/v1/breaker/", {"open": False, "reason": " "}, content_type="application/json"
@@ -34,7 +34,7 @@ def test_it_refuses_to_close_the_breaker_without_a_reason(client, cast, now):
 
 def test_it_holds_automatic_proposals_while_the_breaker_is_open(pool, cast, now, settings):
     settings.FAULTLINE_REMEDIATION_POLICY = {"auto_approve": {"cordon_node": ["xid"]}}
-    auto = remediation.propose_action(
+    auto = actions.propose_action(
         kind="cordon_node",
         target="node:n-01",
         reason="xid 79",
@@ -44,8 +44,8 @@ def test_it_holds_automatic_proposals_while_the_breaker_is_open(pool, cast, now,
         now=now,
     )
     assert auto.action.state == "approved"
-    remediation.set_breaker(open=True, actor=cast["operator"], reason="storm", now=now)
-    held = remediation.propose_action(
+    actions.set_breaker(open=True, actor=cast["operator"], reason="storm", now=now)
+    held = actions.propose_action(
         kind="cordon_node",
         target="node:n-02",
         reason="xid 79",
@@ -59,7 +59,7 @@ def test_it_holds_automatic_proposals_while_the_breaker_is_open(pool, cast, now,
 
 
 def test_it_closes_the_breaker_for_an_admin_and_keeps_the_reason(client, cast, now):
-    remediation.set_breaker(open=True, actor=cast["operator"], reason="xid storm", now=now)
+    actions.set_breaker(open=True, actor=cast["operator"], reason="xid storm", now=now)
     client.force_login(cast["admin"])
     response = client.post(
         "/api/v1/breaker/",

@@ -6,13 +6,14 @@ import json
 
 import pytest
 
-from console import remediation
+from console import actions
+from console.actions.remediation import OUTPUT_LIMIT
 from console.models import Action, ConsistencyGroup, Node
 
 pytestmark = pytest.mark.django_db
 
 
-def _approved(propose, vote, target, kind="cordon_node", **kw):  # type: ignore[no-untyped-def]
+def _approved(propose, vote, target, kind="cordon_node", **kw):
     action = propose(target, kind=kind, **kw).action
     return vote(action.pk, "approver").action
 
@@ -21,14 +22,14 @@ def test_it_refuses_to_dispatch_after_the_group_generation_changed(pool, propose
     action = _approved(propose, vote, "rank:llama/1", kind="isolate_rank")
     assert (action.generation, action.node.name) == (3, "n-01")
     ConsistencyGroup.objects.filter(name="llama").update(generation=4)
-    outcome = remediation.dispatch_action(action_id=action.pk, now=now)
+    outcome = actions.dispatch_action(action_id=action.pk, now=now)
     assert outcome.action.state == "cancelled"
     assert any("stale: group llama is at generation 4" in r for r in outcome.reasons)
 
 
 def test_it_dispatches_an_approved_action_with_the_agent_shape(pool, propose, vote, now):
     action = _approved(propose, vote, "node:n-04")
-    payloads = remediation.dispatch_for_node(node=pool[4], now=now)
+    payloads = actions.dispatch_for_node(node=pool[4], now=now)
     assert payloads == [
         {
             "id": action.pk,
@@ -40,13 +41,13 @@ def test_it_dispatches_an_approved_action_with_the_agent_shape(pool, propose, vo
         },
     ]
     assert Action.objects.get(pk=action.pk).state == "dispatched"
-    assert remediation.dispatch_for_node(node=pool[3], now=now) == []
+    assert actions.dispatch_for_node(node=pool[3], now=now) == []
 
 
 def test_it_cancels_at_dispatch_when_the_pool_filled_since_approval(pool, propose, vote, now):
     action = _approved(propose, vote, "node:n-09")
     Node.objects.filter(name__in=["n-00", "n-01"]).update(cordoned=True)
-    outcome = remediation.dispatch_action(action_id=action.pk, now=now)
+    outcome = actions.dispatch_action(action_id=action.pk, now=now)
     assert outcome.action.state == "cancelled"
     assert "not dispatched: the gates changed since approval" in outcome.reasons
 
@@ -66,7 +67,7 @@ def test_it_returns_approved_actions_on_the_ingest_response(pool, propose, vote,
 
 def test_it_refuses_a_result_for_another_nodes_action(pool, propose, vote, client, agent_token):
     action = _approved(propose, vote, "node:n-02")
-    remediation.dispatch_for_node(node=pool[2], now=action.proposed_at)
+    actions.dispatch_for_node(node=pool[2], now=action.proposed_at)
     response = client.post(
         f"/api/v1/actions/{action.pk}/result",
         data=json.dumps({"status": "succeeded"}),
@@ -94,7 +95,7 @@ def test_it_cordons_the_node_when_the_agent_reports_success(
     )
     assert response.status_code == 200
     assert response.json()["state"] == "succeeded"
-    assert len(response.json()["result"]["output"]) <= remediation.OUTPUT_LIMIT
+    assert len(response.json()["result"]["output"]) <= OUTPUT_LIMIT
     assert Node.objects.get(name="n-02").cordoned is True
     again = client.post(
         f"/api/v1/actions/{action.pk}/result",
@@ -107,8 +108,8 @@ def test_it_cordons_the_node_when_the_agent_reports_success(
 
 def test_it_keeps_a_dry_run_from_changing_the_inventory(pool, propose, vote, now):
     action = _approved(propose, vote, "node:n-06", dry_run=True)
-    remediation.dispatch_for_node(node=pool[6], now=now)
-    remediation.record_action_result(
+    actions.dispatch_for_node(node=pool[6], now=now)
+    actions.record_action_result(
         action_id=action.pk,
         node=pool[6],
         status="succeeded",

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from console import notify_tasks, paging, remediation
+from console import actions, notify_tasks
 from console.models import (
     ConsistencyGroup,
     EscalationPolicy,
@@ -51,7 +51,7 @@ class Receiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
-def remediation_now():  # type: ignore[no-untyped-def]
+def remediation_now():
     from django.utils import timezone
 
     return timezone.now()
@@ -66,7 +66,7 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture
-def incident(receiver: Receiver, now) -> Incident:  # type: ignore[no-untyped-def]
+def incident(receiver: Receiver, now) -> Incident:
     NotificationChannel.objects.create(name="hook", kind="webhook", url=receiver.url, secret=SECRET)
     EscalationPolicy.objects.create(
         name="critical", severities=["critical"], steps=[{"delay_s": 0, "channels": ["hook"]}]
@@ -83,14 +83,14 @@ def incident(receiver: Receiver, now) -> Incident:  # type: ignore[no-untyped-de
     )
 
 
-def _sweep_and_deliver(now, times: int = 1) -> list[str]:  # type: ignore[no-untyped-def]
+def _sweep_and_deliver(now, times: int = 1) -> list[str]:
     """Run the sweep, then deliver each enqueued send `times` times (Celery redelivery)."""
-    enqueued = notify_tasks.schedule_due(now=now)
+    enqueued = actions.schedule_due(now=now)
     statuses = []
     for _ in range(times):
         for incident_id, key, channel, event in enqueued:
             statuses.append(
-                notify_tasks.deliver(
+                actions.deliver(
                     incident_id=incident_id, key=key, channel=channel, event=event, now=now
                 )
             )
@@ -105,7 +105,7 @@ def test_it_pages_once_even_when_the_task_is_delivered_twice(incident, receiver,
 
 
 def test_it_freezes_the_policy_when_the_incident_opens(incident, now):
-    notify_tasks.schedule_due(now=now)
+    actions.schedule_due(now=now)
     EscalationPolicy.objects.update(steps=[{"delay_s": 999, "channels": ["other"]}])
     snapshot = IncidentEscalation.objects.get(incident=incident).snapshot
     assert snapshot["steps"][0]["channels"] == ["hook"]
@@ -113,7 +113,7 @@ def test_it_freezes_the_policy_when_the_incident_opens(incident, now):
 
 def test_it_always_sends_the_resolve_of_an_incident_that_paged(incident, receiver, now):
     _sweep_and_deliver(now)
-    paging.create_silence(
+    actions.create_silence(
         matchers={"group": "llama"},
         starts_at=now,
         ends_at=now + timedelta(hours=1),
@@ -128,7 +128,7 @@ def test_it_always_sends_the_resolve_of_an_incident_that_paged(incident, receive
 
 
 def test_it_holds_a_page_back_while_silenced_and_says_which_silence(incident, receiver, now):
-    silence = paging.create_silence(
+    silence = actions.create_silence(
         matchers={"kind": "xid"},
         starts_at=now,
         ends_at=now + timedelta(hours=1),
@@ -142,20 +142,16 @@ def test_it_holds_a_page_back_while_silenced_and_says_which_silence(incident, re
 
 
 def test_it_retries_a_5xx_and_then_sends_exactly_once(incident, receiver, now):
-    enqueued = notify_tasks.schedule_due(now=now)
+    enqueued = actions.schedule_due(now=now)
     ((incident_id, key, channel, event),) = enqueued
     receiver.status = 503
     with pytest.raises(transport.RetryableError, match="HTTP 503"):
-        notify_tasks.deliver(
-            incident_id=incident_id, key=key, channel=channel, event=event, now=now
-        )
+        actions.deliver(incident_id=incident_id, key=key, channel=channel, event=event, now=now)
     delivery = NotificationDelivery.objects.get(incident=incident, key=key)
     assert (delivery.status, delivery.attempts) == ("retrying", 1)
     receiver.status = 200
     for _ in range(2):
-        notify_tasks.deliver(
-            incident_id=incident_id, key=key, channel=channel, event=event, now=now
-        )
+        actions.deliver(incident_id=incident_id, key=key, channel=channel, event=event, now=now)
     assert len(receiver.bodies) == 1
 
 
@@ -166,14 +162,14 @@ def test_it_declares_retries_with_backoff_on_the_send_task():
     assert task.retry_backoff and task.max_retries == 10
 
 
-def _admin():  # type: ignore[no-untyped-def]
+def _admin():
     from console.accounts import create_user
 
     return create_user(username="silencer", role="admin", password="pw-silencer-123")
 
 
 def test_it_expires_stale_proposals_in_the_sweep(pool, cast, now):
-    action = remediation.propose_action(
+    action = actions.propose_action(
         kind="cordon_node",
         target="node:n-01",
         reason="xid 79",

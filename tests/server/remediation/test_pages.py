@@ -11,7 +11,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def held(pool, propose):  # type: ignore[no-untyped-def]
+def held(pool, propose):
     """The third cordon in the pool: above the blast-radius limit."""
     for i in range(2):
         propose(f"node:n-{i:02d}")

@@ -1,8 +1,9 @@
-"""The write path for paging configuration: silences, escalation policies, channels.
+"""Paging configuration: silences, escalation policies, notification channels.
 
-Same shape as console.remediation (keyword-only, `actor=`, atomic, audited in the same
-transaction). The rules come from console.policy.escalation (silence bounds, policy
-validation); this module only checks roles, stores, and audits. It sends nothing.
+Same shape as every verb in console.actions (keyword-only, `actor=`, atomic, audited in
+the same transaction). The rules come from console.policy.escalation (silence bounds,
+policy validation); this module only checks roles, stores, and audits. It sends nothing
+(console.actions.notifications records and enqueues the sends).
 """
 
 from __future__ import annotations
@@ -12,17 +13,18 @@ from typing import Any
 
 from django.db import transaction
 
+from console.actions.audit import actor_name, audit, role_refused
+from console.actions.errors import NotFound, RemediationError
 from console.choices import UserRole
 from console.models import EscalationPolicy, NotificationChannel, Silence
 from console.policy import escalation as esc
-from console.remediation import NotFound, RemediationError, actor_name, audit, role_refused
-from console.roles import has_role
+from console.roles import Actor, has_role
 
 
 @transaction.atomic
 def save_channel(
     *,
-    actor: Any,
+    actor: Actor,
     now: datetime,
     name: str,
     kind: str,
@@ -59,7 +61,7 @@ def create_silence(
     starts_at: datetime,
     ends_at: datetime,
     reason: str,
-    actor: Any,
+    actor: Actor,
     now: datetime,
 ) -> Silence:
     if not has_role(actor, UserRole.OPERATOR):
@@ -102,7 +104,7 @@ def create_silence(
 
 
 @transaction.atomic
-def expire_silence(*, silence_id: int, actor: Any, now: datetime) -> Silence:
+def expire_silence(*, silence_id: int, actor: Actor, now: datetime) -> Silence:
     silence = Silence.objects.select_for_update().filter(pk=silence_id).first()
     if silence is None:
         raise NotFound(f"silence {silence_id} does not exist")
@@ -154,7 +156,7 @@ def policy_input(row: EscalationPolicy) -> esc.EscalationPolicy:
 
 @transaction.atomic
 def save_escalation_policy(
-    *, actor: Any, now: datetime, policy_id: int | None = None, **fields: Any
+    *, actor: Actor, now: datetime, policy_id: int | None = None, **fields: Any
 ) -> EscalationPolicy:
     """Create or update a policy (admin); open incidents keep the snapshot they froze."""
     if not has_role(actor, UserRole.ADMIN):
@@ -183,7 +185,7 @@ def save_escalation_policy(
 
 
 @transaction.atomic
-def delete_escalation_policy(*, policy_id: int, actor: Any, now: datetime) -> None:
+def delete_escalation_policy(*, policy_id: int, actor: Actor, now: datetime) -> None:
     if not has_role(actor, UserRole.ADMIN):
         raise role_refused(actor, "policies", UserRole.ADMIN)
     row = EscalationPolicy.objects.filter(pk=policy_id).first()

@@ -1,264 +1,56 @@
-"""Store one validated batch atomically: receipt, telemetry (COPY), live state, contracts.
+"""One batch's rows and live-state changes, collected per record and written in bulk.
 
-Either everything of a batch is written or nothing is. The (agent_id, seq) receipt is
-inserted first, so a replayed batch stops there and changes nothing. Telemetry goes in
-with COPY (no ORM objects per record: the hot path budget is validation and encoding).
+`BatchWriter` reads the groups and ranks a batch names (fencing each record against its
+group's generation), formats every record as a COPY line of its table, and folds the
+newest state per GPU, rank and group; `flush` then COPYs the rows and sends every
+live-state write in one multi-statement round trip. Must not commit or open transactions:
+`batch.ingest_batch` owns the transaction.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
-import psycopg
-from django.db import connection, transaction
+from django.db import transaction
 from psycopg.types.json import Jsonb
 
 from agents import protocol as p
-from console.choices import ACTION_LIVE_STATES, GroupKind, Health
+from agents import xid
+from agents.gpu_health import CRITICAL, CRITICAL_EVENTS, sample_health
+from console.choices import ACTION_LIVE_STATES, GroupKind
 from console.models import ConsistencyGroup, Node
 from ingest import fencing
 from ingest.copytext import flag, num, text, when
 from ingest.copytext import json as cjson
 from ingest.models import ContractViolation
-from ingest.rawsql import columns, from_row, send
+from ingest.rawsql import from_row, send
 from ingest.scrub import scrub_text
-
-# Names as agents/nvml.py decodes them (hw_power_brake_slowdown; the short form is legacy).
-THROTTLE_WARN = {
-    "hw_slowdown",
-    "hw_thermal_slowdown",
-    "sw_thermal_slowdown",
-    "hw_power_brake",
-    "hw_power_brake_slowdown",
-}
-CRITICAL_EVENTS = {"xid", "ecc_dbe", "gpu_lost"}
-
-
-@dataclass
-class IngestResult:
-    ack_seq: int
-    duplicate: bool
-    records: int = 0
-    groups: list[str] = field(default_factory=list)
-    nodes: list[str] = field(default_factory=list)
-    violations: int = 0
-    device_events: int = 0  # Xid/DBE/GPU-lost records: push and diagnose without delay
-    actions_pending: bool = True  # the node has actions in flight: dispatch on the response
-    card: dict[str, Any] | None = None  # the node's fleet card as committed, when asked for
-
-
-class RecordError(ValueError):
-    """A record that passed the contract but cannot be stored; 400 naming record and field."""
-
-    def __init__(self, message: str, *, index: int | None = None, field: str | None = None):
-        super().__init__(message)
-        self.message, self.index, self.field = message, index, field
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"error": self.message, "record": self.index, "field": self.field}
-
-
-class FutureRecordError(RecordError):
-    """A record stamped too far ahead of the batch's own send time."""
-
-
-def ingest_batch(
-    *, node: Node, batch: p.Batch, now: datetime, max_future_s: int, want_card: bool = False
-) -> IngestResult:
-    """Store one batch in one transaction and about five round trips, whatever its size.
-
-    Round trips: receipt + agent state; groups + the ranks the batch names; one COPY per
-    record table; then every live-state write in one multi-statement send. Raw SQL here
-    because the ORM's statement compilation cost more than Postgres did (docs/performance.md).
-    With `want_card` (or a critical device event) the last send also reads the node's
-    fleet card, so the live push after commit costs no query of its own.
-    """
-    skew = batch.sent_at - now
-    shift = skew if abs(skew) > timedelta(seconds=5) else timedelta(0)
-    _check_future(batch, max_future_s)
-    # Raw psycopg throughout: map its errors to Django's (OperationalError -> 503 in the
-    # view); a number out of range for its column becomes a 400 naming the record.
-    with transaction.atomic(), connection.wrap_database_errors:
-        agent = _claim_receipt(batch, node, now)
-        if agent is None:
-            send(_AGENT_DUPLICATE, {"agent": batch.agent.id, "now": now}).close()
-            return IngestResult(ack_seq=batch.seq, duplicate=True)
-        writer = _Writer(
-            node=node, agent_id=batch.agent.id, now=now, shift=shift, want_card=want_card
-        )
-        writer.agent_update = _agent_update(agent, node, batch, now, skew)
-        writer.add(batch.records)
-        try:
-            writer.flush()
-        except psycopg.errors.DataError as exc:
-            raise _out_of_range(exc, batch) from None
-        return IngestResult(
-            ack_seq=batch.seq,
-            duplicate=False,
-            records=len(batch.records),
-            groups=sorted(writer.touched_groups),
-            nodes=[node.name],
-            violations=writer.violation_count,
-            device_events=writer.critical_events,
-            actions_pending=writer.actions_pending,
-            card=writer.card,
-        )
-
-
-def _check_future(batch: p.Batch, max_future_s: int) -> None:
-    limit = batch.sent_at + timedelta(seconds=max_future_s)
-    for index, rec in enumerate(batch.records):
-        if rec.ts > limit:
-            raise FutureRecordError(
-                f'record {index}: field "ts": {rec.ts.isoformat()} is more than '
-                f"{max_future_s} s after the batch's sent_at {batch.sent_at.isoformat()}",
-                index=index,
-                field="ts",
-            )
-
-
-_COPY_CONTEXT = re.compile(r"COPY ingest_(\w+), line (\d+), column (\w+)")
-_KIND_OF_TABLE = {
-    "devicesample": "device_sample",
-    "deviceevent": "device_event",
-    "steprecord": "step",
-    "collectivewindow": "collective",
-    "processrecord": "process",
-    "checkpointrecord": "checkpoint",
-    "transitionrecord": "transition",
-    "servingwindow": "serving",
-    "proberecord": "probe",
-}
-
-
-def _out_of_range(exc: psycopg.errors.DataError, batch: p.Batch) -> RecordError:
-    """Name the record behind a COPY row Postgres refused (a number beyond its column).
-
-    The contract bounds most numbers; the rest (generation, codes, counters) are bounded by
-    their columns. Line N of a table's COPY is the N-th record of that kind, so the index
-    is found again only on this error path, at no cost to good batches.
-    """
-    match = _COPY_CONTEXT.search(getattr(exc.diag, "context", None) or "")
-    if match is None:
-        return RecordError(
-            f"batch: a value is out of range for storage ({exc.diag.message_primary})"
-        )
-    table, line, column = match.group(1), int(match.group(2)), match.group(3)
-    kind = _KIND_OF_TABLE.get(table)
-    field = column.removesuffix("_id")
-    same_kind = [i for i, r in enumerate(batch.records) if r.__struct_config__.tag == kind]
-    index = same_kind[line - 1] if 0 < line <= len(same_kind) else None
-    where = f"record {index}" if index is not None else f"a {kind} record"
-    return RecordError(
-        f'{where}: field "{field}": value is out of range for storage ({exc.diag.message_primary})',
-        index=index,
-        field=field,
-    )
-
-
-_AGENT_COLUMNS = (
-    "node_id", "last_seq", "gaps", "gap_ranges", "batches", "records", "spool_depth", "dropped",
-)  # fmt: skip
-
-# Receipt first: a replay stops here. The agent's row is created if new and locked, so two
-# batches of one agent (a retry racing its original) count gaps and batches one at a time.
-_CLAIM = f"""
-INSERT INTO ingest_batchreceipt (agent_id, seq, received_at, records)
-VALUES (%(agent)s, %(seq)s, %(now)s, %(records)s)
-ON CONFLICT (agent_id, seq) DO NOTHING RETURNING id;
-INSERT INTO ingest_agentstate (agent_id, node_id, version, boot_id, batches, records,
-    duplicates, gaps, gap_ranges, spool_depth, dropped)
-VALUES (%(agent)s, %(node)s, '', '', 0, 0, 0, 0, '[]', 0, 0)
-ON CONFLICT (agent_id) DO NOTHING;
-SELECT {", ".join(_AGENT_COLUMNS)} FROM ingest_agentstate WHERE agent_id = %(agent)s FOR UPDATE
-"""  # noqa: S608 - constant column names
-
-_AGENT_DUPLICATE = """
-UPDATE ingest_agentstate SET duplicates = duplicates + 1, last_seen = %(now)s
-WHERE agent_id = %(agent)s
-"""
-
-_AGENT_UPDATE = """
-UPDATE ingest_agentstate SET node_id = %(a_node)s, version = %(a_version)s,
-    boot_id = %(a_boot)s, last_seq = %(a_last_seq)s, batches = %(a_batches)s,
-    records = %(a_records)s, gaps = %(a_gaps)s, gap_ranges = %(a_gap_ranges)s,
-    last_seen = %(now)s, clock_skew_ms = %(a_skew)s, spool_depth = %(a_spool)s,
-    dropped = %(a_dropped)s
-WHERE agent_id = %(a_id)s
-"""
-
-
-def _claim_receipt(batch: p.Batch, node: Node, now: datetime) -> dict[str, Any] | None:
-    """Insert the (agent, seq) receipt and lock the agent's row; None for a replay."""
-    params = {"agent": batch.agent.id, "seq": batch.seq, "now": now,
-              "records": len(batch.records), "node": node.pk}  # fmt: skip
-    with send(_CLAIM, params) as cur:
-        claimed = cur.fetchone() is not None
-        cur.nextset()
-        cur.nextset()
-        row = cur.fetchone()
-    if not claimed or row is None:
-        return None
-    state = dict(zip(_AGENT_COLUMNS, row, strict=True))
-    if isinstance(state["gap_ranges"], str):  # Django's connections load jsonb as text
-        state["gap_ranges"] = msgspec.json.decode(state["gap_ranges"])
-    return state
-
-
-def _agent_update(
-    state: dict[str, Any], node: Node, batch: p.Batch, now: datetime, skew: timedelta
-) -> dict[str, Any]:
-    """The agent's counters after this batch: gaps opened by a jump, closed by a late seq."""
-    seq, last_seq = batch.seq, state["last_seq"]
-    gaps, gap_ranges = state["gaps"], state["gap_ranges"]
-    if last_seq is None:
-        pass
-    elif seq > last_seq + 1:
-        gaps += seq - last_seq - 1
-        gap_ranges = [*gap_ranges, [last_seq + 1, seq - 1]][-100:]
-    elif seq < last_seq:
-        gap_ranges, filled = _fill_gap(gap_ranges, seq)
-        gaps -= filled
-    spool, dropped = state["spool_depth"], state["dropped"]
-    for rec in batch.records:
-        if isinstance(rec, p.Heartbeat):
-            spool, dropped = rec.spool_depth, rec.dropped
-    return {
-        "a_id": batch.agent.id,
-        "a_node": node.pk,
-        "a_version": batch.agent.version,
-        "a_boot": batch.agent.boot_id or "",
-        "a_last_seq": max(seq, last_seq if last_seq is not None else seq),
-        "a_batches": state["batches"] + 1,
-        "a_records": state["records"] + len(batch.records),
-        "a_gaps": gaps,
-        "a_gap_ranges": Jsonb(gap_ranges),
-        "a_skew": round(skew.total_seconds() * 1000, 1),
-        "a_spool": spool,
-        "a_dropped": dropped,
-    }
-
-
-def _fill_gap(ranges: list[list[int]], seq: int) -> tuple[list[list[int]], int]:
-    out: list[list[int]] = []
-    filled = 0
-    for first, last in ranges:
-        if first <= seq <= last:
-            filled = 1
-            if first < seq:
-                out.append([first, seq - 1])
-            if seq < last:
-                out.append([seq + 1, last])
-        else:
-            out.append([first, last])
-    return out, filled
-
+from ingest.store.fleet_card import NODE_CARD, node_card
+from ingest.store.live_state import (
+    ACTIONS_PENDING,
+    ACTIVITY_STEP,
+    ACTIVITY_UPDATE,
+    DEVICE_UPSERT,
+    EVENT_DEVICE_UPSERT,
+    GROUP_JSON,
+    GROUP_KIND,
+    GROUP_NAME,
+    GROUP_UPDATE,
+    GROUP_WRITTEN,
+    GROUPS_AND_RANKS,
+    GROUPS_AND_RANKS_LOCKED,
+    KIND_UPDATE,
+    NODE_UPDATE,
+    RANK_STATE,
+    RANK_UPSERT,
+    recent_activity,
+)
+from ingest.store.receipts import AGENT_UPDATE
+from ingest.store.tables import copy_rows
 
 # msgspec encodes contract Structs straight to JSON bytes, 5-10x faster than json.dumps of
 # their to_builtins() copies; the JSON is the same (omit_defaults, ISO times with "Z").
@@ -269,7 +61,7 @@ def _plain(struct: Any) -> Any:
     return msgspec.to_builtins(struct) if struct is not None else None
 
 
-class _Writer:
+class BatchWriter:
     """Collects rows and live-state changes for one batch, then writes them in bulk."""
 
     def __init__(
@@ -302,7 +94,7 @@ class _Writer:
     # -- collection --------------------------------------------------------------------
     def add(self, records: list[Any]) -> None:
         self._load_groups(records)
-        handlers = {
+        handlers: dict[type[Any], Callable[[Any, datetime], None]] = {
             p.Heartbeat: self._on_heartbeat,
             p.DeviceSample: self._on_device_sample,
             p.DeviceEvent: self._on_device_event,
@@ -312,6 +104,7 @@ class _Writer:
             p.Checkpoint: self._on_checkpoint,
             p.Transition: self._on_transition,
             p.Serving: self._on_serving,
+            p.ProcessGroups: self._on_process_groups,
             p.Probe: self._on_probe,
         }
         shift = self.shift if self.shift else None
@@ -362,7 +155,7 @@ class _Writer:
         if len(rows) < len(names):
             # Only the new rows are locked FOR UPDATE: upgrading a row this batch already
             # holds FOR KEY SHARE could deadlock with another batch doing the same.
-            found = {row[_GROUP_NAME] for row in rows}
+            found = {row[GROUP_NAME] for row in rows}
             missing = [
                 ConsistencyGroup(name=n, kind=wanted[n], state_since=self.now)
                 for n in names
@@ -389,17 +182,17 @@ class _Writer:
             )
             self.groups[group.name] = (group, view)
             self.activity_read[group.name] = group.last_activity
-            self.kind_read[group.name] = row[_GROUP_KIND]
+            self.kind_read[group.name] = row[GROUP_KIND]
 
     def _select_groups(
         self, names: list[str], ranks: set[tuple[str, int]], *, lock: bool
     ) -> list[Any]:
         params = {"names": names, "ranks": sorted({r for _, r in ranks})}
-        with send(_GROUPS_AND_RANKS_LOCKED if lock else _GROUPS_AND_RANKS, params) as cur:
+        with send(GROUPS_AND_RANKS_LOCKED if lock else GROUPS_AND_RANKS, params) as cur:
             rows = cur.fetchall()
             cur.nextset()
             for gname, rank, *values in cur.fetchall():
-                self.existing_ranks[(gname, rank)] = dict(zip(_RANK_STATE, values, strict=True))
+                self.existing_ranks[(gname, rank)] = dict(zip(RANK_STATE, values, strict=True))
         return rows
 
     def _fence(self, rec: Any, ts: datetime, *, is_transition: bool = False) -> bool:
@@ -439,11 +232,14 @@ class _Writer:
     def _on_device_event(self, rec: p.DeviceEvent, ts: datetime) -> None:
         self.rows["deviceevent"].append(
             f"{when(ts)}{self.node_cell}{text(rec.gpu)}\t{text(rec.event)}\t{num(rec.code)}\t"
-            f"{text(scrub_text(rec.detail))}\n"
+            f"{text(scrub_text(rec.detail))}\t{text(rec.recovery_action)}\n"
         )
         if rec.event in CRITICAL_EVENTS:
-            self.device_events[rec.gpu] = rec.event
-            self.critical_events += 1
+            self.critical_events += 1  # diagnose and push at once, whatever its class
+            # Only a hardware fault turns the GPU (and so its node) critical: an application
+            # Xid (13, 31, 43, 94...) leaves a healthy GPU (agents/xid.py decides).
+            if xid.is_hardware_fault(rec.event, rec.code, rec.recovery_action):
+                self.device_events[rec.gpu] = rec.event
 
     def _on_step(self, rec: p.Step, ts: datetime) -> None:
         applied = self._fence(rec, ts)
@@ -467,6 +263,16 @@ class _Writer:
         self.rows["collectivewindow"].append(
             f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
             f"{rec.rank}\t{cjson(rec.entries)}\n"
+        )
+        if applied:
+            self._rank(group, rec.rank, rec.generation)
+
+    def _on_process_groups(self, rec: p.ProcessGroups, ts: datetime) -> None:
+        applied = self._fence(rec, ts)
+        group, _ = self.groups[rec.group]
+        self.rows["processgroupsrecord"].append(
+            f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
+            f"{rec.rank}\t{cjson(rec.groups)}\n"
         )
         if applied:
             self._rank(group, rec.rank, rec.generation)
@@ -573,7 +379,7 @@ class _Writer:
 
     # -- writing -------------------------------------------------------------------------
     def flush(self) -> None:
-        self._copy_rows()
+        copy_rows(self.rows)
         sql: list[str] = []
         params: dict[str, Any] = {
             "node": self.node_id, "now": self.now, "live": list(ACTION_LIVE_STATES),
@@ -583,12 +389,13 @@ class _Writer:
         self._ranks(sql, params)
         self._groups(sql, params)
         if self.agent_update:
-            sql.append(_AGENT_UPDATE)
-        sql.append(_ACTIONS_PENDING)
+            sql.append(AGENT_UPDATE)
+        sql.append(ACTIONS_PENDING)
         card = self.want_card or self.critical_events > 0
         if card:
-            sql.append(_NODE_CARD)
-        selected = []  # the rows of the SELECTs, in order: actions pending, then the card
+            sql.append(NODE_CARD)
+        # The rows of the SELECTs, in order: actions pending, then the card.
+        selected: list[Any] = []
         with send(";".join(sql), params) as cur:
             while True:
                 if cur.description is not None:
@@ -597,15 +404,9 @@ class _Writer:
                     break
         self.actions_pending = bool(selected[0][0])
         if card:
-            self.card = _card(selected[1])
+            self.card = node_card(selected[1])
         self._write_violations()
-        transaction.on_commit(lambda: _activity.update(self.activity_written))
-
-    def _copy_rows(self) -> None:
-        with connection.connection.cursor() as raw:
-            for table, rows in self.rows.items():
-                with raw.copy(_COPY_SQL[table]) as copy:
-                    copy.write("".join(rows))
+        transaction.on_commit(lambda: recent_activity.update(self.activity_written))
 
     def _devices_and_node(self, sql: list[str], params: dict[str, Any]) -> None:
         """The GPUs this batch saw, then the node's health and last_seen (worst GPU's: the
@@ -615,7 +416,7 @@ class _Writer:
             sample = _plain(info["rec"])
             sample.pop("kind", None)
             sample["ts"] = info["ts"].isoformat()
-            health = Health.CRITICAL if uuid in self.device_events else sample_health(sample)
+            health = CRITICAL if uuid in self.device_events else sample_health(sample)
             devices.append(
                 {"uuid": uuid, "index": info["index"], "sample": sample, "seen": sample["ts"],
                  "health": health}
@@ -628,10 +429,10 @@ class _Writer:
             touched=bool(devices or events_only),
         )
         if devices:
-            sql.append(_DEVICE_UPSERT)
+            sql.append(DEVICE_UPSERT)
         if events_only:
-            sql.append(_EVENT_DEVICE_UPSERT)
-        sql.append(_NODE_UPDATE)
+            sql.append(EVENT_DEVICE_UPSERT)
+        sql.append(NODE_UPDATE)
 
     def _ranks(self, sql: list[str], params: dict[str, Any]) -> None:
         """Rank live state: a new generation resets the cursor; steps never go backwards
@@ -662,7 +463,7 @@ class _Writer:
                  "gpu": entry.get("gpu", old and old["gpu"])}
             )  # fmt: skip
         params["ranks"] = Jsonb(out, dumps=_JSON.encode)
-        sql.append(_RANK_UPSERT)
+        sql.append(RANK_UPSERT)
 
     def _groups(self, sql: list[str], params: dict[str, Any]) -> None:
         for i, (group, _view) in enumerate(self.groups.values()):
@@ -675,25 +476,23 @@ class _Writer:
                 # once it moved a second past what this process last wrote.
                 if group.kind != self.kind_read.get(group.name):
                     params[f"g{i}_kind"] = group.kind
-                    sql.append(_KIND_UPDATE.replace("%(g_", f"%(g{i}_"))
+                    sql.append(KIND_UPDATE.replace("%(g_", f"%(g{i}_"))
                 now = group.last_activity
-                was = max(
-                    filter(None, (self.activity_read.get(group.name), _activity.get(group.pk))),
-                    default=None,
-                )
+                read, wrote = self.activity_read.get(group.name), recent_activity.get(group.pk)
+                was = max(filter(None, (read, wrote)), default=None)
                 if now is not None and (was is None or now - was >= ACTIVITY_STEP):
-                    sql.append(_ACTIVITY_UPDATE.replace("%(g_", f"%(g{i}_"))
+                    sql.append(ACTIVITY_UPDATE.replace("%(g_", f"%(g{i}_"))
                     self.activity_written[group.pk] = now
                 continue
-            for field_name in _GROUP_WRITTEN:
+            for field_name in GROUP_WRITTEN:
                 value = getattr(group, field_name)
-                params[f"g{i}_{field_name}"] = Jsonb(value) if field_name in _GROUP_JSON else value
+                params[f"g{i}_{field_name}"] = Jsonb(value) if field_name in GROUP_JSON else value
             params[f"g{i}_versions"] = (
                 Jsonb(group.summary.get("versions_seen", []))
                 if group.name in self.summary_changed
                 else None
             )
-            sql.append(_GROUP_UPDATE.replace("%(g_", f"%(g{i}_"))
+            sql.append(GROUP_UPDATE.replace("%(g_", f"%(g{i}_"))
 
     def _write_violations(self) -> None:
         seen: set[tuple[str, str, int]] = set()
@@ -719,187 +518,3 @@ class _Writer:
         if rows:
             ContractViolation.objects.bulk_create(rows)
         self.violation_count = len(rows)
-
-
-def sample_health(sample: dict[str, Any]) -> str:
-    """A GPU's health from its newest sample: DBE or pending remaps are critical."""
-    if (sample.get("ecc_dbe") or 0) > 0 or (sample.get("retired_or_remapped_pending") or 0) > 0:
-        return Health.CRITICAL
-    temp = sample.get("temp_c")
-    if set(sample.get("throttle_reasons") or []) & THROTTLE_WARN or (
-        temp is not None and not math.isnan(temp) and temp >= 85
-    ):
-        return Health.WARNING
-    return Health.OK
-
-
-_ORDER = [Health.OK, Health.UNKNOWN, Health.WARNING, Health.CRITICAL, Health.DOWN]
-
-
-def node_health(healths: list[str]) -> str:
-    return max(healths, key=_ORDER.index, default=Health.OK)
-
-
-_DEVICE_UPSERT = """
-INSERT INTO console_device (uuid, node_id, index, last_sample, last_seen, health, isolated)
-SELECT x.uuid, %(node)s, x.index, x.sample, x.seen, x.health, false
-FROM jsonb_to_recordset(%(devices)s)
-    AS x(uuid text, index int, sample jsonb, seen timestamptz, health text)
-ON CONFLICT (uuid) DO UPDATE SET node_id = EXCLUDED.node_id, index = EXCLUDED.index,
-    last_sample = EXCLUDED.last_sample, last_seen = EXCLUDED.last_seen, health = EXCLUDED.health
-"""
-
-# A GPU named only by an event (Xid, gpu_lost) keeps its last sample; it turns critical.
-_EVENT_DEVICE_UPSERT = """
-INSERT INTO console_device (uuid, node_id, index, last_sample, last_seen, health, isolated)
-SELECT x.uuid, %(node)s, 0, '{}'::jsonb, %(now)s, 'critical', false
-FROM jsonb_array_elements_text(%(events_only)s) AS x(uuid)
-ON CONFLICT (uuid) DO UPDATE SET node_id = EXCLUDED.node_id, health = 'critical'
-"""
-
-# last_seen never moves backwards (a replayed backlog); health is the worst GPU's, and is
-# recomputed only when this batch touched a GPU.
-_NODE_UPDATE = """
-UPDATE console_node SET
-    last_seen = CASE WHEN %(seen)s::timestamptz IS NULL THEN last_seen
-                     ELSE greatest(coalesce(last_seen, %(seen)s::timestamptz), %(seen)s) END,
-    health = CASE WHEN NOT %(touched)s THEN health ELSE coalesce((
-        SELECT o.h FROM (VALUES ('ok', 0), ('unknown', 1), ('warning', 2), ('critical', 3),
-                                ('down', 4)) AS o(h, r)
-        WHERE o.h IN (SELECT d.health FROM console_device d WHERE d.node_id = %(node)s)
-        ORDER BY o.r DESC LIMIT 1), 'ok') END
-WHERE id = %(node)s
-"""
-
-_RANK_STATE = ("generation", "last_step", "last_step_at", "data_cursor", "process_state", "gpu")
-
-_RANK_UPSERT = """
-INSERT INTO console_rank (group_id, rank, node_id, gpu, generation, last_step, last_step_at,
-    data_cursor, process_state)
-SELECT x.group_id, x.rank, %(node)s, coalesce(x.gpu, ''), x.generation, x.last_step,
-    x.last_step_at, x.data_cursor, coalesce(x.process_state, '')
-FROM jsonb_to_recordset(%(ranks)s) AS x(group_id bigint, rank int, gpu text, generation int,
-    last_step bigint, last_step_at timestamptz, data_cursor bigint, process_state text)
-ON CONFLICT (group_id, rank) DO UPDATE SET node_id = EXCLUDED.node_id, gpu = EXCLUDED.gpu,
-    generation = EXCLUDED.generation, last_step = EXCLUDED.last_step,
-    last_step_at = EXCLUDED.last_step_at, data_cursor = EXCLUDED.data_cursor,
-    process_state = EXCLUDED.process_state
-"""
-
-# What ingest may change on a group; diagnosis owns the rest of `summary`, so only the
-# versions seen are merged into it, and only when a transition changed them.
-_GROUP_WRITTEN = (
-    "kind", "state", "generation", "restart_count", "world_size", "topology", "data_cursor",
-    "model_version", "last_checkpoint_step", "state_since", "last_activity",
-)  # fmt: skip
-_GROUP_JSON = {"topology"}
-_GROUP_SET = ", ".join(f"{f} = %(g_{f})s" for f in _GROUP_WRITTEN)
-_GROUP_UPDATE = f"""
-UPDATE console_consistencygroup SET {_GROUP_SET},
-    summary = CASE WHEN %(g_versions)s::jsonb IS NULL THEN summary
-        ELSE summary || jsonb_build_object('versions_seen', %(g_versions)s::jsonb) END
-WHERE id = %(g_id)s
-"""  # noqa: S608 - constant column names
-
-_KIND_UPDATE = """
-UPDATE console_consistencygroup SET kind = %(g_kind)s WHERE id = %(g_id)s AND kind = 'unknown'
-"""
-
-ACTIVITY_STEP = timedelta(seconds=1)
-# Per process: the newest last_activity this process committed for each group id.
-_activity: dict[int, datetime] = {}
-# Forward only; a concurrent writer's newer value wins (re-checked after its commit).
-_ACTIVITY_UPDATE = """
-UPDATE console_consistencygroup SET last_activity = %(g_last_activity)s
-WHERE id = %(g_id)s AND (last_activity IS NULL OR last_activity < %(g_last_activity)s)
-"""
-
-
-def forget_recent() -> None:
-    """Drop this process's memory of the activity it wrote (tests)."""
-    _activity.clear()
-
-
-def _card(row: tuple[Any, ...]) -> dict[str, Any]:
-    """A node card as `console.queries.node_payloads` builds it, from `_NODE_CARD`'s row."""
-    name, health, last_seen, quarantined, cordoned, devices = row
-    return {
-        "name": name,
-        "health": health,
-        "last_seen": last_seen.isoformat() if last_seen else None,
-        "quarantined": quarantined,
-        "cordoned": cordoned,
-        "devices": msgspec.json.decode(devices) if isinstance(devices, str) else devices,
-    }
-
-
-# Read last in the transaction: the node and GPU rows this batch just wrote.
-_NODE_CARD = """
-SELECT n.name, n.health, n.last_seen, n.quarantined, n.cordoned, coalesce((
-    SELECT jsonb_agg(jsonb_build_object(
-        'uuid', d.uuid, 'index', d.index, 'health', d.health,
-        'temp_c', d.last_sample -> 'temp_c', 'power_w', d.last_sample -> 'power_w',
-        'util_pct', d.last_sample -> 'util_pct', 'sm_clock_mhz', d.last_sample -> 'sm_clock_mhz',
-        'throttle_reasons', coalesce(d.last_sample -> 'throttle_reasons', '[]'::jsonb)
-    ) ORDER BY d.index, d.id) FROM console_device d WHERE d.node_id = n.id), '[]'::jsonb)
-FROM console_node n WHERE n.id = %(node)s
-"""
-
-_ACTIONS_PENDING = """
-SELECT EXISTS (SELECT 1 FROM console_action WHERE node_id = %(node)s AND state = ANY(%(live)s))
-"""
-
-COLUMNS: dict[str, tuple[str, ...]] = {
-    "devicesample": (
-        "ts", "node_id", "gpu", "index", "temp_c", "power_w", "sm_clock_mhz", "mem_clock_mhz",
-        "util_pct", "mem_used_bytes", "ecc_sbe", "ecc_dbe", "retired_or_remapped_pending",
-        "throttle_reasons", "nvlink_errors", "pcie_replays",
-    ),
-    "deviceevent": ("ts", "node_id", "gpu", "event", "code", "detail"),
-    "steprecord": (
-        "ts", "node_id", "group_id", "generation", "stale", "rank", "step", "tokens",
-        "data_cursor", "duration_ms", "phases", "loss", "grad_norm", "loss_scale", "overflow",
-    ),
-    "collectivewindow": ("ts", "node_id", "group_id", "generation", "stale", "rank", "entries"),
-    "processrecord": (
-        "ts", "node_id", "group_id", "generation", "stale", "rank", "event", "pid", "gpu",
-        "exit_code", "signal", "reason", "error_type",
-    ),
-    "checkpointrecord": (
-        "ts", "node_id", "group_id", "generation", "stale", "checkpoint_id", "step", "phase",
-        "manifest", "duration_ms", "detail",
-    ),
-    "transitionrecord": (
-        "ts", "node_id", "group_id", "generation", "stale", "from_state", "to_state", "reason",
-        "restart_count", "world_size", "topology", "data_cursor", "model_version",
-    ),
-    "servingwindow": (
-        "ts", "node_id", "group_id", "generation", "stale", "worker", "model_version",
-        "adapter_version", "kv_schema", "ready", "draining", "window",
-    ),
-    "proberecord": (
-        "ts", "node_id", "group_id", "generation", "stale", "probe", "rank", "worker", "step",
-        "value", "checksum", "duration_ms", "model_version",
-    ),
-}  # fmt: skip
-
-_COPY_SQL = {
-    # Columns quoted: "window" is reserved.
-    table: "COPY ingest_{} ({}) FROM STDIN".format(table, ", ".join(f'"{c}"' for c in cols))
-    for table, cols in COLUMNS.items()
-}
-
-_GROUP_ATTNAMES = [f.attname for f in ConsistencyGroup._meta.concrete_fields]
-_GROUP_NAME, _GROUP_KIND = _GROUP_ATTNAMES.index("name"), _GROUP_ATTNAMES.index("kind")
-
-_GROUPS_AND_RANKS = f"""
-SELECT {columns(ConsistencyGroup, "g")} FROM console_consistencygroup g
-WHERE g.name = ANY(%(names)s) ORDER BY g.name FOR KEY SHARE;
-SELECT g.name, r.rank, {", ".join(f"r.{c}" for c in _RANK_STATE)}
-FROM console_consistencygroup g JOIN console_rank r ON r.group_id = g.id
-WHERE g.name = ANY(%(names)s) AND r.rank = ANY(%(ranks)s)
-"""  # noqa: S608 - constant column names
-# The ranks read are every named group's ranks among the numbers named (a superset of the
-# pairs, looked up by pair): both lists are tiny and go through (name) and (group, rank)
-# indexes. A join on a jsonb_to_recordset of the pairs was planned as a scan of all ranks.
-_GROUPS_AND_RANKS_LOCKED = _GROUPS_AND_RANKS.replace("FOR KEY SHARE;", "FOR UPDATE;")

@@ -1,7 +1,10 @@
-"""The one write path for console state: node health, diagnosis results, incidents.
+"""Diagnosis results into incidents: the write half of the pipeline.
 
-Every function is keyword-only, atomic, and publishes live events only after commit.
-(Remediation actions and approvals live in console.remediation, the same way.)
+Owns how findings fold into incidents (one per root cause, or per undetermined cluster,
+symptoms attached by their `caused_by` chain), the settle window before a resolve, the
+reopen window, the alerts of each incident and the group's diagnosis summary. The actor
+is the engine ("system"); nothing here is audited per finding (the incident timeline is
+the record). It must not run the engine or read telemetry: console.pipeline does both.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from console import events, live
+from console import events
+from console.actions.incidents import publish_incident
 from console.choices import IncidentState
-from console.models import Alert, ConsistencyGroup, Incident, IncidentComment, Node
+from console.diagnosis.engine import Diagnosis
+from console.models import Alert, ConsistencyGroup, Incident
 
 log = logging.getLogger(__name__)
 
@@ -25,44 +30,8 @@ SETTLE = timedelta(seconds=15)
 REOPEN_WITHIN = timedelta(minutes=10)
 
 
-def _on_commit_publish(channel: str, kind: str, data: Any) -> None:
-    transaction.on_commit(lambda: live.publish(channel, kind, data))
-
-
 @transaction.atomic
-def set_node_health(*, name: str, health: str, actor: Any | None) -> None:
-    updated = Node.objects.filter(name=name).exclude(health=health).update(health=health)
-    if updated:
-        from console.queries import node_payloads
-
-        def publish() -> None:
-            for payload in node_payloads(names=[name]):
-                live.publish(events.FLEET, "node.changed", payload)
-
-        transaction.on_commit(publish)
-
-
-def incident_payload(incident: Incident) -> dict[str, Any]:
-    return {
-        "id": incident.pk,
-        "group": incident.group.name if incident.group else None,
-        "generation": incident.generation,
-        "state": incident.state,
-        "kind": incident.kind,
-        "subject": incident.subject,
-        "role": incident.role,
-        "severity": incident.severity,
-        "summary": incident.summary,
-        "symptom_count": incident.symptom_count,
-        "opened_at": incident.opened_at.isoformat(),
-        "resolved_at": incident.resolved_at.isoformat() if incident.resolved_at else None,
-        "recovery": incident.recovery,
-        "version": incident.version,
-    }
-
-
-@transaction.atomic
-def record_diagnosis(*, group_name: str, diagnosis: Any, now: datetime) -> list[int]:
+def record_diagnosis(*, group_name: str, diagnosis: Diagnosis, now: datetime) -> list[int]:
     """Fold findings into incidents: one per root cause (or undetermined cluster).
 
     Returns the ids of incidents opened or changed. Re-running with the same findings
@@ -94,14 +63,11 @@ def record_diagnosis(*, group_name: str, diagnosis: Any, now: datetime) -> list[
     }
     group.save(update_fields=["summary"])
     if changed:
-        payloads = [
-            incident_payload(i)
-            for i in Incident.objects.filter(pk__in=changed).select_related("group")
-        ]
-        for payload in payloads:
-            _on_commit_publish(events.group_channel(group.name), "incident.changed", payload)
-            _on_commit_publish(events.FLEET, "incident.changed", payload)
-    _on_commit_publish(events.group_channel(group.name), "group.changed", {"name": group.name})
+        for incident in Incident.objects.filter(pk__in=changed).select_related("group"):
+            publish_incident(incident)
+    events.publish_on_commit(
+        events.group_channel(group.name), "group.changed", {"name": group.name}
+    )
     return changed
 
 
@@ -129,7 +95,7 @@ def _fold(
     return heads, followers
 
 
-def _summary(diagnosis: Any) -> dict[str, Any]:
+def _summary(diagnosis: Diagnosis) -> dict[str, Any]:
     """What the group page and GET /groups/<name>/ show between diagnoses."""
     data = diagnosis.to_dict()
     return {
@@ -238,115 +204,3 @@ def _settle(incident: Incident, now: datetime) -> bool:
     incident.save(update_fields=["state", "resolved_at", "version", "timeline", "updated_at"])
     incident.alerts.filter(active=True).update(active=False)
     return True
-
-
-class IncidentChangeError(ValueError):
-    """A person's change to an incident that cannot apply (stale version, resolved...)."""
-
-
-def _locked_incident(incident_id: int, expected_version: int | None) -> Incident:
-    incident = (
-        Incident.objects.select_for_update(of=("self",)).select_related("group").get(pk=incident_id)
-    )
-    # Versioned updates: an acknowledge that raced an auto-resolve must not un-resolve it.
-    if expected_version is not None and incident.version != expected_version:
-        raise IncidentChangeError(
-            f"incident #{incident_id} changed (version {incident.version}, you saw "
-            f"{expected_version}): reload and try again"
-        )
-    return incident
-
-
-def _publish_incident(incident: Incident) -> None:
-    payload = incident_payload(incident)
-    if incident.group is not None:
-        _on_commit_publish(events.group_channel(incident.group.name), "incident.changed", payload)
-    _on_commit_publish(events.FLEET, "incident.changed", payload)
-
-
-@transaction.atomic
-def acknowledge_incident(
-    *, incident_id: int, actor: Any, now: datetime, expected_version: int | None = None
-) -> Incident:
-    incident = _locked_incident(incident_id, expected_version)
-    if incident.state == IncidentState.RESOLVED:
-        raise IncidentChangeError(f"incident #{incident_id} is already resolved")
-    if incident.state == IncidentState.ACKNOWLEDGED:
-        return incident
-    incident.state = IncidentState.ACKNOWLEDGED
-    incident.acknowledged_by, incident.acknowledged_at = actor, now
-    incident.version += 1
-    incident.timeline = {**incident.timeline, "acknowledged": now.isoformat()}
-    incident.save(
-        update_fields=["state", "acknowledged_by", "acknowledged_at", "version", "timeline",
-                       "updated_at"]
-    )  # fmt: skip
-    _publish_incident(incident)
-    return incident
-
-
-@transaction.atomic
-def assign_incident(
-    *, incident_id: int, assignee: Any, actor: Any, expected_version: int | None = None
-) -> Incident:
-    incident = _locked_incident(incident_id, expected_version)
-    incident.assignee = assignee
-    incident.version += 1
-    incident.save(update_fields=["assignee", "version", "updated_at"])
-    _publish_incident(incident)
-    return incident
-
-
-@transaction.atomic
-def comment_on_incident(*, incident_id: int, actor: Any, body: str) -> IncidentComment:
-    text = body.strip()
-    if not text:
-        raise IncidentChangeError("a comment cannot be empty")
-    if len(text) > 4000:
-        raise IncidentChangeError(f"a comment is at most 4000 characters, got {len(text)}")
-    incident = _locked_incident(incident_id, None)
-    comment = IncidentComment.objects.create(incident=incident, author=actor, body=text)
-    _publish_incident(incident)
-    return comment
-
-
-SLO_KEYS = {"ttft_ms_p99", "tpot_ms_p99", "e2e_ms_p99", "goodput_target"}
-
-
-class SloError(ValueError):
-    """An SLO value we cannot use; the message names the key, the value and the range."""
-
-
-def _validated_slo(raw: dict[str, Any]) -> dict[str, float]:
-    unknown = sorted(set(raw) - SLO_KEYS)
-    if unknown:
-        raise SloError(f"unknown SLO key(s) {', '.join(unknown)}; allowed: {sorted(SLO_KEYS)}")
-    out: dict[str, float] = {}
-    for key, value in raw.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise SloError(f"{key} must be a number, got {value!r}")
-        if key == "goodput_target" and not 0 < value <= 1:
-            raise SloError(f"goodput_target must be in (0, 1], got {value}")
-        if key != "goodput_target" and not 0 < value <= 3_600_000:
-            raise SloError(f"{key} must be a positive number of milliseconds, got {value}")
-        out[key] = float(value)
-    return out
-
-
-@transaction.atomic
-def set_group_slo(*, group_name: str, slo: dict[str, Any], actor: Any, now: datetime) -> Any:
-    """Replace a serving group's SLO overrides (absent keys fall back to defaults)."""
-    from console.remediation import actor_name, audit
-
-    values = _validated_slo(slo)
-    group = ConsistencyGroup.objects.select_for_update().get(name=group_name)
-    before = group.slo
-    group.slo = values
-    group.save(update_fields=["slo"])
-    audit(actor=actor_name(actor), verb="group.slo_changed", obj=group, now=now,
-          data={"before": before, "after": values})  # fmt: skip
-    _on_commit_publish(events.group_channel(group.name), "group.changed", {"name": group.name})
-    from console.live import schedule_diagnosis
-
-    transaction.on_commit(lambda: schedule_diagnosis(group.name))
-    return group

@@ -1,0 +1,272 @@
+"""The action contract, version 1: the kinds an agent executes, their params and results.
+
+The one definition of what the service may dispatch to an agent and what comes back: the
+service validates proposals and builds dispatch payloads against `KINDS`; the agent's
+executor looks hooks up by these names and its scheduler backends (agents/schedulers/)
+implement them. Standard library only (the node agent imports it). It must not run
+anything: executing is agents/executor.py's job, scheduling agents/schedulers/'s.
+
+Adding a kind or an optional param is not a version change; renaming or removing one is
+(ACTIONS_VERSION += 1, the old names stay accepted as aliases).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal, TypedDict
+
+log = logging.getLogger("faultline.agent.actions")
+
+ACTIONS_VERSION = 1
+
+Scope = Literal["node", "gpu", "job"]
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    required: bool
+    help: str
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """One action kind: what it acts on, whether it takes capacity out or puts it back."""
+
+    name: str
+    scope: Scope
+    takes_out: bool  # True: removes capacity; False: returns it (or restarts work)
+    params: tuple[Param, ...]
+    help: str
+
+
+_NODE = Param(
+    "node", False, "scheduler node name; default: the node named by target, else the agent's"
+)
+_REASON = Param("reason", False, "why, written into the scheduler's reason (Slurm) / event")
+_GPU = Param(
+    "gpu", True, "GPU UUID (GPU-...) as the agent reports it; default: from target gpu:<uuid>"
+)
+_JOB = Param("job", True, "scheduler job id: Slurm job id, or the workload name the hook knows")
+_DRAIN_TIMEOUT = Param("drain_timeout_s", False, "Kubernetes: kubectl drain --timeout (300)")
+_FORCE = Param("force", False, "true: put back a node another party took out (default false)")
+
+CORDON_NODE = "cordon_node"
+DRAIN_NODE = "drain_node"
+QUARANTINE_NODE = "quarantine_node"
+ISOLATE_GPU = "isolate_gpu"
+RESTART_GROUP = "restart_group"
+UNCORDON_NODE = "uncordon_node"
+RELEASE_GPU = "release_gpu"
+
+KINDS: dict[str, KindSpec] = {
+    spec.name: spec
+    for spec in (
+        KindSpec(CORDON_NODE, "node", True, (_NODE, _REASON), "no new work lands on the node"),
+        KindSpec(
+            DRAIN_NODE,
+            "node",
+            True,
+            (_NODE, _REASON, _DRAIN_TIMEOUT),
+            "cordon, then move work off it",
+        ),
+        KindSpec(
+            QUARANTINE_NODE,
+            "node",
+            True,
+            (_NODE, _REASON, _DRAIN_TIMEOUT),
+            "drain and mark it Faultline's until a validated repair returns it",
+        ),
+        KindSpec(ISOLATE_GPU, "gpu", True, (_NODE, _GPU, _REASON), "keep work off one GPU"),
+        KindSpec(
+            RESTART_GROUP,
+            "job",
+            False,
+            (_JOB, _REASON),
+            "requeue the group's job so it restarts (from its checkpoint) without the node",
+        ),
+        KindSpec(
+            UNCORDON_NODE, "node", False, (_NODE, _REASON, _FORCE), "return the node to service"
+        ),
+        KindSpec(RELEASE_GPU, "gpu", False, (_NODE, _GPU, _REASON), "return the GPU to service"),
+    )
+}
+
+# Every kind also takes `dry_run` (true: run nothing, report the commands), which the
+# service adds to every dispatched action (console.actions.remediation.agent_payload).
+COMMON_PARAMS = ("reason", "dry_run")
+
+
+def problems(kind: str, params: dict[str, Any], target: str = "") -> list[str]:
+    """What is wrong with an action before dispatch: '' kinds, missing or unknown params."""
+    spec = KINDS.get(canonical(kind))
+    if spec is None:
+        return [f'unknown action kind "{kind}"; known: {", ".join(sorted(KINDS))}']
+    action = {"kind": spec.name, "params": params, "target": target}
+    found = []
+    known = {p.name for p in spec.params} | set(COMMON_PARAMS)
+    for param in spec.params:
+        have = {"gpu": gpu_id(action), "job": job_id(action)}.get(
+            param.name, params.get(param.name)
+        )
+        if param.required and not have:
+            found.append(f"{spec.name} needs params.{param.name}: {param.help}")
+    found += [f"{spec.name} does not take params.{name}" for name in sorted(set(params) - known)]
+    return found
+
+
+# Old hook names from before this contract (docs/agent.md ≤ 0.1) and synonyms. Accepted in
+# `[hooks]` with a warning; the service only ever dispatches the canonical names.
+ALIASES: dict[str, str] = {
+    "cordon": CORDON_NODE,
+    "drain": DRAIN_NODE,
+    "quarantine": QUARANTINE_NODE,
+    "reset_gpu": ISOLATE_GPU,
+    "uncordon": UNCORDON_NODE,
+    "resume": UNCORDON_NODE,
+    "resume_node": UNCORDON_NODE,
+    "release": RELEASE_GPU,
+    "requeue": RESTART_GROUP,
+}
+
+# What the built-in backends (agents/schedulers/) run; any other kind answers "unsupported"
+# there unless a hook names it. The service's policy reads this to choose, e.g., drain_node
+# over isolate_gpu on Slurm, which cannot take one GPU out without a reconfiguration.
+BACKEND_KINDS: dict[str, frozenset[str]] = {
+    "slurm": frozenset({CORDON_NODE, DRAIN_NODE, QUARANTINE_NODE, UNCORDON_NODE, RESTART_GROUP}),
+    "kubernetes": frozenset(
+        {CORDON_NODE, DRAIN_NODE, QUARANTINE_NODE, UNCORDON_NODE, ISOLATE_GPU, RELEASE_GPU}
+    ),
+}
+
+# `status` is what the service's result endpoint takes; `state` says what really happened.
+Status = Literal["succeeded", "failed"]
+State = Literal[
+    "applied",  # the command ran and the read-back shows the wanted state
+    "already",  # the wanted state held before (Faultline's own earlier action): nothing run
+    "held_by_other",  # taking out: someone else already took it out; left alone, reason kept
+    "refused",  # putting back: someone else took it out; not returned (params.force overrides)
+    "not_applied",  # the command ran but the read-back does not show the wanted state
+    "unsupported",  # this backend cannot do this kind: configure a hook
+    "error",  # the command could not run, timed out, or the target is unknown
+]
+SUCCEEDED_STATES = frozenset({"applied", "already", "held_by_other"})
+FAULTLINE_REASON_PREFIX = "faultline:"
+
+
+class Outcome(TypedDict, total=False):
+    """The structured part of a result, under `result["outcome"]`."""
+
+    contract: int  # ACTIONS_VERSION
+    kind: str
+    scheduler: str  # "slurm" | "kubernetes"
+    target: str  # scheduler node name or job id
+    state: str  # one of State
+    before: dict[str, Any]  # e.g. {"state": "idle", "reason": "", "by": ""}
+    after: dict[str, Any]
+    taken_out_by: str  # "faultline" | "other" | "" (in service)
+    commands: list[list[str]]
+
+
+class Action(TypedDict):
+    """One action as the service hands it to the agent (`GET /api/v1/agents/actions`, and
+    the ingest response's `actions`); `params` always carries `reason` and `dry_run`."""
+
+    id: int
+    kind: str
+    target: str
+    group: str | None
+    generation: int | None
+    params: dict[str, Any]
+
+
+class Result(TypedDict, total=False):
+    status: Status
+    exit_code: int | None
+    output: str
+    outcome: Outcome
+
+
+def canonical(kind: str) -> str:
+    """The contract's name for a kind or an alias; unknown names come back unchanged."""
+    return ALIASES.get(kind, kind)
+
+
+def normalize_hooks(hooks: dict[str, str]) -> dict[str, str]:
+    """Hooks keyed by contract kind; old names are mapped with a warning, never silently."""
+    out: dict[str, str] = {}
+    for name, template in hooks.items():
+        kind = canonical(name)
+        if kind != name:
+            log.warning(
+                'hooks: "%s" is an old name, read as "%s"; rename it (docs/agent.md)', name, kind
+            )
+            if kind in hooks:
+                continue  # the canonical entry wins over its alias
+        elif kind not in KINDS:
+            log.warning(
+                'hooks: "%s" is not an action kind; known: %s', name, ", ".join(sorted(KINDS))
+            )
+        out[kind] = template
+    return out
+
+
+def params_of(action: dict[str, Any]) -> dict[str, Any]:
+    params = action.get("params")
+    return params if isinstance(params, dict) else {}
+
+
+def reason_text(action: dict[str, Any]) -> str:
+    """`faultline: <action id> <reason>` — how a scheduler records that Faultline acted."""
+    params = params_of(action)
+    reason = str(params.get("reason") or action.get("kind") or "").replace("\n", " ").strip()
+    return f"{FAULTLINE_REASON_PREFIX} {action.get('id')} {reason}"[:250]
+
+
+def is_faultline_reason(reason: str) -> bool:
+    return reason.strip().lower().startswith(FAULTLINE_REASON_PREFIX)
+
+
+def node_name(action: dict[str, Any], default: str) -> str:
+    """The scheduler node: params.node, else a `node:<name>` target, else the agent's node."""
+    params = params_of(action)
+    if params.get("node"):
+        return str(params["node"])
+    target = str(action.get("target") or "")
+    prefix, sep, name = target.partition(":")
+    if sep and prefix == "node" and name:
+        return name
+    return default
+
+
+def gpu_id(action: dict[str, Any]) -> str:
+    """The GPU: params.gpu, else a `gpu:<uuid>` target; '' when neither names one."""
+    params = params_of(action)
+    if params.get("gpu"):
+        return str(params["gpu"])
+    prefix, sep, name = str(action.get("target") or "").partition(":")
+    return name if sep and prefix == "gpu" else ""
+
+
+def job_id(action: dict[str, Any]) -> str:
+    params = params_of(action)
+    return str(params.get("job") or "")
+
+
+def result(
+    state: str,
+    output: str,
+    *,
+    exit_code: int | None = None,
+    **outcome: Any,
+) -> Result:
+    """A result whose `status` follows from `state` (see SUCCEEDED_STATES)."""
+    body: Outcome = {"contract": ACTIONS_VERSION, "state": state}
+    body.update(outcome)  # type: ignore[typeddict-item]  # **outcome: Any keywords cannot be typed as Outcome keys
+    return {
+        "status": "succeeded" if state in SUCCEEDED_STATES else "failed",
+        "exit_code": exit_code,
+        "output": output,
+        "outcome": body,
+    }

@@ -1,0 +1,100 @@
+"""The only write path for console state. Every change of an incident, an action, a vote,
+a node, a GPU, the breaker or the paging configuration is one of these verbs.
+
+Each verb is keyword-only, takes `actor=` (a user, or the name of the system part that
+acts) and writes it to an audit entry, runs in `transaction.atomic`, and publishes live
+events (console.events) and enqueues tasks (console.scheduling) only on commit. Callers
+import this package (`from console import actions`); the submodules import each other,
+never this package, so the package has no import cycles:
+
+    audit, errors        the audit log writer; the refusals every verb raises
+    incidents            acknowledge, assign, comment (people)
+    diagnosis            findings folded into incidents, settle and reopen (the engine)
+    groups               a serving group's SLO overrides
+    fleet                node health, quarantine/cordon marks, GPU isolation
+    gating, targets      inputs of the pure gates, read under the remediation lock
+    remediation          propose, vote, cancel, expire, dispatch, the agent's result
+    breaker              the automation circuit breaker
+    paging               silences, escalation policies, notification channels
+    notifications        which pages are due; each delivered at most once
+
+It must not read telemetry (console.queries, console.snapshots) beyond what a decision
+needs, render anything, or import views, tasks or ingest.
+"""
+
+from __future__ import annotations
+
+from console.actions.audit import actor_name, audit
+from console.actions.breaker import breaker_payload, set_breaker
+from console.actions.diagnosis import record_diagnosis
+from console.actions.errors import (
+    ChangeError,
+    Conflict,
+    IncidentChangeError,
+    NotAllowed,
+    NotFound,
+    RemediationError,
+    SloError,
+)
+from console.actions.fleet import isolate_gpu, mark_node, set_node_health
+from console.actions.groups import SLO_KEYS, set_group_slo
+from console.actions.incidents import acknowledge_incident, assign_incident, comment_on_incident
+from console.actions.notifications import deliver, freeze_policies, schedule_due
+from console.actions.paging import (
+    create_silence,
+    delete_escalation_policy,
+    expire_silence,
+    save_channel,
+    save_escalation_policy,
+)
+from console.actions.remediation import (
+    Outcome,
+    agent_payload,
+    cancel_action,
+    dispatch_action,
+    dispatch_for_node,
+    expire_actions,
+    propose_action,
+    record_action_result,
+    vote_on_action,
+)
+
+__all__ = [
+    "SLO_KEYS",
+    "ChangeError",
+    "Conflict",
+    "IncidentChangeError",
+    "NotAllowed",
+    "NotFound",
+    "Outcome",
+    "RemediationError",
+    "SloError",
+    "acknowledge_incident",
+    "actor_name",
+    "agent_payload",
+    "assign_incident",
+    "audit",
+    "breaker_payload",
+    "cancel_action",
+    "comment_on_incident",
+    "create_silence",
+    "delete_escalation_policy",
+    "deliver",
+    "dispatch_action",
+    "dispatch_for_node",
+    "expire_actions",
+    "expire_silence",
+    "freeze_policies",
+    "isolate_gpu",
+    "mark_node",
+    "propose_action",
+    "record_action_result",
+    "record_diagnosis",
+    "save_channel",
+    "save_escalation_policy",
+    "schedule_due",
+    "set_breaker",
+    "set_group_slo",
+    "set_node_health",
+    "vote_on_action",
+]

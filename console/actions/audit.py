@@ -1,0 +1,55 @@
+"""The audit log: who did what to which object, appended inside the change's transaction.
+
+Owns `audit` (the only writer of AuditLog rows), how an actor is named on the record and
+the role refusal message. It must not decide whether a change is allowed; the verbs do,
+and the database refuses UPDATE and DELETE on the log (trigger).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from console.actions.errors import NotAllowed
+from console.models import AuditLog
+from console.roles import Actor, role_of
+
+SYSTEM = "system"
+
+
+def actor_name(actor: Actor | None) -> str:
+    """A user's username, or "system" for the sweeps and rules."""
+    return actor.get_username() if actor is not None else SYSTEM
+
+
+def audit(
+    *,
+    actor: str,
+    verb: str,
+    obj: Any = None,
+    reason: str = "",
+    data: dict[str, Any] | None = None,
+    now: datetime,
+    object_type: str = "",
+    object_id: str = "",
+) -> AuditLog:
+    """Append one audit row (inside the caller's transaction)."""
+    if obj is not None:
+        object_type = object_type or type(obj).__name__.lower()
+        object_id = object_id or str(obj.pk)
+    return AuditLog.objects.create(
+        ts=now,
+        actor=actor[:150],
+        verb=verb,
+        object_type=object_type or SYSTEM,
+        object_id=object_id,
+        reason=reason,
+        data=data or {},
+    )
+
+
+def role_refused(actor: Actor, what: str, minimum: str) -> NotAllowed:
+    """The refusal for an actor below `minimum`, naming who, their role and what it needs."""
+    return NotAllowed(
+        f"{actor_name(actor)} is a {role_of(actor)}; the {minimum} role is needed for {what}"
+    )

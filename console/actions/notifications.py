@@ -1,0 +1,183 @@
+"""Notification bookkeeping: which pages are due, and that each is delivered at most once.
+
+Owns when a page is enqueued (the frozen policy snapshot and console.policy.escalation
+decide) and that each (incident, step key, channel) is delivered at most once: a
+NotificationDelivery row, unique in the database and locked while sending, records it,
+so a redelivered task never double-pages. Payloads come from console.notify; nothing
+here decides what is wise, and a resolve always follows a page. Sends are enqueued by
+name after commit (console.scheduling); console.notify_tasks only wraps them as tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+
+from django.db import transaction
+
+from console import scheduling
+from console.actions.paging import active_silences, policy_input
+from console.models import (
+    EscalationPolicy,
+    Incident,
+    IncidentEscalation,
+    NotificationChannel,
+    NotificationDelivery,
+)
+from console.notify import pagerduty, slack, transport, webhook
+from console.notify.message import Event, Notification
+from console.policy import escalation as esc
+
+log = logging.getLogger(__name__)
+
+SEND_TIMEOUT_S = 10.0
+
+
+def incident_labels(incident: Incident) -> dict[str, str]:
+    """What escalation policies and silences match on: group labels, group, kind, severity."""
+    labels = {str(k): str(v) for k, v in (incident.group.labels if incident.group else {}).items()}
+    if incident.group is not None:
+        labels["group"] = incident.group.name
+    return {**labels, "kind": incident.kind, "severity": incident.severity}
+
+
+def freeze_policies(*, now: datetime) -> int:
+    """Snapshot the matching policy onto every open incident that has none yet."""
+    rows = list(EscalationPolicy.objects.filter(enabled=True))
+    policies = [policy_input(p) for p in rows]
+    frozen = 0
+    for incident in (
+        Incident.objects.exclude(state="resolved")
+        .filter(escalation__isnull=True)
+        .select_related("group")
+    ):
+        chosen = esc.select_policy(policies, incident.severity, incident_labels(incident))
+        _, created = IncidentEscalation.objects.get_or_create(
+            incident=incident,
+            defaults={
+                "policy_name": chosen.name if chosen else "",
+                "snapshot": esc.snapshot_policy(chosen) if chosen else {},
+                "done": chosen is None,
+                "created_at": now,
+            },
+        )
+        frozen += created
+    return frozen
+
+
+@transaction.atomic
+def schedule_due(*, now: datetime) -> list[tuple[int, str, str, str]]:
+    """Mark due steps as scheduled and enqueue one send per channel after commit.
+
+    Returns (incident id, key, channel, event) for each send enqueued.
+    """
+    freeze_policies(now=now)
+    silences = active_silences(now)
+    enqueued: list[tuple[int, str, str, str]] = []
+    rows = (
+        IncidentEscalation.objects.select_for_update(skip_locked=True, of=("self",))
+        .filter(done=False)
+        .select_related("incident__group")
+    )
+    for row in rows:
+        incident = row.incident
+        sent = list(row.sent)
+        due = esc.due_steps(
+            row.snapshot,
+            incident.opened_at,
+            incident.acknowledged_at,
+            now,
+            sent,
+            incident.resolved_at,
+        )
+        silenced_by = None
+        for item in due:
+            if item.kind == "trigger":
+                silence = esc.is_silenced(
+                    incident.subject, incident_labels(incident), silences, now
+                )
+                if silence is not None:
+                    # Held back, not dropped: it pages when the silence ends if still open.
+                    silenced_by = int(silence.id)
+                    continue
+            sent.extend(k for k in (item.covers or (item.key,)) if k not in sent)
+            for channel in item.channels:
+                enqueued.append((incident.pk, item.key, channel, item.kind))
+        paged = any(k.startswith("step:") for k in sent)
+        row.done = incident.state == "resolved" and ("resolve" in sent or not paged)
+        if sent != row.sent or row.done or silenced_by != row.silenced_by_id:
+            row.sent, row.silenced_by_id = sent, silenced_by
+            row.save(update_fields=["sent", "done", "silenced_by"])
+    for args in enqueued:
+        transaction.on_commit(lambda args=args: scheduling.send_notification(*args))
+    return enqueued
+
+
+def notification(incident: Incident, event: str, key: str, now: datetime) -> Notification:
+    return Notification(
+        event=Event(event),
+        incident_id=str(incident.pk),
+        dedup_key=f"faultline-incident-{incident.pk}",
+        title=incident.summary,
+        severity=incident.severity,
+        subject=incident.subject,
+        occurred_at=now,
+        group=incident.group.name if incident.group else None,
+        root_cause=incident.kind,
+        role=incident.role,
+        evidence={
+            "generation": incident.generation,
+            "symptoms": incident.symptom_count,
+            "step": key,
+        },
+    )
+
+
+def _request(
+    channel: NotificationChannel, n: Notification, now: datetime
+) -> tuple[bytes, dict[str, str]]:
+    if channel.kind == "webhook":
+        return webhook.request(n, channel.secret, now)
+    if channel.kind == "slack":
+        return webhook.encode(slack.build_payload(n)), {"Content-Type": "application/json"}
+    body = pagerduty.build_payload(n, routing_key=channel.secret)
+    return json.dumps(body).encode(), {"Content-Type": "application/json"}
+
+
+def deliver(*, incident_id: int, key: str, channel: str, event: str, now: datetime) -> str:
+    """Send one notification unless it was already sent; returns the delivery status.
+
+    Raises `transport.RetryableError` (after recording the attempt) so Celery retries.
+    """
+    retry: transport.RetryableError | None = None
+    with transaction.atomic():
+        NotificationDelivery.objects.get_or_create(
+            incident_id=incident_id, key=key, channel=channel, defaults={"event": event}
+        )
+        # The row lock is held while sending: a concurrent redelivery waits, then sees "sent".
+        delivery = NotificationDelivery.objects.select_for_update().get(
+            incident_id=incident_id, key=key, channel=channel
+        )
+        if delivery.status in ("sent", "refused"):
+            return delivery.status
+        incident = Incident.objects.select_related("group").get(pk=incident_id)
+        target = NotificationChannel.objects.filter(name=channel, enabled=True).first()
+        delivery.attempts += 1
+        if target is None:
+            delivery.status, delivery.detail = "refused", f"no enabled channel named {channel!r}"
+        else:
+            try:
+                body, headers = _request(target, notification(incident, event, key, now), now)
+                transport.send(target.url, body, headers, SEND_TIMEOUT_S)
+                delivery.status, delivery.sent_at, delivery.detail = "sent", now, ""
+            except transport.RetryableError as exc:
+                delivery.status, delivery.detail, retry = "retrying", str(exc)[:512], exc
+            except (transport.PermanentError, ValueError) as exc:
+                delivery.status, delivery.detail = "refused", str(exc)[:512]
+        delivery.save()
+    if delivery.status == "refused":
+        log.warning("notify: %s to %s refused: %s", key, channel, delivery.detail)
+    if retry is not None:
+        raise retry
+    return delivery.status

@@ -1,0 +1,444 @@
+"""Remediation actions: propose, vote, cancel, expire, dispatch, and the agent's result.
+
+Owns every write to Action and Vote rows. Keyword-only verbs with `actor=`, atomic, the
+breaker row locked first so concurrent decisions see each other (blast radius is a count
+across actions), `action.changed` published and effects applied only through the write
+path, each change audited in the same transaction. Every rule is decided by the pure
+gates in console.policy; this module builds their inputs (console.actions.gating) and
+stores what they say. Refusals that must stay on record (a refused vote) commit their
+audit row, then raise.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, get_args
+
+from django.db import IntegrityError, transaction
+
+from agents.actions_contract import Action as AgentAction
+from agents.actions_contract import Status
+from console import events
+from console.actions import fleet
+from console.actions.audit import SYSTEM, actor_name, audit, role_refused
+from console.actions.breaker import store_gate_decision
+from console.actions.errors import Conflict, NotAllowed, RemediationError
+from console.actions.fleet import NodeMark
+from console.actions.gating import (
+    breaker_input,
+    fleet_state,
+    history,
+    locked_action,
+    locked_breaker,
+    policy,
+    request_of,
+    votes_of,
+)
+from console.actions.targets import resolve_target
+from console.choices import ACTION_LIVE_STATES, UserRole
+from console.models import Action, Incident, Node
+from console.models import Vote as VoteRow
+from console.policy import gates, inputs, votes
+from console.policy.dryrun import dry_run as policy_dry_run
+from console.policy.lifecycle import (
+    DECIDED_STATES,
+    IN_FLIGHT_STATES,
+    ActionKind,
+    ActionState,
+    TransitionError,
+    check_transition,
+    is_terminal,
+)
+from console.roles import Actor, has_role, role_of
+
+log = logging.getLogger(__name__)
+
+OUTPUT_LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a change did, and why: the gate reasons are shown to the person who acted."""
+
+    action: Action
+    reasons: tuple[str, ...]
+
+
+def agent_payload(action: Action) -> AgentAction:
+    """What an agent executes: the shape the node executor reads (agents/executor.py)."""
+    return {
+        "id": action.pk,
+        "kind": action.kind,
+        "target": action.target,
+        "group": action.group.name if action.group else None,
+        "generation": action.generation,
+        "params": {**action.params, "reason": action.reason[:200], "dry_run": action.dry_run},
+    }
+
+
+def _publish(action: Action) -> None:
+    events.publish_on_commit(events.FLEET, "action.changed", events.action_payload(action))
+
+
+def _move(
+    action: Action,
+    target: ActionState,
+    *,
+    actor: str,
+    now: datetime,
+    reason: str = "",
+    data: dict[str, Any] | None = None,
+) -> None:
+    before = action.state
+    action.state = check_transition(action.state, target)
+    if action.state in DECIDED_STATES and before == ActionState.PROPOSED:
+        action.decided_at = now
+    if action.state == ActionState.DISPATCHED:
+        action.dispatched_at = now
+    if is_terminal(action.state):
+        action.finished_at = now
+    action.save()
+    audit(
+        actor=actor,
+        verb=f"action.{target}",
+        obj=action,
+        reason=reason,
+        now=now,
+        data={"from": before, **(data or {})},
+    )
+    _publish(action)
+
+
+def _held_audit(action: Action, reasons: tuple[str, ...], *, actor: str, now: datetime) -> None:
+    """Each gate that held the action is its own audit row, so the log can be filtered."""
+    for reason in reasons:
+        if reason.startswith(("blocked by", "held", "circuit breaker", "restart needs")):
+            audit(actor=actor, verb="gate.held", obj=action, reason=reason, now=now)
+
+
+# -- the verbs ------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def propose_action(
+    *,
+    kind: str,
+    target: str,
+    reason: str,
+    actor: Actor | None,
+    now: datetime,
+    rule: str = "",
+    trigger: str = "",
+    incident_id: int | None = None,
+    dry_run: bool = False,
+    evidence: dict[str, Any] | None = None,
+    params: dict[str, Any] | None = None,
+) -> Outcome:
+    """Record a proposal, gate it, and auto-approve it only when policy allows automation."""
+    if actor is None and not rule:
+        raise RemediationError("an automatic proposal must name the rule that made it")
+    if actor is not None and not has_role(actor, UserRole.OPERATOR):
+        raise role_refused(actor, "proposing", UserRole.OPERATOR)
+    try:
+        action_kind = ActionKind(kind)
+    except ValueError:
+        known = ", ".join(k.value for k in ActionKind)
+        raise RemediationError(f'unknown action kind "{kind}"; known: {known}') from None
+    if len(reason.strip()) < 3:
+        raise RemediationError("a proposal needs a reason: say what it fixes")
+    incident = None
+    if incident_id is not None:
+        incident = Incident.objects.select_related("group").filter(pk=incident_id).first()
+        if incident is None:
+            raise RemediationError(f"incident {incident_id} does not exist")
+    node, gpu, group = resolve_target(action_kind, target)
+    group = group or (incident.group if incident else None)
+    breaker_row = locked_breaker()
+    pol = policy()
+    action = Action.objects.create(
+        kind=action_kind,
+        target=target,
+        node=node,
+        gpu=gpu,
+        group=group,
+        generation=group.generation if group else None,
+        reason=reason.strip(),
+        evidence=evidence or {},
+        incident=incident,
+        proposed_by=actor,
+        proposed_by_rule=rule if actor is None else "",
+        trigger=trigger,
+        dry_run=dry_run,
+        params=params or {},
+        proposed_at=now,
+        expires_at=pol.expires_at(now),
+    )
+    who = actor_name(actor) if actor is not None else f"rule:{rule}"
+    fleet = fleet_state(exclude=action.pk, include_proposed=True)
+    recent = history(now, pol)
+    breaker_in = breaker_input(breaker_row)
+    preview = policy_dry_run(
+        request_of(action),
+        stage="proposal",
+        policy=pol,
+        fleet=fleet,
+        history=recent,
+        breaker=breaker_in,
+        now=now,
+    )
+    decision = preview.decision
+    store_gate_decision(breaker_row, decision.breaker, actor=who, now=now)
+    action.approvals_required = max(decision.approvals_required, 1 if decision.needs_human else 0)
+    action.gate_reasons = list(decision.reasons)
+    action.preview = list(preview.effects)
+    action.escalated = decision.escalate
+    action.save()
+    audit(
+        actor=who,
+        verb="action.proposed",
+        obj=action,
+        reason=action.reason,
+        now=now,
+        data={
+            "kind": kind,
+            "target": target,
+            "approvals_required": action.approvals_required,
+            "reasons": list(decision.reasons),
+            "dry_run": dry_run,
+        },
+    )
+    _held_audit(action, decision.reasons, actor=who, now=now)
+    if decision.allowed:  # _move publishes the approved state: one action.changed, not two
+        _move(action, ActionState.APPROVED, actor=who, now=now, reason="; ".join(decision.reasons))
+    else:
+        _publish(action)
+    return Outcome(action, decision.reasons)
+
+
+def vote_on_action(
+    *, action_id: int, actor: Actor, approve: bool, now: datetime, reason: str = ""
+) -> Outcome:
+    """Cast an approve or reject; any valid reject wins, enough approvals approve.
+
+    A refused vote (own action, second vote, expired, wrong role) is audited and then
+    raised as `votes.VoteRefused`; the refusal row is committed even though nothing else is.
+    """
+    with transaction.atomic():
+        outcome, refusal = _vote(action_id, actor, approve, now, reason)
+    if refusal is not None:
+        raise votes.VoteRefused(refusal)
+    if outcome is None:
+        raise RuntimeError(f"vote on action {action_id} produced neither outcome nor refusal")
+    return outcome
+
+
+def _vote(
+    action_id: int, actor: Actor, approve: bool, now: datetime, reason: str
+) -> tuple[Outcome | None, str | None]:
+    who = actor_name(actor)
+    breaker_row = locked_breaker()
+    action = locked_action(action_id)
+    request = request_of(action)
+    stored = votes_of(action)
+    ballot = inputs.Vote(
+        action_id=str(action.pk),
+        voter=who,
+        role=role_of(actor),
+        approve=approve,
+        cast_at=now,
+        generation=action.generation,
+    )
+    try:
+        votes.check_vote(request, ballot, stored, now=now)
+        with transaction.atomic():
+            VoteRow.objects.create(
+                action=action,
+                user=actor,
+                decision="approve" if approve else "reject",
+                generation=action.generation,
+                reason=reason[:512],
+                cast_at=now,
+            )
+    except votes.VoteRefused as exc:
+        audit(actor=who, verb="vote.refused", obj=action, reason=str(exc), now=now)
+        if action.state == ActionState.PROPOSED and now >= action.expires_at:
+            _move(
+                action,
+                ActionState.EXPIRED,
+                actor=SYSTEM,
+                now=now,
+                reason="no decision before expiry",
+            )
+        return None, str(exc)
+    except IntegrityError:
+        # Two requests from the same person raced past check_vote; the unique index decided.
+        message = f"{who} already voted on action {action.pk}; one vote per approver"
+        audit(actor=who, verb="vote.refused", obj=action, reason=message, now=now)
+        return None, message
+    verb = "vote.approve" if approve else "vote.reject"
+    audit(actor=who, verb=verb, obj=action, reason=reason, now=now)
+    pol = policy()
+    decision = gates.decide_approval(
+        request,
+        [*stored, ballot],
+        policy=pol,
+        fleet=fleet_state(exclude=action.pk, include_proposed=False),
+        history=history(now, pol),
+        breaker=breaker_input(breaker_row),
+        now=now,
+    )
+    store_gate_decision(breaker_row, decision.breaker, actor=who, now=now)
+    required = max(decision.approvals_required, action.approvals_required)
+    action.gate_reasons = list(decision.reasons)
+    if decision.refused:
+        _move(action, ActionState.REJECTED, actor=who, now=now, reason="; ".join(decision.reasons))
+    elif decision.allowed and len(decision.approvals) >= required:
+        _move(
+            action,
+            ActionState.APPROVED,
+            actor=who,
+            now=now,
+            reason=f"{len(decision.approvals)} of {required} approvals",
+        )
+    else:
+        action.approvals_required = required
+        action.save(update_fields=["gate_reasons", "approvals_required", "updated_at"])
+        _held_audit(action, decision.reasons, actor=who, now=now)
+        _publish(action)
+    return Outcome(action, decision.reasons), None
+
+
+@transaction.atomic
+def cancel_action(*, action_id: int, actor: Actor, reason: str, now: datetime) -> Outcome:
+    """Withdraw a proposed or approved action: its proposer or an admin may."""
+    action = locked_action(action_id)
+    who = actor_name(actor)
+    is_proposer = action.proposed_by_id is not None and action.proposed_by_id == actor.pk
+    if not (is_proposer and has_role(actor, UserRole.OPERATOR)) and not has_role(
+        actor, UserRole.ADMIN
+    ):
+        raise NotAllowed(f"{who} may not cancel action {action.pk}: only its proposer or an admin")
+    if not reason.strip():
+        raise RemediationError("cancelling needs a reason")
+    try:
+        _move(action, ActionState.CANCELLED, actor=who, now=now, reason=reason.strip())
+    except TransitionError as exc:
+        raise Conflict(str(exc)) from None
+    return Outcome(action, (reason.strip(),))
+
+
+@transaction.atomic
+def expire_actions(*, now: datetime) -> list[int]:
+    """Proposals and approvals nobody acted on in time expire (never dispatched late)."""
+    expired = []
+    for action in Action.objects.select_for_update(skip_locked=True).filter(
+        state__in=(ActionState.PROPOSED, ActionState.APPROVED), expires_at__lte=now
+    ):
+        _move(action, ActionState.EXPIRED, actor=SYSTEM, now=now, reason="expired before dispatch")
+        expired.append(action.pk)
+    return expired
+
+
+@transaction.atomic
+def dispatch_action(*, action_id: int, now: datetime) -> Outcome:
+    """Re-check every gate against the fleet as it is now; dispatch or cancel with the reason."""
+    breaker_row = locked_breaker()
+    action = locked_action(action_id)
+    if action.state == ActionState.APPROVED and now >= action.expires_at:
+        _move(
+            action,
+            ActionState.EXPIRED,
+            actor=SYSTEM,
+            now=now,
+            reason="approved but never dispatched",
+        )
+        return Outcome(action, ("expired before dispatch",))
+    pol = policy()
+    decision = gates.check_dispatch(
+        request_of(action),
+        votes_of(action),
+        policy=pol,
+        fleet=fleet_state(exclude=action.pk, include_proposed=False),
+        history=history(now, pol),
+        breaker=breaker_input(breaker_row),
+        now=now,
+    )
+    store_gate_decision(breaker_row, decision.breaker, actor=SYSTEM, now=now)
+    action.gate_reasons = list(decision.reasons)
+    if decision.allowed and len(decision.approvals) >= action.approvals_required:
+        _move(
+            action, ActionState.DISPATCHED, actor=SYSTEM, now=now, reason="dispatch re-check passed"
+        )
+    elif action.state == ActionState.APPROVED:
+        _held_audit(action, decision.reasons, actor=SYSTEM, now=now)
+        _move(
+            action, ActionState.CANCELLED, actor=SYSTEM, now=now, reason="; ".join(decision.reasons)
+        )
+    return Outcome(action, decision.reasons)
+
+
+def dispatch_for_node(*, node: Node, now: datetime) -> list[AgentAction]:
+    """Dispatch this node's approved actions (each re-checked) and return every in-flight one.
+
+    Dispatched actions are returned until the agent reports a result: the executor runs
+    each id once, so redelivery is harmless and a lost response loses nothing.
+    """
+    pending = Action.objects.filter(node=node, state__in=ACTION_LIVE_STATES)
+    if not pending.exists():  # the common case on the ingest hot path: one indexed query
+        return []
+    for action_id in pending.filter(state=ActionState.APPROVED).values_list("pk", flat=True):
+        dispatch_action(action_id=action_id, now=now)
+    rows = (
+        Action.objects.filter(node=node, state__in=IN_FLIGHT_STATES)
+        .select_related("group")
+        .order_by("dispatched_at", "pk")
+    )
+    return [agent_payload(a) for a in rows]
+
+
+@transaction.atomic
+def record_action_result(
+    *, action_id: int, node: Node, status: str, exit_code: int | None, output: str, now: datetime
+) -> Action:
+    """Store the agent's outcome; a successful quarantine/cordon/isolation marks the inventory."""
+    action = locked_action(action_id)
+    if action.node_id != node.pk:
+        raise NotAllowed(f"action {action_id} is not for node {node.name}")
+    if status not in get_args(Status):
+        raise RemediationError(f'status must be "succeeded" or "failed", got "{status}"')
+    outcome = ActionState(status)
+    if action.state not in IN_FLIGHT_STATES:
+        raise Conflict(f"action {action_id} is {action.state}; a result is not expected")
+    text = output if len(output) <= OUTPUT_LIMIT else output[: OUTPUT_LIMIT - 15] + "\n[truncated]"
+    action.result = {"status": status, "exit_code": exit_code, "output": text}
+    _move(
+        action,
+        outcome,
+        actor=f"agent:{node.name}",
+        now=now,
+        reason=f"exit code {exit_code}",
+        data={"exit_code": exit_code},
+    )
+    if outcome == ActionState.SUCCEEDED and not action.dry_run:
+        _apply_effect(action, now=now)
+    return action
+
+
+_NODE_MARKS: dict[ActionKind, NodeMark] = {
+    ActionKind.QUARANTINE_NODE: "quarantined",
+    ActionKind.CORDON_NODE: "cordoned",
+    ActionKind.DRAIN_NODE: "cordoned",
+}
+
+
+def _apply_effect(action: Action, *, now: datetime) -> None:
+    """A succeeded quarantine/cordon/drain marks the node; a GPU isolation marks the GPU."""
+    mark = _NODE_MARKS.get(ActionKind(action.kind))
+    who = f"agent:{action.node.name}" if action.node else SYSTEM
+    reason = f"action {action.pk}: {action.reason}"
+    if mark is not None and action.node is not None:
+        fleet.mark_node(node_id=action.node.pk, mark=mark, actor=who, reason=reason, now=now)
+    elif action.kind == ActionKind.ISOLATE_GPU and action.gpu:
+        fleet.isolate_gpu(uuid=action.gpu, actor=who, reason=reason, now=now)

@@ -1,0 +1,64 @@
+"""What an action's target string names: the executing node, the GPU and the group.
+
+Owns the target grammar (`node:<name>`, `gpu:<uuid>`, `rank:<group>/<rank>`,
+`group:<name>`) per action kind, and the refusal that shows an example. It reads the
+inventory and must not write.
+"""
+
+from __future__ import annotations
+
+from console.actions.errors import RemediationError
+from console.models import ConsistencyGroup, Device, Node, Rank
+from console.policy.lifecycle import ActionKind
+
+_TARGET_PREFIX = {
+    ActionKind.QUARANTINE_NODE: "node",
+    ActionKind.CORDON_NODE: "node",
+    ActionKind.DRAIN_NODE: "node",
+    ActionKind.ISOLATE_GPU: "gpu",
+    ActionKind.ISOLATE_RANK: "rank",
+    ActionKind.RESTART_GROUP: "group",
+    ActionKind.ROLLBACK_MODEL: "group",
+    ActionKind.PAGE_HUMAN: "*",
+}
+
+
+def resolve_target(
+    kind: ActionKind, target: str
+) -> tuple[Node | None, str, ConsistencyGroup | None]:
+    """(executing node, gpu uuid, group) for a subject string; raises if it names nothing."""
+    prefix, _, name = target.partition(":")
+    want = _TARGET_PREFIX[kind]
+    if not name or (want != "*" and prefix != want):
+        example = {
+            "node": "node:node-17",
+            "gpu": "gpu:GPU-<uuid>",
+            "rank": "rank:<group>/<rank>",
+            "group": "group:<name>",
+            "*": "node:node-17",
+        }[want]
+        raise RemediationError(f'{kind} needs a target like "{example}", got "{target}"')
+    if prefix == "node":
+        node = Node.objects.filter(name=name).first()
+        if node is None:
+            raise RemediationError(f'target "{target}": node {name} is not in the fleet inventory')
+        return node, "", None
+    if prefix == "gpu":
+        device = Device.objects.select_related("node").filter(uuid=name).first()
+        if device is None:
+            raise RemediationError(f'target "{target}": GPU {name} is not in the fleet inventory')
+        return device.node, name, None
+    if prefix in ("group", "rank"):
+        group_name, _, rank = name.partition("/") if prefix == "rank" else (name, "", "")
+        group = ConsistencyGroup.objects.filter(name=group_name).first()
+        if group is None:
+            raise RemediationError(f'target "{target}": group {group_name} does not exist')
+        ranks = Rank.objects.filter(group=group, node__isnull=False).select_related("node")
+        if prefix == "rank":
+            if not rank.isdigit():
+                raise RemediationError(f'target "{target}": rank must be a number')
+            ranks = ranks.filter(rank=int(rank))
+        # A group-wide action runs on the agent of its lowest rank (the group's leader).
+        member = ranks.order_by("rank").first()
+        return (member.node if member else None), "", group
+    raise RemediationError(f'target "{target}" must start with node:, gpu:, rank: or group:')

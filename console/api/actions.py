@@ -1,0 +1,130 @@
+"""REST for remediation actions: list, propose, approve, reject, cancel.
+
+Thin adapters: validate with a serializer, call one console.actions verb, render. A
+refusal is raised and becomes JSON `{"error": ...}` in console/api/errors.py.
+"""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics
+from rest_framework.exceptions import ValidationError
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console import actions
+from console.api.permissions import IsApprover, IsOperator, IsViewer
+from console.api.remediation_serializers import (
+    ActionSerializer,
+    DecisionOut,
+    ProposeIn,
+    ReasonIn,
+)
+from console.choices import ACTION_STATES
+from console.models import Action
+
+
+def by_method(request: Request, write: type[BasePermission]) -> list[BasePermission]:
+    """Viewers read; writes need `write`."""
+    safe = request.method in ("GET", "HEAD", "OPTIONS")
+    return [IsViewer()] if safe else [write()]
+
+
+def actions_with_votes() -> QuerySet[Action]:
+    return Action.objects.select_related("node", "group", "proposed_by").prefetch_related(
+        "votes__user"
+    )
+
+
+def decision(outcome: actions.Outcome, status: int = 200) -> Response:
+    action = actions_with_votes().get(pk=outcome.action.pk)
+    body = {"action": ActionSerializer(action).data, "reasons": list(outcome.reasons)}
+    return Response(body, status=status)
+
+
+@extend_schema(parameters=[OpenApiParameter("state", str, enum=[s for s, _ in ACTION_STATES])])
+class ActionList(generics.ListCreateAPIView):
+    """List actions (viewer+), or propose one (operator+)."""
+
+    serializer_class = ActionSerializer
+
+    def get_permissions(self) -> list[BasePermission]:
+        return by_method(self.request, IsOperator)
+
+    def get_queryset(self) -> QuerySet[Action]:
+        qs = actions_with_votes()
+        state = self.request.query_params.get("state")
+        if state is not None:
+            allowed = [s for s, _ in ACTION_STATES]
+            if state not in allowed:
+                raise ValidationError(
+                    {"state": f"must be one of {', '.join(allowed)}, got {state!r}"}
+                )
+            qs = qs.filter(state=state)
+        return qs.order_by("-proposed_at", "-id")
+
+    @extend_schema(request=ProposeIn, responses={201: DecisionOut})
+    def post(self, request: Request) -> Response:
+        data = ProposeIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        outcome = actions.propose_action(
+            kind=v["kind"],
+            target=v["target"],
+            reason=v["reason"],
+            actor=request.user,
+            incident_id=v.get("incident"),
+            dry_run=v["dry_run"],
+            params=v["params"],
+            now=timezone.now(),
+        )
+        return decision(outcome, 201)
+
+
+class ActionDetail(generics.RetrieveAPIView):
+    serializer_class = ActionSerializer
+
+    def get_queryset(self) -> QuerySet[Action]:
+        return actions_with_votes()
+
+
+class ActionVote(APIView):
+    """Approve or reject (approver+). Nobody approves their own action; any reject wins."""
+
+    permission_classes = [IsApprover]
+    approve = True
+
+    @extend_schema(request=ReasonIn, responses={200: DecisionOut})
+    def post(self, request: Request, pk: int) -> Response:
+        data = ReasonIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        outcome = actions.vote_on_action(
+            action_id=pk,
+            actor=request.user,
+            approve=self.approve,
+            now=timezone.now(),
+            reason=data.validated_data["reason"],
+        )
+        return decision(outcome)
+
+
+class ActionCancel(APIView):
+    """Cancel a proposed or approved action: its proposer or an admin."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(request=ReasonIn, responses={200: DecisionOut})
+    def post(self, request: Request, pk: int) -> Response:
+        data = ReasonIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        outcome = actions.cancel_action(
+            action_id=pk,
+            actor=request.user,
+            reason=data.validated_data["reason"],
+            now=timezone.now(),
+        )
+        return decision(outcome)

@@ -1,0 +1,24 @@
+"""Reads for pages, the API, live payloads and diagnosis, with their joins baked in.
+
+`fleet` reads the console's own tables (groups, incidents, nodes and their GPUs) and is
+re-exported here (`queries.node_payloads(...)`). `telemetry` is the one console module
+that reads ingest's tables or imports `ingest` at all; import it by name
+(`from console.queries import telemetry`) so the seam shows at every call site.
+Nothing in this package writes.
+"""
+
+from console.queries.fleet import (
+    group_incidents,
+    groups_on_nodes,
+    groups_overview,
+    node_payloads,
+    open_incidents,
+)
+
+__all__ = [
+    "group_incidents",
+    "groups_on_nodes",
+    "groups_overview",
+    "node_payloads",
+    "open_incidents",
+]

@@ -1,0 +1,396 @@
+"""The console's one read of ingest's telemetry tables: charts, timelines, snapshots, serving.
+
+Every read in `console` of a table `ingest` owns (steps, collectives, processes,
+checkpoints, transitions, serving windows, device events, contract violations, agent
+bookkeeping, the step-bin rollups) lives here, so this is the only console module that
+imports `ingest` (an import-linter contract holds it). Reads are bounded by time and walk
+the telemetry indexes; chart reads aggregate in Postgres. Must not write.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import QuerySet
+
+from console import charts
+from console.models import ConsistencyGroup
+from ingest import models as m
+from ingest import step_bins
+
+# The model console.api.serializers describes agents with (a ModelSerializer needs it).
+AgentState = m.AgentState
+
+# -- group page -----------------------------------------------------------------------------
+# Chart reads aggregate in Postgres: a 16k-rank group holds ~1M step rows per 10 minutes,
+# so no query here returns more rows than the chart has cells.
+
+CHART_WINDOW = timedelta(minutes=10)
+SLOWEST_RANKS = 8
+HIST_RESOLUTION = step_bins.HIST_RESOLUTION
+# The charts' time bins are whole step-bin rollup buckets of this many seconds.
+STEP_BUCKET_S = step_bins.BUCKET_S
+
+# The heatmap cells (rank bin x time bin: slowest, mean and count) and a log-scale
+# step-time histogram per time bin, from which console.charts reads percentiles (within
+# about 1 % at HIST_RESOLUTION 48). Inside the range the step-bin rollup covers they come
+# from its rows (whole 5 s buckets and rank blocks: the grid is aligned to them); outside
+# it, the open tail of the last seconds and any bucket not rolled yet, from one scan of
+# raw rows with GROUPING SETS. Sums of counts, sums and maxima are exact, so the result
+# is the same either way. date_bin and integer division: extract(epoch) is numeric, slow.
+_STEP_AGG_SQL = """
+WITH raw AS (
+  SELECT GROUPING(rb) AS is_hist, rb, tb, hb, max(duration_ms) AS mx, sum(duration_ms) AS sm,
+         count(*) AS n
+  FROM (
+    SELECT LEAST(rank / %(block)s, %(rbins)s - 1) AS rb,
+           date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS tb,
+           floor(ln(greatest(duration_ms, 0.001)) * %(hres)s)::int AS hb,
+           duration_ms
+    FROM ingest_steprecord
+    WHERE group_id = %(group)s AND generation = %(generation)s AND NOT stale
+      AND duration_ms IS NOT NULL AND ts >= %(since)s AND ts < %(rolled_from)s
+    UNION ALL
+    SELECT LEAST(rank / %(block)s, %(rbins)s - 1),
+           date_bin(make_interval(secs => %(width)s), ts, %(origin)s),
+           floor(ln(greatest(duration_ms, 0.001)) * %(hres)s)::int,
+           duration_ms
+    FROM ingest_steprecord
+    WHERE group_id = %(group)s AND generation = %(generation)s AND NOT stale
+      AND duration_ms IS NOT NULL AND ts >= %(rolled_until)s AND ts <= %(until)s
+  ) steps
+  GROUP BY GROUPING SETS ((rb, tb), (tb, hb))
+)
+SELECT 0, rb, tb, NULL, max(mx), sum(sm) / sum(n), sum(n)
+FROM (
+  SELECT rb, tb, mx, sm, n FROM raw WHERE is_hist = 0
+  UNION ALL
+  SELECT LEAST(rank_lo / %(block)s, %(rbins)s - 1),
+         date_bin(make_interval(secs => %(width)s), bucket, %(origin)s), max_ms, sum_ms, steps
+  FROM ingest_stepbinrollup
+  WHERE group_id = %(group)s AND generation = %(generation)s
+    AND bucket >= %(rolled_from)s AND bucket < %(rolled_until)s
+) cells
+GROUP BY rb, tb
+UNION ALL
+SELECT 1, NULL, tb, hb, NULL, NULL, sum(n)
+FROM (
+  SELECT tb, hb, n FROM raw WHERE is_hist = 1
+  UNION ALL
+  SELECT date_bin(make_interval(secs => %(width)s), bucket, %(origin)s), hist_bucket, steps
+  FROM ingest_stephistrollup
+  WHERE group_id = %(group)s AND generation = %(generation)s
+    AND bucket >= %(rolled_from)s AND bucket < %(rolled_until)s
+) hist
+GROUP BY tb, hb
+"""
+
+# Exact per-rank means and phases, only for ranks in the slowest rank bins: the
+# (group, rank, -ts) index keeps this to a few hundred ranks' rows.
+_PHASES_SQL = """
+SELECT rank, avg(duration_ms),
+       avg((phases->>'compute')::float), avg((phases->>'collective')::float),
+       avg((phases->>'input')::float), avg((phases->>'checkpoint')::float),
+       avg((phases->>'optimizer')::float)
+FROM ingest_steprecord
+WHERE group_id = %(group)s AND generation = %(generation)s AND NOT stale
+  AND ts >= %(since)s AND ts <= %(until)s AND rank = ANY(%(ranks)s) AND duration_ms IS NOT NULL
+GROUP BY rank ORDER BY 2 DESC LIMIT %(limit)s
+"""
+
+
+def group_transitions(group: ConsistencyGroup, limit: int = 200) -> list[dict[str, Any]]:
+    """The newest `limit` state transitions, oldest first (stale writers excluded)."""
+    rows = (
+        m.TransitionRecord.objects.filter(group=group, stale=False)
+        .order_by("-ts")
+        .values("ts", "generation", "from_state", "to_state", "reason", "restart_count")[:limit]
+    )
+    return list(reversed(rows))
+
+
+def group_checkpoints(group: ConsistencyGroup, limit: int = 300) -> list[dict[str, Any]]:
+    return list(
+        m.CheckpointRecord.objects.filter(group=group)
+        .order_by("-ts")
+        .values("ts", "generation", "checkpoint_id", "step", "phase", "detail")[:limit]
+    )
+
+
+def serving_workers(group: ConsistencyGroup) -> list[dict[str, Any]]:
+    """Each serving worker's newest window (DISTINCT ON: one row per worker)."""
+    return list(
+        m.ServingWindow.objects.filter(group=group, stale=False)
+        .order_by("worker", "-ts")
+        .distinct("worker")
+        .values("worker", "ts", "model_version", "adapter_version", "kv_schema", "ready",
+                "draining", "window")[:1000]
+    )  # fmt: skip
+
+
+def step_window(group: ConsistencyGroup) -> tuple[datetime, datetime] | None:
+    """[first, newest] step time of the active generation within CHART_WINDOW, or None.
+
+    The window starts on a rollup bucket edge, CHART_WINDOW / BUCKET_S buckets back from
+    the newest one, so the chart's time bins are exactly the rollup's buckets. Filtering
+    on the generation lets both reads walk the (group, generation, -ts) index.
+    """
+    current = m.StepRecord.objects.filter(group=group, generation=group.generation, stale=False)
+    newest = current.order_by("-ts").values_list("ts", flat=True).first()
+    if newest is None:
+        return None
+    bucket = timedelta(seconds=step_bins.BUCKET_S)
+    since = step_bins.bucket_floor(newest) - (CHART_WINDOW - bucket)
+    first = current.filter(ts__gte=since).order_by("ts").values_list("ts", flat=True).first()
+    return (first or newest), newest
+
+
+def step_aggregates(
+    group: ConsistencyGroup, *, world: int, grid: Any, until: datetime, rollups: bool = True
+) -> dict[str, list[tuple[Any, ...]]]:
+    """Heatmap cells, per-bin percentiles and the slowest ranks' phases, all in SQL.
+
+    Reads the grid's whole buckets from the step-bin rollup where it covers them and raw
+    rows elsewhere (`rollups=False`: raw rows only, the reference the tests compare with).
+    Returns aggregated rows only (at most rank bins x grid.bins cells plus a histogram),
+    with time bins as indexes of `grid`; nothing here loops over step rows.
+    """
+    origin = datetime.fromtimestamp(grid.start, UTC)
+    # Rollup buckets [lo, hi) inside the window; raw rows before lo and from hi on.
+    lo = hi = origin
+    if rollups and (mark := step_bins.covered()) is not None:
+        lo = max(origin, mark[0])
+        hi = min(mark[1], step_bins.bucket_floor(until) + timedelta(seconds=step_bins.BUCKET_S))
+        if hi <= lo:
+            lo = hi = origin
+    params: dict[str, Any] = {
+        "group": group.pk, "generation": group.generation, "block": charts.rank_block(world),
+        "rbins": charts.rank_bins(world), "width": grid.width_s, "origin": origin,
+        "since": origin, "until": until, "rolled_from": lo, "rolled_until": hi,
+        "limit": SLOWEST_RANKS, "hres": HIST_RESOLUTION,
+    }  # fmt: skip
+
+    def index(ts: datetime) -> int:
+        return round((ts.timestamp() - grid.start) / grid.width_s)
+
+    cells, hist = [], []
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SET LOCAL jit = off")  # compiling costs more than it saves here
+        # The planner expects ~a group per row (it cannot know 256 x 120 bins cap them) and
+        # picks an on-disk sort for the grouping sets; given room for the hash table it
+        # estimates, it hashes both sets in one pass (measured: ~53 MB at 16k ranks raw).
+        cur.execute("SET LOCAL work_mem = '256MB'")
+        cur.execute(_STEP_AGG_SQL, params)
+        for is_hist, rb, ts, hb, slowest, mean, n in cur.fetchall():
+            if is_hist:
+                hist.append((index(ts), hb, int(n)))
+            else:
+                cells.append((rb, index(ts), slowest, mean, int(n)))
+        suspects = charts.slowest_bins(cells, count=SLOWEST_RANKS)
+        params["ranks"] = charts.ranks_in_bins(suspects, world=world)
+        cur.execute(_PHASES_SQL, params)
+        slowest = cur.fetchall()
+    percentiles = charts.histogram_percentiles(hist, resolution=HIST_RESOLUTION)
+    return {"cells": cells, "percentiles": percentiles, "slowest": slowest}
+
+
+# -- agents ---------------------------------------------------------------------------------
+
+
+def agents() -> QuerySet[AgentState]:
+    """Every agent's bookkeeping (sequence, gaps, spool), by node then agent id."""
+    return AgentState.objects.select_related("node").order_by("node__name", "agent_id")
+
+
+# -- serving --------------------------------------------------------------------------------
+# JSON fields of the windows are cast in SQL, so a page costs a few indexed queries however
+# many windows a fleet reports.
+
+_SERVING_SERIES = """
+SELECT date_trunc('minute', ts) AS minute,
+       sum(coalesce(("window"->>'slo_met')::bigint, 0)) AS met,
+       sum(coalesce(("window"->>'requests')::bigint, 0)) AS requests,
+       sum(coalesce(("window"->>'seconds')::float, 0))
+         / greatest(count(DISTINCT worker), 1) AS secs,
+       max(("window"->>'ttft_ms_p99')::float) AS ttft_p99,
+       max(("window"->>'tpot_ms_p99')::float) AS tpot_p99
+FROM ingest_servingwindow
+WHERE group_id = %s AND ts >= %s
+GROUP BY 1 ORDER BY 1
+"""
+
+_SERVING_VERSIONS = """
+SELECT coalesce(model_version, '?') AS version,
+       sum(coalesce(("window"->>'requests')::bigint, 0)) AS requests,
+       sum(coalesce(("window"->>'slo_met')::bigint, 0)) AS met,
+       count(DISTINCT worker) AS workers,
+       min(ts) AS first_seen, max(ts) AS last_seen
+FROM ingest_servingwindow
+WHERE group_id = %s AND ts >= %s
+GROUP BY 1 ORDER BY min(ts)
+"""
+
+
+def serving_minutes(group: ConsistencyGroup, since: datetime) -> list[tuple[Any, ...]]:
+    """Per minute since `since`: (minute, slo_met, requests, seconds per worker, worst
+    ttft p99, worst tpot p99)."""
+    with connection.cursor() as cur:
+        cur.execute(_SERVING_SERIES, [group.pk, since])
+        return list(cur.fetchall())
+
+
+def serving_versions(group: ConsistencyGroup, since: datetime) -> list[tuple[Any, ...]]:
+    """Per model version since `since`, oldest first: (version, requests, slo_met, workers,
+    first seen, last seen)."""
+    with connection.cursor() as cur:
+        cur.execute(_SERVING_VERSIONS, [group.pk, since])
+        return list(cur.fetchall())
+
+
+# -- diagnosis snapshots --------------------------------------------------------------------
+# Contract-shaped dicts (the `kind` and field names of agents.protocol) for
+# console.snapshots. Each query is bounded by time and, where a table grows per rank, takes
+# just the newest row per rank (DISTINCT ON), so a 16k-rank group costs a handful of
+# indexed queries, not one per rank.
+
+STEP_WINDOW = timedelta(minutes=10)
+EVENT_WINDOW = timedelta(minutes=30)
+HISTORY_WINDOW = timedelta(hours=24)
+MAX_STEP_ROWS = 200_000
+MAX_PROBE_ROWS = 20_000
+
+_STEP_FIELDS = ["generation", "rank", "step", "tokens", "data_cursor", "duration_ms",
+                "phases", "loss", "grad_norm", "loss_scale", "overflow"]  # fmt: skip
+
+
+def _rows(
+    qs: QuerySet[Any], kind: str, fields: list[str], node_names: dict[int, str]
+) -> list[dict[str, Any]]:
+    out = []
+    for row in qs.values("ts", "node_id", *fields):
+        row["kind"] = kind
+        row["node"] = node_names.get(row.pop("node_id"))
+        out.append(row)
+    return out
+
+
+def group_records(
+    group: ConsistencyGroup, *, node_names: dict[int, str], now: datetime
+) -> list[dict[str, Any]]:
+    """The group's recent steps, collectives, exits, checkpoints, transitions and serving
+    windows, as records of the wire contract (`node` is the node's name)."""
+    gen = group.generation
+    records: list[dict[str, Any]] = []
+    current = m.StepRecord.objects.filter(group=group, generation=gen, stale=False)
+    steps = _rows(
+        current.filter(ts__gte=now - STEP_WINDOW).order_by("-ts")[:MAX_STEP_ROWS],
+        "step",
+        _STEP_FIELDS,
+        node_names,
+    )
+    # A rank hung for longer than the step window must stay in the snapshot with its last
+    # step, or the hang would vanish from diagnosis and its incident resolve by itself.
+    quiet = set(group.ranks.filter(generation=gen).values_list("rank", flat=True)) - {
+        row["rank"] for row in steps
+    }
+    if quiet:
+        steps += _rows(
+            current.filter(rank__in=quiet, ts__gte=now - HISTORY_WINDOW)
+            .order_by("rank", "-ts")
+            .distinct("rank"),
+            "step",
+            _STEP_FIELDS,
+            node_names,
+        )
+    records += steps
+    windows = (
+        m.CollectiveWindow.objects.filter(
+            group=group, generation=gen, stale=False, ts__gte=now - HISTORY_WINDOW
+        )
+        .order_by("rank", "-ts")
+        .distinct("rank")
+    )
+    collectives = _rows(windows, "collective", ["generation", "rank", "entries"], node_names)
+    for row in collectives:
+        for entry in row["entries"]:
+            if entry.get("started_ts"):
+                entry["started_ts"] = datetime.fromisoformat(entry["started_ts"])
+    records += collectives
+    # Process groups are reported once per generation per rank: the newest report each.
+    reports = (
+        m.ProcessGroupsRecord.objects.filter(group=group, generation=gen, stale=False)
+        .order_by("rank", "-ts")
+        .distinct("rank")
+    )
+    records += _rows(reports, "process_groups", ["generation", "rank", "groups"], node_names)
+    # Exits and device events explain stops for as long as the stop lasts: keep a day.
+    procs = m.ProcessRecord.objects.filter(group=group, ts__gte=now - HISTORY_WINDOW, stale=False)
+    records += _rows(
+        procs,
+        "process",
+        ["generation", "rank", "event", "pid", "gpu", "exit_code", "signal", "reason",
+         "error_type"],
+        node_names,
+    )  # fmt: skip
+    ckpts = m.CheckpointRecord.objects.filter(group=group, ts__gte=now - HISTORY_WINDOW)
+    records += _rows(
+        ckpts,
+        "checkpoint",
+        ["generation", "checkpoint_id", "step", "phase", "manifest", "duration_ms", "detail"],
+        node_names,
+    )
+    transitions = m.TransitionRecord.objects.filter(
+        group=group, ts__gte=now - HISTORY_WINDOW, stale=False
+    )
+    records += _rows(
+        transitions,
+        "transition",
+        ["generation", "from_state", "to_state", "reason", "restart_count", "world_size",
+         "data_cursor", "model_version"],
+        node_names,
+    )  # fmt: skip
+    serving = (
+        m.ServingWindow.objects.filter(group=group, ts__gte=now - EVENT_WINDOW)
+        .order_by("worker", "-ts")
+        .distinct("worker")
+    )
+    records += _rows(
+        serving,
+        "serving",
+        ["generation", "worker", "model_version", "adapter_version", "kv_schema", "ready",
+         "draining", "window"],
+        node_names,
+    )  # fmt: skip
+    # Correctness probes: compared across ranks at one step and over time (issue 23).
+    probes = m.ProbeRecord.objects.filter(
+        group=group, generation=group.generation, stale=False, ts__gte=now - EVENT_WINDOW
+    ).order_by("-ts")[:MAX_PROBE_ROWS]
+    records += _rows(
+        probes,
+        "probe",
+        ["generation", "probe", "rank", "worker", "step", "value", "checksum", "model_version"],
+        node_names,
+    )
+    return records
+
+
+def device_events(
+    node_ids: set[int], *, node_names: dict[int, str], now: datetime
+) -> list[dict[str, Any]]:
+    """Device events of the last day on these nodes, as records."""
+    events = m.DeviceEvent.objects.filter(node_id__in=node_ids, ts__gte=now - HISTORY_WINDOW)
+    return _rows(
+        events, "device_event", ["gpu", "event", "code", "detail", "recovery_action"], node_names
+    )
+
+
+def contract_violations(group: ConsistencyGroup, now: datetime) -> list[dict[str, Any]]:
+    """The group's contract violations of the last EVENT_WINDOW, oldest first."""
+    return [
+        {"kind": c.kind, "subject": c.subject, "evidence": c.evidence, "ts": c.ts}
+        for c in m.ContractViolation.objects.filter(
+            group=group, ts__gte=now - EVENT_WINDOW
+        ).order_by("ts")
+    ]

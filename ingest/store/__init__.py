@@ -1,0 +1,14 @@
+"""Ingest's store: one validated batch written atomically in about five round trips.
+
+`batch` owns the transaction and the order of the round trips; `receipts` the (agent, seq)
+receipt and the agent's counters; `writer` folds the records into COPY rows and live state;
+`tables` the COPY column lists; `live_state` the live-state SQL and this process's memory
+of the activity it wrote; `fleet_card` the node card read back for the live push;
+`errors` the 400s that name a record. Callers import from here.
+"""
+
+from ingest.store.batch import IngestResult, ingest_batch
+from ingest.store.errors import FutureRecordError, RecordError
+from ingest.store.live_state import forget_recent
+
+__all__ = ["FutureRecordError", "IngestResult", "RecordError", "forget_recent", "ingest_batch"]

@@ -1,0 +1,79 @@
+"""Store one validated batch atomically: receipt, telemetry (COPY), live state, contracts.
+
+Either everything of a batch is written or nothing is. The (agent_id, seq) receipt is
+inserted first, so a replayed batch stops there and changes nothing. Telemetry goes in
+with COPY (no ORM objects per record: the hot path budget is validation and encoding).
+Owns the transaction and the order of the round trips; the SQL lives beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from django.db import connection, transaction
+
+from agents import protocol as p
+from console.models import Node
+from ingest.rawsql import send
+from ingest.store.errors import check_future, out_of_range
+from ingest.store.receipts import AGENT_DUPLICATE, agent_update, claim_receipt
+from ingest.store.writer import BatchWriter
+
+
+@dataclass
+class IngestResult:
+    ack_seq: int
+    duplicate: bool
+    records: int = 0
+    groups: list[str] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    violations: int = 0
+    device_events: int = 0  # Xid/DBE/GPU-lost records: push and diagnose without delay
+    actions_pending: bool = True  # the node has actions in flight: dispatch on the response
+    card: dict[str, Any] | None = None  # the node's fleet card as committed, when asked for
+
+
+def ingest_batch(
+    *, node: Node, batch: p.Batch, now: datetime, max_future_s: int, want_card: bool = False
+) -> IngestResult:
+    """Store one batch in one transaction and about five round trips, whatever its size.
+
+    Round trips: receipt + agent state; groups + the ranks the batch names; one COPY per
+    record table; then every live-state write in one multi-statement send. Raw SQL here
+    because the ORM's statement compilation cost more than Postgres did (docs/performance.md).
+    With `want_card` (or a critical device event) the last send also reads the node's
+    fleet card, so the live push after commit costs no query of its own.
+    """
+    skew = batch.sent_at - now
+    shift = skew if abs(skew) > timedelta(seconds=5) else timedelta(0)
+    check_future(batch, max_future_s)
+    # Raw psycopg throughout: map its errors to Django's (OperationalError -> 503 in the
+    # view); a number out of range for its column becomes a 400 naming the record.
+    with transaction.atomic(), connection.wrap_database_errors:
+        agent = claim_receipt(batch, node, now)
+        if agent is None:
+            send(AGENT_DUPLICATE, {"agent": batch.agent.id, "now": now}).close()
+            return IngestResult(ack_seq=batch.seq, duplicate=True)
+        writer = BatchWriter(
+            node=node, agent_id=batch.agent.id, now=now, shift=shift, want_card=want_card
+        )
+        writer.agent_update = agent_update(agent, node, batch, now, skew)
+        writer.add(batch.records)
+        try:
+            writer.flush()
+        except psycopg.errors.DataError as exc:
+            raise out_of_range(exc, batch) from None
+        return IngestResult(
+            ack_seq=batch.seq,
+            duplicate=False,
+            records=len(batch.records),
+            groups=sorted(writer.touched_groups),
+            nodes=[node.name],
+            violations=writer.violation_count,
+            device_events=writer.critical_events,
+            actions_pending=writer.actions_pending,
+            card=writer.card,
+        )

@@ -1,0 +1,114 @@
+"""Live-state SQL for the batch's last send: GPUs, node health, ranks, groups, activity.
+
+Owns the statements that upsert what the console shows live (console_device, console_node,
+console_rank, console_consistencygroup), the read of the named groups and ranks that opens
+a batch (FOR KEY SHARE or FOR UPDATE), and this process's memory of the group activity it
+wrote. Statements only: `writer.BatchWriter` decides which run. Must not COPY telemetry.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from agents.gpu_health import HEALTH_ORDER
+from console.models import ConsistencyGroup
+from ingest.rawsql import columns
+
+DEVICE_UPSERT = """
+INSERT INTO console_device (uuid, node_id, index, last_sample, last_seen, health, isolated)
+SELECT x.uuid, %(node)s, x.index, x.sample, x.seen, x.health, false
+FROM jsonb_to_recordset(%(devices)s)
+    AS x(uuid text, index int, sample jsonb, seen timestamptz, health text)
+ON CONFLICT (uuid) DO UPDATE SET node_id = EXCLUDED.node_id, index = EXCLUDED.index,
+    last_sample = EXCLUDED.last_sample, last_seen = EXCLUDED.last_seen, health = EXCLUDED.health
+"""
+
+# A GPU named only by an event (Xid, gpu_lost) keeps its last sample; it turns critical.
+EVENT_DEVICE_UPSERT = """
+INSERT INTO console_device (uuid, node_id, index, last_sample, last_seen, health, isolated)
+SELECT x.uuid, %(node)s, 0, '{}'::jsonb, %(now)s, 'critical', false
+FROM jsonb_array_elements_text(%(events_only)s) AS x(uuid)
+ON CONFLICT (uuid) DO UPDATE SET node_id = EXCLUDED.node_id, health = 'critical'
+"""
+
+# last_seen never moves backwards (a replayed backlog); health is the worst GPU's, and is
+# recomputed only when this batch touched a GPU.
+_HEALTH_RANKS = ", ".join(f"('{h}', {i})" for i, h in enumerate(HEALTH_ORDER))
+NODE_UPDATE = f"""
+UPDATE console_node SET
+    last_seen = CASE WHEN %(seen)s::timestamptz IS NULL THEN last_seen
+                     ELSE greatest(coalesce(last_seen, %(seen)s::timestamptz), %(seen)s) END,
+    health = CASE WHEN NOT %(touched)s THEN health ELSE coalesce((
+        SELECT o.h FROM (VALUES {_HEALTH_RANKS}) AS o(h, r)
+        WHERE o.h IN (SELECT d.health FROM console_device d WHERE d.node_id = %(node)s)
+        ORDER BY o.r DESC LIMIT 1), 'ok') END
+WHERE id = %(node)s
+"""  # noqa: S608 - constant health names
+
+RANK_STATE = ("generation", "last_step", "last_step_at", "data_cursor", "process_state", "gpu")
+
+RANK_UPSERT = """
+INSERT INTO console_rank (group_id, rank, node_id, gpu, generation, last_step, last_step_at,
+    data_cursor, process_state)
+SELECT x.group_id, x.rank, %(node)s, coalesce(x.gpu, ''), x.generation, x.last_step,
+    x.last_step_at, x.data_cursor, coalesce(x.process_state, '')
+FROM jsonb_to_recordset(%(ranks)s) AS x(group_id bigint, rank int, gpu text, generation int,
+    last_step bigint, last_step_at timestamptz, data_cursor bigint, process_state text)
+ON CONFLICT (group_id, rank) DO UPDATE SET node_id = EXCLUDED.node_id, gpu = EXCLUDED.gpu,
+    generation = EXCLUDED.generation, last_step = EXCLUDED.last_step,
+    last_step_at = EXCLUDED.last_step_at, data_cursor = EXCLUDED.data_cursor,
+    process_state = EXCLUDED.process_state
+"""
+
+# What ingest may change on a group; diagnosis owns the rest of `summary`, so only the
+# versions seen are merged into it, and only when a transition changed them.
+GROUP_WRITTEN = (
+    "kind", "state", "generation", "restart_count", "world_size", "topology", "data_cursor",
+    "model_version", "last_checkpoint_step", "state_since", "last_activity",
+)  # fmt: skip
+GROUP_JSON = {"topology"}
+_GROUP_SET = ", ".join(f"{f} = %(g_{f})s" for f in GROUP_WRITTEN)
+GROUP_UPDATE = f"""
+UPDATE console_consistencygroup SET {_GROUP_SET},
+    summary = CASE WHEN %(g_versions)s::jsonb IS NULL THEN summary
+        ELSE summary || jsonb_build_object('versions_seen', %(g_versions)s::jsonb) END
+WHERE id = %(g_id)s
+"""  # noqa: S608 - constant column names
+
+KIND_UPDATE = """
+UPDATE console_consistencygroup SET kind = %(g_kind)s WHERE id = %(g_id)s AND kind = 'unknown'
+"""
+
+ACTIVITY_STEP = timedelta(seconds=1)
+# Per process: the newest last_activity this process committed for each group id.
+recent_activity: dict[int, datetime] = {}
+# Forward only; a concurrent writer's newer value wins (re-checked after its commit).
+ACTIVITY_UPDATE = """
+UPDATE console_consistencygroup SET last_activity = %(g_last_activity)s
+WHERE id = %(g_id)s AND (last_activity IS NULL OR last_activity < %(g_last_activity)s)
+"""
+
+
+def forget_recent() -> None:
+    """Drop this process's memory of the activity it wrote (tests)."""
+    recent_activity.clear()
+
+
+ACTIONS_PENDING = """
+SELECT EXISTS (SELECT 1 FROM console_action WHERE node_id = %(node)s AND state = ANY(%(live)s))
+"""
+
+_GROUP_ATTNAMES = [f.attname for f in ConsistencyGroup._meta.concrete_fields]
+GROUP_NAME, GROUP_KIND = _GROUP_ATTNAMES.index("name"), _GROUP_ATTNAMES.index("kind")
+
+GROUPS_AND_RANKS = f"""
+SELECT {columns(ConsistencyGroup, "g")} FROM console_consistencygroup g
+WHERE g.name = ANY(%(names)s) ORDER BY g.name FOR KEY SHARE;
+SELECT g.name, r.rank, {", ".join(f"r.{c}" for c in RANK_STATE)}
+FROM console_consistencygroup g JOIN console_rank r ON r.group_id = g.id
+WHERE g.name = ANY(%(names)s) AND r.rank = ANY(%(ranks)s)
+"""  # noqa: S608 - constant column names
+# The ranks read are every named group's ranks among the numbers named (a superset of the
+# pairs, looked up by pair): both lists are tiny and go through (name) and (group, rank)
+# indexes. A join on a jsonb_to_recordset of the pairs was planned as a scan of all ranks.
+GROUPS_AND_RANKS_LOCKED = GROUPS_AND_RANKS.replace("FOR KEY SHARE;", "FOR UPDATE;")

@@ -1,0 +1,115 @@
+"""The (agent_id, seq) receipt and the agent's bookkeeping: replays stop here, gaps counted.
+
+Owns the first round trip of a batch (receipt insert, the agent's row created if new and
+locked) and the agent's counters after it (sequence gaps opened by a jump and closed by a
+late seq, spool depth). Must not write telemetry or live state.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import msgspec
+from psycopg.types.json import Jsonb
+
+from agents import protocol as p
+from console.models import Node
+from ingest.rawsql import send
+
+_AGENT_COLUMNS = (
+    "node_id", "last_seq", "gaps", "gap_ranges", "batches", "records", "spool_depth", "dropped",
+)  # fmt: skip
+
+# Receipt first: a replay stops here. The agent's row is created if new and locked, so two
+# batches of one agent (a retry racing its original) count gaps and batches one at a time.
+_CLAIM = f"""
+INSERT INTO ingest_batchreceipt (agent_id, seq, received_at, records)
+VALUES (%(agent)s, %(seq)s, %(now)s, %(records)s)
+ON CONFLICT (agent_id, seq) DO NOTHING RETURNING id;
+INSERT INTO ingest_agentstate (agent_id, node_id, version, boot_id, batches, records,
+    duplicates, gaps, gap_ranges, spool_depth, dropped)
+VALUES (%(agent)s, %(node)s, '', '', 0, 0, 0, 0, '[]', 0, 0)
+ON CONFLICT (agent_id) DO NOTHING;
+SELECT {", ".join(_AGENT_COLUMNS)} FROM ingest_agentstate WHERE agent_id = %(agent)s FOR UPDATE
+"""  # noqa: S608 - constant column names
+
+AGENT_DUPLICATE = """
+UPDATE ingest_agentstate SET duplicates = duplicates + 1, last_seen = %(now)s
+WHERE agent_id = %(agent)s
+"""
+
+AGENT_UPDATE = """
+UPDATE ingest_agentstate SET node_id = %(a_node)s, version = %(a_version)s,
+    boot_id = %(a_boot)s, last_seq = %(a_last_seq)s, batches = %(a_batches)s,
+    records = %(a_records)s, gaps = %(a_gaps)s, gap_ranges = %(a_gap_ranges)s,
+    last_seen = %(now)s, clock_skew_ms = %(a_skew)s, spool_depth = %(a_spool)s,
+    dropped = %(a_dropped)s
+WHERE agent_id = %(a_id)s
+"""
+
+
+def claim_receipt(batch: p.Batch, node: Node, now: datetime) -> dict[str, Any] | None:
+    """Insert the (agent, seq) receipt and lock the agent's row; None for a replay."""
+    params = {"agent": batch.agent.id, "seq": batch.seq, "now": now,
+              "records": len(batch.records), "node": node.pk}  # fmt: skip
+    with send(_CLAIM, params) as cur:
+        claimed = cur.fetchone() is not None
+        cur.nextset()
+        cur.nextset()
+        row = cur.fetchone()
+    if not claimed or row is None:
+        return None
+    state = dict(zip(_AGENT_COLUMNS, row, strict=True))
+    if isinstance(state["gap_ranges"], str):  # Django's connections load jsonb as text
+        state["gap_ranges"] = msgspec.json.decode(state["gap_ranges"])
+    return state
+
+
+def agent_update(
+    state: dict[str, Any], node: Node, batch: p.Batch, now: datetime, skew: timedelta
+) -> dict[str, Any]:
+    """The agent's counters after this batch: gaps opened by a jump, closed by a late seq."""
+    seq, last_seq = batch.seq, state["last_seq"]
+    gaps, gap_ranges = state["gaps"], state["gap_ranges"]
+    if last_seq is None:
+        pass
+    elif seq > last_seq + 1:
+        gaps += seq - last_seq - 1
+        gap_ranges = [*gap_ranges, [last_seq + 1, seq - 1]][-100:]
+    elif seq < last_seq:
+        gap_ranges, filled = _fill_gap(gap_ranges, seq)
+        gaps -= filled
+    spool, dropped = state["spool_depth"], state["dropped"]
+    for rec in batch.records:
+        if isinstance(rec, p.Heartbeat):
+            spool, dropped = rec.spool_depth, rec.dropped
+    return {
+        "a_id": batch.agent.id,
+        "a_node": node.pk,
+        "a_version": batch.agent.version,
+        "a_boot": batch.agent.boot_id or "",
+        "a_last_seq": max(seq, last_seq if last_seq is not None else seq),
+        "a_batches": state["batches"] + 1,
+        "a_records": state["records"] + len(batch.records),
+        "a_gaps": gaps,
+        "a_gap_ranges": Jsonb(gap_ranges),
+        "a_skew": round(skew.total_seconds() * 1000, 1),
+        "a_spool": spool,
+        "a_dropped": dropped,
+    }
+
+
+def _fill_gap(ranges: list[list[int]], seq: int) -> tuple[list[list[int]], int]:
+    out: list[list[int]] = []
+    filled = 0
+    for first, last in ranges:
+        if first <= seq <= last:
+            filled = 1
+            if first < seq:
+                out.append([first, seq - 1])
+            if seq < last:
+                out.append([seq + 1, last])
+        else:
+            out.append([first, last])
+    return out, filled
