@@ -265,7 +265,9 @@ class Reporter:
     def _run_probe(
         self, step: int, group: str | None, generation: int | None, rank: int | None
     ) -> None:
-        fn, _, name = self._probe  # type: ignore[misc]
+        if self._probe is None:
+            return
+        fn, _, name = self._probe
         try:
             began = time.perf_counter()
             answer = fn()

@@ -17,10 +17,12 @@ import contextlib
 import itertools
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from faultline.drill.runner import Drill, Job
+# `Drill` and `Job` are faultline.drill.runner's (runner imports this module, so they are
+# duck-typed here: no import cycle).
+Drill = Any
+Job = Any
 
 
 # Faults after which every later checkpoint holds bad state (NaN weights, corrupt weights).

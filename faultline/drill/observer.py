@@ -18,13 +18,12 @@ import signal
 import statistics
 import subprocess
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 from faultline.drill.invariants import log_lines
 from faultline.testing.service import BIN, service_env
 
-if TYPE_CHECKING:
-    from faultline.drill.runner import Drill
+Drill = Any  # faultline.drill.runner.Drill (runner imports this module: no cycle)
 
 OUTAGE_S = 8.0
 BASELINE_S = 6.0
@@ -57,9 +56,10 @@ def telemetry_down(drill: Drill) -> None:
     r = drill.result
     # No probe here: its fixed-batch forward pass would be timed as reporter time.
     job = drill.launch(1, ["--ckpt-every", "5", "--probe-every", "0"])
-    from faultline.drill.runner import _wait
-
-    if not _wait(lambda: job.step() >= 8 or not job.alive(), 90) or job.step() < 8:
+    deadline = time.monotonic() + 90
+    while job.step() < 8 and job.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if job.step() < 8:
         raise RuntimeError(f"generation 1 never reached step 8: {job.why()}")
     time.sleep(BASELINE_S)
     pgid = drill.service.proc.pid  # `faultline up` leads its own session and group

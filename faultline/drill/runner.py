@@ -48,7 +48,7 @@ __all__ = ["MATRIX", "Drill", "Result", "Spec", "first_error"]
 class Result:
     fault: str
     drill: str
-    expected_root_cause: str
+    expected_root_cause: str | None
     found_root_cause: str | None = None
     other_root_causes: list[str] = field(default_factory=list)
     detection_s: float | None = None

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             if faulty and args.fault == "corrupt_weights" and step == args.fault_step:
                 _fault_mark(args, rank, step)
                 with torch.no_grad():  # a silent bit-rot of this rank's weights: no error
-                    model[0].weight.add_(0.05)
+                    next(model.parameters()).add_(0.05)
             if faulty and args.fault == "oom" and step == args.fault_step:
                 _fault_mark(args, rank, step)
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")

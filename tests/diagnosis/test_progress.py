@@ -60,9 +60,9 @@ def test_it_does_not_call_a_quiescing_group_hung() -> None:
     assert d.findings == ()
 
 
-def _after_checkpoint_phase(ms: float, **kw: object) -> list[dict]:
+def _after_checkpoint_phase(ms: float) -> list[dict]:
     """Four ranks whose last step (at T0 + 1 s) carried a checkpoint phase of `ms`."""
-    recs = training(ranks=4, **kw)  # type: ignore[arg-type]
+    recs = training(ranks=4)
     for rk in range(4):
         recs.append(step(rk, 120, T0 + timedelta(seconds=1), phases={"checkpoint": ms}))
     return recs

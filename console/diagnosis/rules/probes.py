@@ -14,7 +14,7 @@ blocked. Must not read other rules' findings beyond `covered`, nor judge a rank 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from math import isfinite
 from typing import Any
@@ -31,8 +31,11 @@ from console.diagnosis.findings import (
 from console.diagnosis.rules.base import Context
 from console.diagnosis.snapshot import ProbeRecord
 
+# ("checksum", hex) or ("value", number | "non-finite"): what ranks are compared by.
+Answer = tuple[str, float | str]
 
-def _answer(p: ProbeRecord, tol: float) -> Hashable | None:
+
+def _answer(p: ProbeRecord, tol: float) -> Answer | None:
     """The comparable part of an answer: the checksum, else the value (NaN: 'non-finite')."""
     if p.checksum:
         return ("checksum", p.checksum)
@@ -41,18 +44,18 @@ def _answer(p: ProbeRecord, tol: float) -> Hashable | None:
     return ("value", p.value) if isfinite(p.value) else ("value", "non-finite")
 
 
-def _same(a: Hashable, b: Hashable, tol: float) -> bool:
+def _same(a: Answer, b: Answer, tol: float) -> bool:
     if a == b:
         return True
-    (ka, va), (kb, vb) = a, b  # type: ignore[misc]
+    (ka, va), (kb, vb) = a, b
     if ka != "value" or kb != "value" or isinstance(va, str) or isinstance(vb, str):
         return False
     return abs(va - vb) <= tol * max(abs(va), abs(vb), 1e-12)
 
 
-def _clusters(answers: dict[Any, Hashable], tol: float) -> list[list[Any]]:
+def _clusters(answers: dict[Any, Answer], tol: float) -> list[list[Any]]:
     """Who agrees with whom: members grouped by equal answers (values within `tol`)."""
-    out: list[tuple[Hashable, list[Any]]] = []
+    out: list[tuple[Answer, list[Any]]] = []
     for who, ans in sorted(answers.items(), key=lambda kv: str(kv[0])):
         for rep, members in out:
             if _same(rep, ans, tol):
@@ -63,8 +66,8 @@ def _clusters(answers: dict[Any, Hashable], tol: float) -> list[list[Any]]:
     return sorted((m for _, m in out), key=len, reverse=True)
 
 
-def _shown(ans: Hashable) -> Any:
-    return ans[1] if isinstance(ans, tuple) else ans
+def _shown(ans: Answer | None) -> Any:
+    return None if ans is None else ans[1]
 
 
 def _emit(
@@ -250,8 +253,10 @@ def _serving(ctx: Context, probes: Sequence[ProbeRecord]) -> None:
             seen[(p.probe, p.model_version or "?")][p.worker].append(p)
     for (name, version), workers in sorted(seen.items()):
         newest = {w: ps[-1] for w, ps in workers.items()}
-        answers = {w: _answer(p, cfg.probe_rel_tol) for w, p in newest.items()}
-        clusters = _clusters(answers, cfg.probe_rel_tol)  # type: ignore[arg-type]
+        answers = {
+            w: a for w, p in newest.items() if (a := _answer(p, cfg.probe_rel_tol)) is not None
+        }
+        clusters = _clusters(answers, cfg.probe_rel_tol)
         named: set[str] = set()
         if len(clusters) > 1 and len(clusters[0]) * 2 > len(answers):
             expected = _shown(answers[clusters[0][0]])
@@ -303,7 +308,10 @@ def _serving(ctx: Context, probes: Sequence[ProbeRecord]) -> None:
             if then is None or now_ is None or _same(then, now_, cfg.probe_rel_tol):
                 continue
             changed = next(
-                p for p in ps if not _same(_answer(p, cfg.probe_rel_tol), then, cfg.probe_rel_tol)
+                p
+                for p in ps
+                if (a := _answer(p, cfg.probe_rel_tol)) is not None
+                and not _same(a, then, cfg.probe_rel_tol)
             )
             _emit(
                 ctx,
