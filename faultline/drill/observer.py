@@ -3,11 +3,11 @@
 Owns the `telemetry_down` drill: a 2-rank job runs, the whole Faultline service (web,
 workers, Postgres, Valkey: its process group) is SIGSTOPped for `OUTAGE_S` mid-run and
 then continued. Measured from the trainer's per-step log: the median step time before
-and during the outage (must change by less than 1 %), the longest time one reporter call
-took during it (must stay under `REPORT_LIMIT_MS`: the reporter never blocks), records
-dropped on the rank side (none), and, once the service is back, whether every step the
-ranks reported reached the database (the agent's spool replays everything). Must not
-stop anything it did not start.
+and during the outage (must change by less than 1 %), the time one reporter call takes
+during it against before it (no growth beyond noise, none over `REPORT_MAX_MS`: the
+reporter never blocks), records dropped on the rank side (none), and, once the service
+is back, whether every step the ranks reported reached the database (the agent's spool
+replays everything). Must not stop anything it did not start.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ Drill = Any  # faultline.drill.runner.Drill (runner imports this module: no cycl
 
 OUTAGE_S = 8.0
 BASELINE_S = 6.0
-REPORT_LIMIT_MS = 5.0  # p99 of one reporter call during the outage
+REPORT_GROWTH = 1.5  # p99 of one reporter call during the outage vs before it ...
+REPORT_SLACK_MS = 1.0  # ... plus this much scheduling noise (2 shared cores)
 REPORT_MAX_MS = 50.0  # the slowest one (an outage is 8,000 ms: a blocked send shows)
 STEP_CHANGE_LIMIT_PCT = 1.0
 REPLAY_TIMEOUT_S = 60.0
@@ -114,9 +115,11 @@ def telemetry_down(drill: Drill) -> None:
     r.invariants = {
         # A faster step (the paused service freed CPU on a 2-core box) is no drag.
         "step_time_change_under_1pct": change < STEP_CHANGE_LIMIT_PCT,
-        # A blocking send would stall for the whole outage (seconds); on a shared 2-core box
-        # a single call can still lose its CPU for a few ms, so judge the p99 and bound max.
-        "reporter_never_blocks": p99 < REPORT_LIMIT_MS and worst < REPORT_MAX_MS,
+        # Blocking is time the outage adds: a blocked send would stall for the outage
+        # (seconds). What a call costs anyway (encoding the collective window) is measured
+        # before the outage; during it the p99 may not grow beyond noise, the max is bounded.
+        "reporter_never_blocks": p99 <= REPORT_GROWTH * p99_before + REPORT_SLACK_MS
+        and worst < REPORT_MAX_MS,
         "no_record_dropped_by_reporter": dropped == 0,
         "spool_replays_everything": reported <= stored,
     }
