@@ -218,7 +218,7 @@ MATRIX: tuple[Spec, ...] = (
     ),
     Spec(
         "partition",
-        "node 2's link down (3 namespaces): {0, 1} | {2}",
+        "node 2's link down (3 namespaces): {0, 1} vs {2}",
         "rank_hang",
         False,
         restore=False,
