@@ -54,6 +54,12 @@ class Config:
     reporter_udp_port: int | None = None
     reporter_socket_mode: int = 0o660
     hooks: dict[str, str] = field(default_factory=dict)
+    # The node's own limits on actions (agents/executor.py): None = the kinds with a hook;
+    # GPUs an action may name (empty: the GPUs the backend reports); unsigned actions only
+    # while the service does not sign yet (a migration switch, off by default).
+    allowed_kinds: list[str] | None = None
+    gpus: list[str] = field(default_factory=list)
+    allow_unsigned: bool = False
     scheduler: str | None = None  # built-in backend: "slurm" | "kubernetes" (agents/schedulers)
     hook_timeout_s: float = 60.0
     action_poll_s: float = 15.0
@@ -102,6 +108,9 @@ class Agent:
             token=config.token,
             dry_run=config.dry_run,
             timeout_s=config.hook_timeout_s,
+            allowed_kinds=config.allowed_kinds,
+            gpus=self.own_gpus,
+            allow_unsigned=config.allow_unsigned,
             scheduler=config.scheduler,
         )
         self.sender = Sender(
@@ -137,6 +146,18 @@ class Agent:
         self.started = time.monotonic()
         self.stop_event = threading.Event()
         self.error: str | None = None
+
+    def own_gpus(self) -> set[str]:
+        """The GPUs an action may target: configured, else what the backend reports."""
+        if self.config.gpus:
+            return set(self.config.gpus)
+        if self.backend is None:
+            return set()
+        try:
+            return {self.backend.uuid(i) for i in range(self.backend.device_count())}
+        except Exception:
+            log.exception("could not list this node's GPUs; GPU actions are refused")
+            return set()
 
     def enqueue(self, rec: Record) -> None:
         self.spool.append(rec)

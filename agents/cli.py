@@ -184,6 +184,26 @@ def build_config(args: argparse.Namespace) -> Config:
     except ValueError:
         raise ConfigError(f'reporter_socket_mode {mode!r} must be octal, e.g. "660"') from None
     cfg.hooks = {str(k): str(v) for k, v in toml.get("hooks", {}).items()}
+    kinds = toml.get("allowed_kinds")
+    if kinds is not None and not (
+        isinstance(kinds, list) and all(isinstance(k, str) for k in kinds)
+    ):
+        raise ConfigError(f"allowed_kinds must be a list of action kinds, got {kinds!r}")
+    cfg.allowed_kinds = None if kinds is None else [str(k) for k in kinds]
+    gpus = toml.get("gpus", [])
+    if not (isinstance(gpus, list) and all(isinstance(g, str) for g in gpus)):
+        raise ConfigError(f"gpus must be a list of GPU UUIDs, got {gpus!r}")
+    cfg.gpus = list(gpus)
+    allow_unsigned = toml.get("allow_unsigned", False)
+    if os.environ.get("FAULTLINE_AGENT_ALLOW_UNSIGNED") not in (None, ""):
+        allow_unsigned = os.environ["FAULTLINE_AGENT_ALLOW_UNSIGNED"].lower() in (
+            "1",
+            "true",
+            "yes",
+        )
+    if not isinstance(allow_unsigned, bool):
+        raise ConfigError(f"allow_unsigned must be true or false, got {allow_unsigned!r}")
+    cfg.allow_unsigned = allow_unsigned
     cfg.scheduler = str(toml.get("scheduler") or "") or None
     try:
         backend_named(cfg.scheduler)

@@ -8,6 +8,16 @@ the kind, the built-in backend in agents/schedulers/), and reports the result to
 wise — the service's gates and human approvers do — but it does refuse what is provably
 stale: an action for an older generation than the newest it has seen for that group
 (fencing, DESIGN.md §1 contract 1). Hooks run as argument lists, never through a shell.
+
+It does not trust the server for what reaches a hook or a backend (issue 22 #8): an action
+must carry a valid signature made with this agent's key (agents/signing.py) unless
+`allow_unsigned` is configured for a migration; its kind must be one this node accepts
+(`allowed_kinds`, default: the kinds with a hook, plus every contract kind when a
+scheduler backend is configured); its target (and
+`params.node`/`params.gpu`) must be this node, one of this node's GPUs, or a group this
+node has reported records for; every value substituted into a hook is checked (safe
+characters, never a leading `-`, no control characters) and a group action without an
+integer generation is refused, so fencing is never skipped.
 """
 
 from __future__ import annotations
@@ -15,17 +25,19 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import re
 import shlex
 import subprocess
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from agents import actions_contract as contract
-from agents import schedulers
+from agents import schedulers, signing
 from agents.sender import opener_for
 from agents.spool import read_json, write_atomic
 
@@ -40,9 +52,36 @@ EXAMPLE_HOOKS = {
 }
 
 
+# The wire contract's Name charset (agents/protocol.py), minus a leading "-": a value that
+# starts with "-" becomes an option of the hook's program (`kubectl cordon --all`).
+SAFE_NAME = re.compile(r"^[A-Za-z0-9_.:@/][A-Za-z0-9_.:@/\-]{0,127}$")
+SAFE_PARAM_KEY = re.compile(r"^[a-z_][a-z0-9_]{0,31}$")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MAX_PARAM_CHARS = 512
+TARGET_KINDS = ("node", "gpu", "rank", "group")
+
+
 class _SafeDict(dict[str, str]):
     def __missing__(self, key: str) -> str:
         return "{" + key + "}"
+
+
+class Refused(ValueError):
+    """An action this node will not run; the message says which value and why."""
+
+
+def _check_value(name: str, value: Any) -> str:
+    if value is None or isinstance(value, bool | int | float):
+        return str(value) if value is not None else ""
+    if not isinstance(value, str):
+        raise Refused(f"param {name!r} must be a string or number, got {type(value).__name__}")
+    if len(value) > MAX_PARAM_CHARS:
+        raise Refused(f"param {name!r} is longer than {MAX_PARAM_CHARS} characters")
+    if CONTROL.search(value):
+        raise Refused(f"param {name!r} contains control characters")
+    if value.startswith("-"):
+        raise Refused(f"param {name!r} may not begin with '-' (it would read as an option)")
+    return value
 
 
 class Executor:
@@ -57,6 +96,9 @@ class Executor:
         dry_run: bool = False,
         timeout_s: float = 60.0,
         scheduler: str | None = None,
+        allowed_kinds: Iterable[str] | None = None,
+        gpus: Iterable[str] | Callable[[], Iterable[str]] = (),
+        allow_unsigned: bool = False,
     ) -> None:
         self.node = node
         self.hooks = contract.normalize_hooks(hooks)
@@ -65,6 +107,16 @@ class Executor:
         self.token = token
         self.dry_run = dry_run
         self.timeout_s = timeout_s
+        if allowed_kinds is None:
+            # With a backend, every contract kind: one it cannot do answers "unsupported"
+            # (running nothing) and names the hook to add.
+            backend = frozenset(contract.KINDS) if self.scheduler is not None else frozenset()
+            self.allowed_kinds = frozenset(self.hooks) | backend
+        else:
+            self.allowed_kinds = frozenset(contract.canonical(k) for k in allowed_kinds)
+        self._gpus = gpus if callable(gpus) else (lambda fixed=frozenset(gpus): fixed)
+        self.allow_unsigned = allow_unsigned
+        self._key = signing.key_from_token(token) if token else None
         self._path = Path(state_dir) / "executor.json"
         state = read_json(self._path, {})
         self.done: dict[str, dict[str, Any]] = state.get("done", {})
@@ -98,6 +150,72 @@ class Executor:
                 self.generations[group] = generation
                 self._save()
 
+    # -- checks ----------------------------------------------------------------------
+    def authentic(self, action: dict[str, Any]) -> str | None:
+        """None when the action may be considered at all; else why it is dropped unseen.
+
+        A dropped action is neither recorded nor reported: its id may be forged, and a
+        report would mark the real action of that id failed.
+        """
+        if signing.SIGNATURE_FIELD not in action:
+            return None if self.allow_unsigned else "unsigned action (allow_unsigned is off)"
+        if self._key is None:
+            return "signed action but this agent has no token to verify it with"
+        if not signing.verify(action, self._key):
+            return "bad signature"
+        return None
+
+    def check(self, action: dict[str, Any]) -> None:
+        """Raise Refused unless this node's own limits allow the action as given."""
+        kind = action.get("kind")
+        if not isinstance(kind, str) or contract.canonical(kind) not in self.allowed_kinds:
+            allowed = ", ".join(sorted(self.allowed_kinds)) or "none"
+            raise Refused(f"action kind {kind!r} is not accepted on this node (allowed: {allowed})")
+        if action.get("node") not in (None, self.node):
+            raise Refused(f"action is for node {action.get('node')!r}, this is {self.node!r}")
+        group = action.get("group")
+        if group is not None and not (isinstance(group, str) and SAFE_NAME.match(group)):
+            raise Refused(
+                f"group {group!r} is not a safe name (letters, digits, _.:@/-; no leading -)"
+            )
+        generation = action.get("generation")
+        generation_ok = (
+            isinstance(generation, int) and not isinstance(generation, bool) and generation >= 0
+        )
+        if (group is not None or generation is not None) and not generation_ok:
+            raise Refused(f"generation {generation!r} must be a non-negative integer (fencing)")
+        self._check_target(action.get("target"), group)
+        raw = action.get("params")
+        if raw is not None and not isinstance(raw, dict):
+            raise Refused("params must be an object")
+        params: dict[str, Any] = raw or {}
+        for key, value in params.items():
+            if not isinstance(key, str) or not SAFE_PARAM_KEY.match(key):
+                raise Refused(f"param name {key!r} is not a safe name")
+            _check_value(key, value)
+        # The backends act on params.node / params.gpu before the target: the same limits.
+        if params.get("node") not in (None, "", self.node):
+            raise Refused(f"params.node {params['node']!r} is not this node ({self.node})")
+        if params.get("gpu") not in (None, "") and params["gpu"] not in set(self._gpus()):
+            raise Refused(f"params.gpu {params['gpu']!r} is not a GPU of this node")
+
+    def _check_target(self, target: Any, group: Any) -> None:
+        if not isinstance(target, str) or ":" not in target:
+            raise Refused(f"target {target!r} must be node:, gpu:, rank: or group:")
+        prefix, _, name = target.partition(":")
+        if prefix not in TARGET_KINDS or not SAFE_NAME.match(name):
+            raise Refused(f"target {target!r} must be node:, gpu:, rank: or group: a safe name")
+        if prefix == "node" and name != self.node:
+            raise Refused(f"target {target!r} is not this node ({self.node})")
+        if prefix == "gpu" and name not in set(self._gpus()):
+            raise Refused(f"target {target!r} is not a GPU of this node")
+        if prefix in ("rank", "group"):
+            target_group = name.rsplit("/", 1)[0] if prefix == "rank" else name
+            if target_group != group or target_group not in self.generations:
+                raise Refused(
+                    f"target {target!r}: this node hosts no ranks of group {target_group!r}"
+                )
+
     # -- execution -------------------------------------------------------------------
     def handle(self, action: dict[str, Any]) -> dict[str, Any] | None:
         """Run one action; None when this action id was already handled (idempotent)."""
@@ -105,17 +223,28 @@ class Executor:
         if not action_id:
             log.warning("action without id ignored: %s", action)
             return None
+        why = self.authentic(action)
+        if why is not None:
+            log.warning("action %s dropped: %s", action_id, why)
+            return {"status": "failed", "exit_code": None, "output": f"dropped: {why}"}
         with self._lock:
             if action_id in self.done:
                 return None
             group = action.get("group")
             generation = action.get("generation")
-            newest = self.generations.get(group, -1) if group else -1
-            stale = isinstance(generation, int) and generation < newest
+            try:
+                self.check(action)
+                refusal = None
+            except Refused as exc:
+                refusal = str(exc)
+            newest = self.generations.get(group, -1) if isinstance(group, str) else -1
+            stale = refusal is None and isinstance(generation, int) and generation < newest
             # Reserve the id before running so a duplicate delivery cannot run it twice.
             self.done[action_id] = {"status": "running", "reported": False}
             self._save()
-        if stale:
+        if refusal is not None:
+            result = {"status": "failed", "exit_code": None, "output": f"refused: {refusal}"}
+        elif stale:
             result = {
                 "status": "failed",
                 "exit_code": None,
@@ -143,7 +272,7 @@ class Executor:
             node=self.node,
             target=str(action.get("target") or self.node),
             group=str(action.get("group") or ""),
-            generation=str(action.get("generation") or ""),
+            generation="" if action.get("generation") is None else str(action["generation"]),
             kind=str(action.get("kind")),
             action_id=str(action.get("id")),
             reason=str(
@@ -176,7 +305,8 @@ class Executor:
                 "exit_code": None,
                 "output": f"no hook configured for action kind {action.get('kind')!r}",
             }
-        if self.dry_run:
+        if self.dry_run or contract.params_of(action).get("dry_run") is True:
+            # A dry run never runs its hook, whoever asked for it.
             return {
                 "status": "succeeded",
                 "exit_code": 0,

@@ -11,17 +11,25 @@ Renaming or removing a field is a versioned change (/api/v2); adding an optional
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 from msgspec import Meta, Struct
 
+from agents import wire
+
 PROTOCOL_VERSION = 1
 
 # Limits that keep one batch bounded; ingest answers 400/413 beyond them.
 MAX_RECORDS_PER_BATCH = 5000
-MAX_BATCH_BYTES = 8 * 1024 * 1024
+# One limit for both sides: the agent (stdlib only) builds batches under it, ingest refuses
+# bodies over it (413), and Django's DATA_UPLOAD_MAX_MEMORY_SIZE is set from it.
+MAX_BATCH_BYTES = wire.MAX_BATCH_BYTES
+# Timestamps a real clock can show; anything else is a broken clock or a probe, and would
+# overflow the skew arithmetic in ingest (a year-9999 sent_at was a 500).
+EARLIEST_TS = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST_TS = datetime(2100, 1, 1, tzinfo=UTC)
 MAX_COLLECTIVE_ENTRIES = 512
 MAX_SHARDS = 4096
 
@@ -372,9 +380,34 @@ def decode_batch(body: bytes) -> Batch:
         raise _explain(str(exc), body) from None
     except msgspec.DecodeError as exc:
         raise ContractError(f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ContractError(
+            "batch: JSON nested too deeply (the contract is a few levels)"
+        ) from None
+    _check_times(batch)
     if b"\\u0000" in body:  # JSON can carry NUL only escaped; Postgres cannot store it
+        # Depth is bounded here: the typed decode above accepted the body.
         _refuse_nul(msgspec.json.decode(body))
     return batch
+
+
+def _out_of_range(ts: datetime) -> bool:
+    return not EARLIEST_TS <= ts < LATEST_TS
+
+
+def _check_times(batch: Batch) -> None:
+    window = f"outside {EARLIEST_TS:%Y-%m-%d} .. {LATEST_TS:%Y-%m-%d}: check the node's clock"
+    if _out_of_range(batch.sent_at):
+        raise ContractError(
+            f'batch field "sent_at": {batch.sent_at.isoformat()} is {window}', field="sent_at"
+        )
+    for index, rec in enumerate(batch.records):
+        if _out_of_range(rec.ts):
+            raise ContractError(
+                f'record {index}: field "ts": {rec.ts.isoformat()} is {window}',
+                index=index,
+                field="ts",
+            )
 
 
 def _refuse_nul(value: Any, path: tuple[str | int, ...] = ()) -> None:
@@ -432,7 +465,7 @@ def _lookup(body: bytes, index: int, field: str) -> str | None:
         node: Any = msgspec.json.decode(body)["records"][index]
         for part in re.findall(r"[^.\[\]]+", field):
             node = node[int(part)] if isinstance(node, list) else node[part]
-    except (msgspec.DecodeError, KeyError, IndexError, TypeError, ValueError):
-        return None
+    except (msgspec.DecodeError, KeyError, IndexError, TypeError, ValueError, RecursionError):
+        return None  # RecursionError: a deeply nested body; the message goes without a value
     text = msgspec.json.encode(node).decode()
     return text if len(text) <= 80 else text[:77] + "..."

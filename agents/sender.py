@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from agents.spool import Identity, Spool, write_atomic
-from agents.wire import iso_ts
+from agents.wire import MAX_BATCH_BYTES, iso_ts
 
 log = logging.getLogger("faultline.agent.sender")
 
@@ -166,7 +166,10 @@ class Sender:
             print(json.dumps(envelope, separators=(",", ":")), file=self.out, flush=True)
             self.spool.ack(batch["seq"])
             return "acked", self._next_wait()
-        body = gzip.compress(json.dumps(envelope, separators=(",", ":")).encode(), 5)
+        raw = json.dumps(envelope, separators=(",", ":")).encode()
+        if len(raw) > MAX_BATCH_BYTES:
+            return self._too_large(batch, b'{"error": "batch over the size limit (agent side)"}')
+        body = gzip.compress(raw, 5)
         try:
             status, headers, payload = self._post(body)
         except (OSError, urllib.error.URLError) as exc:
@@ -182,8 +185,10 @@ class Sender:
             self.spool.ack(batch["seq"])
             self._deliver_actions(payload)
             return "acked", self._next_wait()
-        if status in (400, 413):
-            # Final answers: retrying the same bytes can only fail the same way.
+        if status == 413:
+            return self._too_large(batch, payload)
+        if status == 400:
+            # A final answer: retrying the same bytes can only fail the same way.
             self._quarantine(batch, payload)
             return "quarantined", 0.0
         if status in (401, 403):
@@ -215,6 +220,18 @@ class Sender:
             return
         if actions:
             self.on_actions(actions)
+
+    def _too_large(self, batch: dict[str, Any], payload: bytes) -> tuple[str, float]:
+        """Split a batch over the limit into halves (sent next); one record alone is kept."""
+        if self.spool.split(batch, self.identity):
+            log.warning(
+                "batch seq=%s (%d records) is over the service's size limit: split in two",
+                batch["seq"],
+                len(batch["records"]),
+            )
+            return "split", 0.0
+        self._quarantine(batch, payload)
+        return "quarantined", 0.0
 
     def _quarantine(self, batch: dict[str, Any], payload: bytes) -> None:
         """A 400 is final: keep the batch and the service's reason, never resend it."""

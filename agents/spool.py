@@ -30,9 +30,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agents.wire import Record
+from agents.wire import MAX_BATCH_BYTES, Record
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+# Records per batch stay this far under the service's body limit: the envelope (agent,
+# seq, sent_at) and JSON re-encoding must fit in what is left.
+BATCH_BYTES = MAX_BATCH_BYTES - 64 * 1024
 SAMPLE_KINDS = frozenset({"device_sample", "heartbeat"})
 
 
@@ -274,7 +277,7 @@ class Spool:
             return None
 
     def build_batch(
-        self, identity: Identity, *, max_records: int = 1000, max_bytes: int = 4 * 1024**2
+        self, identity: Identity, *, max_records: int = 1000, max_bytes: int = BATCH_BYTES
     ) -> dict[str, Any] | None:
         """Move up to `max_records` records into a new batch with a fresh seq, or None."""
         with self._lock:
@@ -301,6 +304,26 @@ class Spool:
             if sa_cur is not None:
                 self._samples.commit(sa_cur, len(sa_lines))
             return batch
+
+    def split(self, batch: dict[str, Any], identity: Identity) -> bool:
+        """Replace an in-flight batch by two halves with fresh seqs; False if it is one record.
+
+        For a batch the service refused as too large (413): its records still go, in order,
+        instead of being dead-lettered. The halves are written before the original is
+        removed, so a crash in between resends records (at-least-once), never loses them.
+        """
+        records = batch["records"]
+        if len(records) < 2:
+            return False
+        with self._lock:
+            middle = len(records) // 2
+            for part in (records[:middle], records[middle:]):
+                seq = identity.allocate_seq()
+                body = json.dumps({"seq": seq, "records": part}).encode()
+                write_atomic(self._inflight_dir / f"{seq}.json", body)
+            with contextlib.suppress(FileNotFoundError):
+                (self._inflight_dir / f"{batch['seq']}.json").unlink()
+        return True
 
     def ack(self, seq: int) -> None:
         with self._lock, contextlib.suppress(FileNotFoundError):

@@ -13,6 +13,10 @@ from typing import Any
 
 Record = dict[str, Any]
 
+# The largest batch body (uncompressed JSON) ingest accepts; agents/protocol.py re-exports
+# it for the service. It lives here because the agent's runtime is stdlib only.
+MAX_BATCH_BYTES = 8 * 1024 * 1024
+
 
 _second_cache: tuple[int, str] = (-1, "")
 

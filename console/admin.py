@@ -12,7 +12,6 @@ from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
-from rest_framework.authtoken.models import TokenProxy
 
 from console.models import (
     Action,
@@ -97,11 +96,5 @@ class AuditLogAdmin(ReadOnlyAdmin):
 admin.site.register(Membership)
 
 
-def _hide_user_tokens() -> None:
-    """DRF's authtoken app registers users' API tokens; a token is a password, not a row
-    to browse (and a key shown here could be copied). Users manage their own."""
-    if admin.site.is_registered(TokenProxy):
-        admin.site.unregister(TokenProxy)
-
-
-_hide_user_tokens()
+# User API tokens (console.ApiToken) are not registered: only their hashes are stored, and
+# DRF's authtoken app (which registered clear tokens here) is no longer installed.

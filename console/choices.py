@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django.db import models
 
+from console.policy.fleet_health import HealthState, Repair, TakenOutBy
 from console.policy.lifecycle import LIVE_STATES, ActionKind, ActionState
 from console.policy.roles import Role as _Role
 
@@ -36,6 +37,11 @@ class Health(models.TextChoices):
     CRITICAL = "critical"
     DOWN = "down"
     UNKNOWN = "unknown"
+
+
+LIFECYCLE_STATES = [(s.value, s.value.replace("_", " ")) for s in HealthState]
+REPAIR_KINDS = [(r.value, r.value.replace("_", " ")) for r in Repair]
+TAKEN_OUT_BY = [(t.value, t.value or "in service") for t in TakenOutBy]
 
 
 class Role(models.TextChoices):
@@ -76,6 +82,8 @@ ACTION_KIND_LABELS = {
     ActionKind.RESTART_GROUP: "restart group",
     ActionKind.ROLLBACK_MODEL: "roll back model",
     ActionKind.PAGE_HUMAN: "page a human",
+    ActionKind.UNCORDON_NODE: "return node to service",
+    ActionKind.RELEASE_GPU: "return GPU to service",
 }
 ACTION_KINDS = [(k.value, ACTION_KIND_LABELS[k]) for k in ActionKind]
 ACTION_STATES = [(s.value, s.value) for s in ActionState]

@@ -12,6 +12,7 @@ from typing import Any
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from console import events
+from faultline import metrics
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
@@ -34,10 +35,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.channel_layer.group_add(self.channel, self.channel_name)
         await self.accept()
+        metrics.WEBSOCKET_CLIENTS.inc()
         await self.send_json({"type": "hello", "topic": topic})
 
     async def disconnect(self, code: int) -> None:
         if self.channel:
+            metrics.WEBSOCKET_CLIENTS.dec()
             await self.channel_layer.group_discard(self.channel, self.channel_name)
 
     async def push(self, message: dict[str, Any]) -> None:

@@ -52,6 +52,7 @@ class NodeDevice(TypedDict):
     util_pct: float | None
     sm_clock_mhz: float | None
     throttle_reasons: list[str]
+    lifecycle: str  # console.policy.fleet_health.HealthState
 
 
 class NodePayload(TypedDict):
@@ -61,6 +62,12 @@ class NodePayload(TypedDict):
     quarantined: bool
     cordoned: bool
     devices: list[NodeDevice]
+    # The latched health lifecycle (console.policy.fleet_health), its reason and since when.
+    lifecycle: str
+    lifecycle_reason: str
+    lifecycle_since: str | None
+    taken_out_by: str
+    replace_flagged: bool
 
 
 class GroupPayload(TypedDict):

@@ -12,6 +12,9 @@ from django.db.models import Q
 from console.choices import (
     ACTION_KINDS,
     ACTION_STATES,
+    LIFECYCLE_STATES,
+    REPAIR_KINDS,
+    TAKEN_OUT_BY,
     GroupKind,
     GroupState,
     Health,
@@ -22,7 +25,34 @@ from console.choices import (
 )
 
 
-class Node(models.Model):
+class Lifecycle(models.Model):
+    """The latched health lifecycle of a node or a GPU (console.policy.fleet_health).
+
+    `health` is what the newest sample says; `lifecycle` is what the hardware has been
+    through and only evidence of repair moves back. Written by console.actions.fleet.
+    """
+
+    lifecycle = models.CharField(
+        max_length=16, choices=LIFECYCLE_STATES, default="healthy", db_default="healthy"
+    )
+    lifecycle_reason = models.CharField(max_length=512, blank=True, default="", db_default="")
+    # the record that raised it
+    lifecycle_evidence = models.JSONField(default=dict, blank=True, db_default={})
+    lifecycle_since = models.DateTimeField(null=True, blank=True)
+    lifecycle_by = models.CharField(max_length=160, blank=True, default="", db_default="")
+    repair_needed = models.CharField(
+        max_length=16, choices=REPAIR_KINDS, blank=True, default="", db_default=""
+    )
+    taken_out_by = models.CharField(
+        max_length=16, choices=TAKEN_OUT_BY, blank=True, default="", db_default=""
+    )
+    replace_flagged = models.BooleanField(default=False, db_default=False)  # repeat offender: RMA
+
+    class Meta:
+        abstract = True
+
+
+class Node(Lifecycle):
     """A host that runs an agent; created by its first token or its first batch."""
 
     name = models.CharField(max_length=128, unique=True)
@@ -42,7 +72,7 @@ class Node(models.Model):
         return self.name
 
 
-class Device(models.Model):
+class Device(Lifecycle):
     """One GPU, keyed by its UUID; `last_sample` holds the newest device_sample fields."""
 
     uuid = models.CharField(max_length=96, unique=True)
@@ -59,6 +89,30 @@ class Device(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}/gpu{self.index}"
+
+
+class HealthEvent(models.Model):
+    """One entry of a node's fault history: a fault, a repair, a move of its lifecycle.
+
+    Written with its audit row by console.actions.fleet; `gpu` is blank for the node.
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="health_events")
+    gpu = models.CharField(max_length=96, blank=True, default="")
+    kind = models.CharField(max_length=24)  # fault | repair | moved | flagged | returned
+    before = models.CharField(max_length=16, blank=True, default="")
+    after = models.CharField(max_length=16, blank=True, default="")
+    reason = models.CharField(max_length=512, blank=True, default="")
+    evidence = models.JSONField(default=dict, blank=True)
+    actor = models.CharField(max_length=160)
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["node", "-at"])]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} {self.kind} {self.after}"
 
 
 class ConsistencyGroup(models.Model):
@@ -127,6 +181,15 @@ class Incident(models.Model):
     group = models.ForeignKey(
         ConsistencyGroup, on_delete=models.CASCADE, related_name="incidents", null=True
     )
+    # A fleet-scope incident (a hardware fault) has a node and no group.
+    node = models.ForeignKey(
+        Node, on_delete=models.CASCADE, related_name="incidents", null=True, blank=True
+    )
+    # A group incident whose root cause is a node's fault names that node's incident: it
+    # links, it does not own it (resolving the group's leaves the node's open).
+    root_incident = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="caused"
+    )
     generation = models.PositiveIntegerField(default=0)
     fingerprint = models.CharField(max_length=128)
     state = models.CharField(
@@ -165,7 +228,12 @@ class Incident(models.Model):
                 fields=["group", "fingerprint"],
                 condition=~Q(state="resolved"),
                 name="one_open_incident_per_fingerprint",
-            )
+            ),
+            models.UniqueConstraint(
+                fields=["node", "fingerprint"],
+                condition=~Q(state="resolved") & Q(group__isnull=True),
+                name="one_open_node_incident_per_fingerprint",
+            ),
         ]
         indexes = [models.Index(fields=["state", "-opened_at"])]
 
@@ -272,6 +340,9 @@ class Action(models.Model):
     dry_run = models.BooleanField(default=False)
     params = models.JSONField(default=dict, blank=True)
     result = models.JSONField(default=dict, blank=True)
+    # The agent's structured outcome (agents/actions_contract.Outcome): applied, already,
+    # held_by_other, refused...; `taken_out_by` in it is who holds the node.
+    outcome = models.JSONField(default=dict, blank=True, db_default={})
     proposed_at = models.DateTimeField()
     expires_at = models.DateTimeField()
     decided_at = models.DateTimeField(null=True, blank=True)
@@ -462,3 +533,22 @@ class NotificationDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} to {self.channel} for incident {self.incident_id}"
+
+
+class ApiToken(models.Model):
+    """A user's API token, stored as its SHA-256 only: the token itself is shown once.
+
+    Anyone who reads this table (an admin, a backup, a replica) learns nothing they can act
+    with: authentication hashes the presented token and looks the hash up. `prefix` is the
+    token's first characters, enough to tell two tokens apart in a list, not to use one.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=64, blank=True, default="")
+    key_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=8)
+    created_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"token {self.prefix}… of user {self.user_id}"

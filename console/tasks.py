@@ -14,7 +14,7 @@ from celery import shared_task
 from django.core.cache import cache
 from django.utils import timezone
 
-from console import pipeline, scheduling
+from console import actions, pipeline, scheduling
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,8 @@ def sweep() -> None:
     now = timezone.now()
     for name in pipeline.mark_silent_nodes(now=now):
         log.info("sweep: node %s stopped reporting", name)
+    for action_id in actions.propose_returns(now=now):
+        log.info("sweep: proposed action %s to return validated hardware", action_id)
     # Queue, don't run inline: workers diagnose groups in parallel, and the debounce key
     # keeps at most one pending diagnosis per group however often the sweep fires.
     for name in pipeline.groups_to_sweep(now=now, window=timedelta(minutes=30)):

@@ -1,4 +1,4 @@
-"""Console pages: fleet, group, incident (with its forms), approvals, audit."""
+"""Console pages: fleet, node (its return form), group, incident (its forms), approvals, audit."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from console import views
 
 urlpatterns = [
     path("", views.fleet, name="fleet"),
+    path("nodes/<str:name>/", views.node_page, name="node"),
+    path("nodes/<str:name>/return/", views.node_return, name="node-return"),
     path("groups/<str:name>/", views.group_page, name="group"),
     path("incidents/<int:pk>/", views.incident_page, name="incident"),
     path("incidents/<int:pk>/acknowledge/", views.incident_acknowledge, name="incident-ack"),

@@ -10,7 +10,7 @@ from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -23,8 +23,35 @@ from console.roles import has_role
 
 @login_required
 def fleet(request: HttpRequest) -> HttpResponse:
-    data = pages.fleet_data(label=request.GET.get("label"), state=request.GET.get("state"))
+    data = pages.fleet_data(
+        label=request.GET.get("label"),
+        state=request.GET.get("state"),
+        hardware=request.GET.get("hardware"),
+    )
     return render(request, "console/fleet.html", {**data, "states": GroupState.values})
+
+
+@login_required
+def node_page(request: HttpRequest, name: str) -> HttpResponse:
+    detail = queries.node_detail(name)
+    if detail is None:
+        raise Http404(f"node {name} is not in the fleet inventory")
+    can_return = has_role(request.user, UserRole.APPROVER)
+    return render(request, "console/node.html", {"d": detail, "can_return": can_return})
+
+
+@login_required
+@require_POST
+def node_return(request: HttpRequest, name: str) -> HttpResponse:
+    """An approver states why the node is repaired; the write path checks the role."""
+    try:
+        actions.return_to_service(
+            node_name=name, actor=request.user, reason=request.POST.get("reason", ""),
+            now=timezone.now(),
+        )  # fmt: skip
+    except (actions.ChangeError, actions.NotAllowed, actions.NotFound) as exc:
+        messages.error(request, str(exc))
+    return redirect("node", name=name)
 
 
 @login_required
@@ -59,7 +86,8 @@ def _operator(request: HttpRequest) -> None:
 
 def _version(request: HttpRequest) -> int | None:
     raw = request.POST.get("version", "")
-    return int(raw) if raw.isdigit() else None
+    # isdigit() alone lets "²" through, which int() refuses (a 500): ASCII digits only.
+    return int(raw) if raw.isascii() and raw.isdigit() else None
 
 
 @login_required

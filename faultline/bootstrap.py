@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from faultline import dbroles, metrics_dir
 from faultline.embedded import Embedded, EmbeddedError, port_in_use, start_embedded
 
 # The generated first-admin password, when it cannot be shown on a terminal.
@@ -214,10 +215,15 @@ def system_up(*, host: str, port: int, ws_port: int, data_dir_arg: str | None) -
     except EmbeddedError as exc:
         raise BootstrapError(str(exc)) from exc
     os.environ["FAULTLINE_WS_PORT"] = str(ws_port)
+    metrics_dir.prepare(directory)  # the children share one Prometheus samples folder
     try:
         django_setup()
         migrate()
         admin = ensure_admin()
+        if emb.database_url:
+            # The children run as faultline_app, which may only append to the audit log
+            # (faultline.dbroles); this process keeps the owner's connection for migrate.
+            os.environ["DATABASE_URL"] = dbroles.embedded_app_url(emb.database_url, directory)
         yield System(directory, emb, admin, started, port, ws_port)
     finally:
         runtime_file(directory).unlink(missing_ok=True)

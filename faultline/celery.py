@@ -10,6 +10,8 @@ import os
 
 from celery import Celery
 
+from faultline import metrics
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "faultline.settings")
 
 app = Celery("faultline")
@@ -17,6 +19,7 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["console"])
 app.autodiscover_tasks(["console"], related_name="notify_tasks")
 app.autodiscover_tasks(["ingest"])
+metrics.connect_celery()  # task runs, diagnosis passes, notification outcomes
 app.conf.beat_schedule = {
     "sweep": {"task": "console.sweep", "schedule": 1.0},
     "escalation-sweep": {"task": "console.escalation_sweep", "schedule": 10.0},

@@ -6,6 +6,7 @@ Settings read the environment only through these helpers so that a typo such as
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -54,6 +55,19 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_networks(name: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """Comma-separated CIDRs (`10.0.0.0/8,::1/128`); a bare address is one host."""
+    out = []
+    for item in env_list(name, []):
+        try:
+            out.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ConfigError(
+                f"{name}: {item!r} is not a network; write CIDRs like 10.0.0.0/8 or ::1/128"
+            ) from None
+    return out
 
 
 def env_secret(name: str, default: str = "") -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import unicodedata
 from typing import Any
 
 from django.conf import settings
@@ -23,8 +24,17 @@ from rest_framework import authentication, exceptions
 log = logging.getLogger(__name__)
 
 
+def normalise(username: str) -> str:
+    """The name as Django authenticates it (the login form applies NFKC), folded for case.
+
+    Counting the raw string let a locked-out user log in as the fullwidth look-alike of
+    their own name: a different counter, the same account.
+    """
+    return unicodedata.normalize("NFKC", username).strip().casefold()
+
+
 def _key(username: str, request: HttpRequest) -> str:
-    who = f"{username.strip().lower()}|{request.META.get('REMOTE_ADDR', '')}"
+    who = f"{normalise(username)}|{request.META.get('REMOTE_ADDR', '')}"
     return "login-fail:" + hashlib.sha256(who.encode()).hexdigest()[:32]
 
 
@@ -69,6 +79,12 @@ class ThrottledLoginView(auth_views.LoginView):
     """Django's login view that answers 429 once the failure limit is reached."""
 
     template_name = "login.html"
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        context["sso_name"] = settings.OIDC_PROVIDER_NAME if settings.OIDC_ENABLED else ""
+        context["sso_refused"] = self.request.GET.get("sso") == "refused"
+        return context
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         username = str(request.POST.get("username", ""))

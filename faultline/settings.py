@@ -10,15 +10,18 @@ import secrets
 import sys
 from pathlib import Path
 
+from agents.wire import MAX_BATCH_BYTES
 from faultline.env import (
     ConfigError,
     database_from_url,
     env_bool,
     env_int,
     env_list,
+    env_networks,
     env_secret,
     env_str,
 )
+from faultline.sso_config import ROLES, parse_role_map
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("FAULTLINE_DATA_DIR", str(Path.cwd() / ".faultline"))).resolve()
@@ -67,7 +70,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
@@ -76,6 +78,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Outermost, so the latency it records covers every other middleware.
+    "faultline.metrics.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -120,6 +124,15 @@ if env_bool("FAULTLINE_DB_POOL", True):
 _db["CONN_MAX_AGE"] = 0
 _db["TEST"] = {"NAME": env_str("FAULTLINE_TEST_DB_NAME") or None}
 DATABASES = {"default": _db}
+# The schema owner, for `migrate --database owner` and `db_roles` when the service itself
+# runs as the restricted role (faultline.dbroles, docs/security.md).
+MIGRATE_DATABASE_URL = env_str("FAULTLINE_MIGRATE_DATABASE_URL")
+if MIGRATE_DATABASE_URL:
+    DATABASES["owner"] = {
+        **database_from_url(MIGRATE_DATABASE_URL),
+        "CONN_MAX_AGE": 0,
+        "TEST": {"MIRROR": "default"},
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CACHES = {
@@ -159,12 +172,71 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# Django's default (2.5 MB) answered 400 to agent batches the contract allows (up to 8 MiB),
+# and the agent dead-lettered them: one limit, the contract's, for every request body.
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_BATCH_BYTES
 LOGIN_URL = "/login/"
 # Failed password checks per (username, client IP) before 429, and how long that lasts.
 LOGIN_FAILURE_LIMIT = env_int("FAULTLINE_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 LOGIN_LOCKOUT_S = env_int("FAULTLINE_LOGIN_LOCKOUT_S", 300, minimum=1)
 LOGIN_REDIRECT_URL = "/"
+# Notification channels may POST to loopback/private/link-local addresses only when set
+# (a receiver inside the cluster): a channel URL must not reach the service's own network.
+NOTIFY_ALLOW_PRIVATE = env_bool("FAULTLINE_NOTIFY_ALLOW_PRIVATE", False)
 LOGOUT_REDIRECT_URL = "/login/"
+
+# Single sign-on (OpenID Connect, faultline.sso); off unless FAULTLINE_OIDC_CLIENT_ID is set.
+# Local accounts keep working beside it: they are the break-glass way in.
+OIDC_ENABLED = bool(env_str("FAULTLINE_OIDC_CLIENT_ID"))
+OIDC_ISSUER = env_str("FAULTLINE_OIDC_ISSUER")
+OIDC_GROUPS_CLAIM = env_str("FAULTLINE_OIDC_GROUPS_CLAIM", "groups")
+OIDC_USERNAME_CLAIM = env_str("FAULTLINE_OIDC_USERNAME_CLAIM", "preferred_username")
+OIDC_DEFAULT_ROLE = env_str("FAULTLINE_OIDC_DEFAULT_ROLE")
+OIDC_PROVIDER_NAME = env_str("FAULTLINE_OIDC_PROVIDER_NAME", "single sign-on")
+try:
+    OIDC_ROLE_MAP = parse_role_map(env_list("FAULTLINE_OIDC_ROLE_MAP", []))
+except ValueError as exc:
+    raise ConfigError(str(exc)) from None
+if OIDC_DEFAULT_ROLE and OIDC_DEFAULT_ROLE not in ROLES:
+    raise ConfigError(
+        f"FAULTLINE_OIDC_DEFAULT_ROLE must be viewer, operator, approver or admin "
+        f"(or unset to refuse unmapped users), got {OIDC_DEFAULT_ROLE!r}"
+    )
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+if OIDC_ENABLED:
+    _oidc_missing = [
+        name
+        for name in (
+            "FAULTLINE_OIDC_CLIENT_SECRET",
+            "FAULTLINE_OIDC_AUTHORIZATION_ENDPOINT",
+            "FAULTLINE_OIDC_TOKEN_ENDPOINT",
+            "FAULTLINE_OIDC_USERINFO_ENDPOINT",
+            "FAULTLINE_OIDC_JWKS_URI",
+        )
+        if not (env_secret(name) if name.endswith("SECRET") else env_str(name))
+    ]
+    if _oidc_missing:
+        raise ConfigError(
+            f"FAULTLINE_OIDC_CLIENT_ID is set, so single sign-on is on, but "
+            f"{', '.join(_oidc_missing)} is not: see docs/operations.md (single sign-on)"
+        )
+    if not OIDC_ROLE_MAP and not OIDC_DEFAULT_ROLE:
+        raise ConfigError(
+            "single sign-on is on but FAULTLINE_OIDC_ROLE_MAP is empty: map IdP groups to "
+            "roles (e.g. sre=operator,sre-leads=approver) or set FAULTLINE_OIDC_DEFAULT_ROLE"
+        )
+    AUTHENTICATION_BACKENDS.insert(0, "faultline.sso.FaultlineOIDCBackend")
+    OIDC_RP_CLIENT_ID = env_str("FAULTLINE_OIDC_CLIENT_ID")
+    OIDC_RP_CLIENT_SECRET = env_secret("FAULTLINE_OIDC_CLIENT_SECRET")
+    OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("FAULTLINE_OIDC_AUTHORIZATION_ENDPOINT")
+    OIDC_OP_TOKEN_ENDPOINT = env_str("FAULTLINE_OIDC_TOKEN_ENDPOINT")
+    OIDC_OP_USER_ENDPOINT = env_str("FAULTLINE_OIDC_USERINFO_ENDPOINT")
+    OIDC_OP_JWKS_ENDPOINT = env_str("FAULTLINE_OIDC_JWKS_URI")
+    OIDC_RP_SIGN_ALGO = env_str("FAULTLINE_OIDC_SIGN_ALGO", "RS256")
+    OIDC_RP_SCOPES = env_str("FAULTLINE_OIDC_SCOPES", "openid email profile")
+    OIDC_USE_PKCE = env_bool("FAULTLINE_OIDC_USE_PKCE", True)
+    OIDC_TIMEOUT = 10
+    LOGIN_REDIRECT_URL_FAILURE = "/login/?sso=refused"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -187,8 +259,9 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        # Token first so an anonymous caller gets 401 + WWW-Authenticate, not 403.
-        "rest_framework.authentication.TokenAuthentication",
+        # Token first so an anonymous caller gets 401 + WWW-Authenticate, not 403. Tokens
+        # are stored as SHA-256 only (console.tokens); DRF's authtoken kept them in clear.
+        "console.api.auth.HashedTokenAuthentication",
         # Basic shares the login form's failure counter (faultline.login).
         "faultline.login.ThrottledBasicAuthentication",
         "rest_framework.authentication.SessionAuthentication",
@@ -201,7 +274,8 @@ REST_FRAMEWORK = {
         "faultline.nul.MultiPartParser",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # At most 1,000 rows a page (`?limit=1000000` was served whole).
+    "DEFAULT_PAGINATION_CLASS": "console.api.pagination.Pagination",
     "PAGE_SIZE": 200,
     "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
 }
@@ -210,20 +284,38 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Incident console for GPU training and LLM-serving fleets.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # /api/schema/ and /api/docs/ map every operation: viewers and up only, like the API.
+    "SERVE_PERMISSIONS": ["console.api.permissions.IsViewer"],
     "COMPONENT_SPLIT_REQUEST": True,
     "SWAGGER_UI_DIST": "SIDECAR",  # served locally: the console works with no internet
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Plain Django views (POST /api/v1/ingest) documented from the wire contract itself.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "faultline.openapi.add_ingest",
+    ],
 }
 
 # Web serving: HTTP and websockets may sit on different ports (see README).
 FAULTLINE_WS_PORT = env_int("FAULTLINE_WS_PORT", 0, minimum=0)
+
+# /metrics (faultline.scrape): a Bearer token, or client addresses allowed without one.
+METRICS_TOKEN = env_secret("FAULTLINE_METRICS_TOKEN")
+METRICS_ALLOW_CIDRS = env_networks("FAULTLINE_METRICS_ALLOW_CIDRS")
+METRICS_MAX_GROUPS = env_int("FAULTLINE_METRICS_MAX_GROUPS", 500, minimum=1)
 
 # Ingest limits and diagnosis cadence.
 INGEST_RATE_PER_MIN = env_int("FAULTLINE_INGEST_RATE_PER_MIN", 600, minimum=1)
 INGEST_MAX_FUTURE_S = env_int("FAULTLINE_INGEST_MAX_FUTURE_S", 300, minimum=1)
 TELEMETRY_RETENTION_DAYS = env_int("FAULTLINE_RETENTION_DAYS", 14, minimum=1)
 DIAGNOSIS_DEBOUNCE_MS = env_int("FAULTLINE_DIAGNOSIS_DEBOUNCE_MS", 200, minimum=0)
+# Fleet health (console.policy.fleet_health): after repair evidence (a new boot_id, a GPU
+# reset) the hardware must run this long with no fault before it is proposed for return;
+# FAULTS faults within DAYS flag it for replacement (returning it then needs an approver).
+FLEET_VALIDATION_WINDOW_S = env_int("FAULTLINE_VALIDATION_WINDOW_S", 600, minimum=0)
+FLEET_REPEAT_FAULTS = env_int("FAULTLINE_REPEAT_FAULTS", 3, minimum=1)
+FLEET_REPEAT_WINDOW_DAYS = env_int("FAULTLINE_REPEAT_WINDOW_DAYS", 7, minimum=1)
 # Operator overrides of the Xid catalog (agents/xid.py): a TOML or JSON file of
 # code -> {class, action, investigatory}; read once at startup (console/apps.py).
 XID_OVERRIDES_FILE = env_str("FAULTLINE_XID_OVERRIDES") or None

@@ -28,17 +28,20 @@ from console import actions
 from console.api.actions import actions_with_votes
 from console.api.remediation_serializers import ActionSerializer, ResultIn
 from console.models import Node
-from ingest.auth import authenticate
+from ingest.auth import authenticate, sign_action
 from ingest.models import AgentCredential
 
 
-def actions_for_node(node: Node) -> list[AgentAction]:
+def actions_for_node(credential: AgentCredential) -> list[dict[str, Any]]:
     """Approved actions for this node ride back on the ingest response (and the poll).
 
     Handing an action to its agent is its dispatch, so this goes through the write path,
-    not through a read.
+    not through a read. Each is signed for the credential that asked (agents/signing.py):
+    the agent drops an unsigned or badly signed action.
     """
-    return actions.dispatch_for_node(node=node, now=timezone.now())
+    node: Node = credential.node
+    dispatched: list[AgentAction] = actions.dispatch_for_node(node=node, now=timezone.now())
+    return [sign_action(dict(a), credential=credential) for a in dispatched]
 
 
 class AgentToken(BaseAuthentication):
@@ -82,7 +85,7 @@ class AgentActions(APIView):
         )
     )
     def get(self, request: Request) -> Response:
-        return Response({"actions": actions_for_node(request.auth.node)})
+        return Response({"actions": actions_for_node(request.auth)})
 
 
 class ActionResult(APIView):
@@ -103,6 +106,7 @@ class ActionResult(APIView):
             exit_code=v["exit_code"],
             output=v["output"],
             now=timezone.now(),
+            outcome=v.get("outcome") or {},
         )
         return Response(
             ActionSerializer(get_object_or_404(actions_with_votes(), pk=action.pk)).data

@@ -1,17 +1,21 @@
 """Agent tokens: issued once, stored as SHA-256, bound to one node, revocable.
 
 Tokens are 256-bit random strings, so a fast hash is enough (no password stretching needed)
-and lookup stays one indexed query on the hot path.
+and lookup stays one indexed query on the hot path. The stored hash is also the key that
+signs the actions handed to that agent (`sign_action`, agents/signing.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Mapping
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
+from agents import signing
 from console.models import Node
 from ingest.models import AgentCredential
 from ingest.rawsql import columns, from_row, send
@@ -61,3 +65,14 @@ def authenticate(header: str) -> AgentCredential | None:
     credential = from_row(AgentCredential, row)
     credential.node = from_row(Node, row[len(AgentCredential._meta.concrete_fields) :])
     return credential
+
+
+def sign_action(action: Mapping[str, Any], *, credential: AgentCredential) -> dict[str, Any]:
+    """The action as the agent holding `credential` verifies it: its node named, signed.
+
+    Call it on every action handed to an agent, with the credential that authenticated
+    the request that carries it (the ingest response, the action poll): the agent drops
+    an unsigned or badly signed action (agents/executor.py).
+    """
+    body = {**action, "node": credential.node.name}
+    return signing.sign(body, signing.key_from_token_hash(credential.token_hash))

@@ -18,6 +18,7 @@ from django.views.decorators.http import require_POST
 
 from agents import protocol
 from console import live
+from faultline import metrics
 from ingest import ratelimit
 from ingest.agent_actions import actions_for_node
 from ingest.auth import authenticate
@@ -93,6 +94,7 @@ def ingest(request: HttpRequest) -> JsonResponse:
         log.exception("ingest: batch rejected by the database")
         return _error(503, "batch could not be stored: retry later", retry_after=5)
     if not result.duplicate:
+        metrics.INGEST_RECORDS.inc(len(batch.records))
         live.after_ingest(
             groups=result.groups,
             nodes=result.nodes,
@@ -103,7 +105,7 @@ def ingest(request: HttpRequest) -> JsonResponse:
         {
             "ack_seq": result.ack_seq,
             "duplicate": result.duplicate,
-            "actions": actions_for_node(credential.node) if result.actions_pending else [],
+            "actions": actions_for_node(credential) if result.actions_pending else [],
         },
         status=202,
     )

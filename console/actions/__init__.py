@@ -8,12 +8,15 @@ import this package (`from console import actions`); the submodules import each 
 never this package, so the package has no import cycles:
 
     audit, errors        the audit log writer; the refusals every verb raises
+    accounts             the role an SSO identity holds, set at each sign-in
     incidents            acknowledge, assign, comment (people)
     diagnosis            findings folded into incidents, settle and reopen (the engine)
     groups               a serving group's SLO overrides
-    fleet                node health, quarantine/cordon marks, GPU isolation
+    fleet                node health, quarantine/cordon marks, GPU isolation, the health
+                         lifecycle (latched faults, repair evidence, return to service)
     gating, targets      inputs of the pure gates, read under the remediation lock
     remediation          propose, vote, cancel, expire, dispatch, the agent's result
+    returns              validated hardware proposed for return to service (the sweep)
     breaker              the automation circuit breaker
     paging               silences, escalation policies, notification channels
     notifications        which pages are due; each delivered at most once
@@ -24,6 +27,7 @@ needs, render anything, or import views, tasks or ingest.
 
 from __future__ import annotations
 
+from console.actions.accounts import record_sso_sign_in
 from console.actions.audit import actor_name, audit
 from console.actions.breaker import breaker_payload, set_breaker
 from console.actions.diagnosis import record_diagnosis
@@ -36,7 +40,17 @@ from console.actions.errors import (
     RemediationError,
     SloError,
 )
-from console.actions.fleet import isolate_gpu, mark_node, set_node_health
+from console.actions.fleet import (
+    isolate_gpu,
+    latch_fault,
+    mark_node,
+    mark_out_of_service,
+    mark_returned,
+    node_reporting,
+    record_repair_evidence,
+    return_to_service,
+    set_node_health,
+)
 from console.actions.groups import SLO_KEYS, set_group_slo
 from console.actions.incidents import acknowledge_incident, assign_incident, comment_on_incident
 from console.actions.notifications import deliver, freeze_policies, schedule_due
@@ -58,6 +72,7 @@ from console.actions.remediation import (
     record_action_result,
     vote_on_action,
 )
+from console.actions.returns import propose_returns
 
 __all__ = [
     "SLO_KEYS",
@@ -86,10 +101,18 @@ __all__ = [
     "expire_silence",
     "freeze_policies",
     "isolate_gpu",
+    "latch_fault",
     "mark_node",
+    "mark_out_of_service",
+    "mark_returned",
+    "node_reporting",
     "propose_action",
+    "propose_returns",
     "record_action_result",
     "record_diagnosis",
+    "record_repair_evidence",
+    "record_sso_sign_in",
+    "return_to_service",
     "save_channel",
     "save_escalation_policy",
     "schedule_due",

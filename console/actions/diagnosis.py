@@ -2,7 +2,9 @@
 
 Owns how findings fold into incidents (one per root cause, or per undetermined cluster,
 symptoms attached by their `caused_by` chain), the settle window before a resolve, the
-reopen window, the alerts of each incident and the group's diagnosis summary. The actor
+reopen window, the alerts of each incident and the group's diagnosis summary. A root
+cause that is a node's hardware fault links to the node's incident (`root_incident`): the
+group's incident may resolve when the job moves on, the node's stays open until repaired. The actor
 is the engine ("system"); nothing here is audited per finding (the incident timeline is
 the record). It must not run the engine or read telemetry: console.pipeline does both.
 """
@@ -17,6 +19,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from console import events
+from console.actions.fleet import HARDWARE_KINDS, open_node_incident
 from console.actions.incidents import publish_incident
 from console.choices import IncidentState
 from console.diagnosis.engine import Diagnosis
@@ -139,6 +142,11 @@ def _upsert_incident(
     incident.recovery = head.get("recovery") or {}
     incident.symptom_count = len(symptoms)
     incident.clear_since = None
+    where = (head.get("evidence") or {}).get("node")
+    if head["kind"] in HARDWARE_KINDS and where and incident.root_incident_id is None:
+        # The fault is the node's: its fleet-scope incident owns it, this one links to it.
+        root = open_node_incident(str(where))
+        incident.root_incident = root
     after = (incident.state, incident.symptom_count, incident.severity, incident.clear_since)
     changed = created or before != after
     if changed:

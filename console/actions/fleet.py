@@ -1,4 +1,11 @@
-"""Fleet state the console changes: node health, quarantine and cordon marks, GPU isolation.
+"""Fleet state the console changes: node health, marks, GPU isolation and the health lifecycle.
+
+The lifecycle (console.policy.fleet_health decides every move): a fault that needs repair
+latches on the GPU and its node and opens a fleet-scope incident (`latch_fault`); repair
+evidence starts a validation window (`record_repair_evidence`); a take-out action moves it
+out of service with its owner (`mark_out_of_service`); a return action or an approver puts
+it back (`mark_returned`, `return_to_service`). Every move is a HealthEvent row and an
+audit row in the same transaction.
 
 Owns the writes to Node and Device rows outside ingest's hot path (ingest's COPY and
 upserts record what agents report), each audited with its actor and followed by a
@@ -8,14 +15,21 @@ sweep (health) and a succeeded remediation action (marks) call in.
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Literal
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
+from django.conf import settings
 from django.db import transaction
 
 from console import events, queries
-from console.actions.audit import audit
-from console.models import Device, Node
+from console.actions.audit import actor_name, audit, role_refused
+from console.actions.errors import ChangeError, NotFound
+from console.actions.incidents import publish_incident
+from console.choices import IncidentState, UserRole
+from console.models import Device, HealthEvent, Incident, Node
+from console.policy import fleet_health as fh
+from console.roles import Actor, has_role
 
 NodeMark = Literal["quarantined", "cordoned"]
 
@@ -44,8 +58,55 @@ def set_node_health(*, name: str, health: str, actor: str, now: datetime, reason
     node.save(update_fields=["health"])
     audit(actor=actor, verb="node.health", obj=node, reason=reason, now=now,
           data={"before": before, "after": health})  # fmt: skip
+    if health == "down":
+        _silent_incident(node, reason=reason, now=now)
     publish_node(name)
     return True
+
+
+SILENT = "silent"
+
+
+def _silent_incident(node: Node, *, reason: str, now: datetime) -> None:
+    """A silent node (agent gone) is a node incident too: opened by the sweep, resolved
+    when the node reports again (`node_reporting`)."""
+    fingerprint = f"{SILENT}:{node.name}"
+    if (
+        Incident.objects.filter(group=None, node=node, fingerprint=fingerprint)
+        .exclude(state=IncidentState.RESOLVED)
+        .exists()
+    ):
+        return
+    incident = Incident.objects.create(
+        node=node, fingerprint=fingerprint, kind="node_silent", subject=f"node:{node.name}",
+        role="root_cause", severity="major", opened_at=now,
+        summary=f"{node.name} stopped reporting ({reason or 'agent silent'})"[:512],
+        root_cause={"kind": "node_silent", "subject": f"node:{node.name}", "node": node.name,
+                    "evidence": {"last_seen": node.last_seen.isoformat() if node.last_seen
+                                 else None}},
+        timeline={"detected": now.isoformat()},
+    )  # fmt: skip
+    publish_incident(incident)
+
+
+@transaction.atomic
+def node_reporting(*, node_id: int, actor: str, now: datetime) -> int:
+    """The node reports again: its silent-node incident resolves; how many did."""
+    resolved = 0
+    for incident in (
+        Incident.objects.select_for_update()
+        .filter(group=None, node_id=node_id, kind="node_silent")
+        .exclude(state=IncidentState.RESOLVED)
+    ):
+        incident.state, incident.resolved_at = IncidentState.RESOLVED, now
+        incident.version += 1
+        incident.timeline = {**incident.timeline, "resolved": now.isoformat()}
+        incident.save()
+        audit(actor=actor, verb="incident.resolved", obj=incident, now=now,
+              reason="the node reports again")  # fmt: skip
+        publish_incident(incident)
+        resolved += 1
+    return resolved
 
 
 @transaction.atomic
@@ -64,3 +125,337 @@ def isolate_gpu(*, uuid: str, actor: str, reason: str, now: datetime) -> None:
     Device.objects.filter(uuid=uuid).update(isolated=True)
     audit(actor=actor, verb="gpu.isolated", object_type="device", object_id=uuid, now=now,
           reason=reason)  # fmt: skip
+
+
+# -- the health lifecycle (console.policy.fleet_health decides; this stores) ---------------
+def health_policy() -> fh.HealthPolicy:
+    return fh.HealthPolicy(
+        validation_window=timedelta(seconds=settings.FLEET_VALIDATION_WINDOW_S),
+        repeat_faults=settings.FLEET_REPEAT_FAULTS,
+        repeat_window=timedelta(days=settings.FLEET_REPEAT_WINDOW_DAYS),
+    )
+
+
+_REPAIR_RANK = {r: i for i, r in enumerate(fh.Repair)}  # none < reset < reboot < operator
+
+
+def _stronger(a: str, b: str) -> str:
+    a, b = a or fh.Repair.NONE, b or fh.Repair.NONE
+    return a if _REPAIR_RANK[fh.Repair(a)] >= _REPAIR_RANK[fh.Repair(b)] else b
+
+
+def _subject(node: Node, device: Device | None) -> str:
+    return f"{node.name} GPU {device.index}" if device is not None else node.name
+
+
+def _move_health(
+    row: Node | Device,
+    node: Node,
+    target: fh.HealthState,
+    *,
+    kind: str,
+    reason: str,
+    actor: str,
+    now: datetime,
+    evidence: dict[str, Any] | None = None,
+) -> None:
+    """One lifecycle move of a node or a GPU: checked, stored, history row, audit row."""
+    device = row if isinstance(row, Device) else None
+    before = row.lifecycle
+    if before != target:
+        fh.check_move(before, target)
+        row.lifecycle_since = now
+    row.lifecycle = target
+    row.lifecycle_reason = reason[:512]
+    row.lifecycle_by = actor[:160]
+    if evidence is not None:
+        row.lifecycle_evidence = evidence
+    row.save()
+    HealthEvent.objects.create(
+        node=node, gpu=device.uuid if device else "", kind=kind, before=before, after=target,
+        reason=reason[:512], evidence=evidence or {}, actor=actor[:160], at=now,
+    )  # fmt: skip
+    audit(
+        actor=actor, verb=f"{'gpu' if device else 'node'}.lifecycle", now=now, reason=reason,
+        object_type="device" if device else "node",
+        object_id=device.uuid if device else str(node.pk),
+        data={"kind": kind, "before": before, "after": str(target)},
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Latch:
+    """What latching a fault did: the incident it opened or updated, whether it started a
+    new fault episode and whether the hardware is now flagged for replacement."""
+
+    incident_id: int
+    new_episode: bool
+    flagged: bool
+
+
+@transaction.atomic
+def latch_fault(
+    *,
+    node_id: int,
+    event: str,
+    actor: str,
+    now: datetime,
+    gpu: str = "",
+    code: int | None = None,
+    recovery_action: str | None = None,
+    detail: str = "",
+    evidence: dict[str, Any] | None = None,
+) -> Latch | None:
+    """A device event that needs repair latches a fault on its GPU and node and opens the
+    node's incident, whether or not a job runs there. None when it needs no repair (an
+    application Xid): nothing latches. A clean sample never calls back out of it."""
+    needed = fh.repair_needed(event, code, recovery_action)
+    if needed == fh.Repair.NONE:
+        return None
+    node = Node.objects.select_for_update().get(pk=node_id)
+    device = Device.objects.select_for_update().filter(uuid=gpu, node=node).first() if gpu else None
+    what = f"Xid {code}" if event == "xid" else event.replace("_", " ")
+    reason = f"{what} on {_subject(node, device)}: needs {needed.replace('_', ' ')}"
+    if detail:
+        reason += f" ({detail})"
+    proof = {"event": event, "code": code, "recovery_action": recovery_action, "gpu": gpu,
+             "detail": detail[:256], **(evidence or {})}  # fmt: skip
+    new_episode = False
+    for row in (device, node):
+        if row is None:
+            continue
+        episode = row.lifecycle not in (fh.HealthState.FAULTED, fh.HealthState.OUT_OF_SERVICE)
+        row.repair_needed = _stronger(row.repair_needed, needed) if not episode else needed
+        if episode:
+            new_episode = new_episode or row is (device or node)
+            target = fh.HealthState.FAULTED
+            _move_health(row, node, target, kind="fault", reason=reason, actor=actor, now=now,
+                         evidence=proof)  # fmt: skip
+        else:
+            row.save(update_fields=["repair_needed"])
+    flagged = False
+    if new_episode:
+        faults = HealthEvent.objects.filter(
+            node=node, gpu=gpu, kind="fault", at__gte=now - health_policy().repeat_window
+        ).values_list("at", flat=True)
+        row = device or node
+        if not row.replace_flagged and fh.repeat_offender(faults, now, health_policy()):
+            flagged = True
+            for r in (device, node):
+                if r is not None:
+                    r.replace_flagged = True
+                    r.save(update_fields=["replace_flagged"])
+            p = health_policy()
+            why = (f"{len(faults)} faults in {p.repeat_window.days} days: flagged for replacement; "
+                   "returning it needs an approver")  # fmt: skip
+            HealthEvent.objects.create(node=node, gpu=gpu, kind="flagged", after=row.lifecycle,
+                                       reason=why, actor=actor, at=now)  # fmt: skip
+            audit(actor=actor, verb="node.flagged_for_replacement", obj=node, reason=why, now=now,
+                  data={"gpu": gpu, "faults": [t.isoformat() for t in faults]})  # fmt: skip
+    incident = _node_incident(node, device, event=event, reason=reason, proof=proof, now=now,
+                              new_episode=new_episode, flagged=flagged)  # fmt: skip
+    publish_node(node.name)
+    return Latch(incident.pk, new_episode, flagged)
+
+
+def _node_incident(
+    node: Node,
+    device: Device | None,
+    *,
+    event: str,
+    reason: str,
+    proof: dict[str, Any],
+    now: datetime,
+    new_episode: bool,
+    flagged: bool,
+) -> Incident:
+    """The node's (or GPU's) fleet-scope incident: one open per fingerprint, like a
+    group's; group incidents on this node whose root cause is here link to it."""
+    fingerprint = f"hardware:{device.uuid if device else node.name}"
+    incident = (
+        Incident.objects.select_for_update()
+        .filter(group=None, node=node, fingerprint=fingerprint)
+        .exclude(state=IncidentState.RESOLVED)
+        .first()
+    )
+    created = incident is None
+    if incident is None:
+        incident = Incident(
+            node=node, fingerprint=fingerprint, opened_at=now, role="root_cause",
+            timeline={"first_evidence": proof.get("ts") or now.isoformat(),
+                      "detected": now.isoformat()},
+        )  # fmt: skip
+    elif not new_episode and not flagged:
+        return incident
+    incident.kind = event
+    incident.subject = f"gpu:{device.uuid}" if device else f"node:{node.name}"
+    incident.severity = "critical"
+    incident.summary = (reason + ("; flagged for replacement" if flagged else ""))[:512]
+    incident.root_cause = {"kind": event, "subject": incident.subject, "evidence": proof,
+                           "node": node.name}  # fmt: skip
+    incident.symptom_count = 0 if created else incident.symptom_count + 1
+    if not created:
+        incident.version += 1
+    incident.save()
+    link_group_incidents(node=node, incident=incident)
+    publish_incident(incident)
+    return incident
+
+
+HARDWARE_KINDS = frozenset({"xid", "gpu_lost", "ecc_dbe"})
+
+
+def open_node_incident(node_name: str) -> Incident | None:
+    """The node's open fleet-scope incident (the newest), if any: a group's root cause."""
+    return (
+        Incident.objects.filter(group=None, node__name=node_name)
+        .exclude(state=IncidentState.RESOLVED)
+        .order_by("-opened_at")
+        .first()
+    )
+
+
+def link_group_incidents(*, node: Node, incident: Incident) -> None:
+    """Open group incidents whose root cause is a hardware fault on this node name it."""
+    Incident.objects.filter(
+        group__isnull=False, kind__in=HARDWARE_KINDS, root_cause__evidence__node=node.name,
+        root_incident__isnull=True,
+    ).exclude(state=IncidentState.RESOLVED).update(root_incident=incident)  # fmt: skip
+
+
+_AWAITING = (fh.HealthState.FAULTED, fh.HealthState.OUT_OF_SERVICE, fh.HealthState.REPAIRING)
+
+
+@transaction.atomic
+def record_repair_evidence(
+    *, node_id: int, evidence: str, actor: str, now: datetime, gpu: str = "",
+    detail: dict[str, Any] | None = None,
+) -> list[str]:  # fmt: skip
+    """Evidence of repair: the node rebooted (a new boot_id) or a GPU was reset. Every
+    latched GPU (and the node) whose fault this repair answers starts its validation
+    window; returns the subjects that did ("node", or GPU uuids)."""
+    node = Node.objects.select_for_update().get(pk=node_id)
+    devices = list(Device.objects.select_for_update().filter(node=node))
+    if gpu:
+        devices = [d for d in devices if d.uuid == gpu]
+    moved: list[str] = []
+    why = {fh.Repair.NODE_REBOOT: "node rebooted", fh.Repair.GPU_RESET: "GPU reset"}.get(
+        fh.Repair(evidence), evidence
+    )
+    for d in devices:
+        if d.lifecycle in _AWAITING and fh.repaired_by(d.repair_needed, evidence):
+            _move_health(d, node, fh.HealthState.VALIDATING, kind="repair", actor=actor, now=now,
+                         reason=f"{why}; validating", evidence=detail or {})  # fmt: skip
+            moved.append(d.uuid)
+    still = Device.objects.filter(node=node, lifecycle__in=_AWAITING).exists()
+    if (
+        node.lifecycle in _AWAITING
+        and not still
+        and (fh.repaired_by(node.repair_needed, evidence) or moved)
+    ):
+        _move_health(node, node, fh.HealthState.VALIDATING, kind="repair", actor=actor, now=now,
+                     reason=f"{why}; validating", evidence=detail or {})  # fmt: skip
+        moved.append("node")
+    if moved:
+        publish_node(node.name)
+    return moved
+
+
+def _return_reason(node: Node, window: timedelta) -> str:
+    return (f"{node.name} ran {window.total_seconds() / 60:g} min after repair with no fault "
+            f"({node.lifecycle_reason})")  # fmt: skip
+
+
+@transaction.atomic
+def mark_returned(*, node_id: int, actor: str, reason: str, now: datetime, gpu: str = "") -> None:
+    """The hardware is back in service (a succeeded uncordon/release, or an approver):
+    the latched GPUs (or the one GPU) and the node go healthy, their incidents resolve."""
+    node = Node.objects.select_for_update().get(pk=node_id)
+    devices = Device.objects.select_for_update().filter(node=node).exclude(lifecycle="healthy")
+    if gpu:
+        devices = devices.filter(uuid=gpu)
+    for d in devices:
+        _move_health(d, node, fh.HealthState.HEALTHY, kind="returned", reason=reason, actor=actor,
+                     now=now)  # fmt: skip
+        d.repair_needed, d.taken_out_by, d.replace_flagged, d.isolated = "", "", False, False
+        d.save(update_fields=["repair_needed", "taken_out_by", "replace_flagged", "isolated"])
+    latched = Device.objects.filter(node=node).exclude(lifecycle="healthy").exists()
+    if not latched:
+        if node.lifecycle != fh.HealthState.HEALTHY:
+            _move_health(node, node, fh.HealthState.HEALTHY, kind="returned", reason=reason,
+                         actor=actor, now=now)  # fmt: skip
+        node.repair_needed, node.taken_out_by, node.replace_flagged = "", "", False
+        node.cordoned = node.quarantined = False
+        node.save()
+    for incident in (
+        Incident.objects.select_for_update()
+        .filter(group=None, node=node)
+        .exclude(state=IncidentState.RESOLVED)
+    ):
+        uuid = incident.fingerprint.partition(":")[2]
+        if (
+            latched
+            and uuid != node.name
+            and Device.objects.filter(uuid=uuid, lifecycle="healthy").exists() is False
+        ):
+            continue
+        incident.state, incident.resolved_at = IncidentState.RESOLVED, now
+        incident.version += 1
+        incident.timeline = {**incident.timeline, "resolved": now.isoformat()}
+        incident.save()
+        audit(actor=actor, verb="incident.resolved", obj=incident, reason=reason, now=now)
+        publish_incident(incident)
+    publish_node(node.name)
+
+
+@transaction.atomic
+def mark_out_of_service(
+    *, node_id: int, taken_out_by: str, actor: str, reason: str, now: datetime, gpu: str = ""
+) -> None:
+    """A take-out action succeeded (Faultline's), or found the node already out (someone
+    else's: `taken_out_by="scheduler"`): latched hardware moves to out_of_service."""
+    node = Node.objects.select_for_update().get(pk=node_id)
+    rows: list[Node | Device] = list(
+        Device.objects.select_for_update().filter(node=node, **({"uuid": gpu} if gpu else {}))
+    )
+    if not gpu:
+        rows.append(node)
+    for row in rows:
+        if row.lifecycle == fh.HealthState.FAULTED:
+            _move_health(row, node, fh.HealthState.OUT_OF_SERVICE, kind="moved", reason=reason,
+                         actor=actor, now=now)  # fmt: skip
+        if isinstance(row, Node) or row.lifecycle != fh.HealthState.HEALTHY:
+            row.taken_out_by = taken_out_by
+            row.save(update_fields=["taken_out_by"])
+    publish_node(node.name)
+
+
+def validated_due(*, now: datetime) -> list[Node]:
+    """Nodes whose validation window has passed with no fault (the sweep proposes them)."""
+    window = health_policy().validation_window
+    return list(
+        Node.objects.filter(lifecycle=fh.HealthState.VALIDATING, lifecycle_since__lte=now - window)
+    )
+
+
+@transaction.atomic
+def return_to_service(*, node_name: str, actor: Actor, reason: str, now: datetime) -> Node:
+    """An approver states why the hardware is fixed: it returns whatever its state, a
+    replacement flag or another party's cordon (audited with the reason)."""
+    if not has_role(actor, UserRole.APPROVER):
+        raise role_refused(actor, "returning hardware to service", UserRole.APPROVER)
+    if len(reason.strip()) < 3:
+        raise ChangeError("returning hardware to service needs a reason: say what was repaired")
+    node = Node.objects.filter(name=node_name).first()
+    if node is None:
+        raise NotFound(f"node {node_name} is not in the fleet inventory")
+    who = actor_name(actor)
+    if node.lifecycle not in (fh.HealthState.HEALTHY, fh.HealthState.VALIDATING):
+        node.lifecycle = fh.HealthState.VALIDATING  # an operator's word is the repair
+    for d in Device.objects.filter(node=node).exclude(lifecycle="healthy"):
+        d.lifecycle = fh.HealthState.VALIDATING
+        d.save(update_fields=["lifecycle"])
+    node.save(update_fields=["lifecycle"])
+    mark_returned(node_id=node.pk, actor=who, reason=f"{who}: {reason.strip()}", now=now)
+    node.refresh_from_db()
+    return node

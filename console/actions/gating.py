@@ -9,6 +9,7 @@ anything (console.policy does) or write anything (the verbs do).
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 
@@ -122,6 +123,9 @@ def request_of(action: Action) -> inputs.ActionRequest:
         action.group.summary.get("recovery_advice") if action.group else None
     )
     safe = advice.get("auto_restart_safe") if isinstance(advice, dict) else None
+    held: Any = action.node
+    if action.gpu and action.node is not None:
+        held = Device.objects.filter(uuid=action.gpu).first() or action.node
     return inputs.ActionRequest(
         id=str(action.pk),
         kind=ActionKind(action.kind),
@@ -137,6 +141,8 @@ def request_of(action: Action) -> inputs.ActionRequest:
         trigger=action.trigger or None,
         auto_restart_safe=safe if isinstance(safe, bool) else None,
         restart_advice=str(advice.get("reason", "")) if isinstance(advice, dict) else "",
+        replace_flagged=bool(held and held.replace_flagged),
+        taken_out_by=(held.taken_out_by if held else "") or "",
     )
 
 

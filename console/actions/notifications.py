@@ -14,6 +14,7 @@ import json
 import logging
 from datetime import datetime
 
+from django.conf import settings
 from django.db import transaction
 
 from console import scheduling
@@ -35,10 +36,16 @@ SEND_TIMEOUT_S = 10.0
 
 
 def incident_labels(incident: Incident) -> dict[str, str]:
-    """What escalation policies and silences match on: group labels, group, kind, severity."""
-    labels = {str(k): str(v) for k, v in (incident.group.labels if incident.group else {}).items()}
+    """What escalation policies and silences match on: group (or, for a node incident, node)
+    labels, group or node (and its pool), kind, severity."""
+    owner = incident.group or incident.node
+    labels = {str(k): str(v) for k, v in (owner.labels if owner is not None else {}).items()}
     if incident.group is not None:
         labels["group"] = incident.group.name
+    elif incident.node is not None:
+        labels["node"] = incident.node.name
+        if incident.node.pool:
+            labels["pool"] = incident.node.pool
     return {**labels, "kind": incident.kind, "severity": incident.severity}
 
 
@@ -169,7 +176,13 @@ def deliver(*, incident_id: int, key: str, channel: str, event: str, now: dateti
         else:
             try:
                 body, headers = _request(target, notification(incident, event, key, now), now)
-                transport.send(target.url, body, headers, SEND_TIMEOUT_S)
+                transport.send(
+                    target.url,
+                    body,
+                    headers,
+                    SEND_TIMEOUT_S,
+                    allow_private=settings.NOTIFY_ALLOW_PRIVATE,
+                )
                 delivery.status, delivery.sent_at, delivery.detail = "sent", now, ""
             except transport.RetryableError as exc:
                 delivery.status, delivery.detail, retry = "retrying", str(exc)[:512], exc

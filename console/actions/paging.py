@@ -17,6 +17,7 @@ from console.actions.audit import actor_name, audit, role_refused
 from console.actions.errors import NotFound, RemediationError
 from console.choices import UserRole
 from console.models import EscalationPolicy, NotificationChannel, Silence
+from console.notify import redact
 from console.policy import escalation as esc
 from console.roles import Actor, has_role
 
@@ -49,7 +50,8 @@ def save_channel(
         obj=row,
         now=now,
         object_type="notificationchannel",
-        data={"name": name, "kind": kind, "url": url},
+        # The URL's path is a Slack webhook's secret: every viewer reads this log.
+        data=redact.channel_audit_data(name=name, kind=kind, url=url, secret_set=bool(row.secret)),
     )
     return row
 

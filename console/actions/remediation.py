@@ -42,6 +42,7 @@ from console.models import Action, Incident, Node
 from console.models import Vote as VoteRow
 from console.policy import gates, inputs, votes
 from console.policy.dryrun import dry_run as policy_dry_run
+from console.policy.fleet_health import TakenOutBy
 from console.policy.lifecycle import (
     DECIDED_STATES,
     IN_FLIGHT_STATES,
@@ -400,28 +401,38 @@ def dispatch_for_node(*, node: Node, now: datetime) -> list[AgentAction]:
 
 @transaction.atomic
 def record_action_result(
-    *, action_id: int, node: Node, status: str, exit_code: int | None, output: str, now: datetime
+    *,
+    action_id: int,
+    node: Node,
+    status: str,
+    exit_code: int | None,
+    output: str,
+    now: datetime,
+    outcome: dict[str, Any] | None = None,
 ) -> Action:
-    """Store the agent's outcome; a successful quarantine/cordon/isolation marks the inventory."""
+    """Store the agent's result and its structured outcome (applied, already,
+    held_by_other, refused...); a success moves the node's and GPUs' state (_apply_effect)."""
     action = locked_action(action_id)
     if action.node_id != node.pk:
         raise NotAllowed(f"action {action_id} is not for node {node.name}")
     if status not in get_args(Status):
         raise RemediationError(f'status must be "succeeded" or "failed", got "{status}"')
-    outcome = ActionState(status)
+    final = ActionState(status)
     if action.state not in IN_FLIGHT_STATES:
         raise Conflict(f"action {action_id} is {action.state}; a result is not expected")
     text = output if len(output) <= OUTPUT_LIMIT else output[: OUTPUT_LIMIT - 15] + "\n[truncated]"
     action.result = {"status": status, "exit_code": exit_code, "output": text}
+    action.outcome = dict(outcome or {})
+    state = str(action.outcome.get("state") or "")
     _move(
         action,
-        outcome,
+        final,
         actor=f"agent:{node.name}",
         now=now,
-        reason=f"exit code {exit_code}",
-        data={"exit_code": exit_code},
+        reason=f"exit code {exit_code}" + (f", {state}" if state else ""),
+        data={"exit_code": exit_code, "outcome": state},
     )
-    if outcome == ActionState.SUCCEEDED and not action.dry_run:
+    if not action.dry_run:
         _apply_effect(action, now=now)
     return action
 
@@ -434,11 +445,41 @@ _NODE_MARKS: dict[ActionKind, NodeMark] = {
 
 
 def _apply_effect(action: Action, *, now: datetime) -> None:
-    """A succeeded quarantine/cordon/drain marks the node; a GPU isolation marks the GPU."""
-    mark = _NODE_MARKS.get(ActionKind(action.kind))
-    who = f"agent:{action.node.name}" if action.node else SYSTEM
+    """What a finished action does to the node and GPU state.
+
+    Taking out (quarantine, cordon, drain, isolate) that succeeded marks the node or GPU and
+    moves latched hardware out of service, owned by Faultline; `held_by_other` means it
+    was already out, someone else's (`taken_out_by=scheduler`): Faultline never puts it
+    back on its own. Putting back (uncordon_node, release_gpu) that succeeded returns the
+    hardware to service and resolves its node incidents; `refused` (someone else holds it)
+    is a failed result and changes nothing.
+    """
+    if action.node is None or action.state != ActionState.SUCCEEDED:
+        return
+    kind = ActionKind(action.kind)
+    state = str(action.outcome.get("state") or "applied")
+    who = f"agent:{action.node.name}"
     reason = f"action {action.pk}: {action.reason}"
-    if mark is not None and action.node is not None:
-        fleet.mark_node(node_id=action.node.pk, mark=mark, actor=who, reason=reason, now=now)
-    elif action.kind == ActionKind.ISOLATE_GPU and action.gpu:
-        fleet.isolate_gpu(uuid=action.gpu, actor=who, reason=reason, now=now)
+    mark = _NODE_MARKS.get(kind)
+    if mark is not None or kind == ActionKind.ISOLATE_GPU:
+        by_other = state == "held_by_other" or action.outcome.get("taken_out_by") == "other"
+        if mark is not None:
+            fleet.mark_node(node_id=action.node.pk, mark=mark, actor=who, reason=reason, now=now)
+        elif action.gpu:
+            fleet.isolate_gpu(uuid=action.gpu, actor=who, reason=reason, now=now)
+        fleet.mark_out_of_service(
+            node_id=action.node.pk,
+            gpu=action.gpu if mark is None else "",
+            taken_out_by=TakenOutBy.SCHEDULER if by_other else TakenOutBy.FAULTLINE,
+            actor=who,
+            reason=f"{reason} ({state})",
+            now=now,
+        )
+    elif kind in (ActionKind.UNCORDON_NODE, ActionKind.RELEASE_GPU):
+        fleet.mark_returned(
+            node_id=action.node.pk,
+            gpu=action.gpu if kind == ActionKind.RELEASE_GPU else "",
+            actor=who,
+            reason=f"{reason} ({state})",
+            now=now,
+        )

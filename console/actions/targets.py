@@ -16,6 +16,8 @@ _TARGET_PREFIX = {
     ActionKind.CORDON_NODE: "node",
     ActionKind.DRAIN_NODE: "node",
     ActionKind.ISOLATE_GPU: "gpu",
+    ActionKind.UNCORDON_NODE: "node",
+    ActionKind.RELEASE_GPU: "gpu",
     ActionKind.ISOLATE_RANK: "rank",
     ActionKind.RESTART_GROUP: "group",
     ActionKind.ROLLBACK_MODEL: "group",
@@ -55,7 +57,7 @@ def resolve_target(
             raise RemediationError(f'target "{target}": group {group_name} does not exist')
         ranks = Rank.objects.filter(group=group, node__isnull=False).select_related("node")
         if prefix == "rank":
-            if not rank.isdigit():
+            if not (rank.isascii() and rank.isdigit()):  # "²" passes isdigit(), not int()
                 raise RemediationError(f'target "{target}": rank must be a number')
             ranks = ranks.filter(rank=int(rank))
         # A group-wide action runs on the agent of its lowest rank (the group's leader).

@@ -46,6 +46,8 @@ def incident_row(i: Incident) -> dict[str, Any]:
     return {
         "id": i.pk,
         "group": i.group.name if i.group else None,
+        "node": i.node.name if i.node_id and i.node else None,  # a fleet-scope incident
+        "root_incident": i.root_incident_id,
         "generation": i.generation,
         "state": i.state,
         "kind": i.kind,
@@ -99,7 +101,12 @@ def parse_label(raw: str | None) -> dict[str, str] | None:
     return {key.strip(): value.strip()} if key.strip() else None
 
 
-def fleet_data(*, label: str | None = None, state: str | None = None) -> dict[str, Any]:
+HARDWARE_FILTERS = {"out_of_service": "out of service", "repeat_offenders": "repeat offenders"}
+
+
+def fleet_data(
+    *, label: str | None = None, state: str | None = None, hardware: str | None = None
+) -> dict[str, Any]:
     labels = parse_label(label)
     groups = queries.groups_overview()
     if labels:
@@ -107,11 +114,17 @@ def fleet_data(*, label: str | None = None, state: str | None = None) -> dict[st
     if state in GroupState.values:
         groups = groups.filter(state=state)
     node_rows: list[dict[str, Any]] = []
-    for n in queries.node_payloads(labels=labels):
+    hardware = hardware if hardware in HARDWARE_FILTERS else None
+    for n in queries.node_payloads(labels=labels, hardware=hardware):
         payload = dict(n)
         payload["worst"] = charts.worst_health(payload)
         # Big fleets: a healthy, unflagged node is one compact tile, not eight GPU cells.
-        payload["compact"] = payload["worst"] == "ok" and not n["quarantined"] and not n["cordoned"]
+        payload["compact"] = (
+            payload["worst"] == "ok"
+            and not n["quarantined"]
+            and not n["cordoned"]
+            and n["lifecycle"] == "healthy"
+        )
         node_rows.append(payload)
     compact = len(node_rows) > COMPACT_ABOVE
     incidents = sorted(
@@ -124,7 +137,8 @@ def fleet_data(*, label: str | None = None, state: str | None = None) -> dict[st
         counts[row["worst"]] += 1
         gpu_total += len(row["devices"])
     return {
-        "filters": {"label": label or "", "state": state or ""},
+        "filters": {"label": label or "", "state": state or "", "hardware": hardware or ""},
+        "hardware_filters": HARDWARE_FILTERS,
         "compact": compact,
         "nodes": node_rows,
         "node_counts": counts,
@@ -263,7 +277,13 @@ class FleetPage(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)  # the page's own dict; see the builders
     def get(self, request: Request) -> Response:
         params = request.query_params
-        return Response(fleet_data(label=params.get("label"), state=params.get("state")))
+        return Response(
+            fleet_data(
+                label=params.get("label"),
+                state=params.get("state"),
+                hardware=params.get("hardware"),
+            )
+        )
 
 
 class GroupPage(APIView):

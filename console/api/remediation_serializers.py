@@ -6,13 +6,14 @@ Whether a change may happen is the write path's (console.actions) to decide.
 
 from __future__ import annotations
 
-from typing import get_args
+from typing import Any, get_args
 
 from rest_framework import serializers
 
 from agents.actions_contract import Status
 from console.choices import ACTION_KINDS
 from console.models import Action, AuditLog, EscalationPolicy, NotificationChannel, Silence
+from console.notify import redact
 
 
 class VoteOut(serializers.Serializer):
@@ -57,6 +58,7 @@ class ActionSerializer(serializers.ModelSerializer):
             "dry_run",
             "params",
             "result",
+            "outcome",
             "proposed_at",
             "expires_at",
             "decided_at",
@@ -83,7 +85,17 @@ class DecisionOut(serializers.Serializer):
     reasons = serializers.ListField(child=serializers.CharField())
 
 
+class RedactedJSONField(serializers.JSONField):
+    """Audit data with notification secrets hidden (console.notify.redact), for rows written
+    before channel.saved recorded only a URL's origin: the table is append-only."""
+
+    def to_representation(self, value: Any) -> Any:
+        return redact.redact(super().to_representation(value))
+
+
 class AuditSerializer(serializers.ModelSerializer):
+    data = RedactedJSONField(read_only=True)
+
     class Meta:
         model = AuditLog
         fields = ["id", "ts", "actor", "verb", "object_type", "object_id", "reason", "data"]
@@ -140,3 +152,6 @@ class ResultIn(serializers.Serializer):
     output = serializers.CharField(
         required=False, allow_blank=True, default="", trim_whitespace=False
     )
+    # agents/actions_contract.Outcome: what really happened (applied, already, held_by_other,
+    # refused...) and who holds the node; stored on the action, read for ownership.
+    outcome = serializers.DictField(required=False, default=dict)

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
-from console.models import Alert, ConsistencyGroup, Device, Incident, Node
+from console.models import Alert, ConsistencyGroup, Device, HealthEvent, Incident, Node
 from console.queries import telemetry
+
+LIFECYCLE_FIELDS = (
+    "lifecycle", "lifecycle_reason", "lifecycle_evidence", "lifecycle_since", "lifecycle_by",
+    "repair_needed", "taken_out_by", "replace_flagged",
+)  # fmt: skip
+
+
+class HealthEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = HealthEvent
+        fields = ["at", "gpu", "kind", "before", "after", "reason", "actor", "evidence"]
 
 
 class NodeSerializer(serializers.ModelSerializer):
@@ -15,7 +28,7 @@ class NodeSerializer(serializers.ModelSerializer):
         model = Node
         fields = [
             "name", "pool", "labels", "health", "agent_version", "first_seen", "last_seen",
-            "quarantined", "cordoned", "gpus",
+            "quarantined", "cordoned", "gpus", *LIFECYCLE_FIELDS,
         ]  # fmt: skip
 
 
@@ -24,7 +37,36 @@ class DeviceSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Device
-        fields = ["uuid", "node", "index", "health", "last_seen", "isolated", "last_sample"]
+        fields = [
+            "uuid", "node", "index", "health", "last_seen", "isolated", "last_sample",
+            *LIFECYCLE_FIELDS,
+        ]  # fmt: skip
+
+
+class NodeDetailSerializer(NodeSerializer):
+    """One node with its GPUs, its fault history (newest first) and its incidents."""
+
+    devices = DeviceSerializer(many=True, read_only=True)
+    history = serializers.SerializerMethodField()
+    incidents = serializers.SerializerMethodField()
+
+    class Meta(NodeSerializer.Meta):
+        fields = [*NodeSerializer.Meta.fields, "devices", "history", "incidents"]
+
+    def get_history(self, node: Node) -> list[dict[str, Any]]:
+        rows = node.health_events.order_by("-at", "-id")[:200]
+        return list(HealthEventSerializer(rows, many=True).data)
+
+    def get_incidents(self, node: Node) -> list[dict[str, Any]]:
+        own = list(node.incidents.order_by("-opened_at")[:50])
+        linked = Incident.objects.filter(root_incident__in=own).select_related("group")
+        return [
+            {"id": i.pk, "scope": "node" if i.group_id is None else "group",
+             "group": i.group.name if i.group else None, "root_incident": i.root_incident_id,
+             "state": i.state, "kind": i.kind, "subject": i.subject, "severity": i.severity,
+             "summary": i.summary, "opened_at": i.opened_at, "resolved_at": i.resolved_at}
+            for i in [*own, *linked]
+        ]  # fmt: skip
 
 
 class AgentSerializer(serializers.ModelSerializer):

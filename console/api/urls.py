@@ -9,6 +9,7 @@ from console.api import views
 
 urlpatterns = [
     path("nodes/", views.NodeList.as_view(), name="api-nodes"),
+    path("nodes/<str:name>/", views.NodeDetail.as_view(), name="api-node"),
     path("devices/", views.DeviceList.as_view(), name="api-devices"),
     path("agents/", views.AgentList.as_view(), name="api-agents"),
     path("groups/", views.GroupList.as_view(), name="api-groups"),

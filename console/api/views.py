@@ -25,6 +25,16 @@ class NodeList(generics.ListAPIView):
         return Node.objects.annotate(gpu_count=Count("devices")).order_by("name")
 
 
+class NodeDetail(generics.RetrieveAPIView):
+    """A node with its GPUs' lifecycle, its fault history and its incidents."""
+
+    serializer_class = s.NodeDetailSerializer
+    lookup_field = "name"
+
+    def get_queryset(self) -> QuerySet[Any]:
+        return Node.objects.annotate(gpu_count=Count("devices")).prefetch_related("devices")
+
+
 @extend_schema(parameters=[OpenApiParameter("node", str, description="only this node's GPUs")])
 class DeviceList(generics.ListAPIView):
     serializer_class = s.DeviceSerializer

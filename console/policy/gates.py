@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from console.policy import breaker as breakers
+from console.policy.fleet_health import TakenOutBy
 from console.policy.inputs import (
     ActionRequest,
     BreakerState,
@@ -23,7 +24,14 @@ from console.policy.inputs import (
     RecentActions,
     Vote,
 )
-from console.policy.lifecycle import GPU_KINDS, NODE_KINDS, RESTART_KINDS, ActionKind, ActionState
+from console.policy.lifecycle import (
+    GPU_KINDS,
+    NODE_KINDS,
+    RESTART_KINDS,
+    RETURN_KINDS,
+    ActionKind,
+    ActionState,
+)
 from console.policy.votes import tally
 
 # Kinds that act on one generation of a group: dispatching them on a newer generation
@@ -168,12 +176,32 @@ def _holds(
             f"circuit breaker {breakers.describe(breaker)}; every action needs a human "
             "until an admin closes it"
         )
+    reasons += return_holds(request)
     if request.kind in RESTART_KINDS and request.auto_restart_safe is not True:
         advice = request.restart_advice.strip() or "diagnosis gave no restart advice"
         if request.auto_restart_safe is False:
             advice = f"diagnosis says auto-restart is unsafe: {advice}"
         reasons.append(f"restart needs a human: {advice}")
     return _Holds(tuple(reasons), above_limit=bool(blast))
+
+
+def return_holds(request: ActionRequest) -> list[str]:
+    """Putting capacity back: blast radius does not apply, but the repeat-offender rule
+    and ownership do; a node someone else took out is theirs until an approver says so."""
+    if request.kind not in RETURN_KINDS:
+        return []
+    out = []
+    if request.replace_flagged:
+        out.append(
+            f"held: {request.target} is flagged for replacement (repeat faults); "
+            "returning it needs an approver"
+        )
+    if request.taken_out_by not in ("", TakenOutBy.FAULTLINE):
+        out.append(
+            f"held: {request.target} was taken out by the {request.taken_out_by}, not "
+            "Faultline; only an approver puts it back"
+        )
+    return out
 
 
 def _refuse(stage: str, reason: str, breaker: BreakerState, required: int = 0) -> GateDecision:

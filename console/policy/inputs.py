@@ -82,6 +82,9 @@ class ActionRequest:
     trigger: str | None = None
     auto_restart_safe: bool | None = None
     restart_advice: str = ""
+    # Putting capacity back: the target's health lifecycle (console.policy.fleet_health).
+    replace_flagged: bool = False  # a repeat offender: an approver returns it
+    taken_out_by: str = ""  # "faultline", "operator", "scheduler" or "" (in service)
 
     @property
     def automatic(self) -> bool:

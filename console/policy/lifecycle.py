@@ -23,6 +23,8 @@ class ActionKind(StrEnum):
     ISOLATE_GPU = contract.ISOLATE_GPU
     ISOLATE_RANK = "isolate_rank"
     RESTART_GROUP = contract.RESTART_GROUP
+    UNCORDON_NODE = contract.UNCORDON_NODE
+    RELEASE_GPU = contract.RELEASE_GPU
     ROLLBACK_MODEL = "rollback_model"
     PAGE_HUMAN = "page_human"
 
@@ -48,6 +50,9 @@ class ActionState(StrEnum):
 NODE_KINDS = frozenset({ActionKind.QUARANTINE_NODE, ActionKind.CORDON_NODE, ActionKind.DRAIN_NODE})
 # Kinds that take one GPU out of service; they count against the GPU blast radius.
 GPU_KINDS = frozenset({ActionKind.ISOLATE_GPU})
+# Kinds that put capacity back: blast radius does not apply; ownership and the
+# repeat-offender rule do (console.policy.gates).
+RETURN_KINDS = frozenset({ActionKind.UNCORDON_NODE, ActionKind.RELEASE_GPU})
 # Kinds that restart work; diagnosis may declare them unsafe (auto_restart_safe=false).
 RESTART_KINDS = frozenset({ActionKind.RESTART_GROUP})
 

@@ -11,6 +11,7 @@ from console.queries.fleet import (
     group_incidents,
     groups_on_nodes,
     groups_overview,
+    node_detail,
     node_payloads,
     open_incidents,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "group_incidents",
     "groups_on_nodes",
     "groups_overview",
+    "node_detail",
     "node_payloads",
     "open_incidents",
 ]

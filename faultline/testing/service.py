@@ -118,6 +118,8 @@ def service_env(data_dir: Path) -> dict[str, str]:
         FAULTLINE_ADMIN_USER=ADMIN[0],
         FAULTLINE_ADMIN_PASSWORD=ADMIN[1],
         FAULTLINE_DB_POOL="1",
+        # Test receivers listen on 127.0.0.1, which channels may not reach by default.
+        FAULTLINE_NOTIFY_ALLOW_PRIVATE="1",
     )
     return env
 
@@ -136,14 +138,15 @@ def wait_for(predicate: Any, timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
-def start_service(data_dir: Path) -> Service:
+def start_service(data_dir: Path, env: dict[str, str] | None = None) -> Service:
+    """`faultline up` on free ports; `env` adds settings (a scrape token, an OpenID provider)."""
     port, ws_port = free_port(), free_port()
     log = data_dir / "up.log"
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
         [str(BIN / "faultline"), "up", "--port", str(port), "--ws-port", str(ws_port),
          "--data-dir", str(data_dir), "--workers", "2", "--worker-concurrency", "1"],
-        env=service_env(data_dir),
+        env={**service_env(data_dir), **(env or {})},
         stdout=open(log, "wb"),  # noqa: SIM115 - lives with the process
         stderr=subprocess.STDOUT,
         start_new_session=True,

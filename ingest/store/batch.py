@@ -16,9 +16,11 @@ import psycopg
 from django.db import connection, transaction
 
 from agents import protocol as p
+from console import actions
 from console.models import Node
 from ingest.rawsql import send
-from ingest.store.errors import check_future, out_of_range
+from ingest.store.errors import check_future, check_shift, out_of_range
+from ingest.store.fleet_card import NODE_CARD, node_card
 from ingest.store.receipts import AGENT_DUPLICATE, agent_update, claim_receipt
 from ingest.store.writer import BatchWriter
 
@@ -36,6 +38,37 @@ class IngestResult:
     card: dict[str, Any] | None = None  # the node's fleet card as committed, when asked for
 
 
+def _fleet_health(
+    node: Node, batch: p.Batch, agent: dict[str, Any], writer: BatchWriter, now: datetime
+) -> bool:
+    """In the batch's transaction (rare: a reboot, a fault, a node back from silence),
+    through the write path: a silent node's incident resolves; a new boot_id is repair
+    evidence, then each fault that needs repair latches (a fault of the new boot latches
+    again). Stored iff the batch is. True when it changed anything the node card shows."""
+    who = f"agent:{node.name}"
+    if node.health == "down":  # the sweep marked it silent (as authenticated this batch)
+        actions.node_reporting(node_id=node.pk, actor=who, now=now)
+    before, after = agent.get("boot_id") or "", batch.agent.boot_id or ""
+    rebooted = bool(before and after and before != after)
+    if rebooted:
+        actions.record_repair_evidence(
+            node_id=node.pk, evidence="node_reboot", actor=who, now=now,
+            detail={"boot_id_before": before, "boot_id": after, "agent": batch.agent.id},
+        )  # fmt: skip
+    for gpu in dict.fromkeys(writer.resets):
+        actions.record_repair_evidence(
+            node_id=node.pk, evidence="gpu_reset", gpu=gpu, actor=who, now=now,
+            detail={"event": "gpu_reset", "gpu": gpu, "agent": batch.agent.id},
+        )  # fmt: skip
+    for fault in writer.faults:
+        actions.latch_fault(
+            node_id=node.pk, gpu=fault["gpu"], event=fault["event"], code=fault["code"],
+            recovery_action=fault["recovery_action"], detail=fault["detail"], actor=who,
+            now=now, evidence={"ts": fault["ts"], "agent": batch.agent.id, "seq": batch.seq},
+        )  # fmt: skip
+    return rebooted or bool(writer.resets or writer.faults)
+
+
 def ingest_batch(
     *, node: Node, batch: p.Batch, now: datetime, max_future_s: int, want_card: bool = False
 ) -> IngestResult:
@@ -50,6 +83,8 @@ def ingest_batch(
     skew = batch.sent_at - now
     shift = skew if abs(skew) > timedelta(seconds=5) else timedelta(0)
     check_future(batch, max_future_s)
+    if shift:
+        check_shift(batch, shift)
     # Raw psycopg throughout: map its errors to Django's (OperationalError -> 503 in the
     # view); a number out of range for its column becomes a 400 naming the record.
     with transaction.atomic(), connection.wrap_database_errors:
@@ -66,6 +101,12 @@ def ingest_batch(
             writer.flush()
         except psycopg.errors.DataError as exc:
             raise out_of_range(exc, batch) from None
+        if _fleet_health(node, batch, agent, writer, now) and writer.card is not None:
+            # The card was read before the lifecycle moved: read it again (rare).
+            with send(NODE_CARD, {"node": node.pk}) as cur:
+                row = cur.fetchone()
+            if row is not None:
+                writer.card = node_card(row)
         return IngestResult(
             ack_seq=batch.seq,
             duplicate=False,

@@ -31,6 +31,20 @@ class FutureRecordError(RecordError):
     """A record stamped too far ahead of the batch's own send time."""
 
 
+def check_shift(batch: p.Batch, shift: timedelta) -> None:
+    """A record stamp that the clock-skew correction would carry outside the calendar."""
+    for index, rec in enumerate(batch.records):
+        try:
+            rec.ts - shift  # only whether it can be computed
+        except OverflowError:
+            raise RecordError(
+                f'record {index}: field "ts": {rec.ts.isoformat()} is out of range once '
+                f"corrected for the agent's clock skew ({shift}); fix the node's clock",
+                index=index,
+                field="ts",
+            ) from None
+
+
 def check_future(batch: p.Batch, max_future_s: int) -> None:
     limit = batch.sent_at + timedelta(seconds=max_future_s)
     for index, rec in enumerate(batch.records):

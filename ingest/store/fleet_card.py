@@ -14,7 +14,8 @@ import msgspec
 
 def node_card(row: tuple[Any, ...]) -> dict[str, Any]:
     """A node card as `console.queries.node_payloads` builds it, from `NODE_CARD`'s row."""
-    name, health, last_seen, quarantined, cordoned, devices = row
+    (name, health, last_seen, quarantined, cordoned, devices, lifecycle, reason, since,
+     taken_out_by, flagged) = row  # fmt: skip
     return {
         "name": name,
         "health": health,
@@ -22,6 +23,11 @@ def node_card(row: tuple[Any, ...]) -> dict[str, Any]:
         "quarantined": quarantined,
         "cordoned": cordoned,
         "devices": msgspec.json.decode(devices) if isinstance(devices, str) else devices,
+        "lifecycle": lifecycle,
+        "lifecycle_reason": reason,
+        "lifecycle_since": since.isoformat() if since else None,
+        "taken_out_by": taken_out_by,
+        "replace_flagged": flagged,
     }
 
 
@@ -32,7 +38,9 @@ SELECT n.name, n.health, n.last_seen, n.quarantined, n.cordoned, coalesce((
         'uuid', d.uuid, 'index', d.index, 'health', d.health,
         'temp_c', d.last_sample -> 'temp_c', 'power_w', d.last_sample -> 'power_w',
         'util_pct', d.last_sample -> 'util_pct', 'sm_clock_mhz', d.last_sample -> 'sm_clock_mhz',
-        'throttle_reasons', coalesce(d.last_sample -> 'throttle_reasons', '[]'::jsonb)
-    ) ORDER BY d.index, d.id) FROM console_device d WHERE d.node_id = n.id), '[]'::jsonb)
+        'throttle_reasons', coalesce(d.last_sample -> 'throttle_reasons', '[]'::jsonb),
+        'lifecycle', d.lifecycle
+    ) ORDER BY d.index, d.id) FROM console_device d WHERE d.node_id = n.id), '[]'::jsonb),
+    n.lifecycle, n.lifecycle_reason, n.lifecycle_since, n.taken_out_by, n.replace_flagged
 FROM console_node n WHERE n.id = %(node)s
 """

@@ -20,8 +20,13 @@ SELECT x.uuid, %(node)s, x.index, x.sample, x.seen, x.health, false
 FROM jsonb_to_recordset(%(devices)s)
     AS x(uuid text, index int, sample jsonb, seen timestamptz, health text)
 ON CONFLICT (uuid) DO UPDATE SET node_id = EXCLUDED.node_id, index = EXCLUDED.index,
-    last_sample = EXCLUDED.last_sample, last_seen = EXCLUDED.last_seen, health = EXCLUDED.health
+    last_sample = EXCLUDED.last_sample, last_seen = EXCLUDED.last_seen,
+    health = CASE console_device.lifecycle WHEN 'healthy' THEN EXCLUDED.health
+                  WHEN 'validating' THEN 'warning' ELSE 'critical' END
 """
+
+# A latched fault (console.policy.fleet_health) keeps the GPU critical through clean samples
+# until it is repaired; a validating GPU reads as a warning until its window passes.
 
 # A GPU named only by an event (Xid, gpu_lost) keeps its last sample; it turns critical.
 EVENT_DEVICE_UPSERT = """

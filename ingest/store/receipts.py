@@ -19,6 +19,7 @@ from ingest.rawsql import send
 
 _AGENT_COLUMNS = (
     "node_id", "last_seq", "gaps", "gap_ranges", "batches", "records", "spool_depth", "dropped",
+    "boot_id",
 )  # fmt: skip
 
 # Receipt first: a replay stops here. The agent's row is created if new and locked, so two

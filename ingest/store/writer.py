@@ -23,6 +23,7 @@ from agents import xid
 from agents.gpu_health import CRITICAL, CRITICAL_EVENTS, sample_health
 from console.choices import ACTION_LIVE_STATES, GroupKind
 from console.models import ConsistencyGroup, Node
+from console.policy import fleet_health
 from ingest import fencing
 from ingest.copytext import flag, num, text, when
 from ingest.copytext import json as cjson
@@ -79,6 +80,8 @@ class BatchWriter:
         self.touched_groups: set[str] = set()
         self.violation_count = 0
         self.critical_events = 0
+        self.faults: list[dict[str, Any]] = []  # events that latch (console.actions.fleet)
+        self.resets: list[str] = []  # GPUs the agent reports reset: repair evidence
         self.last_seen: datetime | None = None  # newest record time: when the node was alive
         self.agent_update: dict[str, Any] = {}
         self.existing_ranks: dict[tuple[str, int], dict[str, Any]] = {}
@@ -234,12 +237,21 @@ class BatchWriter:
             f"{when(ts)}{self.node_cell}{text(rec.gpu)}\t{text(rec.event)}\t{num(rec.code)}\t"
             f"{text(scrub_text(rec.detail))}\t{text(rec.recovery_action)}\n"
         )
+        if rec.event == fleet_health.GPU_RESET_EVENT:
+            self.resets.append(rec.gpu)
         if rec.event in CRITICAL_EVENTS:
             self.critical_events += 1  # diagnose and push at once, whatever its class
             # Only a hardware fault turns the GPU (and so its node) critical: an application
             # Xid (13, 31, 43, 94...) leaves a healthy GPU (agents/xid.py decides).
             if xid.is_hardware_fault(rec.event, rec.code, rec.recovery_action):
                 self.device_events[rec.gpu] = rec.event
+            # What needs repair latches, after the live-state writes (ingest_batch).
+            if fleet_health.repair_needed(rec.event, rec.code, rec.recovery_action) != "none":
+                self.faults.append(
+                    {"gpu": rec.gpu, "event": rec.event, "code": rec.code,
+                     "recovery_action": rec.recovery_action, "detail": rec.detail or "",
+                     "ts": ts.isoformat()}
+                )  # fmt: skip
 
     def _on_step(self, rec: p.Step, ts: datetime) -> None:
         applied = self._fence(rec, ts)

@@ -18,7 +18,8 @@
 
   function nodeCard(n) {
     const w = n.worst || worst(n);
-    if (nodes.dataset.compact === "1" && w === "ok" && !n.quarantined && !n.cordoned) {
+    const latched = n.lifecycle && n.lifecycle !== "healthy";
+    if (nodes.dataset.compact === "1" && w === "ok" && !n.quarantined && !n.cordoned && !latched) {
       const tile = el("div", "node compact health-ok");
       tile.dataset.node = n.name;
       tile.dataset.gpus = n.devices.length;
@@ -28,8 +29,25 @@
     }
     const card = el("div", "node health-" + w + (n.quarantined ? " quarantined" : "") + (n.cordoned ? " cordoned" : ""));
     card.dataset.node = n.name;
+    card.dataset.lifecycle = n.lifecycle || "healthy";
     const head = el("div", "node-head");
-    const name = el("span", "node-name", n.name);
+    const name = el("span", "node-name");
+    const link = el("a", "", n.name);
+    link.href = "/nodes/" + encodeURIComponent(n.name) + "/";
+    name.append(link);
+    if (latched) {
+      // The latched lifecycle (faulted, out of service, validating...) and since when.
+      const flag = el("span", "flag lifecycle lifecycle-" + n.lifecycle, n.lifecycle);
+      flag.dataset.lifecycle = n.lifecycle;
+      flag.title = (n.lifecycle_reason || "") + (n.taken_out_by ? " · out by " + n.taken_out_by : "");
+      if (n.lifecycle_since) {
+        const since = el("time", "since", " · " + n.lifecycle_since);
+        since.setAttribute("datetime", n.lifecycle_since);
+        flag.append(since);
+      }
+      name.append(flag);
+    }
+    if (n.replace_flagged) name.append(el("span", "flag flag-replace", "replace"));
     if (n.quarantined) name.append(el("span", "flag flag-quarantined", "quarantined"));
     if (n.cordoned) name.append(el("span", "flag flag-cordoned", "cordoned"));
     head.append(name, el("span", "badge", w));
@@ -40,7 +58,8 @@
       g.title = "GPU " + d.index + " · " + d.health + " · " + (d.temp_c == null ? "?" : d.temp_c) + " °C · " + (d.util_pct == null ? "?" : d.util_pct) + " %";
       gpus.append(g);
     });
-    card.append(head, gpus);
+    if (latched) card.append(head, el("div", "node-reason muted small", n.lifecycle_reason || ""), gpus);
+    else card.append(head, gpus);
     return card;
   }
 

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from agents import actions_contract as contract
+from agents import signing
 from agents.cli import ConfigError, _parser, build_config
 from agents.executor import Executor
 from agents.schedulers import kubernetes, slurm
@@ -48,9 +49,13 @@ def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSchedulers:
     return fake
 
 
+TOKEN = "t"
+
+
 def action(n: int, kind: str, **params: Any) -> dict[str, Any]:
+    """An action as the service dispatches it: signed with the agent token's hash."""
     base = {"node": NODE, "gpu": GPU, "job": JOB, "reason": "xid 79 on GPU 3"}
-    return {
+    body = {
         "id": n,
         "kind": kind,
         "target": f"node:{NODE}",
@@ -58,6 +63,14 @@ def action(n: int, kind: str, **params: Any) -> dict[str, Any]:
         "generation": 3,
         "params": {**base, **params},
     }
+    return signing.sign(body, signing.key_from_token(TOKEN))
+
+
+def _executor(state: Path, **kw: Any) -> Executor:
+    """The executor as the agent builds it: its token, and this node's GPU."""
+    kw.setdefault("token", TOKEN)
+    kw.setdefault("gpus", [GPU])
+    return Executor(state, **kw)
 
 
 def shipped_configs(tmp_path: Path) -> dict[str, Path]:
@@ -82,7 +95,15 @@ def executor_for(config: Path, state: Path) -> Executor:
     ]
     cfg = build_config(_parser().parse_args(args))
     state.mkdir()
-    return Executor(state, node=cfg.node, hooks=cfg.hooks, scheduler=cfg.scheduler, timeout_s=20)
+    return _executor(
+        state,
+        node=cfg.node,
+        hooks=cfg.hooks,
+        scheduler=cfg.scheduler,
+        timeout_s=20,
+        allowed_kinds=cfg.allowed_kinds,
+        allow_unsigned=cfg.allow_unsigned,
+    )
 
 
 @pytest.mark.parametrize("name", ["deploy/agent.toml", "daemonset"])
@@ -114,7 +135,7 @@ def test_it_runs_every_action_kind_of_every_shipped_config(
 def test_it_drains_on_slurm_with_faultlines_reason_then_resumes(
     tmp_path: Path, fakes: FakeSchedulers
 ) -> None:
-    executor = Executor(tmp_path, node=NODE, hooks={}, scheduler="slurm")
+    executor = _executor(tmp_path, node=NODE, hooks={}, scheduler="slurm")
     drained = executor.handle(action(1, contract.DRAIN_NODE))
     assert drained is not None
     assert [
@@ -136,7 +157,7 @@ def test_it_leaves_a_node_someone_else_drained_and_refuses_to_resume_it(
 ) -> None:
     theirs = {"state": "IDLE+DRAIN", "reason": "bad DIMM, ticket 1234"}
     fakes.set_state({"nodes": {NODE: theirs}, "jobs": {}})
-    executor = Executor(tmp_path, node=NODE, hooks={}, scheduler="slurm")
+    executor = _executor(tmp_path, node=NODE, hooks={}, scheduler="slurm")
     drained = executor.handle(action(1, contract.DRAIN_NODE))
     assert drained is not None
     assert drained["outcome"]["state"] == "held_by_other"
@@ -154,7 +175,7 @@ def test_it_leaves_a_node_someone_else_drained_and_refuses_to_resume_it(
 def test_it_requeues_a_slurm_job_and_reads_the_restart_back(
     tmp_path: Path, fakes: FakeSchedulers
 ) -> None:
-    executor = Executor(tmp_path, node=NODE, hooks={}, scheduler="slurm")
+    executor = _executor(tmp_path, node=NODE, hooks={}, scheduler="slurm")
     result = executor.handle(action(1, contract.RESTART_GROUP))
     assert result is not None and result["outcome"]["state"] == "applied"
     assert ["scontrol", "requeue", JOB] in fakes.calls()
@@ -172,7 +193,7 @@ def test_it_reports_not_applied_when_the_read_back_disagrees_with_exit_0(
     (fakes.bin / "scontrol").write_text(
         (fakes.bin / "scontrol").read_text().replace('if kv("state=") == "drain"', "if False")
     )
-    executor = Executor(tmp_path, node=NODE, hooks={}, scheduler="slurm")
+    executor = _executor(tmp_path, node=NODE, hooks={}, scheduler="slurm")
     result = executor.handle(action(1, contract.DRAIN_NODE))
     assert result is not None
     assert (result["status"], result["exit_code"]) == ("failed", 0)
@@ -183,7 +204,7 @@ def test_it_reads_old_hook_names_as_contract_kinds_with_a_warning(
     tmp_path: Path, fakes: FakeSchedulers, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="faultline.agent.actions"):
-        executor = Executor(
+        executor = _executor(
             tmp_path,
             node=NODE,
             hooks={"cordon": "kubectl cordon {node}", "reset_gpu": "kubectl get node {gpu}"},
@@ -198,7 +219,7 @@ def test_it_reads_old_hook_names_as_contract_kinds_with_a_warning(
 def test_it_prefers_a_configured_hook_over_the_backend(
     tmp_path: Path, fakes: FakeSchedulers
 ) -> None:
-    executor = Executor(
+    executor = _executor(
         tmp_path, node=NODE, hooks={"drain_node": "kubectl drain {node}"}, scheduler="slurm"
     )
     executor.handle(action(1, contract.DRAIN_NODE))
@@ -206,7 +227,7 @@ def test_it_prefers_a_configured_hook_over_the_backend(
 
 
 def test_it_runs_nothing_for_a_dry_run_action(tmp_path: Path, fakes: FakeSchedulers) -> None:
-    executor = Executor(tmp_path, node=NODE, hooks={}, scheduler="slurm")
+    executor = _executor(tmp_path, node=NODE, hooks={}, scheduler="slurm")
     result = executor.handle(action(1, contract.DRAIN_NODE, dry_run=True))
     assert result is not None
     assert "dry-run: would run" in result["output"]
@@ -297,7 +318,7 @@ def test_it_parses_kubectl_node_json_and_drain_output() -> None:
 
 
 def test_it_builds_the_kubectl_command_lines(tmp_path: Path, fakes: FakeSchedulers) -> None:
-    executor = Executor(tmp_path, node=NODE, hooks={}, scheduler="kubernetes")
+    executor = _executor(tmp_path, node=NODE, hooks={}, scheduler="kubernetes")
     executor.handle(action(5, contract.QUARANTINE_NODE))
     executor.handle(action(6, contract.ISOLATE_GPU))
     calls = [c for c in fakes.calls() if c[1] != "get"]
@@ -325,7 +346,7 @@ def test_it_leaves_a_node_cordoned_by_someone_else_on_kubernetes(
 ) -> None:
     theirs = {"unschedulable": True, "taints": [], "annotations": {}, "state": "", "reason": ""}
     fakes.set_state({"nodes": {NODE: theirs}, "jobs": {}})
-    executor = Executor(tmp_path, node=NODE, hooks={}, scheduler="kubernetes")
+    executor = _executor(tmp_path, node=NODE, hooks={}, scheduler="kubernetes")
     drained = executor.handle(action(1, contract.DRAIN_NODE))
     back = executor.handle(action(2, contract.UNCORDON_NODE))
     assert drained is not None and drained["outcome"]["state"] == "held_by_other"
@@ -336,7 +357,7 @@ def test_it_leaves_a_node_cordoned_by_someone_else_on_kubernetes(
 def test_it_drains_a_node_faultline_only_cordoned_on_kubernetes(
     tmp_path: Path, fakes: FakeSchedulers
 ) -> None:
-    executor = Executor(tmp_path, node=NODE, hooks={}, scheduler="kubernetes")
+    executor = _executor(tmp_path, node=NODE, hooks={}, scheduler="kubernetes")
     cordoned = executor.handle(action(1, contract.CORDON_NODE))
     drained = executor.handle(action(2, contract.DRAIN_NODE))
     assert cordoned is not None and cordoned["outcome"]["state"] == "applied"

@@ -3,22 +3,29 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from agents import signing
 from agents.executor import OUTPUT_LIMIT, Executor
 
 from .conftest import StubIngest
 
 PY = sys.executable
+TOKEN = "flt_node-1-token"
+KEY = signing.key_from_token(TOKEN)
 
 
-def _action(action_id: str = "a1", generation: int = 4, kind: str = "cordon") -> dict:
-    return {
+def _action(
+    action_id: str = "a1", generation: int = 4, kind: str = "cordon", **changes: object
+) -> dict:
+    action = {
         "id": action_id,
         "kind": kind,
-        "target": "node-1",
+        "target": "node:node-1",
         "group": "g",
         "generation": generation,
         "params": {"reason": "xid 79"},
+        **changes,
     }
+    return signing.sign(action, KEY)
 
 
 def _executor(tmp_path: Path, **kw) -> Executor:
@@ -30,6 +37,7 @@ def _executor(tmp_path: Path, **kw) -> Executor:
             f" {marker} {{node}}:{{reason}}",
         },
     )
+    kw.setdefault("token", TOKEN)
     return Executor(tmp_path, node="node-1", hooks=hooks, **kw)
 
 
@@ -68,7 +76,8 @@ def test_it_does_not_run_hooks_in_dry_run(tmp_path: Path) -> None:
 
 
 def test_it_fails_an_action_kind_without_a_hook(tmp_path: Path) -> None:
-    result = _executor(tmp_path).handle(_action(kind="reboot"))
+    executor = _executor(tmp_path, allowed_kinds=["cordon", "reboot"])
+    result = executor.handle(_action(kind="reboot"))
     assert result["status"] == "failed" and "no hook" in result["output"]
 
 
@@ -82,7 +91,7 @@ def test_it_times_out_a_hung_hook_and_bounds_output(tmp_path: Path) -> None:
 
 def test_it_reports_results_and_polls_for_actions(tmp_path: Path, stub: StubIngest) -> None:
     stub.polled_actions = [_action("a9")]
-    executor = _executor(tmp_path, server=stub.url, token="t")
+    executor = _executor(tmp_path, server=stub.url)
     assert executor.poll_once() == 1
     executor.handle(executor._queue.get_nowait())
     assert stub.results["a9"]["status"] == "succeeded"

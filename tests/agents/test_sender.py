@@ -172,3 +172,45 @@ def test_it_compresses_batches(tmp_path: Path, stub: StubIngest) -> None:
     batch = sender.spool.build_batch(sender.identity)
     raw = json.dumps(sender.envelope(batch)).encode()
     assert len(gzip.compress(raw)) < len(raw) / 5
+
+
+def test_it_splits_a_batch_the_service_finds_too_large_instead_of_dropping_it(
+    tmp_path: Path, stub: StubIngest
+) -> None:
+    sender = _sender(tmp_path, stub)
+    for n in range(1, 5):
+        sender.spool.append(_step(n))
+    stub.script.append((413, {}, b'{"error": "batch is too large"}'))
+    assert sender.send_once()[0] == "split"
+    assert sender.send_once()[0] == "acked"
+    assert sender.send_once()[0] == "acked"
+    assert sorted(r["step"] for r in stub.records()) == [1, 2, 3, 4]
+    assert [seq for seq, _ in stub.attempts] == [1, 2, 3]  # fresh seqs for the halves
+    assert not (tmp_path / "deadletter").exists()
+
+
+def test_it_dead_letters_a_single_record_over_the_limit(tmp_path: Path, stub: StubIngest) -> None:
+    sender = _sender(tmp_path, stub)
+    sender.spool.append(_step(1))
+    stub.script.append((413, {}, b'{"error": "batch is too large"}'))
+    assert sender.send_once()[0] == "quarantined"
+    assert (tmp_path / "deadletter" / "batch-1.json").exists()
+
+
+def test_it_builds_batches_under_the_services_body_limit(tmp_path: Path, stub: StubIngest) -> None:
+    from agents import protocol, wire
+
+    assert protocol.MAX_BATCH_BYTES == wire.MAX_BATCH_BYTES  # one constant, both sides
+    sender = _sender(tmp_path, stub)
+    shards = [{"path": f"shard-{i:05d}-" + "p" * 480, "bytes": 1} for i in range(3000)]
+    for n in range(8):  # ~1.5 MB a record, ~12 MB in all: more than one batch may carry
+        sender.spool.append(
+            record("checkpoint", group="g", generation=1, checkpoint_id=f"c{n}",
+                   phase="written", manifest={"shards": shards})
+        )  # fmt: skip
+    while sender.send_once()[0] == "acked":
+        pass
+    sizes = [len(json.dumps(b, separators=(",", ":"))) for b in stub.batches]
+    assert sum(len(b["records"]) for b in stub.batches) == 8 and len(sizes) >= 2
+    assert all(size <= wire.MAX_BATCH_BYTES for size in sizes), sizes
+    assert stub.invalid == []

@@ -8,7 +8,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from console.notify.transport import PermanentError, RetryableError, send
+from console.notify import transport
+from console.notify.transport import PermanentError, RetryableError
+
+
+def send(*args: object, **kwargs: object) -> transport.Response:
+    """The test receiver listens on 127.0.0.1: allow it, as FAULTLINE_NOTIFY_ALLOW_PRIVATE does."""
+    return transport.send(*args, allow_private=True, **kwargs)  # type: ignore[arg-type]  # passes send()'s own arguments through
+
 
 RECEIVED: list[tuple[str, dict[str, str], bytes]] = []
 
@@ -98,3 +105,43 @@ def test_it_marks_a_refused_connection_retryable() -> None:
 def test_it_refuses_urls_that_are_not_http(url: str) -> None:
     with pytest.raises(PermanentError, match="must be http"):
         send(url, b"{}", {}, timeout=2)
+
+
+def test_it_refuses_a_loopback_receiver_unless_private_targets_are_allowed(base: str) -> None:
+    before = len(RECEIVED)
+    with pytest.raises(PermanentError, match=r"127\.0\.0\.1.*FAULTLINE_NOTIFY_ALLOW_PRIVATE"):
+        transport.send(f"{base}/ok", b"{}", {}, timeout=2)
+    assert len(RECEIVED) == before  # nothing was posted
+
+
+def test_it_refuses_a_name_that_resolves_to_loopback(base: str) -> None:
+    port = base.rsplit(":", 1)[1]
+    with pytest.raises(PermanentError, match="loopback/private/link-local"):
+        transport.send(f"http://localhost:{port}/ok", b"{}", {}, timeout=2)
+
+
+@pytest.mark.parametrize(
+    ("address", "private"),
+    [
+        ("127.0.0.1", True),
+        ("10.1.2.3", True),
+        ("172.16.0.1", True),
+        ("192.168.1.1", True),
+        ("169.254.169.254", True),  # cloud metadata
+        ("::1", True),
+        ("fe80::1%eth0", True),
+        ("::ffff:10.0.0.1", True),
+        ("0.0.0.0", True),  # noqa: S104 - an address to classify, not a bind
+        ("8.8.8.8", False),
+        ("2606:4700:4700::1111", False),
+    ],
+)
+def test_it_classifies_addresses_a_page_must_not_reach(address: str, private: bool) -> None:
+    assert transport.is_private(address) is private
+
+
+def test_it_never_quotes_the_receivers_response_body(base: str) -> None:
+    with pytest.raises(PermanentError) as err:
+        send(f"{base}/missing", b"{}", {}, timeout=2)
+    assert "nope" not in str(err.value)
+    assert str(err.value).endswith("answered HTTP 404")

@@ -52,6 +52,7 @@ def test_it_takes_the_wire_names_of_agent_executed_kinds_from_the_action_contrac
 
     assert {k.value for k in CONTRACT_KINDS} == {
         "quarantine_node", "cordon_node", "drain_node", "isolate_gpu", "restart_group",
+        "uncordon_node", "release_gpu",
     }  # fmt: skip
     assert all(contract.KINDS[k.value].name == k.value for k in CONTRACT_KINDS)
     assert [k.value for k in ActionKind][:4] == [

@@ -113,11 +113,14 @@ def test_it_names_one_xid_root_cause_and_folds_the_waiting_ranks_under_it(post_b
 
     pipeline.diagnose(group_name=GROUP, now=xid_at + timedelta(seconds=10))
 
-    incidents = list(Incident.objects.all())
+    # The GPU's fault is the node's own (fleet-scope) incident; the group's names it.
+    (node_incident,) = Incident.objects.filter(group=None, node__name="node-1")
+    incidents = list(Incident.objects.filter(group__isnull=False))
     assert len(incidents) == 1, [i.summary for i in incidents]
     incident = incidents[0]
     assert incident.kind == "xid"
     assert incident.subject == "gpu:GPU-node-1-1"
+    assert incident.root_incident == node_incident
     assert incident.recovery["auto_restart_safe"] in (True, False)
     symptoms = incident.alerts.filter(role="symptom")
     assert symptoms.count() >= 7 - 1

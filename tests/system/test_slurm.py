@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from agents import actions_contract as contract
+from agents import signing
 from agents.executor import Executor
 from agents.schedulers import execute
 from agents.schedulers.slurm import Slurm as SlurmBackend
@@ -153,6 +154,8 @@ def test_it_runs_an_action_end_to_end_from_the_executor_into_slurm(
             "generation": 2,
             "params": {"reason": "Xid 79: GPU fell off the bus", "dry_run": False},
         }
+        key = signing.key_from_token("t")  # the service signs with the token's hash
+        action = signing.sign(action, key)
         result = executor.handle(action)
         assert result is not None and result["status"] == "succeeded", result
         assert reason_of(slurm) == "faultline: 71 Xid 79: GPU fell off the bus"
@@ -162,7 +165,7 @@ def test_it_runs_an_action_end_to_end_from_the_executor_into_slurm(
         assert body["status"] == "succeeded"
         assert body["outcome"]["state"] == "applied"
         assert body["outcome"]["after"]["state"] in ("drained", "drain")
-        stale = executor.handle({**action, "id": 72, "generation": 1})
+        stale = executor.handle(signing.sign({**action, "id": 72, "generation": 1}, key))
         assert stale is not None and "refused: generation 1" in stale["output"]
     finally:
         server.shutdown()

@@ -100,6 +100,22 @@ def test_it_shows_a_real_agents_eight_gpus_through_the_rest_api(service):
     assert any(a["node"] == "node-api" and a["batches"] >= 1 for a in agents)
 
 
+def test_it_runs_the_service_as_a_role_that_may_only_append_to_the_audit_log(service):
+    import json
+
+    import psycopg
+
+    url = json.loads((service.data_dir / "runtime.json").read_text())["DATABASE_URL"]
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("faultline_app",)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("TRUNCATE console_auditlog")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SET session_replication_role = replica")
+    # ...and the service still works under it: the API reads, ingest writes (above).
+    assert service.api("/api/v1/audit/")["results"] is not None
+
+
 @slow
 def test_it_refuses_the_api_to_anonymous_callers(service):
     import urllib.error

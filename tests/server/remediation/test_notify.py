@@ -58,7 +58,8 @@ def remediation_now():
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
+def receiver(settings: Any) -> Iterator[Receiver]:
+    settings.NOTIFY_ALLOW_PRIVATE = True  # the receiver listens on 127.0.0.1
     r = Receiver()
     yield r
     r.server.shutdown()

@@ -1,0 +1,192 @@
+"""Node and GPU health lifecycle: the states, the legal moves, and what clears each fault.
+
+Owns the lifecycle vocabulary (`healthy → suspect → faulted → out_of_service → repairing →
+validating → healthy`), the one table of what each fault kind needs before it clears
+(`REPAIR_NEEDS`, the Xid rows read from the catalog in agents/xid.py), the validation
+window and the repeat-offender rule. Plain Python over plain values: the caller passes
+`now`; it must not touch the ORM, the clock or the network (console.actions.fleet stores
+what it decides).
+
+A clean sample never clears a fault. What clears one is evidence of repair (the node
+rebooted: its agent's `boot_id` changed; or a recorded GPU reset) followed by a window with
+no new fault, or an approver who says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from agents import xid
+
+
+class HealthState(StrEnum):
+    HEALTHY = "healthy"
+    SUSPECT = "suspect"
+    FAULTED = "faulted"
+    OUT_OF_SERVICE = "out_of_service"
+    REPAIRING = "repairing"
+    VALIDATING = "validating"
+
+
+class Repair(StrEnum):
+    """What a fault needs before the hardware may run work again."""
+
+    NONE = "none"  # an application error: restart the job, the hardware stays in service
+    GPU_RESET = "gpu_reset"  # a GPU reset (or a reboot, which resets every GPU)
+    NODE_REBOOT = "node_reboot"  # only a reboot clears it
+    OPERATOR = "operator"  # mechanics, firmware, vendor support: a person says it is fixed
+
+
+class TakenOutBy(StrEnum):
+    """Who took the hardware out of service: Faultline may return only its own."""
+
+    NOBODY = ""
+    FAULTLINE = "faultline"
+    OPERATOR = "operator"
+    SCHEDULER = "scheduler"  # found already drained/cordoned by someone else
+
+
+# States that carry a latched fault: new work must not land there.
+LATCHED = frozenset(
+    {
+        HealthState.FAULTED,
+        HealthState.OUT_OF_SERVICE,
+        HealthState.REPAIRING,
+        HealthState.VALIDATING,
+    }
+)
+
+TRANSITIONS: dict[HealthState, frozenset[HealthState]] = {
+    HealthState.HEALTHY: frozenset({HealthState.SUSPECT, HealthState.FAULTED}),
+    HealthState.SUSPECT: frozenset({HealthState.HEALTHY, HealthState.FAULTED}),
+    # Repair evidence that arrives after the fact (a new boot_id) goes straight to validating.
+    HealthState.FAULTED: frozenset(
+        {
+            HealthState.OUT_OF_SERVICE,
+            HealthState.REPAIRING,
+            HealthState.VALIDATING,
+            HealthState.HEALTHY,
+        }
+    ),
+    HealthState.OUT_OF_SERVICE: frozenset(
+        {
+            HealthState.REPAIRING,
+            HealthState.VALIDATING,
+            HealthState.FAULTED,
+            HealthState.HEALTHY,
+        }
+    ),
+    HealthState.REPAIRING: frozenset(
+        {HealthState.VALIDATING, HealthState.FAULTED, HealthState.HEALTHY}
+    ),
+    # A fault inside the window starts over; a passed window (or an approver) returns it.
+    HealthState.VALIDATING: frozenset({HealthState.HEALTHY, HealthState.FAULTED}),
+}
+
+
+class HealthTransitionError(ValueError):
+    """A lifecycle move the table does not allow."""
+
+
+def check_move(current: str, target: str) -> HealthState:
+    cur, tgt = HealthState(current), HealthState(target)
+    if tgt in TRANSITIONS[cur]:
+        return tgt
+    options = ", ".join(sorted(s.value for s in TRANSITIONS[cur]))
+    raise HealthTransitionError(
+        f'cannot move from "{cur}" to "{tgt}"; from "{cur}" it may go to: {options}'
+    )
+
+
+# -- what each fault needs ------------------------------------------------------------------
+# Xid immediate actions (NVIDIA's buckets in agents/xid.py) → the repair that clears them.
+_XID_ACTION_REPAIR: dict[str, Repair] = {
+    "RESTART_APP": Repair.NONE,
+    "IGNORE": Repair.NONE,
+    "RESET_GPU": Repair.GPU_RESET,
+    "WORKFLOW_XID_48": Repair.GPU_RESET,
+    "WORKFLOW_NVLINK_ERR": Repair.GPU_RESET,
+    "WORKFLOW_NVLINK5_ERR": Repair.GPU_RESET,
+    "CHECK_UVM": Repair.GPU_RESET,
+    "RESTART_BM": Repair.NODE_REBOOT,
+    "RESTART_VM": Repair.NODE_REBOOT,
+    "CONTACT_SUPPORT": Repair.OPERATOR,
+    "CHECK_MECHANICALS": Repair.OPERATOR,
+    "UPDATE_SWFW": Repair.OPERATOR,
+}
+# The driver's recovery action (device_event.recovery_action) overrides the Xid row.
+_RECOVERY_REPAIR: dict[str, Repair] = {
+    "gpu_reset": Repair.GPU_RESET,
+    "drain_and_reset": Repair.GPU_RESET,
+    "drain_p2p": Repair.GPU_RESET,
+    "node_reboot": Repair.NODE_REBOOT,
+}
+# Device events that are faults whatever they carry.
+REPAIR_NEEDS: dict[str, Repair] = {
+    "ecc_dbe": Repair.GPU_RESET,
+    "gpu_lost": Repair.NODE_REBOOT,  # a GPU off the bus comes back only with a reboot
+}
+
+
+# A `device_event` the agent (or a site hook) sends after `nvidia-smi -r` succeeded: the
+# recorded GPU reset that answers a `gpu_reset` need.
+GPU_RESET_EVENT = "gpu_reset"
+
+
+def xid_needs(code: int | None, recovery_action: str | None = None) -> Repair:
+    """The repair an Xid needs: none for application (and informational, consequence)
+    classes; for a hardware class (or a driver recovery action) the catalog's action."""
+    if recovery_action in _RECOVERY_REPAIR:
+        return _RECOVERY_REPAIR[recovery_action]
+    info = xid.classify(code)
+    if xid.effective_class(info, recovery_action) != xid.HARDWARE:
+        return Repair.NONE
+    return _XID_ACTION_REPAIR.get(info.immediate, Repair.OPERATOR)
+
+
+def repair_needed(
+    event: str, code: int | None = None, recovery_action: str | None = None
+) -> Repair:
+    """What a device event needs before its GPU may run work again (NONE: no latch)."""
+    if event == "xid":
+        return xid_needs(code, recovery_action)
+    if recovery_action in _RECOVERY_REPAIR:
+        return _RECOVERY_REPAIR[recovery_action]
+    return REPAIR_NEEDS.get(event, Repair.NONE)
+
+
+def repaired_by(needed: str, evidence: str) -> bool:
+    """Whether this repair evidence ("node_reboot", "gpu_reset") answers this need.
+
+    A reboot resets every GPU; a GPU reset does not reboot the node; an operator-only
+    repair is answered by no automatic evidence (a person returns it).
+    """
+    if needed == Repair.NONE:
+        return True
+    if needed == Repair.OPERATOR:
+        return False
+    if evidence == Repair.NODE_REBOOT:
+        return True
+    return evidence == Repair.GPU_RESET and needed == Repair.GPU_RESET
+
+
+# -- validation and repeat offenders --------------------------------------------------------
+@dataclass(frozen=True)
+class HealthPolicy:
+    validation_window: timedelta = timedelta(minutes=10)
+    repeat_faults: int = 3
+    repeat_window: timedelta = timedelta(days=7)
+
+
+def validation_passed(validating_since: datetime, now: datetime, policy: HealthPolicy) -> bool:
+    """Medik8s-style: the repaired hardware ran a whole window with no new fault."""
+    return now - validating_since >= policy.validation_window
+
+
+def repeat_offender(fault_times: Iterable[datetime], now: datetime, policy: HealthPolicy) -> bool:
+    """N faults (this one included) inside the window: flag for replacement, not return."""
+    since = now - policy.repeat_window
+    return sum(1 for t in fault_times if t >= since) >= policy.repeat_faults

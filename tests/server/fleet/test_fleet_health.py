@@ -1,0 +1,261 @@
+"""Fleet health as durable state, through the real ingest path (agent tokens, batches).
+
+An Xid 48 on a node that runs no job latches a fault on its GPU and node and opens a
+node incident at once; clean samples never clear it; a reboot (new boot_id) starts the
+validation window; once it passes the sweep proposes the node's return; repeat faults
+flag it for replacement instead; ownership keeps Faultline's hands off someone else's
+cordon.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import time_machine
+from django.utils import timezone
+
+from console import actions
+from console.models import Action, AuditLog, Device, HealthEvent, Incident, Node
+from tests.conftest import make_batch
+
+pytestmark = pytest.mark.django_db
+
+NODE = "spare-1"
+GPU = "GPU-spare-1-0003"
+
+
+def _batch(records: list[dict[str, Any]], *, boot: str) -> dict[str, Any]:
+    batch = make_batch(records, node=NODE)
+    batch["agent"]["boot_id"] = boot
+    return batch
+
+
+def _sample(**fields: Any) -> dict[str, Any]:
+    return {"kind": "device_sample", "gpu": GPU, "index": 3, "temp_c": 55.0, "power_w": 90.0,
+            "util_pct": 0.0, "sm_clock_mhz": 1400.0, **fields}  # fmt: skip
+
+
+def _xid(code: int = 48) -> dict[str, Any]:
+    return {"kind": "device_event", "gpu": GPU, "event": "xid", "code": code,
+            "detail": "DBE"}  # fmt: skip
+
+
+def _post(post_batch, records: list[dict[str, Any]], *, boot: str = "boot-a") -> None:
+    response = post_batch(_batch(records, boot=boot))
+    assert response.status_code == 202, response.content
+
+
+def _gpu() -> Device:
+    return Device.objects.get(uuid=GPU)
+
+
+def _node() -> Node:
+    return Node.objects.get(name=NODE)
+
+
+def _node_incidents() -> list[Incident]:
+    return list(Incident.objects.filter(node__name=NODE, group=None).exclude(state="resolved"))
+
+
+def _fault_and_repair(post_batch, boot_before: str, boot_after: str) -> None:
+    _post(post_batch, [_sample(), _xid()], boot=boot_before)
+    _post(post_batch, [_sample()], boot=boot_after)
+
+
+def test_it_latches_an_xid_48_on_an_idle_node_and_clean_samples_never_clear_it(post_batch):
+    _post(post_batch, [_sample()])
+    assert _gpu().lifecycle == "healthy"
+    _post(post_batch, [_sample(), _xid(48)])
+    (incident,) = _node_incidents()
+    assert (incident.kind, incident.subject, incident.severity) == ("xid", f"gpu:{GPU}", "critical")
+    assert incident.group is None and "needs gpu reset" in incident.summary
+    for _ in range(5):
+        _post(post_batch, [_sample()])
+    gpu, node = _gpu(), _node()
+    assert (gpu.lifecycle, node.lifecycle) == ("faulted", "faulted")
+    assert (gpu.health, node.health) == ("critical", "critical")
+    assert gpu.lifecycle_evidence["code"] == 48 and gpu.lifecycle_by == f"agent:{NODE}"
+    assert gpu.repair_needed == "gpu_reset"
+    # History and audit: one fault episode, whatever the repeats.
+    _post(post_batch, [_xid(48)])
+    assert HealthEvent.objects.filter(node=node, gpu=GPU, kind="fault").count() == 1
+    assert AuditLog.objects.filter(verb="gpu.lifecycle", object_id=GPU).exists()
+    assert len(_node_incidents()) == 1
+
+
+def test_it_does_not_latch_an_application_xid(post_batch):
+    _post(post_batch, [_sample(), _xid(13)])
+    assert _gpu().lifecycle == "healthy"
+    assert _node_incidents() == []
+
+
+def test_it_proposes_a_return_only_after_a_reboot_and_a_clean_validation_window(post_batch):
+    _post(post_batch, [_sample(), _xid(48)])
+    now = timezone.now()
+    assert actions.propose_returns(now=now + timedelta(hours=1)) == []  # no repair yet
+    _post(post_batch, [_sample()], boot="boot-b")  # the node rebooted
+    gpu, node = _gpu(), _node()
+    assert (gpu.lifecycle, node.lifecycle) == ("validating", "validating")
+    assert HealthEvent.objects.filter(node=node, kind="repair").count() == 2
+    assert actions.propose_returns(now=timezone.now() + timedelta(minutes=9)) == []
+    (action_id,) = actions.propose_returns(now=timezone.now() + timedelta(minutes=11))
+    action = Action.objects.get(pk=action_id)
+    assert (action.kind, action.target, action.proposed_by_rule) == (
+        "uncordon_node", f"node:{NODE}", "fleet_health")  # fmt: skip
+    assert action.incident == _node_incidents()[0]
+    # Proposed once per validation, not every sweep.
+    assert actions.propose_returns(now=timezone.now() + timedelta(minutes=12)) == []
+
+
+def test_it_starts_over_when_a_fault_comes_back_inside_the_validation_window(post_batch):
+    _fault_and_repair(post_batch, "boot-a", "boot-b")
+    _post(post_batch, [_xid(48)], boot="boot-b")
+    assert _gpu().lifecycle == "faulted"
+    assert actions.propose_returns(now=timezone.now() + timedelta(minutes=11)) == []
+
+
+def test_it_returns_the_node_when_the_uncordon_succeeds_and_resolves_its_incident(
+    post_batch, client
+):
+    _fault_and_repair(post_batch, "boot-a", "boot-b")
+    (action_id,) = actions.propose_returns(now=timezone.now() + timedelta(minutes=11))
+    action = Action.objects.get(pk=action_id)
+    Action.objects.filter(pk=action_id).update(state="dispatched")  # an approver approved it
+    actions.record_action_result(
+        action_id=action.pk, node=_node(), status="succeeded", exit_code=0, output="",
+        now=timezone.now(), outcome={"state": "already", "taken_out_by": ""},
+    )  # fmt: skip
+    assert (_gpu().lifecycle, _node().lifecycle) == ("healthy", "healthy")
+    assert Action.objects.get(pk=action_id).outcome["state"] == "already"
+    assert _node_incidents() == []
+    _post(post_batch, [_sample()], boot="boot-b")
+    assert _gpu().health == "ok"
+
+
+def test_it_flags_a_repeat_offender_for_replacement_instead_of_proposing_it(post_batch):
+    start = timezone.now()
+    for i in range(3):  # three faults within the week: the third flags it
+        with time_machine.travel(start + timedelta(days=i), tick=True):
+            _fault_and_repair(post_batch, f"boot-{i}", f"boot-{i + 1}")
+            if i < 2:
+                assert not _gpu().replace_flagged
+                (aid,) = actions.propose_returns(now=timezone.now() + timedelta(minutes=11))
+                Action.objects.filter(pk=aid).update(state="dispatched")
+                actions.record_action_result(
+                    action_id=aid, node=_node(), status="succeeded", exit_code=0, output="",
+                    now=timezone.now(), outcome={"state": "applied"},
+                )  # fmt: skip
+    gpu, node = _gpu(), _node()
+    assert gpu.replace_flagged and node.replace_flagged
+    assert HealthEvent.objects.filter(node=node, kind="flagged").exists()
+    assert "flagged for replacement" in _node_incidents()[0].summary
+    later = start + timedelta(days=2, minutes=30)
+    assert actions.propose_returns(now=later) == []
+    assert HealthEvent.objects.filter(node=node, kind="held").exists()
+
+
+def test_it_holds_a_return_of_a_flagged_node_for_an_approver_and_an_approver_returns_it(
+    post_batch, cast
+):
+    _fault_and_repair(post_batch, "boot-a", "boot-b")
+    Node.objects.filter(name=NODE).update(replace_flagged=True)
+    out = actions.propose_action(
+        kind="uncordon_node", target=f"node:{NODE}", reason="put it back", actor=cast["operator"],
+        now=timezone.now(),
+    )  # fmt: skip
+    assert out.action.state == "proposed"
+    assert any("flagged for replacement" in r for r in out.reasons)
+    with pytest.raises(actions.NotAllowed):
+        actions.return_to_service(
+            node_name=NODE, actor=cast["operator"], reason="reseated", now=timezone.now()
+        )
+    node = actions.return_to_service(
+        node_name=NODE,
+        actor=cast["approver"],
+        reason="GPU 3 replaced under RMA",
+        now=timezone.now(),
+    )
+    assert (node.lifecycle, node.replace_flagged) == ("healthy", False)
+    assert AuditLog.objects.filter(actor="approver", verb="node.lifecycle").exists()
+
+
+def test_it_never_puts_back_a_node_someone_else_took_out(post_batch, cast):
+    _post(post_batch, [_sample(), _xid(79)])
+    out = actions.propose_action(
+        kind="cordon_node", target=f"node:{NODE}", reason="Xid 79", actor=cast["operator"],
+        now=timezone.now(),
+    )  # fmt: skip
+    Action.objects.filter(pk=out.action.pk).update(state="dispatched")
+    actions.record_action_result(
+        action_id=out.action.pk, node=_node(), status="succeeded", exit_code=0, output="",
+        now=timezone.now(), outcome={"state": "held_by_other", "taken_out_by": "other"},
+    )  # fmt: skip
+    node = _node()
+    assert (node.lifecycle, node.taken_out_by, node.cordoned) == (
+        "out_of_service", "scheduler", True)  # fmt: skip
+    _post(post_batch, [_sample()], boot="boot-b")  # Xid 79 needs a reboot: here it is
+    (aid,) = actions.propose_returns(now=timezone.now() + timedelta(minutes=11))
+    action = Action.objects.get(pk=aid)
+    assert action.state == "proposed"  # never auto-approved: an approver decides
+    assert any("taken out by the scheduler" in r for r in action.gate_reasons)
+
+
+def test_it_links_a_group_incident_to_the_node_incident_and_resolves_them_apart(post_batch):
+    from tests.server.scenarios.timeline import Timeline
+
+    t = Timeline(post=post_batch)
+    t.boot(at=0)
+    t.good_checkpoint("ckpt-10", at=10.5, step=10)
+    t.steps(first=0, count=30, at=1)
+    t.heartbeats(until=90)
+    t.add(t.node(5), t.at(30.5), {"kind": "device_event", "gpu": t.gpu(5), "event": "xid",
+                                  "code": 79, "detail": "fell off the bus"})  # fmt: skip
+    t.collectives(seq=30, at=31, entered=[r for r in range(t.ranks) if r != 5])
+    group_incidents = t.diagnose(at=31.5)
+    xid_incident = next(i for i in group_incidents if i.kind == "xid")
+    node_incident = Incident.objects.get(node__name=t.node(5), group=None)
+    assert xid_incident.root_incident == node_incident
+    # The job moves on (restarted as generation 2 on a spare): the group's incident settles
+    # and resolves; the node's stays open, and the GPU stays faulted.
+    t.add(t.node(0), t.at(40), {"kind": "transition", "group": t.group, "generation": 2,
+                                "from_state": "recovering", "to_state": "running",
+                                "restart_count": 1})  # fmt: skip
+    t.send()
+    t.generation = 2
+    t.steps(first=31, count=40, at=41)
+    t.send()
+    for at in (60, 80):
+        t.diagnose(at=at)
+    xid_incident.refresh_from_db()
+    node_incident.refresh_from_db()
+    assert xid_incident.state == "resolved"
+    assert node_incident.state == "open"
+    assert Device.objects.get(uuid=t.gpu(5)).lifecycle == "faulted"
+
+
+def test_it_opens_a_node_incident_for_a_silent_node_and_resolves_it_when_it_reports(post_batch):
+    from console import pipeline
+
+    _post(post_batch, [_sample()])
+    Node.objects.filter(name=NODE).update(last_seen=timezone.now() - timedelta(minutes=1))
+    assert pipeline.mark_silent_nodes(now=timezone.now()) == [NODE]
+    (incident,) = _node_incidents()
+    assert (incident.kind, incident.severity, incident.group) == ("node_silent", "major", None)
+    pipeline.mark_silent_nodes(now=timezone.now())
+    assert len(_node_incidents()) == 1
+    _post(post_batch, [_sample()])
+    assert _node_incidents() == []
+
+
+def test_it_reads_a_recorded_gpu_reset_as_repair_of_a_reset_need_but_not_of_a_reboot_need(
+    post_batch,
+):
+    reset = {"kind": "device_event", "gpu": GPU, "event": "gpu_reset", "detail": "nvidia-smi -r"}
+    _post(post_batch, [_sample(), _xid(48)])
+    _post(post_batch, [reset])
+    assert (_gpu().lifecycle, _node().lifecycle) == ("validating", "validating")
+    _post(post_batch, [_xid(79)])  # a fault that needs a reboot: a reset is not enough
+    _post(post_batch, [reset])
+    assert (_gpu().lifecycle, _gpu().repair_needed) == ("faulted", "node_reboot")
