@@ -39,6 +39,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "signal",
             "reason",
             "error_type",
+            "job",
         }
     ),
     "step": frozenset(
@@ -84,6 +85,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "topology",
             "data_cursor",
             "model_version",
+            "job",
         }
     ),
     "serving": frozenset(

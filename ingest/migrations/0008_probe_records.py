@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("console", "0005_group_slo"),
-        ("ingest", "0005_process_groups_record"),
+        ("ingest", "0007_merge_launcher_host_evidence"),
     ]
 
     operations = [
