@@ -56,6 +56,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "grad_norm",
             "loss_scale",
             "overflow",
+            "step_id",
         }
     ),
     "collective": frozenset({"group", "generation", "rank", "entries"}),
@@ -100,6 +101,22 @@ FIELDS: dict[str, frozenset[str]] = {
             "generation",
         }
     ),
+    # correctness probes (issue 23)
+    "probe": frozenset(
+        {
+            "group",
+            "probe",
+            "generation",
+            "rank",
+            "worker",
+            "step",
+            "step_id",
+            "value",
+            "checksum",
+            "duration_ms",
+            "model_version",
+        }
+    ),
 }
 REQUIRED: dict[str, frozenset[str]] = {
     "process": frozenset({"group", "generation", "rank", "event"}),
@@ -109,6 +126,7 @@ REQUIRED: dict[str, frozenset[str]] = {
     "checkpoint": frozenset({"group", "generation", "checkpoint_id", "phase"}),
     "transition": frozenset({"group", "generation", "to_state"}),
     "serving": frozenset({"group", "worker", "window"}),
+    "probe": frozenset({"group", "probe"}),
 }
 # Carried reporter -> agent but kept off the wire (contract v1 has no such field).
 LOCAL_ONLY = frozenset({"message"})

@@ -142,6 +142,8 @@ class Step(_Record, tag="step"):
     grad_norm: Real | None = None
     loss_scale: Real | None = None
     overflow: bool | None = None
+    # Correlation (issue 23): the logical step's stable id, the same on every rank.
+    step_id: Name | None = None
 
 
 # -- collectives: process groups and per-call detail (issue 17) -----------------------
@@ -163,6 +165,7 @@ class CollectiveEntry(Struct, gc=False, forbid_unknown_fields=True, omit_default
     dtype: Code | None = None  # input dtype
     state: Literal["scheduled", "started", "completed"] = "scheduled"
     started_ts: UtcTime | None = None
+    step_id: Name | None = None  # correlation: the step this call belongs to
     out_numel: Count | None = None
     out_dtype: Code | None = None
     # all_to_all: elements sent to / received from each member, in the group's rank order.
@@ -265,6 +268,9 @@ class ServingWindowStats(Struct, gc=False, forbid_unknown_fields=True, omit_defa
     timeouts: Count = 0
     retries: Count = 0
     duplicate_tokens: Count = 0
+    # Correlation: the window's first and last request ids (its requests, end to end).
+    first_request_id: Name | None = None
+    last_request_id: Name | None = None
 
 
 class Serving(_Record, tag="serving"):
@@ -280,6 +286,29 @@ class Serving(_Record, tag="serving"):
     generation: Generation | None = None
 
 
+# ---- correctness probes (issue 23) ---------------------------------------------------------
+# The seed's fourth health check: a fixed input still gives the expected answer. A training
+# rank reports a fixed batch's loss (`value`) or a checksum of a deterministic forward pass
+# every N steps; a serving worker a fixed request's output checksum. Compared across ranks at
+# the same step and over time by the diagnosis rule `probe_divergence`.
+Checksum = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[0-9a-f]+$")]
+
+
+class Probe(_Record, tag="probe"):
+    group: Name
+    probe: Code  # which fixed input (a name; its answer is only compared with its own kind)
+    generation: Generation | None = None  # None: a serving worker outside fencing
+    rank: Rank | None = None  # training
+    worker: Name | None = None  # serving
+    step: Count | None = None
+    step_id: Name | None = None
+    value: Real | None = None
+    checksum: Checksum | None = None
+    duration_ms: NonNeg | None = None
+    model_version: Name | None = None
+
+
+# ---- end of correctness probes ---------------------------------------------------------------
 # -- host, network and kernel evidence (issue 18) ----------------------------------------
 # Bounded records of the layers below the GPU. No free text: event codes (agents/kmsg.py,
 # agents/host.py define the vocabularies), device names and numbers only.
@@ -371,6 +400,7 @@ Record = (
     | Checkpoint
     | Transition
     | Serving
+    | Probe
     | HostEvent
     | NetSample
     | NetEvent
@@ -389,6 +419,7 @@ RECORD_KINDS: tuple[str, ...] = tuple(
         Checkpoint,
         Transition,
         Serving,
+        Probe,
         *HOST_RECORDS,
         ProcessGroups,
     )

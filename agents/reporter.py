@@ -1,22 +1,29 @@
 """In-process reporter for training and serving code: one JSON datagram per call.
 
 Owns the workload side of telemetry: `step`, `collective`, `checkpoint`, `transition`,
-`serving_window`, and automatic `process` started/exited records (atexit, chained signal
-handlers, uncaught exceptions with OOM classified by exception type name). It sends to the
-local agent over a Unix datagram socket (loopback UDP when configured or where AF_UNIX is
-missing). It must never block, never raise into the caller and never import anything
-beyond the standard library: a telemetry outage must not drag the workload down. When no
-agent listens, records are counted as dropped and the training loop carries on.
+`serving_window`, correctness `probe`s (a fixed input's answer, optionally run every N
+steps from a callable the training loop registers), and automatic `process` records
+(atexit, chained signal handlers, uncaught exceptions with OOM classified by exception
+type name). It sends to the local agent over a Unix datagram socket (loopback UDP when
+configured or where AF_UNIX is missing). It must never block, never raise into the
+caller and never import anything beyond the standard library: a telemetry outage must
+not drag the workload down. When no agent listens, records are counted as dropped and
+the training loop carries on.
 
     from agents import reporter
     reporter.init(group="llama-70b", generation=3, rank=int(os.environ["RANK"]))
     reporter.step(step, tokens=n, loss=loss.item(), duration_ms=ms)
+    reporter.set_probe(lambda: fixed_batch_loss(model), every=50)   # optional
+
+Every step carries `step_id` (`g<generation>:s<step>`, the same on every rank), so its
+phase, collective and probe records can be joined end to end.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -93,6 +100,24 @@ def _maybe_real(value: Any) -> Any:
     return real(value) if isinstance(value, float) else value
 
 
+def step_id(generation: int, step: int) -> str:
+    """The logical step's stable correlation id: the same on every rank of a generation,
+    different when a later generation re-runs the step."""
+    return f"g{generation}:s{step}"
+
+
+def checksum(data: bytes | str | Iterable[float | int]) -> str:
+    """A probe answer's checksum (sha256 hex, 32 chars): bytes as they are, text as UTF-8,
+    numbers by their exact repr (a bit flip in one float changes it)."""
+    if isinstance(data, str):
+        raw = data.encode()
+    elif isinstance(data, bytes | bytearray | memoryview):
+        raw = bytes(data)
+    else:
+        raw = ",".join(float(x).hex() if isinstance(x, float) else str(x) for x in data).encode()
+    return hashlib.sha256(raw).hexdigest()[:32]
+
+
 class Reporter:
     """Sends records to the local agent. Every public method swallows every error."""
 
@@ -119,6 +144,8 @@ class Reporter:
         self.dropped = 0
         self._exited = False
         self._exit_code: int | None = None
+        self._probe: tuple[Callable[[], Any], int, str] | None = None
+        self.probe_errors = 0
         self._unix: socket.socket | None = None
         self._unix_retry_at = 0.0
         self._udp: socket.socket | None = None
@@ -203,6 +230,7 @@ class Reporter:
         try:
             rec = self._scoped("step", group, generation, rank)
             rec["step"] = step
+            rec["step_id"] = step_id(rec["generation"], step)
             rec["tokens"] = tokens
             if data_cursor is not None:
                 rec["data_cursor"] = data_cursor
@@ -218,6 +246,88 @@ class Reporter:
                 rec["loss_scale"] = _maybe_real(loss_scale)
             if overflow is not None:
                 rec["overflow"] = overflow
+            self._send(rec)
+        except Exception:  # noqa: BLE001 -- never raise into the workload; count it
+            self.dropped += 1
+        if self._probe is not None and step % self._probe[1] == 0:
+            self._run_probe(step, group, generation, rank)
+
+    # -- correctness probes ----------------------------------------------------------
+    def set_probe(self, fn: Callable[[], Any] | None, *, every: int, name: str = "fixed") -> None:
+        """Run `fn()` after every `every`-th step and report its answer as a `probe`.
+
+        `fn` is the training loop's: a fixed batch's loss (a float: `value`), or a checksum
+        of a deterministic forward pass (str or bytes: `checksum`, see `checksum()`), or a
+        (value, checksum) pair. It runs in the caller's thread, so it should be cheap (one
+        small fixed batch, no gradients); an exception in it is counted, never raised."""
+        self._probe = None if fn is None or every < 1 else (fn, int(every), name)
+
+    def _run_probe(
+        self, step: int, group: str | None, generation: int | None, rank: int | None
+    ) -> None:
+        if self._probe is None:
+            return
+        fn, _, name = self._probe
+        try:
+            began = time.perf_counter()
+            answer = fn()
+            ms = (time.perf_counter() - began) * 1000.0
+        except Exception:  # noqa: BLE001 -- a broken probe must not break training
+            self.probe_errors += 1
+            return
+        value, digest = answer if isinstance(answer, tuple) else (answer, None)
+        if isinstance(value, str | bytes):
+            value, digest = None, value
+        if isinstance(digest, bytes):
+            digest = checksum(digest)
+        self.probe(
+            name,
+            value=None if value is None else float(value),
+            checksum=digest,
+            step=step,
+            duration_ms=round(ms, 3),
+            group=group,
+            generation=generation,
+            rank=rank,
+        )
+
+    def probe(
+        self,
+        name: str,
+        *,
+        value: float | None = None,
+        checksum: str | None = None,
+        step: int | None = None,
+        worker: str | None = None,
+        model_version: str | None = None,
+        duration_ms: float | None = None,
+        group: str | None = None,
+        generation: int | None = None,
+        rank: int | None = None,
+    ) -> None:
+        """One probe answer. Training: per rank at `step`; serving: pass `worker` (and the
+        `model_version` that answered), no rank or generation."""
+        try:
+            if worker is None:
+                rec = self._scoped("probe", group, generation, rank)
+            else:
+                rec = {"kind": "probe", "ts": iso_ts(), "group": group or self.group}
+                rec["worker"] = worker
+                if generation is not None:
+                    rec["generation"] = generation
+            rec["probe"] = name
+            if step is not None:
+                rec["step"] = step
+                if rec.get("generation") is not None:
+                    rec["step_id"] = step_id(rec["generation"], step)
+            for key, val in (
+                ("value", None if value is None else _maybe_real(float(value))),
+                ("checksum", checksum),
+                ("duration_ms", duration_ms),
+                ("model_version", model_version),
+            ):
+                if val is not None:
+                    rec[key] = val
             self._send(rec)
         except Exception:  # noqa: BLE001 -- never raise into the workload; count it
             self.dropped += 1
@@ -478,3 +588,5 @@ checkpoint = _forward("checkpoint")
 transition = _forward("transition")
 serving_window = _forward("serving_window")
 process = _forward("process")
+probe = _forward("probe")
+set_probe = _forward("set_probe")

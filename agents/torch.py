@@ -139,6 +139,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._dist: Any = None
         self._pending: dict[int, tuple[dict[str, Any], Any]] = {}
+        self._next_step: int | None = None  # the step in progress (correlation: step_id)
         self._signatures: dict[str, inspect.Signature | None] = {}
         self._batches = 0
         self._coalescing: dict[str, Any] | None = None  # open coalesced batch
@@ -251,6 +252,9 @@ class Recorder:
                 entry["seq"] = self.seq[pg]
                 if batch is not None:
                     batch["seq"][pg] = entry["seq"]
+        if self._next_step is not None:
+            gen = self.reporter.generation
+            entry["step_id"] = _reporter.step_id(gen, self._next_step)
         if self._coalescing is not None:
             entry["coalesced"] = self._coalescing["id"]
             self._coalescing["entries"].append(entry)
@@ -474,6 +478,7 @@ class Recorder:
             self._step_started = now
             phases = {k: round(v, 3) for k, v in self.phases.items()}
             self.phases = {}
+            self._next_step = step + 1
             self.reporter.step(
                 step,
                 tokens=tokens,

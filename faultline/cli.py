@@ -156,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--json", dest="json_out", default=None, help="write results as JSON")
     drill.add_argument("--markdown", default=None, help="write results as a Markdown table")
     drill.add_argument("--data-dir", default=None, help="work directory (default: a temp dir)")
+    drill.add_argument("--list", action="store_true", help="print the matrix; run nothing")
     drill.add_argument(
         "--remediation",
         action="store_true",

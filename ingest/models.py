@@ -247,6 +247,26 @@ class ServingWindow(_GroupRecord):
         indexes = [models.Index(fields=["group", "-ts"])]
 
 
+class ProbeRecord(_GroupRecord):
+    """A correctness probe's answer: a fixed input's loss or output checksum (issue 23).
+
+    Event-sized (every N steps per rank, or every few seconds per serving worker), so not
+    partitioned; the diagnosis compares answers across ranks at one step and over time.
+    """
+
+    probe = models.CharField(max_length=64)
+    rank = models.PositiveIntegerField(null=True)
+    worker = models.CharField(max_length=128, null=True)
+    step = models.BigIntegerField(null=True)
+    value = models.FloatField(null=True)
+    checksum = models.CharField(max_length=128, null=True)
+    duration_ms = models.FloatField(null=True)
+    model_version = models.CharField(max_length=128, null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["group", "generation", "-ts"])]
+
+
 class ContractViolation(models.Model):
     """A correctness-contract breach seen at ingest (stale generation, non-monotonic...).
 

@@ -23,8 +23,13 @@ class DiagnosisConfig:
     hang_floor_s: float = 4.0
     # a group that never reported a step is only stalled after this long in its generation
     warmup_timeout_s: float = 1800.0
-    # a checkpoint in progress excuses silence for at most this long
+    # a checkpoint in progress excuses silence for
+    # min(checkpoint_grace_s, max(factor x its measured duration, floor)); the measure is
+    # the longest of the quiet step's checkpoint phase and the group's recent checkpoints
+    # (their duration_ms, or first event to commit). Unmeasured: the cap alone.
     checkpoint_grace_s: float = 1800.0
+    checkpoint_grace_factor: float = 2.0
+    checkpoint_grace_floor_s: float = 10.0
     # process: exits this much later than the first one are its teardown/cascade
     # (0: any later exit; gloo/NCCL peers raise within milliseconds of the first exit)
     cascade_tolerance_s: float = 0.0
@@ -39,6 +44,9 @@ class DiagnosisConfig:
     grad_explosion_factor: float = 10.0
     loss_scale_floor: float = 1.0
     loss_scale_collapse_factor: float = 1024.0
+    # probes: answers to a fixed input agree within this relative tolerance (data-parallel
+    # ranks share weights, so their fixed-batch loss is equal up to reduction order)
+    probe_rel_tol: float = 1e-5
     # devices: cumulative NVLink error counter above which a link is suspect
     nvlink_errors_limit: int = 10
     # restarts: more than `retry_limit` restarts within `retry_window_s` is a storm

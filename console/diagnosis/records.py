@@ -1,7 +1,8 @@
 """Leaf record dataclasses of a group snapshot, one per contract record shape.
 
 Owns the frozen shapes of steps, processes, collectives, devices, checkpoints,
-transitions and serving windows (DESIGN §3 names). Must not do I/O or import Django.
+transitions, serving windows and correctness probes (DESIGN §3 names). Must not do I/O
+or import Django.
 """
 
 from __future__ import annotations
@@ -228,6 +229,22 @@ class ContractFinding:
     subject: str
     evidence: Mapping[str, Any]
     ts: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeRecord:
+    """A correctness probe's answer (issue 23): a fixed input's `value` and/or `checksum`,
+    from a training rank (`rank`, `step`) or a serving worker (`worker`, `model_version`)."""
+
+    ts: datetime
+    generation: int
+    probe: str
+    rank: int | None = None
+    worker: str | None = None
+    step: int | None = None
+    value: float | None = None
+    checksum: str | None = None
+    model_version: str | None = None
 
 
 # -- host, network and kernel evidence (issue 18) ------------------------------------------

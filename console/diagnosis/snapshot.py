@@ -31,6 +31,7 @@ from console.diagnosis.records import (
     NetPort,
     NodeState,
     Phases,
+    ProbeRecord,
     ProcessGroup,
     ProcessRecord,
     ServingSlo,
@@ -59,6 +60,7 @@ __all__ = [
     "NetPort",
     "NodeState",
     "Phases",
+    "ProbeRecord",
     "ProcessGroup",
     "ProcessRecord",
     "RankState",
@@ -111,6 +113,7 @@ class GroupSnapshot:
     serving: tuple[ServingWindow, ...] = ()  # latest window per worker
     contract_findings: tuple[ContractFinding, ...] = ()
     slo: ServingSlo = field(default_factory=ServingSlo)
+    probes: tuple[ProbeRecord, ...] = ()  # oldest first, every generation
     # Host, network and kernel evidence of the group's nodes (issue 18), oldest first.
     host_events: tuple[HostEvent, ...] = ()
     net_events: tuple[NetEvent, ...] = ()
@@ -286,6 +289,7 @@ def build_snapshot(
     ckpt: dict[str, list[CheckpointEvent]] = defaultdict(list)
     transitions: list[Transition] = []
     serving: dict[str, ServingWindow] = {}
+    probes: list[ProbeRecord] = []
     heartbeats = dict(nodes)
     host_events: list[HostEvent] = []
     net_events: list[NetEvent] = []
@@ -374,6 +378,20 @@ def build_snapshot(
                 draining=r.get("draining"),
                 window=r.get("window") or {},
             )
+        elif kind == "probe":
+            probes.append(
+                ProbeRecord(
+                    ts=r["ts"],
+                    generation=gen,
+                    probe=str(r["probe"]),
+                    rank=r.get("rank"),
+                    worker=r.get("worker"),
+                    step=r.get("step"),
+                    value=_num(r.get("value")),
+                    checksum=r.get("checksum"),
+                    model_version=r.get("model_version"),
+                )
+            )
         elif kind == "heartbeat" and r.get("node"):
             prev = heartbeats.get(r["node"])
             heartbeats[r["node"]] = r["ts"] if prev is None else max(prev, r["ts"])
@@ -435,6 +453,7 @@ def build_snapshot(
             for c in contract_findings
         ),
         slo=ServingSlo.from_mapping(slo),
+        probes=tuple(probes),
         host_events=tuple(host_events),
         net_events=tuple(net_events),
         net_ports=tuple(net_ports[k] for k in sorted(net_ports, key=str)),

@@ -259,6 +259,7 @@ STEP_WINDOW = timedelta(minutes=10)
 EVENT_WINDOW = timedelta(minutes=30)
 HISTORY_WINDOW = timedelta(hours=24)
 MAX_STEP_ROWS = 200_000
+MAX_PROBE_ROWS = 20_000
 
 _STEP_FIELDS = ["generation", "rank", "step", "tokens", "data_cursor", "duration_ms",
                 "phases", "loss", "grad_norm", "loss_scale", "overflow"]  # fmt: skip
@@ -362,6 +363,16 @@ def group_records(
          "draining", "window"],
         node_names,
     )  # fmt: skip
+    # Correctness probes: compared across ranks at one step and over time (issue 23).
+    probes = m.ProbeRecord.objects.filter(
+        group=group, generation=group.generation, stale=False, ts__gte=now - EVENT_WINDOW
+    ).order_by("-ts")[:MAX_PROBE_ROWS]
+    records += _rows(
+        probes,
+        "probe",
+        ["generation", "probe", "rank", "worker", "step", "value", "checksum", "model_version"],
+        node_names,
+    )
     return records
 
 

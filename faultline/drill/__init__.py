@@ -11,8 +11,8 @@ agents or servers), on Ctrl-C and SIGTERM too.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
+import os
 import shutil
 import signal
 import tempfile
@@ -31,12 +31,18 @@ COLUMNS = (
     ("restore_s", "restore s"),
     ("repeated_steps", "repeated"),
     ("advice_correct", "advice ok"),
+    ("invariants", "invariants"),
+    ("runs", "runs"),
+    ("passed", "pass"),
 )
 
 
 def _cell(value: Any) -> str:
-    if value is None:
+    if value is None or value == {}:
         return "-"
+    if isinstance(value, dict):  # invariants: name -> held
+        failed = [k for k, ok in value.items() if not ok]
+        return f"all {len(value)} held" if not failed else "NO: " + ", ".join(failed)
     if isinstance(value, bool):
         return "yes" if value else "NO"
     return str(value)
@@ -51,6 +57,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         if r.get("error"):
             lines.append(f"{r['drill']}: {r['error']}")
+        elif r.get("note"):
+            lines.append(f"{r['drill']} ({r.get('runs')}): {r['note']}")
+        if r.get("measured") and r.get("drill") == "telemetry_down":
+            lines.append(f"{r['drill']}: {json.dumps(r['measured'])}")
     return "\n".join(lines)
 
 
@@ -61,7 +71,18 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         f"| {r['fault']} | " + " | ".join(_cell(r.get(k)) for k, _ in COLUMNS[1:]) + " |"
         for r in rows
     ]
-    return "\n".join([head, rule, *body]) + "\n"
+    notes = [f"* `{r['drill']}` ({r.get('runs')}): {r['note']}" for r in rows if r.get("note")]
+    notes += [f"* `{r['drill']}`: {r['error']}" for r in rows if r.get("error")]
+    return "\n".join([head, rule, *body, *(["", *notes] if notes else [])]) + "\n"
+
+
+def not_run_row(spec: Any, why: str) -> dict[str, Any]:
+    """A row of the matrix that did not run here, and why (printed with the others)."""
+    from faultline.drill.runner import Result
+
+    r = Result(spec.fault, spec.name, spec.expected_root_cause)
+    r.runs, r.layer, r.note = "not run here", spec.layer, why
+    return r.as_dict()
 
 
 def run_remediation(args: argparse.Namespace) -> int:
@@ -89,9 +110,17 @@ def run_remediation(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "remediation", False):
         return run_remediation(args)
-    if importlib.util.find_spec("torch") is None:
-        print("faultline: drill needs PyTorch; install it with pip install 'faultline[torch]'")
+    if getattr(args, "list", False):
+        return print_matrix()
+    from faultline.drill.prereqs import python_missing
+
+    missing = python_missing()
+    if missing:
+        for m in missing:
+            print(m.line())
         return 2
+    from faultline.drill.matrix import NOT_HERE
+    from faultline.drill.prereqs import network_missing
     from faultline.drill.runner import MATRIX, Drill
     from faultline.testing.service import start_service, stop_service, wait_for
 
@@ -103,6 +132,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"faultline: unknown drill {', '.join(unknown)}; known: {names}")
             return 2
         specs = [s for s in MATRIX if s.name in args.only]
+    skipped: dict[str, str] = {s.name: s.why for s in specs if s.runs == NOT_HERE}
+    if any(s.network for s in specs):
+        net = network_missing()
+        for s in specs:
+            if s.network and net:
+                skipped[s.name] = "; ".join(m.line().removeprefix("faultline: drill ") for m in net)
+    runnable = [s for s in specs if s.name not in skipped]
     own_dir = args.data_dir is None
     work = Path(args.data_dir or tempfile.mkdtemp(prefix="faultline-drill-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -117,13 +153,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         print(f"faultline: drill: starting a service under {work}", flush=True)
         service = start_service(work / "service")
+        # The fake-NVML rows script the agent's fake GPUs through this directory.
+        control = work / "nvml-control"
+        control.mkdir(exist_ok=True)
+        os.environ["FAULTLINE_FAKE_NVML_CONTROL_DIR"] = str(control)
         ckpt = work / "ckpt"
         ckpt.mkdir(exist_ok=True)
         service.start_agent("drill-node", "--checkpoint-root", str(ckpt), "--interval", "0.5")
         socket = service.data_dir / "agents" / "drill-node" / "reporter.sock"
         wait_for(socket.exists, 30, "the drill agent's reporter socket")
         tag = uuid.uuid4().hex[:6]
-        for spec in specs:
+        for spec in runnable:
             print(f"faultline: drill {spec.name}: {spec.fault}", flush=True)
             result = Drill(spec, service, work, socket, tag).run()
             rows.append(result.as_dict())
@@ -133,14 +173,21 @@ def run(args: argparse.Namespace) -> int:
                 f"detected in {result.detection_s}s: {verdict}",
                 flush=True,
             )
+        rows += [not_run_row(s, skipped[s.name]) for s in specs if s.name in skipped]
     except KeyboardInterrupt:
         print("faultline: drill interrupted; stopping everything")
         return 130
     finally:
         if service is not None:
             stop_service(service)
-        if own_dir:
+        failed = [r for r in rows if r.get("error")]
+        if own_dir and not failed:
             shutil.rmtree(work, ignore_errors=True)
+        elif own_dir:
+            # An error names a log: keep the logs (not the checkpoints or the database).
+            for bulky in ("ckpt", "status", "service/pg"):
+                shutil.rmtree(work / bulky, ignore_errors=True)
+            print(f"faultline: drill: {len(failed)} drill(s) failed; logs kept under {work}")
     print()
     print(table(rows))
     print(f"\n{len(rows)} drill(s) in {time.monotonic() - began:.0f}s")
@@ -148,5 +195,20 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json_out).write_text(json.dumps(rows, indent=2) + "\n")
     if args.markdown:
         Path(args.markdown).write_text(markdown(rows))
-    ok = all(r["error"] is None and r["found_root_cause"] == r["expected_root_cause"] for r in rows)
+    ok = all(r["passed"] is not False for r in rows)
     return 0 if ok else 1
+
+
+def print_matrix() -> int:
+    """`faultline drill --list`: every row, how it runs here, what it must name."""
+    from faultline.drill.matrix import MATRIX
+
+    head = ("drill", "layer", "runs", "quick", "expected", "fault")
+    cells = [head] + [
+        (s.name, s.layer, s.runs, "yes" if s.quick else "", s.expected_root_cause or "-", s.fault)
+        for s in MATRIX
+    ]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head) - 1)]
+    for c in cells:
+        print("  ".join(x.ljust(w) for x, w in zip(c[:-1], widths, strict=True)) + "  " + c[-1])
+    return 0

@@ -24,60 +24,31 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from agents.fake_nvml import fake_uuid
 from agents.reporter import Reporter
+from faultline.drill import invariants
+from faultline.drill.matrix import FAULT_RANK, MATRIX, NOT_HERE, Spec
+from faultline.drill.netns import DrillNet
 from faultline.embedded import free_port
 from faultline.testing.service import Service
 
-FAULT_RANK = 1
-# Late enough that the step-5 checkpoint is committed AND hashed by the agent: restart
-# advice needs a verified checkpoint, and the drill judges that advice.
-FAULT_STEP = 14
 DETECT_TIMEOUT_S = 25.0
-
-
-@dataclass(frozen=True)
-class Spec:
-    """One row of the drill matrix."""
-
-    name: str
-    fault: str  # what is injected, in words
-    expected_root_cause: str
-    expected_auto_restart_safe: bool
-    inside: str = ""  # fault fired inside the rank (trainer --fault)
-    restore: bool = True
-    quick: bool = True
-    # Two ranks by default; a straggler needs a majority to be slow against.
-    world: int = 2
-
-
-MATRIX: tuple[Spec, ...] = (
-    Spec("kill", "SIGKILL rank 1", "process_exit", True),
-    Spec("oom", "torch.OutOfMemoryError in rank 1", "oom", True, inside="oom"),
-    Spec("nan", "NaN loss from a poisoned sample in rank 1", "nan_loss", False, inside="nan"),
-    Spec("corrupt_checkpoint", "truncate a committed DCP shard", "checkpoint_modified", False),
-    # The stopped rank says nothing; its peers block in the next collective and their
-    # agents.torch watchdogs report where they wait, so the console names the rank that
-    # never arrived (undetermined: no exit or device evidence, so no automatic restart).
-    Spec("hang", "SIGSTOP rank 1", "rank_hang", False, quick=False),
-    Spec(
-        "slow",
-        "rank 1 sleeps in its input phase",
-        "input_stall",
-        True,
-        inside="slow",
-        restore=False,
-        quick=False,
-        world=3,
-    ),
-    Spec("stale_generation", "restart while generation 1 keeps writing", "split_brain", False),
+CONVERGE_S = 10.0
+CKPT_FAULTS = frozenset(
+    {"corrupt_checkpoint", "ckpt_shard_missing", "ckpt_shard_duplicated", "ckpt_partial_manifest"}
 )
+XID_GPU_INDEX = 7  # the fake GPU the xid row breaks (no other row's rank uses it)
+PARTITIONED_NODE = 2  # the partition row cuts node 2 off from nodes 0 and 1
+TOKENS_PER_RANK_STEP = 32 * 64
+
+__all__ = ["MATRIX", "Drill", "Result", "Spec", "first_error"]
 
 
 @dataclass
 class Result:
     fault: str
     drill: str
-    expected_root_cause: str
+    expected_root_cause: str | None
     found_root_cause: str | None = None
     other_root_causes: list[str] = field(default_factory=list)
     detection_s: float | None = None
@@ -91,13 +62,29 @@ class Result:
     advice_correct: bool | None = None
     checkpoint: str | None = None
     error: str | None = None
+    runs: str = "real"
+    layer: str = ""
+    note: str | None = None  # why a row did not run, or what was faked
+    # The seed's invariants, checked after recovery: name -> held (None: not applicable).
+    invariants: dict[str, bool] = field(default_factory=dict)
+    measured: dict[str, Any] = field(default_factory=dict)  # row-specific figures
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["passed"] = self.passed
+        return out
 
     @property
-    def passed(self) -> bool:
-        return self.error is None and self.found_root_cause == self.expected_root_cause
+    def passed(self) -> bool | None:
+        """Invariants held, the error was located, the advice was right (None: not run)."""
+        if self.runs == NOT_HERE:
+            return None
+        return (
+            self.error is None
+            and self.found_root_cause == self.expected_root_cause
+            and self.advice_correct is not False
+            and all(self.invariants.values())
+        )
 
 
 class Job:
@@ -113,25 +100,29 @@ class Job:
         self.procs: list[subprocess.Popen[bytes]] = []
         logs = drill.work / "logs"
         logs.mkdir(exist_ok=True)
+        self.logs: list[Path] = []
         for rank in range(self.world):
             env = dict(
                 os.environ,
                 RANK=str(rank),
                 WORLD_SIZE=str(self.world),
                 LOCAL_RANK=str(rank),
-                MASTER_ADDR="127.0.0.1",
+                MASTER_ADDR=drill.master_addr,
                 MASTER_PORT=str(port),
-                FAULTLINE_REPORTER_SOCKET=str(drill.socket),
+                FAULTLINE_REPORTER_SOCKET=str(drill.socket_of(rank)),
                 PYTHONWARNINGS="ignore",
+                **drill.rank_env(rank),
             )
             cmd = [
-                sys.executable, "-m", "faultline.drill.trainer", "--group", drill.group,
+                *drill.prefix(rank), sys.executable, "-m", "faultline.drill.trainer",
+                "--group", drill.group,
                 "--generation", str(generation), "--ckpt-root", str(drill.ckpt_root),
                 "--status-dir", str(self.status), *extra,
             ]  # fmt: skip
             # One process group per generation (same session): killpg reaches every rank.
             pgid = self.pgid if self.procs else 0
-            log = open(logs / f"{drill.group}-g{generation}-r{rank}.log", "wb")  # noqa: SIM115
+            self.logs.append(logs / f"{drill.group}-g{generation}-r{rank}.log")
+            log = open(self.logs[-1], "wb")  # noqa: SIM115
             self.procs.append(
                 subprocess.Popen(
                     cmd, env=env, stdout=log, stderr=subprocess.STDOUT, process_group=pgid
@@ -166,6 +157,9 @@ class Job:
             return float(json.loads((self.status / "fault.json").read_text())["ts"])
         return None
 
+    def why(self) -> str:
+        return first_error(self.logs)
+
     def alive(self) -> bool:
         return any(p.poll() is None for p in self.procs)
 
@@ -185,6 +179,19 @@ class Job:
                 proc.wait(5)
 
 
+def first_error(logs: list[Path]) -> str:
+    """The last error line of the first rank log that has one, and the log's path: what a
+    user reads first when a generation never got going (a missing module, a bad port)."""
+    for log in logs:
+        with contextlib.suppress(OSError):
+            lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines()]
+            errors = [ln for ln in lines if "Error" in ln or "error:" in ln]
+            if errors:
+                return f"{errors[-1][:200]} (see {log})"
+    where = logs[0].parent if logs else "the work directory's logs/"
+    return f"no rank logged an error (see {where})"
+
+
 def _wait(predicate: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -199,6 +206,25 @@ def all_alive(job: Job) -> bool:
     return all(p.poll() is None for p in job.procs)
 
 
+_NODE_AGENTS: dict[str, Path] = {}
+
+
+def node_agents(service: Service, count: int) -> list[Path]:
+    """Reporter sockets of `count` agents `drill-net-<i>` (started once per session): the
+    network rows' ranks each live on a node of their own, so the console can tell them
+    apart by node."""
+    out = []
+    for i in range(count):
+        name = f"drill-net-{i}"
+        if name not in _NODE_AGENTS:
+            service.start_agent(name, "--interval", "0.5")
+            _NODE_AGENTS[name] = service.data_dir / "agents" / name / "reporter.sock"
+        out.append(_NODE_AGENTS[name])
+    if not _wait(lambda: all(p.exists() for p in out), 30):
+        raise RuntimeError("the network rows' node agents never opened their sockets")
+    return out
+
+
 def _step_of(checkpoint_id: str | None) -> int:
     if not checkpoint_id:
         return 0
@@ -209,12 +235,38 @@ def _step_of(checkpoint_id: str | None) -> int:
 class Drill:
     def __init__(self, spec: Spec, service: Service, work: Path, socket: Path, tag: str) -> None:
         self.spec, self.service, self.work, self.socket = spec, service, work, socket
+        self.tag = tag
         self.group = f"drill-{spec.name.replace('_', '-')}-{tag}"
         self.ckpt_root = work / "ckpt"
         self.result = Result(spec.fault, spec.name, spec.expected_root_cause)
         self.jobs: list[Job] = []
         self.launcher = Reporter(socket_path=str(socket), group=self.group)
         self.restart_count = 0
+        self.net: DrillNet | None = None  # network rows: ranks in namespaces of their own
+        self.node_sockets: list[Path] = []  # network rows: one agent per namespace node
+        self.gpus: dict[int, str] = {}  # fake-NVML rows: rank -> fake GPU UUID
+        self.broken: set[int] = set()  # checkpoint steps this drill broke on purpose
+        self.result.runs, self.result.layer = spec.runs, spec.layer
+        self.result.note = spec.why or None
+
+    # -- where ranks run -------------------------------------------------------------
+    @property
+    def master_addr(self) -> str:
+        return "127.0.0.1" if self.net is None else self.net.ip(0)
+
+    def socket_of(self, rank: int) -> Path:
+        return self.node_sockets[rank] if self.node_sockets else self.socket
+
+    def prefix(self, rank: int) -> list[str]:
+        return [] if self.net is None else self.net.prefix(rank)
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        env: dict[str, str] = {}
+        if self.net is not None:
+            env["GLOO_SOCKET_IFNAME"] = "eth0"  # gloo's traffic on the drill's own link
+        if rank in self.gpus:
+            env["FAULTLINE_GPU"] = self.gpus[rank]
+        return env
 
     # -- the launcher's records ------------------------------------------------------
     def _transition(self, to_state: str, generation: int, **kw: Any) -> None:
@@ -235,7 +287,10 @@ class Drill:
 
     def report_signal_death(self, generation: int, rank: int, sig: int) -> None:
         rep = Reporter(
-            socket_path=str(self.socket), group=self.group, generation=generation, rank=rank
+            socket_path=str(self.socket_of(rank)),
+            group=self.group,
+            generation=generation,
+            rank=rank,
         )
         rep.process("exited", exit_code=128 + sig, sig=sig, reason="killed")
         rep.close()
@@ -285,38 +340,54 @@ class Drill:
 
     # -- the drill -------------------------------------------------------------------
     def run(self) -> Result:
+        if self.spec.runs == NOT_HERE:
+            return self.result
         try:
-            self._run()
+            if self.spec.name == "telemetry_down":
+                from faultline.drill.observer import telemetry_down
+
+                telemetry_down(self)
+            else:
+                self._run()
         except Exception as exc:  # noqa: BLE001 - one broken drill must not stop the rest
             self.result.error = f"{type(exc).__name__}: {exc}"[:300]
         finally:
             for job in self.jobs:
                 job.stop(timeout=3)
             self.launcher.close()
+            if self.net is not None:
+                self.net.remove()  # always: the namespaces, links, qdiscs and rules go
+            if self.spec.name == "xid":
+                with open(self.work / "nvml-control" / "drill-node", "a") as fh:
+                    fh.write(f"{XID_GPU_INDEX}:clear\n")
         return self.result
 
     def _run(self) -> None:
         spec, r = self.spec, self.result
         extra = ["--ckpt-every", "5"]
+        if spec.network:
+            self.net = DrillNet(f"{self.tag[:4]}{spec.name[:3]}", spec.world).create()
+            self.node_sockets = node_agents(self.service, spec.world)
+        if spec.name == "xid":
+            self.gpus[FAULT_RANK] = fake_uuid("drill-node", XID_GPU_INDEX)
         if spec.inside:
             extra += ["--fault", spec.inside, "--fault-rank", str(FAULT_RANK)]
-            extra += ["--fault-step", str(FAULT_STEP)]
-        if spec.name == "corrupt_checkpoint":
-            extra += ["--ckpt-until", "10"]  # the corrupted one stays the newest
+            extra += ["--fault-step", str(spec.fault_step)]
+        after_ten = spec.name in CKPT_FAULTS or spec.name == "stale_generation"
+        if spec.name in CKPT_FAULTS:
+            extra += ["--ckpt-until", "10"]  # the broken one stays the newest
         job = self.launch(1, extra)
         # Past step 6: step 6 carries the step-5 checkpoint's time, which excuses silence.
-        warm = 10 if spec.name in ("corrupt_checkpoint", "stale_generation") else 8
+        warm = 10 if after_ten else 8
         if not _wait(lambda: job.step() >= warm or not all_alive(job), 90) or job.step() < warm:
-            raise RuntimeError(f"generation 1 never reached step {warm}: see {self.work}/logs")
+            raise RuntimeError(f"generation 1 never reached step {warm}: {job.why()}")
         # The node agent's own view: committed and hashed (not the console's verdict).
         verified = ("verified", "corrupt")
-        if spec.name in ("corrupt_checkpoint", "stale_generation") and not _wait(
-            lambda: self.agent_phase(10) in verified, 30, 0.2
-        ):
+        if after_ten and not _wait(lambda: self.agent_phase(10) in verified, 30, 0.2):
             raise RuntimeError("the agent never verified the step-10 checkpoint")
         if not spec.inside and not _wait(lambda: self.agent_phase(5) in verified, 30, 0.2):
             raise RuntimeError("the agent never verified the step-5 checkpoint")
-        if spec.name == "corrupt_checkpoint":
+        if spec.name in CKPT_FAULTS:
             time.sleep(3.0)  # let the console digest the verification before we break it
         t0 = self.inject(job)
         # Poll until the console names the injected cause (or time runs out). Other root
@@ -350,10 +421,13 @@ class Drill:
         r.faultline_lost_steps = recovery.get("lost_steps")
         r.advice_correct = r.auto_restart_safe == spec.expected_auto_restart_safe
         if not spec.restore:
-            job.stop()
+            for running in self.jobs:
+                running.stop()
+            r.invariants = invariants.without_restore(self)
             return
         self.quiesce(job, detected)
         self.restore(job)
+        r.invariants = invariants.check(self)
 
     def inject(self, job: Job) -> float | None:
         """External faults now (returns t0); inside faults fire in the rank (t0 later)."""
@@ -363,10 +437,18 @@ class Drill:
             victim.send_signal(signal.SIGKILL)
         elif name == "hang":
             victim.send_signal(signal.SIGSTOP)
-        elif name == "corrupt_checkpoint":
-            shard = sorted((self.ckpt_root / f"{self.group}-step_000010").glob("*.distcp"))[-1]
-            with open(shard, "r+b") as fh:
-                fh.truncate(max(0, shard.stat().st_size // 2))
+        elif name in CKPT_FAULTS:
+            self._break_checkpoint(name, Path(self._newest_dir(10)))
+        elif name == "xid":
+            control = self.work / "nvml-control" / "drill-node"
+            with open(control, "a") as fh:
+                fh.write(f"{XID_GPU_INDEX}:xid79\n")
+        elif name == "slow_link" and self.net is not None:
+            self.net.slow(FAULT_RANK)
+        elif name == "lossy_link" and self.net is not None:
+            self.net.lossy(FAULT_RANK)
+        elif name == "partition" and self.net is not None:
+            self.net.partition(PARTITIONED_NODE)
         elif name == "stale_generation":
             # The scheduler starts generation 2, but generation 1 was never stopped.
             self.restart_count += 1
@@ -374,6 +456,20 @@ class Drill:
         else:
             return None
         return time.time()
+
+    def _break_checkpoint(self, how: str, directory: Path) -> None:
+        """Break the committed, verified step-10 checkpoint the way `how` says."""
+        shards = sorted(directory.glob("*.distcp"))
+        if how == "corrupt_checkpoint":
+            with open(shards[-1], "r+b") as fh:
+                fh.truncate(max(0, shards[-1].stat().st_size // 2))
+        elif how == "ckpt_shard_missing":
+            shards[-1].unlink()
+        elif how == "ckpt_shard_duplicated":
+            (directory / f"__{len(shards) + 7}_0.distcp").write_bytes(shards[0].read_bytes())
+        elif how == "ckpt_partial_manifest":
+            (directory / ".metadata").unlink()
+        self.broken.add(10)
 
     def _newest_dir(self, step: int) -> str:
         return str(self.ckpt_root / f"{self.group}-step_{step:06d}")
@@ -388,12 +484,29 @@ class Drill:
     def restore(self, job: Job) -> None:
         r = self.result
         last = max(j.step() for j in self.jobs)
+        # The console learns of the agent's newest verification a moment later: give it up
+        # to CONVERGE_S to name the restore point the drill knows is right.
+        expected = invariants.newest_valid_step(self)
+        began = time.monotonic()
         info = self.group_info() or {}
+        while (
+            _step_of(info.get("newest_valid_checkpoint")) != expected
+            and time.monotonic() - began < CONVERGE_S
+        ):
+            time.sleep(0.5)
+            info = self.group_info() or {}
+            expected = invariants.newest_valid_step(self)  # the agent's state file lags too
         ckpt = info.get("newest_valid_checkpoint")
         r.checkpoint = ckpt
         resume = _step_of(ckpt)
+        r.measured.update(
+            last_step=last,
+            resume_step=resume,
+            expected_resume=expected,
+            restore_point_wait_s=round(time.monotonic() - began, 2),
+        )
         r.lost_steps = last - resume
-        r.lost_tokens = r.lost_steps * 32 * 64 * self.spec.world
+        r.lost_tokens = r.lost_steps * TOKENS_PER_RANK_STEP * self.spec.world
         generation = self.jobs[-1].generation + 1
         self._transition("recovering", generation - 1, from_state="quiescing")
         self.restart_count += 1

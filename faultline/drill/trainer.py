@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import warnings
@@ -49,10 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ckpt-until", type=int, default=0, help="no checkpoints after step N")
     parser.add_argument("--resume", type=Path, default=None, help="DCP checkpoint to load")
     parser.add_argument("--status-dir", type=Path, required=True)
-    parser.add_argument("--fault", default="", help="oom | nan | slow (in this rank)")
+    parser.add_argument(
+        "--fault", default="", help="what breaks in this rank (see faultline.drill.runner.MATRIX)"
+    )
     parser.add_argument("--fault-rank", type=int, default=-1)
     parser.add_argument("--fault-step", type=int, default=-1)
     parser.add_argument("--step-sleep", type=float, default=0.15)
+    parser.add_argument("--probe-every", type=int, default=5, help="fixed-batch probe period")
     args = parser.parse_args(argv)
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -70,6 +74,16 @@ def main(argv: list[str] | None = None) -> int:
     fl_torch.install()
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    # The correctness probe: one fixed batch, the same on every rank, no gradients. Data
+    # parallel ranks hold the same weights, so their answers must agree.
+    probe_x = torch.randn(16, 64, generator=torch.Generator().manual_seed(99))
+    probe_y = probe_x.sum(dim=1, keepdim=True) * 0.1
+
+    def fixed_batch_loss() -> float:
+        with torch.no_grad():
+            return float(torch.nn.functional.mse_loss(model(probe_x), probe_y))
+
+    reporter.get().set_probe(fixed_batch_loss, every=args.probe_every, name="fixed_batch_loss")
     start = 0
     if args.resume is not None:
         state: dict[str, Any] = {"model": model.state_dict(), "step": torch.tensor(0)}
@@ -77,14 +91,27 @@ def main(argv: list[str] | None = None) -> int:
         model.load_state_dict(state["model"])
         start = int(state["step"])
     status = args.status_dir / f"rank{rank}.json"
+    # One line per step: what the runner checks the invariants and the observer cost with.
+    steps_log = open(args.status_dir / f"rank{rank}.steps", "a")  # noqa: SIM115
+    last_end = time.monotonic()
     faulty = rank == args.fault_rank
     batch_tokens = 32 * 64
     for step in range(start + 1, args.steps + 1):
+        here = faulty and step == args.fault_step
         with fl_torch.phase("input"):
             gen = torch.Generator().manual_seed(step * 1000 + rank)
             x = torch.randn(32, 64, generator=gen)
             y = x.sum(dim=1, keepdim=True) * 0.1
             time.sleep(args.step_sleep)  # stands in for reading a real data shard
+            if here and args.fault == "read_timeout":
+                _fault_mark(args, rank, step)
+                time.sleep(600)  # a read that never returns (a hung filesystem, say)
+            if here and args.fault == "bad_sample":
+                _fault_mark(args, rank, step)
+                x = x[:, :63]  # a malformed record: the model cannot take it
+            if here and args.fault == "clean_exit":
+                _fault_mark(args, rank, step)
+                sys.exit(0)  # a worker that decides it is done, mid-run
             if faulty and args.fault == "slow" and step >= args.fault_step:
                 _fault_mark(args, rank, step)
                 time.sleep(args.step_sleep * 4)  # a slow data loader on this rank only
@@ -92,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
             if faulty and args.fault == "nan" and step >= args.fault_step:
                 _fault_mark(args, rank, step)
                 x = x * float("nan")  # a poisoned sample
+            if faulty and args.fault == "corrupt_weights" and step == args.fault_step:
+                _fault_mark(args, rank, step)
+                with torch.no_grad():  # a silent bit-rot of this rank's weights: no error
+                    next(model.parameters()).add_(0.05)
             if faulty and args.fault == "oom" and step == args.fault_step:
                 _fault_mark(args, rank, step)
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
@@ -104,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError("a parameter got no gradient")
             grads.append(p.grad)
         flat = torch.cat([g.reshape(-1) for g in grads])
+        if here and args.fault == "raise_before_collective":
+            _fault_mark(args, rank, step)
+            raise RuntimeError("drill: rank failed before entering the collective")
         dist.all_reduce(flat)  # the gradient average: one collective per step, same on all
         flat /= world
         offset = 0
@@ -111,16 +145,42 @@ def main(argv: list[str] | None = None) -> int:
             n = g.numel()
             g.copy_(flat[offset : offset + n].reshape(g.shape))
             offset += n
+        if here and args.fault == "raise_after_collective":
+            _fault_mark(args, rank, step)
+            raise RuntimeError("drill: rank failed after the collective, before its update")
         with fl_torch.phase("optimizer"):
             opt.step()
+        cursor = step * batch_tokens * world
+        if faulty and args.fault == "cursor_mismatch" and step >= args.fault_step:
+            _fault_mark(args, rank, step)
+            cursor -= 10 * batch_tokens * world  # this rank's sampler restarted behind
+        began = time.monotonic()
         fl_torch.report_step(
             step,
             loss=loss.detach(),
             grad_norm=float(flat.norm()),
             tokens=batch_tokens,
-            data_cursor=step * batch_tokens * world,
+            data_cursor=cursor,
         )
+        ended = time.monotonic()
+        rep = reporter.get()
+        line = {
+            "step": step,
+            "ts": time.time(),
+            "step_ms": round((ended - last_end) * 1000, 3),
+            "report_ms": round((ended - began) * 1000, 3),
+            "dropped": rep.dropped,
+            "sample_seed": step * 1000 + rank,
+        }
+        steps_log.write(json.dumps(line) + "\n")
+        steps_log.flush()
+        last_end = ended
         _write_status(status, {"step": step, "pid": os.getpid(), "ts": time.time()})
+        if faulty and args.fault == "hang_after_ckpt" and step == args.fault_step:
+            # Stopped right after the step that carried the checkpoint phase: the silence
+            # the old 30-minute checkpoint grace excused.
+            _fault_mark(args, rank, step)
+            os.kill(os.getpid(), signal.SIGSTOP)
         if step % args.ckpt_every == 0 and (not args.ckpt_until or step <= args.ckpt_until):
             with fl_torch.phase("checkpoint"):
                 _save(args, dcp, dist, torch, model, step, rank)

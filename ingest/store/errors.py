@@ -74,6 +74,7 @@ _KIND_OF_TABLE = {
     "checkpointrecord": "checkpoint",
     "transitionrecord": "transition",
     "servingwindow": "serving",
+    "proberecord": "probe",
     "hostevent": "host_event",
     "netevent": "net_event",
     "netsample": "net_sample",

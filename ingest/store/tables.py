@@ -37,6 +37,10 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "ts", "node_id", "group_id", "generation", "stale", "worker", "model_version",
         "adapter_version", "kv_schema", "ready", "draining", "window",
     ),
+    "proberecord": (
+        "ts", "node_id", "group_id", "generation", "stale", "probe", "rank", "worker", "step",
+        "value", "checksum", "duration_ms", "model_version",
+    ),
     # -- host, network and kernel evidence (issue 18)
     "hostevent": ("ts", "node_id", "event", "device", "code", "pid", "comm", "severity"),
     "netevent": (

@@ -136,6 +136,7 @@ class BatchWriter:
             p.NetSample: self._on_net_sample,
             p.HostSample: self._on_host_sample,
             p.ProcessGroups: self._on_process_groups,
+            p.Probe: self._on_probe,
         }
         shift = self.shift if self.shift else None
         last_seen = self.last_seen
@@ -164,7 +165,8 @@ class BatchWriter:
             name = getattr(rec, "group", None)
             if name is None:
                 continue
-            kind = GroupKind.SERVING if isinstance(rec, p.Serving) else GroupKind.TRAINING
+            serving = isinstance(rec, p.Serving) or getattr(rec, "worker", None) is not None
+            kind = GroupKind.SERVING if serving else GroupKind.TRAINING
             if isinstance(rec, p.Transition | p.Checkpoint):
                 lock = True
                 if isinstance(rec, p.Transition):
@@ -493,6 +495,21 @@ class BatchWriter:
             f"{text(rec.worker)}\t{text(rec.model_version)}\t{text(rec.adapter_version)}\t"
             f"{text(rec.kv_schema)}\t{flag(rec.ready)}\t{flag(rec.draining)}\t"
             f"{cjson(rec.window)}\n"
+        )
+
+    def _on_probe(self, rec: p.Probe, ts: datetime) -> None:
+        """Stored as evidence only: a probe moves no live state (issue 23)."""
+        group, view = self.groups[rec.group]
+        if rec.generation is None:  # a serving worker follows the group's generation
+            generation, applied = view.generation, True
+            self.touched_groups.add(group.name)
+        else:
+            generation, applied = rec.generation, self._fence(rec, ts)
+        self.rows["proberecord"].append(
+            f"{when(ts)}{self.node_cell}{group.pk}\t{generation}\t{flag(not applied)}\t"
+            f"{text(rec.probe)}\t{num(rec.rank)}\t{text(rec.worker)}\t{num(rec.step)}\t"
+            f"{num(rec.value)}\t{text(rec.checksum)}\t{num(rec.duration_ms)}\t"
+            f"{text(rec.model_version)}\n"
         )
 
     def _rank(self, group: ConsistencyGroup, rank: int, generation: int) -> dict[str, Any]:

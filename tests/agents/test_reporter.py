@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -10,11 +11,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agents import listener as listener_mod
 from agents.listener import Listener, check
-from agents.protocol import Checkpoint, Process, ProcessGroups, Serving, Step, Transition
+from agents.protocol import (
+    Checkpoint,
+    ContractError,
+    Probe,
+    Process,
+    ProcessGroups,
+    Serving,
+    Step,
+    Transition,
+    decode_batch,
+)
 from agents.protocol import Collective as CollectiveRecord
-from agents.reporter import Reporter, classify_exception, scrub
+from agents.reporter import Reporter, checksum, classify_exception, scrub
 
 from .conftest import validate
 
@@ -106,6 +119,7 @@ def test_its_listener_fields_match_the_contract_structs() -> None:
         "checkpoint": Checkpoint,
         "transition": Transition,
         "serving": Serving,
+        "probe": Probe,
         "process_groups": ProcessGroups,
     }
     for kind, struct in structs.items():
@@ -218,3 +232,62 @@ def test_it_never_blocks_when_the_agent_stops_reading(short_dir: Path) -> None:
     stuck.close()
     assert rep.dropped > 0 and rep.sent + rep.dropped == 2000
     assert elapsed < 1.0
+
+
+# -- correctness probes and correlation (issue 23) -----------------------------------------
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def test_it_accepts_the_golden_probe_and_correlation_batch_forever() -> None:
+    for path in sorted(GOLDEN.glob("v1_*.json")):
+        batch = decode_batch(path.read_bytes())
+        kinds = [r.__struct_config__.tag for r in batch.records]
+        assert "probe" in kinds, path
+
+
+def test_it_refuses_a_probe_checksum_that_is_not_hex() -> None:
+    body = json.loads((GOLDEN / "v1_probe_and_correlation.json").read_text())
+    body["records"][2]["checksum"] = "not hex!"
+    with pytest.raises(ContractError, match="checksum"):
+        decode_batch(json.dumps(body).encode())
+
+
+def test_it_runs_the_registered_probe_every_n_steps(short_dir: Path) -> None:
+    lis, got = _listen(short_dir)
+    rep = Reporter(socket_path=lis.socket_path, group="llama", generation=2, rank=1)
+    calls: list[int] = []
+    rep.set_probe(lambda: calls.append(1) or 0.5, every=3, name="fixed_batch_loss")
+    for n in range(1, 8):
+        rep.step(n)
+    _wait_for(got, 9)
+    lis.stop()
+    probes = [r for r in got if r["kind"] == "probe"]
+    assert [p["step"] for p in probes] == [3, 6] and len(calls) == 2
+    assert probes[0]["value"] == 0.5 and probes[0]["step_id"] == "g2:s3"
+    assert probes[0]["rank"] == 1 and probes[0]["probe"] == "fixed_batch_loss"
+    steps = [r for r in got if r["kind"] == "step"]
+    assert [s["step_id"] for s in steps][:2] == ["g2:s1", "g2:s2"]
+    validate(got)
+
+
+def test_it_reports_a_checksum_probe_and_a_serving_probe(short_dir: Path) -> None:
+    lis, got = _listen(short_dir)
+    rep = Reporter(socket_path=lis.socket_path, group="chat")
+    rep.set_probe(lambda: b"\x00\x01logits", every=1, name="forward")
+    rep.step(1)
+    rep.probe("fixed_request", checksum=checksum([17, 4, 99]), worker="w0", model_version="m1")
+    _wait_for(got, 3)
+    lis.stop()
+    forward, serving = (r for r in got if r["kind"] == "probe")
+    assert forward["checksum"] == checksum(b"\x00\x01logits") and "value" not in forward
+    assert serving["worker"] == "w0" and "rank" not in serving and "generation" not in serving
+    assert checksum([0.1, 0.2]) != checksum([0.1, 0.2000000001])
+    validate(got)
+
+
+def test_it_swallows_a_probe_that_raises_and_counts_it(short_dir: Path) -> None:
+    rep = Reporter(socket_path=str(short_dir / "nobody.sock"), group="g")
+    rep.set_probe(lambda: 1 / 0, every=1)
+    rep.step(1)
+    rep.step(2)
+    assert rep.probe_errors == 2

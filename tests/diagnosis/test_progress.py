@@ -6,6 +6,8 @@ from console.diagnosis import UNDETERMINED, diagnose
 from tests.diagnosis.factory import (
     T0,
     checkpoint,
+    collective,
+    entry,
     of_kind,
     process,
     snap,
@@ -58,18 +60,71 @@ def test_it_does_not_call_a_quiescing_group_hung() -> None:
     assert d.findings == ()
 
 
-def test_it_trusts_a_checkpoint_phase_in_the_last_step() -> None:
+def _after_checkpoint_phase(ms: float) -> list[dict]:
+    """Four ranks whose last step (at T0 + 1 s) carried a checkpoint phase of `ms`."""
     recs = training(ranks=4)
     for rk in range(4):
-        recs.append(step(rk, 120, T0 + timedelta(seconds=1), phases={"checkpoint": 500.0}))
-    d = diagnose(snap(recs), T0 + timedelta(minutes=10))
+        recs.append(step(rk, 120, T0 + timedelta(seconds=1), phases={"checkpoint": ms}))
+    return recs
+
+
+def test_it_trusts_a_checkpoint_phase_in_the_last_step_within_its_measured_grace() -> None:
+    # 500 ms save, the group's last checkpoint took 1 s: excused for max(2 x 1 s, 10 s).
+    d = diagnose(snap(_after_checkpoint_phase(500.0)), T0 + timedelta(seconds=9))
     assert d.findings == ()
+
+
+def test_it_names_a_rank_that_hangs_right_after_a_short_checkpoint_within_a_minute() -> None:
+    # The old rule excused this for 30 minutes (checkpoint_grace_s): the hole the drills
+    # found. Rank 2 stops after the checkpoint step; its peers wait for it in seq 121.
+    recs = _after_checkpoint_phase(500.0)
+    began = T0 + timedelta(seconds=1.2)
+    for rk in range(4):
+        state = "completed" if rk == 2 else "started"
+        last = [entry(120, "completed", T0), *([] if rk == 2 else [entry(121, state, began)])]
+        recs.append(collective(rk, T0 + timedelta(seconds=3), last))
+    d = diagnose(snap(recs), T0 + timedelta(seconds=60))
+    (hang,) = of_kind(d, "rank_hang")
+    assert hang.subject == "rank:llama-70b/2"
+
+
+def test_it_calls_all_ranks_silent_after_a_short_checkpoint_a_stall() -> None:
+    d = diagnose(snap(_after_checkpoint_phase(500.0)), T0 + timedelta(minutes=10))
+    (stall,) = of_kind(d, "group_stall")
+    assert stall.evidence["checkpoint_grace_s"] == 10.0
+    assert stall.evidence["checkpoint_measured_s"] == 1.0
+
+
+def test_it_scales_the_grace_with_the_checkpoints_own_duration() -> None:
+    # A 5-minute save: excused for 10 minutes, not for 30, not for 10 seconds.
+    recs = _after_checkpoint_phase(300_000.0)
+    assert diagnose(snap(recs), T0 + timedelta(minutes=9)).findings == ()
+    assert of_kind(diagnose(snap(recs), T0 + timedelta(minutes=11)), "group_stall")
+
+
+def test_it_caps_the_grace_at_checkpoint_grace_s() -> None:
+    recs = _after_checkpoint_phase(3_600_000.0)  # an hour-long save: 2 h, capped at 30 min
+    assert diagnose(snap(recs), T0 + timedelta(minutes=29)).findings == ()
+    assert of_kind(diagnose(snap(recs), T0 + timedelta(minutes=31)), "group_stall")
 
 
 def test_it_trusts_a_checkpoint_being_written_after_the_last_step() -> None:
     recs = [*training(ranks=4), checkpoint(T0 + timedelta(seconds=2), "ckpt-120", 120, "staging")]
-    d = diagnose(snap(recs), T0 + timedelta(minutes=10))
+    d = diagnose(snap(recs), T0 + timedelta(seconds=9))
     assert d.findings == ()
+
+
+def test_it_calls_a_checkpoint_far_slower_than_the_last_one_a_stall() -> None:
+    recs = [*training(ranks=4), checkpoint(T0 + timedelta(seconds=2), "ckpt-120", 120, "staging")]
+    d = diagnose(snap(recs), T0 + timedelta(minutes=10))
+    assert [f.kind for f in d.findings] == ["group_stall"]
+
+
+def test_it_trusts_an_unmeasured_first_checkpoint_up_to_the_cap() -> None:
+    recs = training(ranks=4, with_checkpoint=False)
+    recs.append(checkpoint(T0 + timedelta(seconds=2), "ckpt-120", 120, "staging"))
+    recs[-1]["duration_ms"] = None
+    assert diagnose(snap(recs), T0 + timedelta(minutes=10)).findings == ()
 
 
 def test_it_calls_a_checkpoint_overrunning_its_grace_a_stall() -> None:

@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from faultline.drill import markdown, table
+from faultline.drill import markdown, not_run_row, table
+from faultline.drill.matrix import MATRIX
+from faultline.drill.netns import DrillNet
+from faultline.drill.prereqs import network_missing
+from faultline.drill.runner import Result, first_error
 from tests.system.conftest import BIN
 
 
@@ -32,7 +36,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     proc = subprocess.run(
         [str(BIN / "faultline"), "drill", "--quick", "--json", str(out),
          "--markdown", str(work / "drill.md"), "--data-dir", str(work / "run")],
-        capture_output=True, text=True, timeout=280,
+        capture_output=True, text=True, timeout=600,
         env={k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")},
     )  # fmt: skip
     artifacts = Path("test-artifacts")
@@ -48,12 +52,32 @@ def _alive_pids(pattern: str) -> list[str]:
 
 
 @real_drill
-@pytest.mark.parametrize("drill", ["kill", "oom", "nan", "stale_generation"])
+@pytest.mark.parametrize(
+    "drill", ["kill", "oom", "nan", "stale_generation", "hang_after_checkpoint"]
+)
 def test_it_names_the_injected_root_cause(quick_run: dict[str, dict], drill: str) -> None:
     row = quick_run[drill]
     assert row["error"] is None
     assert row["found_root_cause"] == row["expected_root_cause"]
-    assert 0 <= row["detection_s"] < 10
+    assert 0 <= row["detection_s"] < 15
+    assert row["passed"] is True, row["invariants"]
+
+
+@real_drill
+def test_it_names_the_silently_corrupted_rank_by_its_probe(quick_run: dict[str, dict]) -> None:
+    row = quick_run["silent_corruption"]
+    assert row["found_root_cause"] == "probe_divergence"
+    assert row["auto_restart_safe"] is False
+    assert row["invariants"]["newest_valid_checkpoint_used"] is True
+
+
+@real_drill
+def test_it_keeps_the_workload_unharmed_while_the_service_is_stopped(quick_run) -> None:
+    row = quick_run["telemetry_down"]
+    assert row["error"] is None, row
+    assert row["measured"]["steps_during_outage"] > 10
+    assert row["invariants"]["reporter_never_blocks"] is True
+    assert row["invariants"]["spool_replays_everything"] is True
 
 
 @real_drill
@@ -104,18 +128,12 @@ def test_it_renders_one_table_row_and_one_markdown_row_per_drill() -> None:
     assert text.splitlines()[2].split()[:4] == ["kill", "process_exit", "process_exit", "0.5"]
     assert "nan: RuntimeError: nan_loss not named within 40s" in text
     md = markdown(rows).splitlines()
-    assert len(md) == 4 and md[2].startswith("| SIGKILL rank 1 | process_exit |")
+    assert md[2].startswith("| SIGKILL rank 1 | process_exit |") and md[4] == ""
+    assert md[5] == "* `nan`: RuntimeError: nan_loss not named within 40s"
 
 
 def test_it_says_in_one_line_that_torch_is_missing(tmp_path: Path) -> None:
-    # A site dir whose `torch` cannot be found: shadow it with a module that hides itself.
-    shim = tmp_path / "sitecustomize.py"
-    shim.write_text(
-        "import importlib.util, sys\n"
-        "_find = importlib.util.find_spec\n"
-        "importlib.util.find_spec = lambda n, *a: None if n == 'torch' else _find(n, *a)\n"
-    )
-    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    env = _hide(tmp_path, "torch")
     out = subprocess.run(
         [str(BIN / "faultline"), "drill", "--quick"],
         capture_output=True, text=True, timeout=60, env=env,
@@ -124,6 +142,92 @@ def test_it_says_in_one_line_that_torch_is_missing(tmp_path: Path) -> None:
     assert out.stdout.strip().splitlines() == [
         "faultline: drill needs PyTorch; install it with pip install 'faultline[torch]'"
     ]
+
+
+def _hide(tmp_path: Path, module: str) -> dict[str, str]:
+    """An environment in which `module` cannot be found (a sitecustomize that hides it)."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import importlib.util, sys\n"
+        "_find = importlib.util.find_spec\n"
+        f"importlib.util.find_spec = lambda n, *a: None if n == {module!r} else _find(n, *a)\n"
+    )
+    return dict(os.environ, PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
+
+
+def test_it_names_numpy_before_any_drill_runs(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [str(BIN / "faultline"), "drill", "--quick"],
+        capture_output=True, text=True, timeout=60, env=_hide(tmp_path, "numpy"),
+    )  # fmt: skip
+    assert out.returncode == 2
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("faultline: drill needs numpy")
+    assert "starting a service" not in out.stdout
+
+
+def test_it_points_at_the_rank_log_that_says_what_went_wrong(tmp_path: Path) -> None:
+    quiet, broken = tmp_path / "g-r0.log", tmp_path / "g-r1.log"
+    quiet.write_text("starting\n")
+    broken.write_text(
+        "Traceback (most recent call last):\n  File x\n"
+        "ModuleNotFoundError: No module named 'numpy'\n"
+    )
+    said = first_error([quiet, broken])
+    assert said == f"ModuleNotFoundError: No module named 'numpy' (see {broken})"
+    assert first_error([quiet]) == f"no rank logged an error (see {tmp_path})"
+
+
+def test_it_lists_every_row_with_how_it_runs_here() -> None:
+    out = subprocess.run(
+        [str(BIN / "faultline"), "drill", "--list"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0
+    names = [line.split()[0] for line in out.stdout.splitlines()[1:]]
+    assert names == [s.name for s in MATRIX]
+    assert "not run here" in out.stdout and "fake" in out.stdout
+
+
+def test_it_gives_every_row_a_way_to_run_or_a_reason_not_to() -> None:
+    trainer = Path("faultline/drill/trainer.py").read_text()
+    for spec in MATRIX:
+        if spec.runs != "real":
+            assert spec.why, spec.name
+        if spec.inside:
+            assert f'"{spec.inside}"' in trainer, spec.name  # the trainer knows the fault
+    quick = [s for s in MATRIX if s.quick and s.runs == "real"]
+    assert 5 <= len(quick) <= 9  # a few minutes on 2 cores
+
+
+def test_it_labels_a_row_that_did_not_run_and_says_why() -> None:
+    (spec,) = [s for s in MATRIX if s.name == "serving_worker_exit"]
+    row = not_run_row(spec, spec.why)
+    assert row["passed"] is None and row["runs"] == "not run here"
+    assert f"serving_worker_exit (not run here): {spec.why}" in table([row])
+    assert markdown([row]).splitlines()[-1].startswith("* `serving_worker_exit`")
+
+
+def test_it_fails_a_row_whose_invariant_broke_even_if_the_cause_was_named() -> None:
+    r = Result("f", "kill", "process_exit", found_root_cause="process_exit")
+    r.invariants = {"one_active_generation": True, "no_sample_skipped": False}
+    assert r.passed is False
+    r.invariants["no_sample_skipped"] = True
+    assert r.passed is True
+
+
+@pytest.mark.skipif(bool(network_missing()), reason="needs ip netns, tc and nft rights")
+def test_it_builds_and_always_removes_the_drills_own_namespaces() -> None:
+    net = DrillNet(f"t{os.getpid() % 10000}", 2).create()
+    try:
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert net.ns(0) in names and net.hub in names
+        net.slow(1)
+        net.lossy(1)
+        net.partition(0)
+        assert net.counters(1).get("tx_bytes") is not None
+    finally:
+        net.remove()
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"fl-drill-{net.tag}" not in names
 
 
 @pytest.mark.slow

@@ -201,13 +201,43 @@ class Context:
                 return c.events[0].ts
         return None
 
+    @cached_property
+    def checkpoint_measured_s(self) -> float | None:
+        """How long this group's checkpoints take, measured: the longest checkpoint phase of
+        its recent steps and the longest recent checkpoint (its reported `duration_ms`, or
+        first event to commit). None when no checkpoint was ever measured."""
+        seen: list[float] = []
+        for r in self.snap.ranks:
+            for s in self.steps(r)[-RECENT_STEPS:]:
+                if s.phases.checkpoint:
+                    seen.append(s.phases.checkpoint / 1000.0)
+        for c in self.snap.checkpoints:
+            seen.extend(e.duration_ms / 1000.0 for e in c.events if e.duration_ms)
+            done = [e.ts for e in c.events if e.phase in ("committed", "verified")]
+            if done and c.events[0].phase in IN_PROGRESS_PHASES:
+                seen.append((done[0] - c.events[0].ts).total_seconds())
+        return max(seen) if seen else None
+
+    @cached_property
+    def quiet_grace_s(self) -> float:
+        """How long the current quiet period is excused. A state the launcher declared
+        (quiescing, checkpointing) and a group whose checkpoints were never measured get
+        `checkpoint_grace_s`; a checkpoint inferred from the records (the last step's
+        checkpoint phase, a staging/written record) gets `checkpoint_grace_factor` x the
+        measured duration (at least the floor), capped by `checkpoint_grace_s`: a rank that
+        hangs right after a 300 ms save is not excused for 30 minutes."""
+        cfg = self.cfg
+        measured = self.checkpoint_measured_s
+        if self.snap.state in QUIET_STATES or measured is None:
+            return cfg.checkpoint_grace_s
+        grace = max(cfg.checkpoint_grace_factor * measured, cfg.checkpoint_grace_floor_s)
+        return min(grace, cfg.checkpoint_grace_s)
+
     @property
     def quiet(self) -> bool:
-        """Checkpointing or quiescing, and still within `checkpoint_grace_s`."""
+        """Checkpointing or quiescing, and still within its grace (`quiet_grace_s`)."""
         since = self.quiet_since
-        return (
-            since is not None and (self.now - since).total_seconds() <= self.cfg.checkpoint_grace_s
-        )
+        return since is not None and (self.now - since).total_seconds() <= self.quiet_grace_s
 
     @cached_property
     def generation_start(self) -> datetime | None:

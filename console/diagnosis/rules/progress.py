@@ -3,7 +3,8 @@ step-time history.
 
 Owns `rank_hang` and `group_stall`. A rank is hung after
 max(multiplier x (median + k*MAD of recent step durations), floor) without a step.
-Phase-aware: a checkpoint in progress or a quiescing group is not hung (up to a grace);
+Phase-aware: a checkpoint in progress or a quiescing group is not hung, for a grace
+relative to the checkpoint's own measured duration (Context.quiet_grace_s, capped);
 a group with no step history only stalls after the warm-up timeout. Must run after
 every evidence rule: a rank some finding already explains gets no second story.
 """
@@ -78,6 +79,14 @@ def run(ctx: Context) -> None:
         "threshold_s": round(thr, 3),
         "history_steps": len(ctx.recent_durations_s),
         "checkpoint_since": since,
+        **(
+            {}
+            if since is None
+            else {
+                "checkpoint_grace_s": round(ctx.quiet_grace_s, 3),
+                "checkpoint_measured_s": ctx.checkpoint_measured_s,
+            }
+        ),
     }
     if len(stalled) == len(snap.ranks):
         roots = sorted(

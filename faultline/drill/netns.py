@@ -1,0 +1,107 @@
+"""The network drills' own little network: one namespace per node, a hub namespace with a
+bridge, veth pairs between them, and the faults applied to real traffic.
+
+Owns creating and always removing `fl-drill-<tag>-hub` and `fl-drill-<tag>-<i>` (nothing is
+created in the host's own namespace: deleting the namespaces removes every veth, bridge,
+qdisc and nftables table with them), and the faults: a slow link (`tc` tbf on both ends of
+a node's veth), packet loss (an nftables `numgen random` drop in the node's namespace),
+a partition (the node's link down). `netem` is not in this machine's kernel; no delay is
+added. Must not touch any namespace, address or rule it did not create.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import random
+import subprocess
+
+
+def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {proc.stderr.strip()[:200]}")
+    return proc
+
+
+class DrillNet:
+    """`nodes` namespaces on one bridge, 10.213.<net>.<i+1>/24, interface `eth0` in each."""
+
+    def __init__(self, tag: str, nodes: int) -> None:
+        self.tag, self.nodes = tag, nodes
+        self.hub = f"fl-drill-{tag}-hub"
+        self.net = random.randint(1, 254)  # noqa: S311 - a subnet, not a secret
+        self.made: list[str] = []
+        atexit.register(self.remove)  # even if the session dies between setup and finally
+
+    def ns(self, node: int) -> str:
+        return f"fl-drill-{self.tag}-{node}"
+
+    def ip(self, node: int) -> str:
+        return f"10.213.{self.net}.{node + 1}"
+
+    def create(self) -> DrillNet:
+        _sh("ip", "netns", "add", self.hub)
+        self.made.append(self.hub)
+        _sh("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
+        _sh("ip", "-n", self.hub, "link", "set", "br0", "up")
+        for i in range(self.nodes):
+            ns = self.ns(i)
+            _sh("ip", "netns", "add", ns)
+            self.made.append(ns)
+            _sh("ip", "link", "add", f"h{i}", "netns", self.hub, "type", "veth",
+                "peer", "name", "eth0", "netns", ns)  # fmt: skip
+            _sh("ip", "-n", self.hub, "link", "set", f"h{i}", "master", "br0", "up")
+            _sh("ip", "-n", ns, "addr", "add", f"{self.ip(i)}/24", "dev", "eth0")
+            _sh("ip", "-n", ns, "link", "set", "eth0", "up")
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        return self
+
+    def prefix(self, node: int) -> list[str]:
+        """Run a command inside the node's namespace (ip netns exec execs it: same pid)."""
+        return ["ip", "netns", "exec", self.ns(node)]
+
+    # -- faults ------------------------------------------------------------------------
+    def slow(self, node: int, rate: str = "2mbit") -> None:
+        """The node's NIC slows down, both ways: tbf on its eth0 and on the hub's end."""
+        tbf = ["root", "tbf", "rate", rate, "burst", "16kbit", "latency", "400ms"]
+        _sh("ip", "netns", "exec", self.ns(node), "tc", "qdisc", "add", "dev", "eth0", *tbf)
+        _sh("ip", "netns", "exec", self.hub, "tc", "qdisc", "add", "dev", f"h{node}", *tbf)
+
+    def lossy(self, node: int, percent: int = 20) -> None:
+        """Drop `percent` % of the node's packets, both ways (nftables, its own table)."""
+        ns = self.ns(node)
+        script = (
+            "table inet fl_drill {\n"
+            f" chain out {{ type filter hook output priority 0; ip daddr 10.213.{self.net}.0/24"
+            f" numgen random mod 100 < {percent} drop; }}\n"
+            f" chain inp {{ type filter hook input priority 0; ip saddr 10.213.{self.net}.0/24"
+            f" numgen random mod 100 < {percent} drop; }}\n"
+            "}\n"
+        )
+        proc = subprocess.run(
+            ["ip", "netns", "exec", ns, "nft", "-f", "-"],
+            input=script, capture_output=True, text=True, timeout=20,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise RuntimeError(f"nft in {ns}: {proc.stderr.strip()[:200]}")
+
+    def partition(self, node: int) -> None:
+        _sh("ip", "-n", self.ns(node), "link", "set", "eth0", "down")
+
+    def counters(self, node: int) -> dict[str, int]:
+        """The node's eth0 counters as the kernel keeps them (what an agent would read)."""
+        out: dict[str, int] = {}
+        for name in ("tx_bytes", "rx_bytes", "tx_dropped", "rx_dropped"):
+            proc = _sh(
+                "ip", "netns", "exec", self.ns(node), "cat",
+                f"/sys/class/net/eth0/statistics/{name}", check=False,
+            )  # fmt: skip
+            with contextlib.suppress(ValueError):
+                out[name] = int(proc.stdout.strip())
+        return out
+
+    def remove(self) -> None:
+        """Delete every namespace this net made (their links, qdiscs and rules go too)."""
+        while self.made:
+            _sh("ip", "netns", "del", self.made.pop(), check=False)
