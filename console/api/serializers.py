@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from console.models import Alert, ConsistencyGroup, Device, HealthEvent, Incident, Node
 from console.queries import telemetry
+from console.serving import serving_state_of
 
 LIFECYCLE_FIELDS = (
     "lifecycle", "lifecycle_reason", "lifecycle_evidence", "lifecycle_since", "lifecycle_by",
@@ -87,6 +88,7 @@ class GroupSerializer(serializers.ModelSerializer):
     tail_ratio = serializers.SerializerMethodField()
     newest_valid_checkpoint = serializers.SerializerMethodField()
     recovery_advice = serializers.SerializerMethodField()
+    serving_state = serializers.SerializerMethodField()
 
     class Meta:
         model = ConsistencyGroup
@@ -94,7 +96,7 @@ class GroupSerializer(serializers.ModelSerializer):
             "name", "kind", "state", "generation", "restart_count", "world_size", "topology",
             "data_cursor", "model_version", "labels", "state_since", "last_activity",
             "open_incidents", "goodput", "tail_ratio", "newest_valid_checkpoint",
-            "recovery_advice",
+            "recovery_advice", "serving_state",
         ]  # fmt: skip
 
     def get_goodput(self, obj: ConsistencyGroup) -> dict | None:
@@ -108,6 +110,11 @@ class GroupSerializer(serializers.ModelSerializer):
 
     def get_recovery_advice(self, obj: ConsistencyGroup) -> dict | None:
         return obj.summary.get("recovery_advice")
+
+    def get_serving_state(self, obj: ConsistencyGroup) -> dict | None:
+        """A serving group's state (serving, degraded, down, initializing), its reason
+        and worker counts; null for training groups."""
+        return serving_state_of(obj)
 
 
 class AlertSerializer(serializers.ModelSerializer):
