@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.db import transaction
 
@@ -89,7 +88,7 @@ def _xid_code(labels: dict[str, str], annotations: dict[str, str]) -> int | None
 
 
 def _known_fault(node: Node, gpu: str, code: int, now: datetime, own: int | None) -> str:
-    """"agent" or "alert" when this Xid on this GPU is already a fault within the window."""
+    """ "agent" or "alert" when this Xid on this GPU is already a fault within the window."""
     since = now - XID_WINDOW
     agent = HealthEvent.objects.filter(
         node=node, gpu=gpu, kind="fault", at__gte=since, evidence__code=code
@@ -170,7 +169,8 @@ def _one(a: AlertIn, now: datetime) -> ExternalAlert:
     audit(actor=ACTOR, verb=f"alert.{row.status}", obj=row, now=now,
           reason=f"{row.name}: {row.summary}".rstrip(": "),
           data={"fingerprint": row.fingerprint, "node": node.name if node else None,
-                "gpu": row.gpu, "group": group.name if group else None, "xid": row.xid})  # fmt: skip
+                "gpu": row.gpu, "group": group.name if group else None,
+                "xid": row.xid})  # fmt: skip
     if row.status == "resolved":
         _settle_alert_incident(row.incident, now)
     elif node is not None:

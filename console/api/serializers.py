@@ -131,14 +131,26 @@ class AlertSerializer(serializers.ModelSerializer):
 
 class IncidentSerializer(serializers.ModelSerializer):
     group = serializers.CharField(source="group.name", default=None)
+    node = serializers.CharField(source="node.name", default=None, allow_null=True)
     symptoms = serializers.SerializerMethodField()
+    external_alerts = serializers.SerializerMethodField()
 
     class Meta:
         model = Incident
         fields = [
-            "id", "group", "generation", "state", "kind", "subject", "role", "severity",
-            "summary", "root_cause", "symptom_count", "symptoms", "recovery", "timeline",
-            "opened_at", "resolved_at", "version",
+            "id", "group", "node", "generation", "state", "kind", "subject", "role",
+            "severity", "summary", "root_cause", "symptom_count", "symptoms", "external_alerts",
+            "recovery", "timeline", "opened_at", "resolved_at", "version",
+        ]  # fmt: skip
+
+    def get_external_alerts(self, obj: Incident) -> list[dict]:
+        """The Alertmanager alerts filed on this incident (console.actions.alertmanager)."""
+        return [
+            {"name": a.name, "status": a.status, "severity": a.severity, "summary": a.summary,
+             "fingerprint": a.fingerprint, "gpu": a.gpu, "xid": a.xid, "joined": a.joined,
+             "labels": a.labels, "starts_at": a.starts_at, "ends_at": a.ends_at,
+             "resolved_at": a.resolved_at}
+            for a in obj.external_alerts.all()
         ]  # fmt: skip
 
     def get_symptoms(self, obj: Incident) -> list[dict]:

@@ -5,38 +5,75 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('console', '0007_merge_tokens_fleet_health'),
+        ("console", "0007_merge_tokens_fleet_health"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ExternalAlert',
+            name="ExternalAlert",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('fingerprint', models.CharField(max_length=64)),
-                ('starts_at', models.DateTimeField()),
-                ('name', models.CharField(max_length=200)),
-                ('status', models.CharField(max_length=16)),
-                ('severity', models.CharField(default='major', max_length=16)),
-                ('summary', models.CharField(blank=True, default='', max_length=512)),
-                ('labels', models.JSONField(default=dict)),
-                ('annotations', models.JSONField(blank=True, default=dict)),
-                ('ends_at', models.DateTimeField(blank=True, null=True)),
-                ('gpu', models.CharField(blank=True, default='', max_length=96)),
-                ('xid', models.IntegerField(blank=True, null=True)),
-                ('joined', models.CharField(blank=True, default='', max_length=16)),
-                ('received_at', models.DateTimeField()),
-                ('resolved_at', models.DateTimeField(blank=True, null=True)),
-                ('group', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='external_alerts', to='console.consistencygroup')),
-                ('incident', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='external_alerts', to='console.incident')),
-                ('node', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='external_alerts', to='console.node')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("fingerprint", models.CharField(max_length=64)),
+                ("starts_at", models.DateTimeField()),
+                ("name", models.CharField(max_length=200)),
+                ("status", models.CharField(max_length=16)),
+                ("severity", models.CharField(default="major", max_length=16)),
+                ("summary", models.CharField(blank=True, default="", max_length=512)),
+                ("labels", models.JSONField(default=dict)),
+                ("annotations", models.JSONField(blank=True, default=dict)),
+                ("ends_at", models.DateTimeField(blank=True, null=True)),
+                ("gpu", models.CharField(blank=True, default="", max_length=96)),
+                ("xid", models.IntegerField(blank=True, null=True)),
+                ("joined", models.CharField(blank=True, default="", max_length=16)),
+                ("received_at", models.DateTimeField()),
+                ("resolved_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "group",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="external_alerts",
+                        to="console.consistencygroup",
+                    ),
+                ),
+                (
+                    "incident",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="external_alerts",
+                        to="console.incident",
+                    ),
+                ),
+                (
+                    "node",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="external_alerts",
+                        to="console.node",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-starts_at', '-id'],
-                'indexes': [models.Index(fields=['node', 'status'], name='console_ext_node_id_7ead36_idx')],
-                'constraints': [models.UniqueConstraint(fields=('fingerprint', 'starts_at'), name='external_alert_once')],
+                "ordering": ["-starts_at", "-id"],
+                "indexes": [
+                    models.Index(fields=["node", "status"], name="console_ext_node_id_7ead36_idx")
+                ],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("fingerprint", "starts_at"), name="external_alert_once"
+                    )
+                ],
             },
         ),
     ]

@@ -62,6 +62,7 @@ ACCESS: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/actions/{id}/result"): "agent",
     ("GET", "/api/v1/agents/"): "viewer",
     ("GET", "/api/v1/agents/actions"): "agent",
+    ("POST", "/api/v1/alertmanager"): "alertmanager",
     ("GET", "/api/v1/alerts/"): "viewer",
     ("GET", "/api/v1/audit/"): "viewer",
     ("GET", "/api/v1/breaker/"): "viewer",
@@ -104,6 +105,8 @@ CHECKS = [
 
 def allowed(caller: str, method: str, path: str) -> bool:
     need = ACCESS[(method, path)]
+    if need == "alertmanager":
+        return False  # only FAULTLINE_ALERTMANAGER_TOKEN's holder; no caller here has it
     if need == "agent" or caller in ("anonymous", "agent"):
         return caller == need
     return USER_RANK[caller] >= USER_RANK[need]

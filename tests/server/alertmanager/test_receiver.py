@@ -42,7 +42,8 @@ def alert(status: str = "firing", *, fp: str = "a1b2c3", start: datetime | None 
 def deliver(client, *alerts: dict[str, Any], token: str | None = TOKEN) -> Any:
     body = {"version": "4", "groupKey": "{}:{}", "status": alerts[0]["status"],
             "receiver": "faultline", "groupLabels": {}, "commonLabels": {},
-            "commonAnnotations": {}, "externalURL": "http://am", "alerts": list(alerts)}  # fmt: skip
+            "commonAnnotations": {}, "externalURL": "http://am",
+            "alerts": list(alerts)}  # fmt: skip
     headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token is not None else {}
     return client.post("/api/v1/alertmanager", data=json.dumps(body),
                        content_type="application/json", **headers)  # fmt: skip
@@ -156,5 +157,5 @@ def test_it_keeps_a_different_xid_on_another_gpu_apart(client, inventory, post_b
     xid["labels"].update(gpu="1", UUID="GPU-other")
     deliver(client, xid)
     assert ExternalAlert.objects.get().joined == ""
-    assert set(HealthEvent.objects.filter(kind="fault").exclude(gpu="").values_list("gpu", flat=True)) == {
-        GPU, "GPU-other"}  # fmt: skip
+    faults = HealthEvent.objects.filter(kind="fault").exclude(gpu="")
+    assert set(faults.values_list("gpu", flat=True)) == {GPU, "GPU-other"}
