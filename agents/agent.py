@@ -20,8 +20,12 @@ from typing import IO, Any
 
 from agents import __version__, xid
 from agents.checkpoints import CheckpointWatcher, RootConfig
+from agents.evidence import Evidence
 from agents.executor import Executor
+from agents.fake_host import FakeHost
 from agents.fake_nvml import FakeNvml, parse_scripts
+from agents.host import HostMonitor, HostPaths
+from agents.kmsg import KernelLog
 from agents.listener import Listener
 from agents.nvml import GpuBackend, load_backend
 from agents.sender import AgentInfo, AuthError, Sender
@@ -67,6 +71,12 @@ class Config:
     max_batch_records: int = 1000
     # [xid_overrides] of agent.toml: code -> {class, action, investigatory} (agents/xid.py)
     xid_catalog: xid.XidCatalog | None = None
+    # Host, network and kernel evidence (docs/agent.md): read every host_interval seconds.
+    host_evidence: bool = True
+    host_interval: float = 5.0
+    kmsg_path: str = "/dev/kmsg"
+    sys_root: Path = Path("/sys")
+    proc_root: Path = Path("/proc")
 
 
 def boot_id() -> str | None:
@@ -143,9 +153,50 @@ class Agent:
             if config.checkpoint_roots
             else None
         )
+        self.evidence = Evidence(self.enqueue, pci_to_gpu=self._pci_to_gpu)
+        self.fake_host: FakeHost | None = None
+        self.host: HostMonitor | None = None
+        self.kernel_log: KernelLog | None = None
+        roots = [r.path for r in config.checkpoint_roots]
+        if config.host_evidence and config.fake_gpus > 0:
+            self.fake_host = FakeHost(config.node)
+            self.host = self.fake_host.monitor(roots)
+        elif config.host_evidence:
+            self.host = HostMonitor(
+                HostPaths(config.sys_root, config.proc_root, roots),
+                io_errors=self.evidence.io_errors_of,
+            )
+            self.kernel_log = KernelLog(self.evidence.kernel_sink, path=config.kmsg_path)
+        self._host_every = max(1, round(config.host_interval / max(config.interval, 1e-3)))
+        self._ticks = 0
         self.started = time.monotonic()
         self.stop_event = threading.Event()
         self.error: str | None = None
+
+    def _pci_to_gpu(self) -> dict[str, str]:
+        """PCI bus id -> GPU UUID, for kernel-log lines that name a GPU by its address."""
+        backend = self.backend
+        read = getattr(backend, "pci_bus_id", None)
+        if backend is None or read is None:
+            return {}
+        out = {}
+        for index in range(backend.device_count()):
+            bus = read(index)
+            if bus:
+                out[bus] = backend.uuid(index)
+        return out
+
+    def host_round(self) -> None:
+        """Host, network and storage readings (every host_interval)."""
+        if self.host is None:
+            return
+        if self.fake_host is not None:
+            self.fake_host.poll_control()
+        try:
+            for rec in self.host.round():
+                self.enqueue(rec)
+        except Exception:
+            log.exception("host evidence: read failed")
 
     def own_gpus(self) -> set[str]:
         """The GPUs an action may target: configured, else what the backend reports."""
@@ -182,6 +233,9 @@ class Agent:
                     self.enqueue(self.backend.sample(index))
                 except Exception:
                     log.exception("GPU %d: sample failed", index)
+        if self._ticks % self._host_every == 0:
+            self.host_round()
+        self._ticks += 1
         self.spool.sync()
 
     def _send_loop(self) -> None:
@@ -197,7 +251,11 @@ class Agent:
 
     def start(self) -> list[threading.Thread]:
         if self.backend is not None:
-            self.backend.start_events(self.enqueue)
+            self.backend.start_events(self.evidence.device_sink)
+        if self.fake_host is not None:
+            self.fake_host.start_kernel_log(self.evidence.kernel_sink)
+        if self.kernel_log is not None:
+            self.kernel_log.start()
         self.listener.start()
         self.executor.start(poll_s=self.config.action_poll_s if self.config.server else 0)
         if self.watcher is not None:
@@ -234,6 +292,10 @@ class Agent:
         self.listener.stop()
         if self.watcher is not None:
             self.watcher.stop()
+        if self.kernel_log is not None:
+            self.kernel_log.stop()
+        if self.fake_host is not None:
+            self.fake_host.close()
         self.executor.stop()
         if self.backend is not None:
             self.backend.close()

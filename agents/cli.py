@@ -212,6 +212,12 @@ def build_config(args: argparse.Namespace) -> Config:
     cfg.hook_timeout_s = float(toml.get("hook_timeout_s", 60.0))
     cfg.action_poll_s = float(toml.get("action_poll_s", 15.0))
     cfg.verify_rate_mb_s = float(toml.get("verify_rate_mb_s", 100.0))
+    host = toml.get("host", {})  # [host] of agent.toml (docs/agent.md)
+    cfg.host_evidence = bool(host.get("enabled", True))
+    cfg.host_interval = float(host.get("interval", 5.0))
+    cfg.kmsg_path = str(host.get("kmsg", "/dev/kmsg"))
+    cfg.sys_root = Path(host.get("sys_root", "/sys"))
+    cfg.proc_root = Path(host.get("proc_root", "/proc"))
     overrides = toml.get("xid_overrides")
     if overrides:
         try:

@@ -48,6 +48,11 @@ def fake_uuid(node: str, index: int) -> str:
     return f"GPU-{uuidlib.uuid5(_NAMESPACE, f'{node}/{index}')}"
 
 
+def fake_pci(index: int) -> str:
+    """Fake GPU `index`'s PCI address (domain:bus:device): 0000:18:00, 0000:28:00, ..."""
+    return f"0000:{(0x18 + 0x10 * index) % 0x100:02x}:{(0x10 * index) // 0xE8:02x}"
+
+
 @dataclass
 class _Gpu:
     uuid: str
@@ -108,6 +113,9 @@ class FakeNvml:
 
     def uuid(self, index: int) -> str:
         return self._gpus[index].uuid
+
+    def pci_bus_id(self, index: int) -> str:
+        return fake_pci(index)
 
     def start_events(self, sink: EventSink) -> None:
         with self._lock:

@@ -39,6 +39,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "signal",
             "reason",
             "error_type",
+            "job",
         }
     ),
     "step": frozenset(
@@ -83,6 +84,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "topology",
             "data_cursor",
             "model_version",
+            "job",
         }
     ),
     "serving": frozenset(

@@ -130,6 +130,13 @@ class NvmlBackend:
     def uuid(self, index: int) -> str:
         return self._uuids[index]
 
+    def pci_bus_id(self, index: int) -> str | None:
+        """`00000000:3B:00.0` as NVML reports it; the kernel log names GPUs by it."""
+        try:
+            return self._text(self._nv.nvmlDeviceGetPciInfo(self._handles[index]).busId)
+        except (self._nv.NVMLError, AttributeError, OSError):
+            return None
+
     def _active_links(self, handle: Any) -> list[int]:
         links = []
         for link in range(getattr(self._nv, "NVML_NVLINK_MAX_LINKS", 18)):

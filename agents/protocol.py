@@ -118,6 +118,7 @@ class Process(_Record, tag="process"):
     signal: int | None = None
     reason: Code | None = None
     error_type: Annotated[str, Meta(max_length=128)] | None = None
+    job: Name | None = None  # the scheduler's job id (Slurm job id): restart_group's target
 
 
 class Phases(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
@@ -241,6 +242,7 @@ class Transition(_Record, tag="transition"):
     topology: Topology | None = None
     data_cursor: Count | None = None
     model_version: Name | None = None
+    job: Name | None = None  # the scheduler's job id (Slurm job id): restart_group's target
 
 
 class ServingWindowStats(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
@@ -278,6 +280,87 @@ class Serving(_Record, tag="serving"):
     generation: Generation | None = None
 
 
+# -- host, network and kernel evidence (issue 18) ----------------------------------------
+# Bounded records of the layers below the GPU. No free text: event codes (agents/kmsg.py,
+# agents/host.py define the vocabularies), device names and numbers only.
+PortName = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:@/\-]+$")]
+Comm = Annotated[str, Meta(max_length=16)]  # a task name (TASK_COMM_LEN)
+HostEventCode = Literal[
+    "sxid",
+    "aer_corrected",
+    "aer_nonfatal",
+    "aer_fatal",
+    "oom_kill",
+    "mce",
+    "hung_task",
+    "io_error",
+]
+HOST_EVENT_CODES: tuple[str, ...] = get_args(HostEventCode)
+NetEventCode = Literal["link_down", "link_up", "rate_drop", "errors"]
+NET_EVENT_CODES: tuple[str, ...] = get_args(NetEventCode)
+# Counters a port reports (deltas since the agent's previous read): at most 32 per record.
+Counters = Annotated[dict[Code, Count], Meta(max_length=32)]
+
+
+class HostEvent(_Record, tag="host_event"):
+    """A kernel-log line that matters (the Xid lines travel as device_event)."""
+
+    event: HostEventCode
+    device: PortName | None = None  # PCI address (0000:3b:00) or block device (nvme0n1)
+    code: int | None = None  # SXid number
+    pid: Count | None = None
+    comm: Comm | None = None
+    severity: Literal["fatal", "nonfatal", "corrected"] | None = None
+
+
+class NetSample(_Record, tag="net_sample"):
+    """One InfiniBand/RoCE port (`mlx5_0/1`) or Ethernet interface (`eth0`) per round."""
+
+    port: PortName
+    link: Literal["ib", "eth"]
+    state: Code | None = None  # ACTIVE / DOWN / INIT (ib), up / down (eth)
+    rate_gbps: NonNeg | None = None
+    counters: Counters = {}  # deltas since the previous sample; only counters that exist
+
+
+class NetEvent(_Record, tag="net_event"):
+    """A link flap, a rate drop or error counters that moved, on one port."""
+
+    port: PortName
+    link: Literal["ib", "eth"]
+    event: NetEventCode
+    state: Code | None = None
+    rate_gbps: NonNeg | None = None
+    prev_rate_gbps: NonNeg | None = None
+    counters: Counters = {}  # the error counters that moved (deltas)
+
+
+class DiskFree(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
+    """The filesystem under one checkpoint root."""
+
+    root: Annotated[str, Meta(min_length=1, max_length=512)]
+    device: PortName | None = None  # block device (nvme1n1), or the fs source
+    free_bytes: Count | None = None
+    total_bytes: Count | None = None
+    io_errors: Count | None = None  # kernel I/O error lines for the device since start
+
+
+class HostSample(_Record, tag="host_sample"):
+    """Memory and I/O pressure, swap, D-state tasks and checkpoint disks, per round."""
+
+    mem_some_avg10: Pct | None = None  # /proc/pressure/memory "some avg10"
+    mem_full_avg10: Pct | None = None
+    io_full_avg10: Pct | None = None
+    swap_used_bytes: Count | None = None
+    swap_total_bytes: Count | None = None
+    d_state: Count | None = None  # tasks in uninterruptible sleep
+    disks: Annotated[list[DiskFree], Meta(max_length=16)] = []
+
+
+HOST_RECORDS = (HostEvent, NetSample, NetEvent, HostSample)
+# -- end host, network and kernel evidence -----------------------------------------------
+
+
 Record = (
     Heartbeat
     | DeviceSample
@@ -288,6 +371,10 @@ Record = (
     | Checkpoint
     | Transition
     | Serving
+    | HostEvent
+    | NetSample
+    | NetEvent
+    | HostSample
     | ProcessGroups
 )
 RECORD_KINDS: tuple[str, ...] = tuple(
@@ -302,6 +389,7 @@ RECORD_KINDS: tuple[str, ...] = tuple(
         Checkpoint,
         Transition,
         Serving,
+        *HOST_RECORDS,
         ProcessGroups,
     )
 )

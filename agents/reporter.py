@@ -296,6 +296,7 @@ class Reporter:
         model_version: str | None = None,
         group: str | None = None,
         generation: int | None = None,
+        job: str | None = None,
     ) -> None:
         try:
             rec = self._scoped("transition", group, generation, None)
@@ -309,6 +310,7 @@ class Reporter:
                 ("topology", topology),
                 ("data_cursor", data_cursor),
                 ("model_version", model_version),
+                ("job", job),
             ):
                 if value is not None:
                     rec[key] = value

@@ -36,7 +36,7 @@ DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 # Records per batch stay this far under the service's body limit: the envelope (agent,
 # seq, sent_at) and JSON re-encoding must fit in what is left.
 BATCH_BYTES = MAX_BATCH_BYTES - 64 * 1024
-SAMPLE_KINDS = frozenset({"device_sample", "heartbeat"})
+SAMPLE_KINDS = frozenset({"device_sample", "heartbeat", "net_sample", "host_sample"})
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -133,6 +133,8 @@ class ConsistencyGroup(models.Model):
     topology = models.JSONField(default=dict, blank=True)
     data_cursor = models.BigIntegerField(null=True, blank=True)
     model_version = models.CharField(max_length=128, blank=True, default="")
+    # The scheduler's job id (Slurm job id) as the launcher or a rank reported it.
+    scheduler_job = models.CharField(max_length=128, blank=True, default="")
     last_checkpoint_step = models.BigIntegerField(null=True, blank=True)
     # Serving SLO overrides (ttft_ms_p99, tpot_ms_p99, e2e_ms_p99, goodput_target); the
     # defaults live in console.diagnosis.records.ServingSlo.

@@ -1,8 +1,9 @@
 """Pages for remediation: the approvals queue and the audit log.
 
-Thin: read through console.remediation_queries, render, and for the vote form call
-`console.actions.vote_on_action`. The server checks the role on every POST (a hidden button is not a
-permission) and Django's CSRF middleware guards the form. The audit page is read-only.
+Thin: read through console.remediation_queries, render, and for the vote and abandon forms
+call `console.actions.vote_on_action` / `abandon_action`. The server checks the role on
+every POST (a hidden button is not a permission) and Django's CSRF middleware guards the
+forms. The audit page is read-only.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def approvals(request: HttpRequest) -> HttpResponse:
             "can_vote": can_vote,
             "waiting": remediation_queries.waiting_for(request.user),
             "proposed": remediation_queries.proposed()[:200],
+            "in_flight": remediation_queries.in_flight(),
+            "can_abandon": has_role(request.user, UserRole.ADMIN),
             "breaker": actions.breaker_payload(),
         },
     )
@@ -61,6 +64,27 @@ def vote(request: HttpRequest, pk: int) -> HttpResponse:
         messages.info(
             request, f"action {pk} is {outcome.action.state}: " + "; ".join(outcome.reasons)
         )
+    return redirect("approvals")
+
+
+@login_required
+@require_POST
+def abandon(request: HttpRequest, pk: int) -> HttpResponse:
+    if not has_role(request.user, UserRole.ADMIN):
+        return HttpResponseForbidden("abandoning an action needs the admin role")
+    try:
+        outcome = actions.abandon_action(
+            action_id=pk,
+            actor=request.user,
+            reason=request.POST.get("reason", "")[:512],
+            now=timezone.now(),
+        )
+    except actions.NotFound as exc:
+        return HttpResponse(str(exc), status=404)
+    except actions.RemediationError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.info(request, f"action {pk} is {outcome.action.state}: abandoned")
     return redirect("approvals")
 
 

@@ -26,6 +26,8 @@ def diagnose(*, group_name: str, now: datetime) -> None:
         return
     result = run_engine(snapshot, now)
     actions.record_diagnosis(group_name=group_name, diagnosis=result, now=now)
+    # The remediation policy reads the incidents just recorded (console.actions.proposals).
+    actions.remediate_group(group_name=group_name, now=now)
 
 
 def mark_silent_nodes(*, now: datetime) -> list[str]:

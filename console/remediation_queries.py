@@ -10,7 +10,7 @@ from django.db.models import Count, Q, QuerySet
 
 from console.choices import UserRole
 from console.models import Action, AuditLog
-from console.policy.lifecycle import ActionState
+from console.policy.lifecycle import IN_FLIGHT_STATES, ActionState
 from console.roles import User, has_role
 
 
@@ -21,6 +21,29 @@ def proposed() -> QuerySet[Action]:
         .select_related("proposed_by", "node", "group")
         .order_by("proposed_at")
     )
+
+
+def for_incident(incident_id: int) -> list[Action]:
+    """The actions proposed for an incident (the policy's and people's), newest first."""
+    return list(
+        Action.objects.filter(incident_id=incident_id)
+        .select_related("proposed_by", "node")
+        .order_by("-proposed_at", "-id")[:50]
+    )
+
+
+def in_flight() -> list[Action]:
+    """Dispatched actions the agent has not reported on, oldest first, with their deadline."""
+    from console.actions.remediation import deadline_of  # pure arithmetic over one setting
+
+    rows = list(
+        Action.objects.filter(state__in=IN_FLIGHT_STATES)
+        .select_related("node", "group")
+        .order_by("dispatched_at")[:200]
+    )
+    for a in rows:
+        a.deadline = deadline_of(a)  # shown by the template only
+    return rows
 
 
 def waiting_for(user: User) -> list[Action]:

@@ -52,4 +52,5 @@ def _device_records(node_ids: set[int], names: dict[int, str], now: datetime) ->
         )
         out.append(sample)
     out += telemetry.device_events(node_ids, node_names=names, now=now)
+    out += telemetry.host_records(node_ids, node_names=names, now=now)
     return out

@@ -15,6 +15,7 @@ urlpatterns = [
     path("incidents/<int:pk>/acknowledge/", views.incident_acknowledge, name="incident-ack"),
     path("incidents/<int:pk>/assign/", views.incident_assign, name="incident-assign"),
     path("incidents/<int:pk>/comment/", views.incident_comment, name="incident-comment"),
+    path("incidents/<int:pk>/propose/", views.incident_propose, name="incident-propose"),
 ]
 
 # Remediation pages: the approvals queue and the read-only audit log.
@@ -23,5 +24,6 @@ from console import pages_remediation  # noqa: E402 - appended block, kept toget
 urlpatterns += [
     path("approvals/", pages_remediation.approvals, name="approvals"),
     path("approvals/<int:pk>/vote/", pages_remediation.vote, name="approvals-vote"),
+    path("approvals/<int:pk>/abandon/", pages_remediation.abandon, name="approvals-abandon"),
     path("audit/", pages_remediation.audit, name="audit"),
 ]

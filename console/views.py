@@ -6,6 +6,8 @@ page refetches exactly what it rendered); incident changes go through console.ac
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
@@ -15,9 +17,10 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from console import actions, queries
+from console import actions, queries, remediation_queries
 from console.api import pages
 from console.choices import GroupState, UserRole
+from console.policy.lifecycle import ActionKind
 from console.roles import has_role
 
 
@@ -71,11 +74,51 @@ def incident_page(request: HttpRequest, pk: int) -> HttpResponse:
             .order_by("username")
             .values_list("username", flat=True)[:500]
         )
+    data = pages.incident_data(incident)
     return render(
         request,
         "console/incident.html",
-        {"incident": pages.incident_data(incident), "people": people},
+        {
+            "incident": data,
+            "people": people,
+            "remediation": remediation_queries.for_incident(pk),
+            "action_kinds": [k.value for k in ActionKind],
+            "default_target": _default_target(incident.subject, incident.root_cause),
+            "no_restart": (incident.timeline or {}).get("no_restart", ""),
+        },
     )
+
+
+def _default_target(subject: str, root_cause: dict[str, Any]) -> str:
+    """What the propose form starts with: the faulty node, else the incident's subject."""
+    node = (root_cause.get("evidence") or {}).get("node") if root_cause else None
+    return f"node:{node}" if node else subject
+
+
+@login_required
+@require_POST
+def incident_propose(request: HttpRequest, pk: int) -> HttpResponse:
+    """An operator proposes an action for this incident (the gates decide who must approve)."""
+    if not has_role(request.user, UserRole.OPERATOR):
+        raise PermissionDenied("proposing an action needs the operator role")
+    try:
+        outcome = actions.propose_action(
+            kind=request.POST.get("kind", ""),
+            target=request.POST.get("target", "").strip(),
+            reason=request.POST.get("reason", "")[:2000],
+            actor=request.user,
+            incident_id=pk,
+            dry_run=request.POST.get("dry_run") == "on",
+            now=timezone.now(),
+        )
+    except actions.RemediationError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.info(
+            request,
+            f"action {outcome.action.pk} is {outcome.action.state}: " + "; ".join(outcome.reasons),
+        )
+    return redirect("incident", pk=pk)
 
 
 def _operator(request: HttpRequest) -> None:

@@ -6,9 +6,12 @@ Postgres and Valkey and export those URLs before Django loads, so this module on
 
 from __future__ import annotations
 
+import json
 import secrets
 import sys
+import tomllib
 from pathlib import Path
+from typing import Any
 
 from agents.wire import MAX_BATCH_BYTES
 from faultline.env import (
@@ -300,6 +303,7 @@ SPECTACULAR_SETTINGS = {
 
 # Web serving: HTTP and websockets may sit on different ports (see README).
 FAULTLINE_WS_PORT = env_int("FAULTLINE_WS_PORT", 0, minimum=0)
+WS_MAX_PER_USER = env_int("FAULTLINE_WS_MAX_PER_USER", 20, minimum=1)  # open sockets a user
 
 # /metrics (faultline.scrape): a Bearer token, or client addresses allowed without one.
 METRICS_TOKEN = env_secret("FAULTLINE_METRICS_TOKEN")
@@ -312,8 +316,22 @@ ALERTMANAGER_TOKEN = env_secret("FAULTLINE_ALERTMANAGER_TOKEN")
 # Ingest limits and diagnosis cadence.
 INGEST_RATE_PER_MIN = env_int("FAULTLINE_INGEST_RATE_PER_MIN", 600, minimum=1)
 INGEST_MAX_FUTURE_S = env_int("FAULTLINE_INGEST_MAX_FUTURE_S", 300, minimum=1)
+# What one node's token may add (docs/security.md): records a minute, GPUs in all, new
+# groups an hour, how far one transition may move a generation, and how long a GPU must
+# go unreported by its node before another node may claim it.
+INGEST_RECORDS_PER_MIN = env_int("FAULTLINE_INGEST_RECORDS_PER_MIN", 60_000, minimum=1)
+INGEST_MAX_GPUS_PER_NODE = env_int("FAULTLINE_INGEST_MAX_GPUS_PER_NODE", 16, minimum=1)
+INGEST_NEW_GROUPS_PER_HOUR = env_int("FAULTLINE_INGEST_NEW_GROUPS_PER_HOUR", 20, minimum=1)
+INGEST_MAX_GENERATION_JUMP = env_int("FAULTLINE_INGEST_MAX_GENERATION_JUMP", 1000, minimum=1)
+INGEST_DEVICE_MOVE_AFTER_S = env_int("FAULTLINE_INGEST_DEVICE_MOVE_AFTER_S", 900, minimum=0)
 TELEMETRY_RETENTION_DAYS = env_int("FAULTLINE_RETENTION_DAYS", 14, minimum=1)
 DIAGNOSIS_DEBOUNCE_MS = env_int("FAULTLINE_DIAGNOSIS_DEBOUNCE_MS", 200, minimum=0)
+# Groups younger than DIAGNOSIS_YOUNG_GROUP_S wait behind established ones: a longer
+# debounce, and at most DIAGNOSIS_YOUNG_PER_S of their diagnoses queued a second, fleet-wide
+# (the sweep catches up on the rest), so invented groups cannot delay a real job's incident.
+DIAGNOSIS_YOUNG_GROUP_S = env_int("FAULTLINE_DIAGNOSIS_YOUNG_GROUP_S", 600, minimum=0)
+DIAGNOSIS_YOUNG_DEBOUNCE_MS = env_int("FAULTLINE_DIAGNOSIS_YOUNG_DEBOUNCE_MS", 5000, minimum=0)
+DIAGNOSIS_YOUNG_PER_S = env_int("FAULTLINE_DIAGNOSIS_YOUNG_PER_S", 10, minimum=1)
 # Fleet health (console.policy.fleet_health): after repair evidence (a new boot_id, a GPU
 # reset) the hardware must run this long with no fault before it is proposed for return;
 # FAULTS faults within DAYS flag it for replacement (returning it then needs an approver).
@@ -323,6 +341,29 @@ FLEET_REPEAT_WINDOW_DAYS = env_int("FAULTLINE_REPEAT_WINDOW_DAYS", 7, minimum=1)
 # Operator overrides of the Xid catalog (agents/xid.py): a TOML or JSON file of
 # code -> {class, action, investigatory}; read once at startup (console/apps.py).
 XID_OVERRIDES_FILE = env_str("FAULTLINE_XID_OVERRIDES") or None
+
+
+def _remediation_file(path: str) -> dict[str, Any]:
+    """`FAULTLINE_REMEDIATION_POLICY`: a TOML or JSON file with `[gates]` (the safety gates,
+    console.policy.inputs.Policy) and `[remediation]` (per-pool remediation policy,
+    console.policy.remediation); both are validated where they are used, loudly."""
+    if not path:
+        return {}
+    text = Path(path).read_text()
+    data = json.loads(text) if path.endswith(".json") else tomllib.loads(text)
+    unknown = sorted(set(data) - {"gates", "remediation"})
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown section(s) {', '.join(unknown)}; known: gates, remediation"
+        )
+    return data
+
+
+_REMEDIATION = _remediation_file(env_str("FAULTLINE_REMEDIATION_POLICY"))
+FAULTLINE_REMEDIATION_POLICY = _REMEDIATION.get("gates") or {}
+FAULTLINE_REMEDIATION_POOLS = _REMEDIATION.get("remediation") or {}
+# A dispatched action whose agent reports nothing this long fails (docs/safety.md).
+FAULTLINE_ACTION_DEADLINE_S = env_int("FAULTLINE_ACTION_DEADLINE_S", 900, minimum=10)
 
 LOGGING = {
     "version": 1,

@@ -20,11 +20,16 @@ from console.models import ConsistencyGroup, Node
 
 
 class AgentCredential(models.Model):
-    """An agent token, bound to one node; only its SHA-256 is stored."""
+    """An agent token, bound to one node; only its SHA-256 is stored.
+
+    A launcher token (`launcher_group` set) may also send transitions of that one group
+    from a node that hosts none of its ranks (docs/security.md, trust model).
+    """
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="credentials")
     token_hash = models.CharField(max_length=64, unique=True)
     prefix = models.CharField(max_length=12)
+    launcher_group = models.CharField(max_length=128, blank=True, default="")
     created = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
@@ -243,10 +248,14 @@ class ServingWindow(_GroupRecord):
 
 
 class ContractViolation(models.Model):
-    """A correctness-contract breach seen at ingest (stale generation, non-monotonic...)."""
+    """A correctness-contract breach seen at ingest (stale generation, non-monotonic...).
+
+    Ownership refusals that name no group (a GPU another node owns, a node over its
+    device or new-group limit) have no group; their subject names the GPU or node.
+    """
 
     ts = models.DateTimeField()
-    group = models.ForeignKey(ConsistencyGroup, on_delete=models.CASCADE)
+    group = models.ForeignKey(ConsistencyGroup, on_delete=models.CASCADE, null=True, blank=True)
     generation = models.PositiveIntegerField()
     kind = models.CharField(max_length=48)
     subject = models.CharField(max_length=256)
@@ -372,3 +381,90 @@ class RollupMark(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} [{self.rolled_from:%H:%M:%S}, {self.rolled_until:%H:%M:%S})"
+
+
+# -- host, network and kernel evidence (issue 18) ------------------------------------------
+# Event-sized tables (host_event, net_event) keep their rows: incidents cite them. The
+# per-round samples (net_sample, host_sample) are trimmed to a day by retention.run; the
+# snapshot reads only their newest row per node and port.
+class HostEvent(models.Model):
+    """A kernel-log line that matters: OOM kill, MCE, AER, hung task, I/O error, SXid."""
+
+    ts = models.DateTimeField()
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, db_constraint=False)
+    event = models.CharField(max_length=32)
+    device = models.CharField(max_length=64, null=True)
+    code = models.IntegerField(null=True)
+    pid = models.BigIntegerField(null=True)
+    comm = models.CharField(max_length=16, null=True)
+    severity = models.CharField(max_length=16, null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["node", "-ts"])]
+
+    def __str__(self) -> str:
+        return f"{self.event} on node {self.node_id} {self.ts:%H:%M:%S}"
+
+
+class NetEvent(models.Model):
+    """A link flap, rate drop or moved error counters on one port of a node."""
+
+    ts = models.DateTimeField()
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, db_constraint=False)
+    port = models.CharField(max_length=64)
+    link = models.CharField(max_length=8)
+    event = models.CharField(max_length=16)
+    state = models.CharField(max_length=64, null=True)
+    rate_gbps = models.FloatField(null=True)
+    prev_rate_gbps = models.FloatField(null=True)
+    counters = models.JSONField(default=dict)
+
+    class Meta:
+        indexes = [models.Index(fields=["node", "-ts"])]
+
+    def __str__(self) -> str:
+        return f"{self.event} {self.port} {self.ts:%H:%M:%S}"
+
+
+class NetSample(models.Model):
+    """One port's state, rate and counter deltas, per agent round."""
+
+    ts = models.DateTimeField()
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, db_constraint=False)
+    port = models.CharField(max_length=64)
+    link = models.CharField(max_length=8)
+    state = models.CharField(max_length=64, null=True)
+    rate_gbps = models.FloatField(null=True)
+    counters = models.JSONField(default=dict)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["node", "port", "-ts"]),
+            BrinIndex(fields=["ts"], name="ingest_netsample_ts_brin"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.port} {self.ts:%H:%M:%S}"
+
+
+class HostSample(models.Model):
+    """Memory/I-O pressure, swap, D-state tasks and checkpoint disks of a node, per round."""
+
+    ts = models.DateTimeField()
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, db_constraint=False)
+    mem_some_avg10 = models.FloatField(null=True)
+    mem_full_avg10 = models.FloatField(null=True)
+    io_full_avg10 = models.FloatField(null=True)
+    swap_used_bytes = models.BigIntegerField(null=True)
+    swap_total_bytes = models.BigIntegerField(null=True)
+    d_state = models.IntegerField(null=True)
+    disks = models.JSONField(default=list)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["node", "-ts"]),
+            BrinIndex(fields=["ts"], name="ingest_hostsample_ts_brin"),
+        ]
+
+    def __str__(self) -> str:
+        return f"host of node {self.node_id} {self.ts:%H:%M:%S}"

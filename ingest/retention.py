@@ -12,10 +12,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from ingest import partitions, rollups, step_bins
+from ingest.models import HostSample, NetSample
 
 # An hourly run refolds a little more than an hour, so no minute falls between two runs.
 BACKSTOP_MINUTES = 70
 STEP_BINS_KEEP = timedelta(days=1)
+HOST_SAMPLES_KEEP = timedelta(days=1)
 
 
 def run(*, now: datetime, keep_days: int) -> dict[str, int]:
@@ -27,5 +29,10 @@ def run(*, now: datetime, keep_days: int) -> dict[str, int]:
     # the minute rollups): keep one day of them, not the raw retention. At 16k ranks that
     # is ~4.4M small rows, removed by an hourly DELETE by bucket.
     removed["ingest_stepbinrollup"] = step_bins.trim(before=max(cutoff, now - STEP_BINS_KEEP))
+    # Host and network samples (issue 18) feed only the snapshot's newest row per node and
+    # port: a day of them is plenty (their events are kept).
+    for model in (HostSample, NetSample):
+        deleted, _ = model.objects.filter(ts__lt=now - HOST_SAMPLES_KEEP).delete()
+        removed[model._meta.db_table] = deleted
     rollups.rollup(now=now, minutes=BACKSTOP_MINUTES)
     return removed

@@ -15,8 +15,10 @@ never this package, so the package has no import cycles:
     fleet                node health, quarantine/cordon marks, GPU isolation, the health
                          lifecycle (latched faults, repair evidence, return to service)
     gating, targets      inputs of the pure gates, read under the remediation lock
-    remediation          propose, vote, cancel, expire, dispatch, the agent's result
+    remediation          propose, vote, cancel, withdraw, expire, abandon, dispatch, the
+                         agent's result
     returns              validated hardware proposed for return to service (the sweep)
+    proposals            the remediation policy's proposals and withdrawals
     breaker              the automation circuit breaker
     paging               silences, escalation policies, notification channels
     notifications        which pages are due; each delivered at most once
@@ -61,16 +63,20 @@ from console.actions.paging import (
     save_channel,
     save_escalation_policy,
 )
+from console.actions.proposals import cause_of_incident, remediate, remediate_group
 from console.actions.remediation import (
     Outcome,
+    abandon_action,
     agent_payload,
     cancel_action,
+    deadline_of,
     dispatch_action,
     dispatch_for_node,
     expire_actions,
     propose_action,
     record_action_result,
     vote_on_action,
+    withdraw_action,
 )
 from console.actions.returns import propose_returns
 
@@ -84,6 +90,7 @@ __all__ = [
     "Outcome",
     "RemediationError",
     "SloError",
+    "abandon_action",
     "acknowledge_incident",
     "actor_name",
     "agent_payload",
@@ -91,8 +98,10 @@ __all__ = [
     "audit",
     "breaker_payload",
     "cancel_action",
+    "cause_of_incident",
     "comment_on_incident",
     "create_silence",
+    "deadline_of",
     "delete_escalation_policy",
     "deliver",
     "dispatch_action",
@@ -112,6 +121,8 @@ __all__ = [
     "record_diagnosis",
     "record_repair_evidence",
     "record_sso_sign_in",
+    "remediate",
+    "remediate_group",
     "return_to_service",
     "save_channel",
     "save_escalation_policy",
@@ -120,4 +131,5 @@ __all__ = [
     "set_group_slo",
     "set_node_health",
     "vote_on_action",
+    "withdraw_action",
 ]

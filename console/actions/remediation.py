@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, get_args
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from agents import actions_contract as contract
 from agents.actions_contract import Action as AgentAction
 from agents.actions_contract import Status
 from console import events
@@ -57,6 +59,21 @@ from console.roles import Actor, has_role, role_of
 log = logging.getLogger(__name__)
 
 OUTPUT_LIMIT = 4096
+# A dispatched action whose agent reports nothing this long fails (issue 22 #11).
+DEFAULT_DEADLINE_S = 900
+
+
+def deadline_s() -> int:
+    """FAULTLINE_ACTION_DEADLINE_S (seconds from dispatch to a result), read per call."""
+    value = getattr(settings, "FAULTLINE_ACTION_DEADLINE_S", DEFAULT_DEADLINE_S)
+    return int(value) if isinstance(value, int) and value > 0 else DEFAULT_DEADLINE_S
+
+
+def deadline_of(action: Action) -> datetime | None:
+    """When a dispatched action fails unless its agent reported; None before dispatch."""
+    if action.dispatched_at is None:
+        return None
+    return action.dispatched_at + timedelta(seconds=deadline_s())
 
 
 @dataclass(frozen=True)
@@ -68,14 +85,20 @@ class Outcome:
 
 
 def agent_payload(action: Action) -> AgentAction:
-    """What an agent executes: the shape the node executor reads (agents/executor.py)."""
+    """What an agent executes: the shape the node executor reads (agents/executor.py).
+
+    A dry run is never dispatched (dispatch_action completes it with its preview), so
+    `dry_run` on the wire is always false; a dry-run row reaching here is a bug.
+    """
+    if action.dry_run:
+        raise RemediationError(f"action {action.pk} is a dry run; it is never sent to an agent")
     return {
         "id": action.pk,
         "kind": action.kind,
         "target": action.target,
         "group": action.group.name if action.group else None,
         "generation": action.generation,
-        "params": {**action.params, "reason": action.reason[:200], "dry_run": action.dry_run},
+        "params": {**action.params, "reason": action.reason[:200], "dry_run": False},
     }
 
 
@@ -119,6 +142,32 @@ def _held_audit(action: Action, reasons: tuple[str, ...], *, actor: str, now: da
             audit(actor=actor, verb="gate.held", obj=action, reason=reason, now=now)
 
 
+def scheduler_params(
+    kind: ActionKind,
+    params: dict[str, Any],
+    *,
+    node: Node | None,
+    gpu: str,
+    group: Any,
+) -> dict[str, Any]:
+    """The scheduler's identity of what the action acts on, filled where the caller left it
+    out: `node` (the node's name as its agent reports it, which is the scheduler's node
+    name), `gpu`, and for restart_group the group's scheduler job id (`job` on its
+    transitions and processes)."""
+    out = {k: v for k, v in params.items() if k not in ("dry_run",)}
+    spec = contract.KINDS.get(kind.value)
+    if spec is None:
+        return out
+    names = {p.name for p in spec.params}
+    if "node" in names and node is not None and not out.get("node"):
+        out["node"] = node.name
+    if "gpu" in names and gpu and not out.get("gpu"):
+        out["gpu"] = gpu
+    if "job" in names and not out.get("job") and group is not None and group.scheduler_job:
+        out["job"] = group.scheduler_job
+    return out
+
+
 # -- the verbs ------------------------------------------------------------------------------
 
 
@@ -156,6 +205,11 @@ def propose_action(
             raise RemediationError(f"incident {incident_id} does not exist")
     node, gpu, group = resolve_target(action_kind, target)
     group = group or (incident.group if incident else None)
+    params = scheduler_params(action_kind, params or {}, node=node, gpu=gpu, group=group)
+    if action_kind.value in contract.KINDS:
+        found = contract.problems(action_kind.value, params, target)
+        if found:
+            raise RemediationError("; ".join(found))
     breaker_row = locked_breaker()
     pol = policy()
     action = Action.objects.create(
@@ -172,7 +226,7 @@ def propose_action(
         proposed_by_rule=rule if actor is None else "",
         trigger=trigger,
         dry_run=dry_run,
-        params=params or {},
+        params=params,
         proposed_at=now,
         expires_at=pol.expires_at(now),
     )
@@ -213,6 +267,8 @@ def propose_action(
     _held_audit(action, decision.reasons, actor=who, now=now)
     if decision.allowed:  # _move publishes the approved state: one action.changed, not two
         _move(action, ActionState.APPROVED, actor=who, now=now, reason="; ".join(decision.reasons))
+        if action.dry_run:
+            _dispatch(action, breaker_row, now=now)
     else:
         _publish(action)
     return Outcome(action, decision.reasons)
@@ -303,6 +359,8 @@ def _vote(
             now=now,
             reason=f"{len(decision.approvals)} of {required} approvals",
         )
+        if action.dry_run:
+            _dispatch(action, breaker_row, now=now)
     else:
         action.approvals_required = required
         action.save(update_fields=["gate_reasons", "approvals_required", "updated_at"])
@@ -331,13 +389,87 @@ def cancel_action(*, action_id: int, actor: Actor, reason: str, now: datetime) -
 
 
 @transaction.atomic
+def withdraw_action(*, action_id: int, actor: str, reason: str, now: datetime) -> Outcome:
+    """Automation withdraws its own proposal (its finding resolved before a decision).
+
+    Only a proposal a rule made, still waiting for a decision, may be withdrawn this way;
+    people cancel through cancel_action.
+    """
+    action = locked_action(action_id)
+    if action.proposed_by_id is not None or not action.proposed_by_rule:
+        raise NotAllowed(f"action {action.pk} was proposed by a person; only they or an admin")
+    if action.state != ActionState.PROPOSED:
+        raise Conflict(f"action {action.pk} is {action.state}; only a proposal is withdrawn")
+    if not reason.strip():
+        raise RemediationError("withdrawing needs a reason")
+    _move(
+        action,
+        ActionState.CANCELLED,
+        actor=actor,
+        now=now,
+        reason=reason.strip(),
+        data={"withdrawn": True},
+    )
+    return Outcome(action, (reason.strip(),))
+
+
+def _fail_in_flight(action: Action, *, actor: str, now: datetime, reason: str, verb: str) -> None:
+    """A dispatched action ends without the agent's report: failed, with why, audited."""
+    action.result = {"status": "failed", "exit_code": None, "output": reason, verb: True}
+    _move(action, ActionState.FAILED, actor=actor, now=now, reason=reason, data={verb: True})
+    audit(actor=actor, verb=f"action.{verb}", obj=action, reason=reason, now=now)
+
+
+@transaction.atomic
+def abandon_action(*, action_id: int, actor: Actor, reason: str, now: datetime) -> Outcome:
+    """An admin gives up on a dispatched action whose agent never reported: it fails.
+
+    Nothing is sent to the node: what the agent did, if anything, is unknown, which the
+    result says. A result arriving afterwards is refused (the action is final).
+    """
+    who = actor_name(actor)
+    if not has_role(actor, UserRole.ADMIN):
+        raise role_refused(actor, "abandoning an action", UserRole.ADMIN)
+    if len(reason.strip()) < 3:
+        raise RemediationError("abandoning needs a reason: say why the agent will not report")
+    action = locked_action(action_id)
+    if action.state not in IN_FLIGHT_STATES:
+        raise Conflict(
+            f"action {action.pk} is {action.state}; only a dispatched action is abandoned "
+            "(cancel a proposal or an approval instead)"
+        )
+    _fail_in_flight(
+        action,
+        actor=who,
+        now=now,
+        reason=f"abandoned by {who}: {reason.strip()}; whether the agent ran it is unknown",
+        verb="abandoned",
+    )
+    return Outcome(action, (reason.strip(),))
+
+
+@transaction.atomic
 def expire_actions(*, now: datetime) -> list[int]:
-    """Proposals and approvals nobody acted on in time expire (never dispatched late)."""
+    """Proposals and approvals nobody acted on in time expire (never dispatched late);
+    dispatched actions whose agent did not report before their deadline fail."""
     expired = []
     for action in Action.objects.select_for_update(skip_locked=True).filter(
         state__in=(ActionState.PROPOSED, ActionState.APPROVED), expires_at__lte=now
     ):
         _move(action, ActionState.EXPIRED, actor=SYSTEM, now=now, reason="expired before dispatch")
+        expired.append(action.pk)
+    late = now - timedelta(seconds=deadline_s())
+    for action in Action.objects.select_for_update(skip_locked=True).filter(
+        state__in=IN_FLIGHT_STATES, dispatched_at__lte=late
+    ):
+        _fail_in_flight(
+            action,
+            actor=SYSTEM,
+            now=now,
+            reason=f"no result from the agent within {deadline_s()} s of dispatch; "
+            "whether it ran is unknown",
+            verb="deadline_passed",
+        )
         expired.append(action.pk)
     return expired
 
@@ -347,6 +479,10 @@ def dispatch_action(*, action_id: int, now: datetime) -> Outcome:
     """Re-check every gate against the fleet as it is now; dispatch or cancel with the reason."""
     breaker_row = locked_breaker()
     action = locked_action(action_id)
+    return _dispatch(action, breaker_row, now=now)
+
+
+def _dispatch(action: Action, breaker_row: Any, *, now: datetime) -> Outcome:
     if action.state == ActionState.APPROVED and now >= action.expires_at:
         _move(
             action,
@@ -368,7 +504,25 @@ def dispatch_action(*, action_id: int, now: datetime) -> Outcome:
     )
     store_gate_decision(breaker_row, decision.breaker, actor=SYSTEM, now=now)
     action.gate_reasons = list(decision.reasons)
-    if decision.allowed and len(decision.approvals) >= action.approvals_required:
+    allowed = decision.allowed and len(decision.approvals) >= action.approvals_required
+    if allowed and action.dry_run:
+        # Never dispatched: the dry run completes here with what dispatch would have done.
+        action.result = {
+            "status": "succeeded",
+            "exit_code": None,
+            "dry_run": True,
+            "output": "dry run: nothing was sent to the agent",
+            "preview": [*action.preview, f"dispatch re-check: {'; '.join(decision.reasons)}"],
+        }
+        _move(
+            action,
+            ActionState.SUCCEEDED,
+            actor=SYSTEM,
+            now=now,
+            reason="dry run: completed with its preview, never dispatched",
+            data={"dry_run": True},
+        )
+    elif allowed:
         _move(
             action, ActionState.DISPATCHED, actor=SYSTEM, now=now, reason="dispatch re-check passed"
         )
@@ -392,7 +546,7 @@ def dispatch_for_node(*, node: Node, now: datetime) -> list[AgentAction]:
     for action_id in pending.filter(state=ActionState.APPROVED).values_list("pk", flat=True):
         dispatch_action(action_id=action_id, now=now)
     rows = (
-        Action.objects.filter(node=node, state__in=IN_FLIGHT_STATES)
+        Action.objects.filter(node=node, state__in=IN_FLIGHT_STATES, dry_run=False)
         .select_related("group")
         .order_by("dispatched_at", "pk")
     )

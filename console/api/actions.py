@@ -1,4 +1,4 @@
-"""REST for remediation actions: list, propose, approve, reject, cancel.
+"""REST for remediation actions: list, propose, approve, reject, cancel, abandon.
 
 Thin adapters: validate with a serializer, call one console.actions verb, render. A
 refusal is raised and becomes JSON `{"error": ...}` in console/api/errors.py.
@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console import actions
-from console.api.permissions import IsApprover, IsOperator, IsViewer
+from console.api.permissions import IsAdmin, IsApprover, IsOperator, IsViewer
 from console.api.remediation_serializers import (
     ActionSerializer,
     DecisionOut,
@@ -122,6 +122,24 @@ class ActionCancel(APIView):
         data = ReasonIn(data=request.data)
         data.is_valid(raise_exception=True)
         outcome = actions.cancel_action(
+            action_id=pk,
+            actor=request.user,
+            reason=data.validated_data["reason"],
+            now=timezone.now(),
+        )
+        return decision(outcome)
+
+
+class ActionAbandon(APIView):
+    """Give up on a dispatched action whose agent never reported (admin): it fails, audited."""
+
+    permission_classes = [IsAdmin]
+
+    @extend_schema(request=ReasonIn, responses={200: DecisionOut})
+    def post(self, request: Request, pk: int) -> Response:
+        data = ReasonIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        outcome = actions.abandon_action(
             action_id=pk,
             actor=request.user,
             reason=data.validated_data["reason"],

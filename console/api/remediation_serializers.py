@@ -32,6 +32,15 @@ class ActionSerializer(serializers.ModelSerializer):
         source="proposed_by.username", default=None, allow_null=True
     )
     votes = VoteOut(many=True, read_only=True)
+    deadline = serializers.SerializerMethodField(
+        help_text="when a dispatched action fails unless its agent reported (null before dispatch)"
+    )
+
+    def get_deadline(self, action: Action) -> str | None:
+        from console.actions.remediation import deadline_of
+
+        when = deadline_of(action)
+        return when.isoformat() if when else None
 
     class Meta:
         model = Action
@@ -63,6 +72,7 @@ class ActionSerializer(serializers.ModelSerializer):
             "expires_at",
             "decided_at",
             "dispatched_at",
+            "deadline",
             "finished_at",
         ]
 

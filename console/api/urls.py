@@ -36,12 +36,29 @@ urlpatterns += [
     path("actions/<int:pk>/approve/", rem.ActionVote.as_view(approve=True), name="api-approve"),
     path("actions/<int:pk>/reject/", rem.ActionVote.as_view(approve=False), name="api-reject"),
     path("actions/<int:pk>/cancel/", rem.ActionCancel.as_view(), name="api-cancel"),
+    path("actions/<int:pk>/abandon/", rem.ActionAbandon.as_view(), name="api-abandon"),
     path("audit/", oversight.AuditList.as_view(), name="api-audit"),
     path("silences/", paging.SilenceList.as_view(), name="api-silences"),
     path("silences/<int:pk>/", paging.SilenceDetail.as_view(), name="api-silence"),
     path("escalation-policies/", paging.PolicyList.as_view(), name="api-policies"),
     path("escalation-policies/<int:pk>/", paging.PolicyDetail.as_view(), name="api-policy"),
     path("notification-channels/", paging.ChannelList.as_view(), name="api-channels"),
+    path("notification-channels/<str:name>/", paging.ChannelDetail.as_view(), name="api-channel"),
+    path(
+        "notification-channels/<str:name>/disable/",
+        paging.ChannelEnable.as_view(enabled=False),
+        name="api-channel-disable",
+    ),
+    path(
+        "notification-channels/<str:name>/enable/",
+        paging.ChannelEnable.as_view(enabled=True),
+        name="api-channel-enable",
+    ),
+    path(
+        "notification-channels/<str:name>/rotate-secret/",
+        paging.ChannelRotateSecret.as_view(),
+        name="api-channel-rotate",
+    ),
     path("breaker/", oversight.Breaker.as_view(), name="api-breaker"),
 ]
 

@@ -50,6 +50,10 @@ class DiagnosisConfig:
     slo_target: float = 0.95
     serving_retry_ratio: float = 0.1
     serving_retry_min: int = 20
+    # host (issue 18): kernel events older than this explain nothing now; a checkpoint
+    # disk with at most this fraction free is full
+    host_event_window_s: float = 1800.0
+    disk_full_free_fraction: float = 0.01
     # evidence lists are capped so 4,096-rank findings stay small
     max_evidence_items: int = 16
     # the Xid catalog with the operator's overrides (agents/xid.py; the service installs

@@ -28,6 +28,7 @@ from console.diagnosis.rules import (
     collectives,
     contracts,
     device,
+    host,
     nodes,
     numerics,
     process,
@@ -50,6 +51,7 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("numerics", numerics.run),
     ("device", device.run),
     ("nodes", nodes.run),
+    ("host", host.run),
     ("process", process.run),
     ("collectives", collectives.run),
     ("progress", progress.run),
@@ -72,6 +74,11 @@ NO_RESTART = frozenset(
         "checkpoint_corrupt",
         "checkpoint_missing_shard",
         "checkpoint_modified",
+        # host evidence (issue 18): the group keeps running; the node needs a look
+        "machine_check",
+        "pcie_aer",
+        "nvswitch_error",
+        "io_error",
     }
 )
 # Root causes whose node must be left out of the restarted group.

@@ -228,3 +228,70 @@ class ContractFinding:
     subject: str
     evidence: Mapping[str, Any]
     ts: datetime | None = None
+
+
+# -- host, network and kernel evidence (issue 18) ------------------------------------------
+@dataclass(frozen=True, slots=True)
+class HostEvent:
+    """A kernel-log event of a node (agents/kmsg.py codes: oom_kill, mce, aer_*, ...)."""
+
+    ts: datetime
+    node: str | None
+    event: str
+    device: str | None = None
+    code: int | None = None
+    pid: int | None = None
+    comm: str | None = None
+    severity: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NetEvent:
+    """A link flap, rate drop or moved error counters on one port of a node."""
+
+    ts: datetime
+    node: str | None
+    port: str
+    link: str
+    event: str  # link_down | link_up | rate_drop | errors
+    state: str | None = None
+    rate_gbps: float | None = None
+    prev_rate_gbps: float | None = None
+    counters: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class NetPort:
+    """A port's newest sample: state, rate and the counter deltas of its last round."""
+
+    ts: datetime
+    node: str | None
+    port: str
+    link: str
+    state: str | None = None
+    rate_gbps: float | None = None
+    counters: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DiskState:
+    root: str
+    device: str | None = None
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+    io_errors: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostState:
+    """A node's newest host sample."""
+
+    ts: datetime
+    node: str | None
+    mem_some_avg10: float | None = None
+    mem_full_avg10: float | None = None
+    io_full_avg10: float | None = None
+    swap_used_bytes: int | None = None
+    swap_total_bytes: int | None = None
+    d_state: int | None = None
+    disks: tuple[DiskState, ...] = ()

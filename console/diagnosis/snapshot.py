@@ -23,7 +23,12 @@ from console.diagnosis.records import (
     DeviceEvent,
     DeviceSample,
     DeviceState,
+    DiskState,
+    HostEvent,
+    HostState,
     Manifest,
+    NetEvent,
+    NetPort,
     NodeState,
     Phases,
     ProcessGroup,
@@ -45,8 +50,13 @@ __all__ = [
     "DeviceEvent",
     "DeviceSample",
     "DeviceState",
+    "DiskState",
     "GroupSnapshot",
+    "HostEvent",
+    "HostState",
     "Manifest",
+    "NetEvent",
+    "NetPort",
     "NodeState",
     "Phases",
     "ProcessGroup",
@@ -101,6 +111,11 @@ class GroupSnapshot:
     serving: tuple[ServingWindow, ...] = ()  # latest window per worker
     contract_findings: tuple[ContractFinding, ...] = ()
     slo: ServingSlo = field(default_factory=ServingSlo)
+    # Host, network and kernel evidence of the group's nodes (issue 18), oldest first.
+    host_events: tuple[HostEvent, ...] = ()
+    net_events: tuple[NetEvent, ...] = ()
+    net_ports: tuple[NetPort, ...] = ()  # newest sample per (node, port)
+    hosts: tuple[HostState, ...] = ()  # newest host sample per node
     process_groups: tuple[ProcessGroup, ...] = ()  # active generation, sorted by pg
 
 
@@ -272,8 +287,15 @@ def build_snapshot(
     transitions: list[Transition] = []
     serving: dict[str, ServingWindow] = {}
     heartbeats = dict(nodes)
+    host_events: list[HostEvent] = []
+    net_events: list[NetEvent] = []
+    net_ports: dict[tuple[str | None, str], NetPort] = {}
+    hosts: dict[str | None, HostState] = {}
     for r in recs:
         kind = r.get("kind")
+        if kind in HOST_KINDS:
+            _host_record(r, host_events, net_events, net_ports, hosts)
+            continue
         if kind in ("device_sample", "device_event"):
             gpu = r["gpu"]
             if r.get("node") is not None or gpu not in dev_node:
@@ -413,5 +435,81 @@ def build_snapshot(
             for c in contract_findings
         ),
         slo=ServingSlo.from_mapping(slo),
+        host_events=tuple(host_events),
+        net_events=tuple(net_events),
+        net_ports=tuple(net_ports[k] for k in sorted(net_ports, key=str)),
+        hosts=tuple(hosts[k] for k in sorted(hosts, key=str)),
         process_groups=_process_groups({rk: pg_reports[rk] for rk in active if rk in pg_reports}),
     )
+
+
+HOST_KINDS = frozenset({"host_event", "net_event", "net_sample", "host_sample"})
+
+
+def _host_record(
+    r: Mapping[str, Any],
+    host_events: list[HostEvent],
+    net_events: list[NetEvent],
+    net_ports: dict[tuple[str | None, str], NetPort],
+    hosts: dict[str | None, HostState],
+) -> None:
+    """One host/network record into its list (records arrive oldest first)."""
+    kind, node = r["kind"], r.get("node")
+    if kind == "host_event":
+        host_events.append(
+            HostEvent(
+                ts=r["ts"],
+                node=node,
+                event=r["event"],
+                device=r.get("device"),
+                code=r.get("code"),
+                pid=r.get("pid"),
+                comm=r.get("comm"),
+                severity=r.get("severity"),
+            )
+        )
+    elif kind == "net_event":
+        net_events.append(
+            NetEvent(
+                ts=r["ts"],
+                node=node,
+                port=r["port"],
+                link=r.get("link") or "ib",
+                event=r["event"],
+                state=r.get("state"),
+                rate_gbps=_num(r.get("rate_gbps")),
+                prev_rate_gbps=_num(r.get("prev_rate_gbps")),
+                counters=dict(r.get("counters") or {}),
+            )
+        )
+    elif kind == "net_sample":
+        net_ports[(node, r["port"])] = NetPort(
+            ts=r["ts"],
+            node=node,
+            port=r["port"],
+            link=r.get("link") or "ib",
+            state=r.get("state"),
+            rate_gbps=_num(r.get("rate_gbps")),
+            counters=dict(r.get("counters") or {}),
+        )
+    else:
+        hosts[node] = HostState(
+            ts=r["ts"],
+            node=node,
+            mem_some_avg10=_num(r.get("mem_some_avg10")),
+            mem_full_avg10=_num(r.get("mem_full_avg10")),
+            io_full_avg10=_num(r.get("io_full_avg10")),
+            swap_used_bytes=r.get("swap_used_bytes"),
+            swap_total_bytes=r.get("swap_total_bytes"),
+            d_state=r.get("d_state"),
+            disks=tuple(
+                DiskState(
+                    root=str(d.get("root", "")),
+                    device=d.get("device"),
+                    free_bytes=d.get("free_bytes"),
+                    total_bytes=d.get("total_bytes"),
+                    io_errors=d.get("io_errors"),
+                )
+                for d in r.get("disks") or ()
+            ),
+        )

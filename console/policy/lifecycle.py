@@ -66,8 +66,9 @@ TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
         }
     ),
     # An approved action that the dispatch re-check refuses is cancelled, never re-voted.
+    # A dry run is never dispatched: at dispatch it succeeds with its preview as the result.
     ActionState.APPROVED: frozenset(
-        {ActionState.DISPATCHED, ActionState.CANCELLED, ActionState.EXPIRED}
+        {ActionState.DISPATCHED, ActionState.CANCELLED, ActionState.EXPIRED, ActionState.SUCCEEDED}
     ),
     # An agent may report the outcome without a separate acknowledgement.
     ActionState.DISPATCHED: frozenset(

@@ -383,3 +383,44 @@ def contract_violations(group: ConsistencyGroup, now: datetime) -> list[dict[str
             group=group, ts__gte=now - EVENT_WINDOW
         ).order_by("ts")
     ]
+
+
+# -- host, network and kernel evidence (issue 18) ------------------------------------------
+# Kernel events explain exits for as long as the stop lasts (a day, like device events);
+# net events and the newest samples speak for the last EVENT_WINDOW only: a link that
+# flapped an hour ago does not explain a collective that is slow now.
+def host_records(
+    node_ids: set[int], *, node_names: dict[int, str], now: datetime
+) -> list[dict[str, Any]]:
+    """Host events, net events, and the newest net sample per port and host sample per node
+    of these nodes, as records of the wire contract (`node` is the node's name)."""
+    records = _rows(
+        m.HostEvent.objects.filter(node_id__in=node_ids, ts__gte=now - HISTORY_WINDOW),
+        "host_event",
+        ["event", "device", "code", "pid", "comm", "severity"],
+        node_names,
+    )
+    records += _rows(
+        m.NetEvent.objects.filter(node_id__in=node_ids, ts__gte=now - EVENT_WINDOW),
+        "net_event",
+        ["port", "link", "event", "state", "rate_gbps", "prev_rate_gbps", "counters"],
+        node_names,
+    )
+    records += _rows(
+        m.NetSample.objects.filter(node_id__in=node_ids, ts__gte=now - EVENT_WINDOW)
+        .order_by("node_id", "port", "-ts")
+        .distinct("node_id", "port"),
+        "net_sample",
+        ["port", "link", "state", "rate_gbps", "counters"],
+        node_names,
+    )
+    records += _rows(
+        m.HostSample.objects.filter(node_id__in=node_ids, ts__gte=now - EVENT_WINDOW)
+        .order_by("node_id", "-ts")
+        .distinct("node_id"),
+        "host_sample",
+        ["mem_some_avg10", "mem_full_avg10", "io_full_avg10", "swap_used_bytes",
+         "swap_total_bytes", "d_state", "disks"],
+        node_names,
+    )  # fmt: skip
+    return records

@@ -22,10 +22,24 @@ from typing import Any
 
 from agents.fake_nvml import CONTROL_ENV
 from faultline import bootstrap
+from faultline.demo import fake_slurm
 from faultline.embedded import free_port
 from faultline.supervisor import Supervisor
 
 BIN = Path(sys.executable).parent
+
+# The demo's remediation policy (docs/drills.md): automation may drain a node after a
+# hardware Xid inside the blast radius; restarting a group still waits for a human, so the
+# approvals page has something to decide.
+DEMO_POLICY = {
+    "gates": {
+        "auto_approve": {"drain_node": ["xid"]},
+        "max_nodes_out_per_pool": "34%",  # one of the 3-node demo's nodes, 5 of 16
+        "max_nodes_out_fleet": "34%",
+        "max_per_target": 5,
+    },
+    "remediation": {"default": {"scheduler": "slurm", "take_out": "drain_node"}},
+}
 
 
 def _agent_command(server: str, token: str, node: str, state: Path, gpus: int) -> list[str]:
@@ -43,6 +57,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"faultline: --nodes {args.nodes} is too small; the demo needs at least 3")
         return 2
     args.ws_port = args.ws_port or args.port + 1
+    if not os.environ.get("FAULTLINE_REMEDIATION_POLICY"):
+        # Read by the settings of this process and of every child the supervisor starts.
+        policy = Path(bootstrap.data_dir(args.data_dir)) / "demo-remediation.json"
+        policy.parent.mkdir(parents=True, exist_ok=True)
+        policy.write_text(json.dumps(DEMO_POLICY, indent=1))
+        os.environ["FAULTLINE_REMEDIATION_POLICY"] = str(policy)
     try:
         with bootstrap.system_up(
             host=args.host, port=args.port, ws_port=args.ws_port, data_dir_arg=args.data_dir
@@ -79,7 +99,9 @@ def _play(args: argparse.Namespace, system: bootstrap.System) -> int:
         state = demo_dir / "agents" / node
         (state / "checkpoints").mkdir(parents=True)
         udp = free_port()
-        (state / "agent.toml").write_text(f"reporter_udp_port = {udp}\n")
+        (state / "agent.toml").write_text(
+            f'reporter_udp_port = {udp}\nscheduler = "slurm"\naction_poll_s = 2\n'
+        )
         commands[f"agent:{node}"] = _agent_command(server, tokens[node], node, state, args.gpus)
         plan["nodes"][node] = {"state": str(state), "udp": udp}
     (demo_dir / "plan.json").write_text(json.dumps(plan, indent=1))
@@ -89,6 +111,8 @@ def _play(args: argparse.Namespace, system: bootstrap.System) -> int:
     system.hand_over()
     env = dict(os.environ)
     env[CONTROL_ENV] = str(control)
+    # The agents' Slurm backend drives the demo's fake scontrol (faultline.demo.fake_slurm).
+    env.update(fake_slurm.install(demo_dir / "scheduler"))
     sup = Supervisor(commands, env)
     sup.handle_signals()
     print(f"faultline: demo ready in {time.monotonic() - system.started:.1f}s")

@@ -14,6 +14,7 @@ import math
 import random
 import shutil
 import time
+import zlib
 from typing import Any
 
 from agents.fake_nvml import fake_uuid
@@ -68,6 +69,7 @@ class TrainGroup:
             topology={"dp": self.world, "tp": 1, "pp": 1, "ep": 1},
             data_cursor=self.step * self.tokens * self.world,
             model_version="v7",
+            job=str(10_000 + zlib.crc32(self.name.encode()) % 90_000),  # restart_group's job
         )
 
     def restart(self, reason: str, *, without: str | None = None) -> None:

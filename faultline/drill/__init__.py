@@ -64,7 +64,31 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join([head, rule, *body]) + "\n"
 
 
+def run_remediation(args: argparse.Namespace) -> int:
+    """`faultline drill --remediation` (faultline.drill.remediation): figures, then JSON."""
+    from faultline.drill.remediation import run_drill
+
+    work = Path(args.data_dir).resolve() if args.data_dir else None
+    try:
+        row = run_drill(work, fake=args.fake_scheduler)
+    except (TimeoutError, RuntimeError, AssertionError) as exc:
+        print(f"faultline: remediation drill failed: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        print("faultline: drill interrupted; stopping everything")
+        return 130
+    print(f"scheduler: {row['scheduler']}")
+    print(f"fault -> node out of service on the scheduler: {row['fault_to_out_of_service_s']} s")
+    print(f"fault -> job requeued without it:              {row['fault_to_job_requeued_s']} s")
+    print(f"scheduler reason: {row['reason']}")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps([row], indent=2) + "\n")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "remediation", False):
+        return run_remediation(args)
     if importlib.util.find_spec("torch") is None:
         print("faultline: drill needs PyTorch; install it with pip install 'faultline[torch]'")
         return 2

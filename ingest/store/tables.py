@@ -37,6 +37,17 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "ts", "node_id", "group_id", "generation", "stale", "worker", "model_version",
         "adapter_version", "kv_schema", "ready", "draining", "window",
     ),
+    # -- host, network and kernel evidence (issue 18)
+    "hostevent": ("ts", "node_id", "event", "device", "code", "pid", "comm", "severity"),
+    "netevent": (
+        "ts", "node_id", "port", "link", "event", "state", "rate_gbps", "prev_rate_gbps",
+        "counters",
+    ),
+    "netsample": ("ts", "node_id", "port", "link", "state", "rate_gbps", "counters"),
+    "hostsample": (
+        "ts", "node_id", "mem_some_avg10", "mem_full_avg10", "io_full_avg10",
+        "swap_used_bytes", "swap_total_bytes", "d_state", "disks",
+    ),
 }  # fmt: skip
 
 COPY_SQL = {

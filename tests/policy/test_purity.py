@@ -11,6 +11,7 @@ MODULES = [
     "console.policy.lifecycle",
     "console.policy.gates",
     "console.policy.dryrun",
+    "console.policy.remediation",
     "console.policy.escalation",
     "console.notify.webhook",
     "console.notify.slack",

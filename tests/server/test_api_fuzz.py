@@ -59,6 +59,7 @@ ACCESS: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/actions/{id}/approve/"): "approver",
     ("POST", "/api/v1/actions/{id}/reject/"): "approver",
     ("POST", "/api/v1/actions/{id}/cancel/"): "operator",
+    ("POST", "/api/v1/actions/{id}/abandon/"): "admin",
     ("POST", "/api/v1/actions/{id}/result"): "agent",
     ("GET", "/api/v1/agents/"): "viewer",
     ("GET", "/api/v1/agents/actions"): "agent",
@@ -86,6 +87,11 @@ ACCESS: dict[tuple[str, str], str] = {
     ("GET", "/api/v1/nodes/{name}/"): "viewer",
     ("GET", "/api/v1/notification-channels/"): "admin",
     ("POST", "/api/v1/notification-channels/"): "admin",
+    ("GET", "/api/v1/notification-channels/{name}/"): "admin",
+    ("PATCH", "/api/v1/notification-channels/{name}/"): "admin",
+    ("POST", "/api/v1/notification-channels/{name}/disable/"): "admin",
+    ("POST", "/api/v1/notification-channels/{name}/enable/"): "admin",
+    ("POST", "/api/v1/notification-channels/{name}/rotate-secret/"): "admin",
     ("GET", "/api/v1/pages/fleet/"): "viewer",
     ("GET", "/api/v1/pages/groups/{name}/"): "viewer",
     ("GET", "/api/v1/pages/groups/{name}/charts/"): "viewer",
@@ -240,6 +246,7 @@ def seed_fleet(cast: dict[str, Any], post_batch: Callable[..., Any]) -> dict[str
         "groups": ["llama", "chat"],
         "silences": [silence.pk],
         "escalation-policies": [policy.pk],
+        "notification-channels": ["ops"],
     }
 
 

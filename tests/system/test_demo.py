@@ -5,6 +5,7 @@ Also the fake NVML control channel the demo uses to break a running agent's GPU.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -136,6 +137,21 @@ def test_it_plays_a_fleet_whose_faults_open_incidents_and_stops_cleanly(tmp_path
             "a scheduled fault to open an incident",
         )
         assert {i["group"] for i in opened} <= {"train-a", "train-b", "serve"}
+        # The loop: the first fault is an Xid 79; the demo policy auto-approves draining
+        # its node inside the blast radius and the agent's Slurm backend drains it on the
+        # demo's fake scheduler.
+        drained = wait_for(
+            lambda: [
+                a for a in svc.api("/api/v1/actions/?state=succeeded")["results"]
+                if a["kind"] == "drain_node" and a["proposed_by_rule"] == "policy"
+            ],
+            120,
+            "the policy's drain_node to succeed on the agent",
+        )  # fmt: skip
+        node = drained[0]["target"].split(":", 1)[1]
+        state = json.loads((tmp_path / "demo" / "scheduler" / "state.json").read_text())
+        assert state["nodes"][node]["state"] == "IDLE+DRAIN"
+        assert state["nodes"][node]["reason"].startswith(f"faultline: {drained[0]['id']} ")
         text = log.read_text()
         assert f"first admin login: {ADMIN[0]} (password from FAULTLINE_ADMIN_PASSWORD)" in text
         assert ADMIN[1] not in text  # a log file never holds the admin password

@@ -124,3 +124,30 @@ def test_it_says_in_one_line_that_torch_is_missing(tmp_path: Path) -> None:
     assert out.stdout.strip().splitlines() == [
         "faultline: drill needs PyTorch; install it with pip install 'faultline[torch]'"
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fake", [True, False], ids=["fake-scontrol", "real-slurm"])
+def test_it_times_the_remediation_loop_on_the_scheduler(tmp_path: Path, fake: bool) -> None:
+    from tests.system.slurm import slurm_available
+
+    if not fake and slurm_available():
+        pytest.skip(slurm_available())
+    out = tmp_path / "remediation.json"
+    fake_flag = ["--fake-scheduler"] if fake else []
+    argv = [str(BIN / "faultline"), "drill", "--remediation", "--json", str(out),
+            "--data-dir", str(tmp_path / "run"), *fake_flag]  # fmt: skip
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=280,
+        env={k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (row,) = json.loads(out.read_text())
+    assert row["scheduler"].startswith("fake scontrol" if fake else "real Slurm")
+    assert 0 < row["fault_to_out_of_service_s"] <= row["fault_to_job_requeued_s"] < 120
+    assert row["reason"].startswith("faultline: ") and "xid" in row["reason"].lower()
+    artifacts = Path("test-artifacts")
+    artifacts.mkdir(exist_ok=True)
+    (artifacts / f"drill-remediation-{'fake' if fake else 'slurm'}.json").write_text(
+        json.dumps(row, indent=2)
+    )

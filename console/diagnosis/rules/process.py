@@ -25,6 +25,7 @@ from console.diagnosis.findings import (
     rank_subject,
 )
 from console.diagnosis.rules.base import TERMINAL_STATES, Context
+from console.diagnosis.rules.host import kernel_oom
 from console.diagnosis.snapshot import ProcessRecord, RankState
 
 
@@ -92,6 +93,10 @@ def run(ctx: Context) -> None:
     initiator: Finding | None = None
     for r, p, clean in exits:
         kind = _kind(p)
+        # The kernel's OOM killer ended the process (host memory): its line is the evidence.
+        killer = kernel_oom(ctx, r, p)
+        if killer is not None:
+            kind = "oom"
         step = _step_at(r, p)
         cause = ctx.device_cause(p.gpu or r.gpu) or ctx.node_cause(r.node)
         # Exits after the first one are the teardown or cascade it set off (peers killed by
@@ -103,7 +108,9 @@ def run(ctx: Context) -> None:
         if teardown and initiator is not None:
             cause = ctx.root_of(initiator)
         what = {
-            "oom": "out of memory",
+            "oom": "was killed by the kernel's OOM killer (host memory)"
+            if killer is not None
+            else "out of memory",
             "exception": f"raised {p.error_type or 'an exception'}",
             "process_exit": (
                 "exited cleanly mid-run"
@@ -124,6 +131,10 @@ def run(ctx: Context) -> None:
             "last_step": step,
             "teardown": teardown,
         }
+        if killer is not None:
+            ev["kernel"] = {"event": killer.event, "pid": killer.pid, "comm": killer.comm,
+                            "at": killer.ts, "source": "kernel_log"}  # fmt: skip
+            ev["memory"] = "host"
         xids = _process_xids(ctx, r, p.gpu or r.gpu)
         if xids:
             ev["xids"] = [

@@ -25,6 +25,7 @@ from console.diagnosis.findings import (
 )
 from console.diagnosis.records import PHASES
 from console.diagnosis.rules.base import RECENT_STEPS, Context
+from console.diagnosis.rules.host import net_evidence, net_missing
 from console.diagnosis.snapshot import RankState
 from console.diagnosis.stats import mad, median, percentile
 
@@ -154,13 +155,25 @@ def run(ctx: Context) -> None:
     # Collective time inflated only on the ranks of one node: that node's network.
     if len(net_slow) == 1:
         node, ranks = next(iter(net_slow.items()))
+        # Cite the port and the counter that moved (issue 18), or say there is none.
+        port = net_evidence(ctx, node, ctx.cfg.host_event_window_s)
+        if port is None:
+            cited = ""
+            port_ev: dict[str, object] = {"missing_evidence": net_missing(ctx, node)}
+        else:
+            moved = port["counters"]
+            top = port["counter"]
+            cited = f" ({port['what']} on {port['port']}" + (
+                f": {top} +{moved[top]})" if isinstance(moved, dict) and top in moved else ")"
+            )
+            port_ev = {"port": port["port"], "counter": top, "network": port}
         c = ctx.put(
             ctx.new(
                 kind="network_slow",
                 subject=node_subject(node),
                 role=ROOT_CAUSE,
                 severity=MAJOR,
-                summary=f"Slow network on {node}: collectives of rank(s) {ranks[:4]} take "
+                summary=f"Slow network on {node}{cited}: collectives of rank(s) {ranks[:4]} take "
                 f"{max(stats[x][1]['collective'] for x in ranks):.0f} ms vs median "
                 f"{ph_med['collective']:.0f} ms",
                 first_seen=ctx.steps(ctx.ranks[ranks[0]])[-RECENT_STEPS:][0].ts,
@@ -169,6 +182,7 @@ def run(ctx: Context) -> None:
                     "node": node,
                     "ranks": ctx.capped(ranks),
                     "median_collective_ms": ph_med["collective"],
+                    **port_ev,
                 },
             )
         )

@@ -75,7 +75,7 @@ def test_a_step_batch_does_not_wait_for_another_batch_of_its_job(post_batch):
 def test_a_transition_waits_for_step_batches_in_flight_then_fences_them(post_batch):
     assert post_batch(make_batch([_transition(1), _step(1, 0)])).status_code == 202
     with _row_lock("FOR KEY SHARE"):
-        done, out = _in_thread(lambda: post_batch(make_batch([_transition(2)], node="node-2")))
+        done, out = _in_thread(lambda: post_batch(make_batch([_transition(2)])))
         assert not done.wait(0.7), "the transition did not wait for the batch in flight"
     assert done.wait(5)
     assert out[0].status_code == 202
@@ -138,3 +138,14 @@ def test_a_batch_naming_a_new_group_does_not_wait_for_batches_of_the_existing_on
     assert out[0].status_code == 202, out[0].content
     new = ConsistencyGroup.objects.get(name="g-new-job")
     assert (new.kind, new.generation) == ("training", 1)
+
+
+def test_it_stores_the_schedulers_job_id_from_a_transition_or_a_process(post_batch):
+    post_batch(make_batch([_transition(1, job="4242")]))
+    assert ConsistencyGroup.objects.get(name=GROUP).scheduler_job == "4242"
+    post_batch(make_batch([_step(1, 1)]))  # a batch without a job id keeps it
+    assert ConsistencyGroup.objects.get(name=GROUP).scheduler_job == "4242"
+    process = {"kind": "process", "group": GROUP, "generation": 1, "rank": 0,
+               "event": "started", "job": "4343"}  # fmt: skip
+    post_batch(make_batch([_transition(1), process]))
+    assert ConsistencyGroup.objects.get(name=GROUP).scheduler_job == "4343"

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from console.models import Alert, Incident
+from console.models import Action, Alert, Incident
 
 pytestmark = pytest.mark.django_db
 
@@ -61,7 +61,7 @@ def test_it_renders_the_incident_page_in_queries_independent_of_symptoms(
     client.force_login(cast["operator"])
     incident = training_group["incident"]
     _add_symptoms(incident, 300)
-    with django_assert_max_num_queries(7):
+    with django_assert_max_num_queries(8):  # + the incident's actions
         assert client.get(_url(incident)).status_code == 200
 
 
@@ -125,3 +125,38 @@ def test_it_assigns_and_comments_through_the_forms(client, cast, training_group)
 def test_it_refuses_a_get_on_the_acknowledge_url(client, cast, training_group):
     client.force_login(cast["operator"])
     assert client.get(_url(training_group["incident"], "acknowledge")).status_code == 405
+
+
+def test_it_shows_why_the_policy_will_not_restart_after_nan(client, cast, training_group):
+    client.force_login(cast["viewer"])
+    html = client.get(_url(training_group["incident"])).content.decode()
+    block = html[html.index('id="remediation"') :]
+    assert 'id="no-restart"' in block and "no automatic restart after nan_loss" in block
+    assert "Nothing proposed for this incident." in block
+    assert 'id="propose-form"' not in html
+
+
+def test_it_lets_an_operator_propose_from_the_incident_page(client, cast, training_group):
+    incident = training_group["incident"]
+    client.force_login(cast["operator"])
+    response = client.post(
+        _url(incident, "propose"),
+        {"kind": "cordon_node", "target": "node:node-p1", "reason": "NaN came from this node"},
+        follow=True,
+    )
+    html = response.content.decode()
+    action = Action.objects.get(incident=incident)
+    assert (action.kind, action.target, action.proposed_by.username) == (
+        "cordon_node",
+        "node:node-p1",
+        "operator",
+    )
+    assert f"action {action.pk} is proposed" in html
+    assert f'data-action="{action.pk}"' in html[html.index('id="remediation"') :]
+
+
+def test_it_refuses_a_forced_proposal_from_a_viewer(client, cast, training_group):
+    client.force_login(cast["viewer"])
+    data = {"kind": "cordon_node", "target": "node:node-p1", "reason": "x y z"}
+    assert client.post(_url(training_group["incident"], "propose"), data).status_code == 403
+    assert Action.objects.count() == 0

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from console import actions
+from console.actions.gating import fleet_state
 from console.actions.remediation import OUTPUT_LIMIT
-from console.models import Action, ConsistencyGroup, Node
+from console.models import Action, AuditLog, ConsistencyGroup, Node
 
 pytestmark = pytest.mark.django_db
 
@@ -37,7 +38,7 @@ def test_it_dispatches_an_approved_action_with_the_agent_shape(pool, propose, vo
             "target": "node:n-04",
             "group": None,
             "generation": None,
-            "params": {"reason": "xid 79 storm", "dry_run": False},
+            "params": {"node": "n-04", "reason": "xid 79 storm", "dry_run": False},
         },
     ]
     assert Action.objects.get(pk=action.pk).state == "dispatched"
@@ -106,15 +107,43 @@ def test_it_cordons_the_node_when_the_agent_reports_success(
     assert again.status_code == 409
 
 
-def test_it_keeps_a_dry_run_from_changing_the_inventory(pool, propose, vote, now):
+def test_it_never_dispatches_a_dry_run_and_completes_it_with_its_preview(pool, propose, vote, now):
     action = _approved(propose, vote, "node:n-06", dry_run=True)
-    actions.dispatch_for_node(node=pool[6], now=now)
-    actions.record_action_result(
-        action_id=action.pk,
-        node=pool[6],
-        status="succeeded",
-        exit_code=0,
-        output="dry-run: would run kubectl cordon n-06",
-        now=now,
-    )
+    action.refresh_from_db()
+    assert action.state == "succeeded"
+    assert action.dispatched_at is None
+    assert action.result["dry_run"] is True
+    assert any("would" in line for line in action.result["preview"])
+    assert actions.dispatch_for_node(node=pool[6], now=now) == []
+    with pytest.raises(actions.Conflict):
+        actions.record_action_result(
+            action_id=action.pk,
+            node=pool[6],
+            status="succeeded",
+            exit_code=0,
+            output="ran for real",
+            now=now,
+        )
     assert Node.objects.get(name="n-06").cordoned is False
+    verbs = set(AuditLog.objects.filter(object_id=str(action.pk)).values_list("verb", flat=True))
+    assert "action.succeeded" in verbs and "action.dispatched" not in verbs
+
+
+def test_it_does_not_count_a_dry_run_against_the_blast_radius(pool, propose):
+    propose("node:n-06", dry_run=True)
+    real = propose("node:n-07")
+    out = fleet_state(exclude=real.action.pk, include_proposed=True)
+    assert "n-06" not in out.nodes_out
+    propose("node:n-08")
+    assert "n-08" in fleet_state(exclude=real.action.pk, include_proposed=True).nodes_out
+
+
+def test_it_refuses_a_restart_without_the_schedulers_job_id(pool, propose):
+    with pytest.raises(actions.RemediationError, match=r"params\.job"):
+        propose("group:llama", kind="restart_group")
+
+
+def test_it_fills_the_job_id_from_the_group(pool, propose):
+    ConsistencyGroup.objects.filter(name="llama").update(scheduler_job="4242")
+    outcome = propose("group:llama", kind="restart_group")
+    assert outcome.action.params["job"] == "4242"

@@ -65,3 +65,42 @@ def test_it_sends_anonymous_visitors_to_the_login_page(client):
     for url in ("/approvals/", "/audit/"):
         response = client.get(url)
         assert response.status_code == 302 and response.url.startswith("/login/")
+
+
+def _in_flight(pool, propose, vote, now):
+    from console import actions
+
+    action = propose("node:n-04").action
+    vote(action.pk, "approver")
+    actions.dispatch_for_node(node=pool[4], now=now)
+    return Action.objects.get(pk=action.pk)
+
+
+def test_it_shows_in_flight_actions_with_their_deadline_and_lets_an_admin_abandon(
+    client, cast, pool, propose, vote, now
+):
+    action = _in_flight(pool, propose, vote, now)
+    client.force_login(cast["approver"])
+    page = client.get("/approvals/").content.decode()
+    assert 'id="in-flight"' in page and "node:n-04" in page and "Abandon" not in page
+    assert client.post(f"/approvals/{action.pk}/abandon/", {"reason": "gone"}).status_code == 403
+    client.force_login(cast["admin"])
+    assert "Abandon" in client.get("/approvals/").content.decode()
+    response = client.post(
+        f"/approvals/{action.pk}/abandon/", {"reason": "node reimaged"}, follow=True
+    )
+    assert "abandoned" in response.content.decode()
+    assert Action.objects.get(pk=action.pk).state == "failed"
+
+
+def test_it_abandons_over_rest_for_an_admin_only(client, cast, pool, propose, vote, now):
+    action = _in_flight(pool, propose, vote, now)
+    client.force_login(cast["approver"])
+    url = f"/api/v1/actions/{action.pk}/abandon/"
+    assert client.post(url, {"reason": "x"}, content_type="application/json").status_code == 403
+    detail = client.get(f"/api/v1/actions/{action.pk}/").json()
+    assert detail["deadline"] is not None
+    client.force_login(cast["admin"])
+    body = client.post(url, {"reason": "agent lost"}, content_type="application/json").json()
+    assert body["action"]["state"] == "failed"
+    assert body["action"]["result"]["abandoned"] is True

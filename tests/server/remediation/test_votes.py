@@ -72,7 +72,9 @@ def test_it_returns_why_an_unsafe_restart_needs_a_human(pool, propose, vote, now
         opened_at=now,
         recovery={"auto_restart_safe": False, "reason": "a retry hangs again"},
     )
-    outcome = propose("group:llama", kind="restart_group", incident_id=incident.pk)
+    outcome = propose(
+        "group:llama", kind="restart_group", incident_id=incident.pk, params={"job": "77"}
+    )
     assert outcome.action.approvals_required == 1
     assert any("auto-restart is unsafe: a retry hangs again" in r for r in outcome.reasons)
     approved = vote(outcome.action.pk, "approver")

@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("console", "0007_merge_tokens_fleet_health"),
+        ("console", "0008_merge_scheduler_job"),
     ]
 
     operations = [

@@ -1,0 +1,353 @@
+"""Host, storage and network evidence: sysfs/procfs readers and the per-round monitor.
+
+Owns reading InfiniBand/RoCE port counters (/sys/class/infiniband/<dev>/ports/<n>/),
+Ethernet interface counters (/sys/class/net/<if>/statistics/), PSI (/proc/pressure/),
+swap (/proc/meminfo), tasks in D state (/proc/<pid>/stat), free space of the checkpoint
+filesystems (statvfs) and turning them into `net_sample`, `net_event` and `host_sample`
+records (agents/protocol.py). Every reader takes a root path, so tests read fixture trees.
+Standard library only; it must not decide findings nor send anything itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents.wire import Record, record
+
+log = logging.getLogger("faultline.agent.host")
+
+# The InfiniBand port counters that mean trouble when they move (IBTA PortCounters).
+IB_ERROR_COUNTERS: tuple[str, ...] = (
+    "symbol_error",
+    "link_error_recovery",
+    "link_downed",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_xmit_discards",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors",
+    "VL15_dropped",
+)
+IB_COUNTERS: tuple[str, ...] = (*IB_ERROR_COUNTERS, "port_xmit_wait")
+ETH_ERROR_COUNTERS: tuple[str, ...] = (
+    "rx_errors",
+    "tx_errors",
+    "rx_dropped",
+    "tx_dropped",
+    "rx_crc_errors",
+    "carrier_changes",
+)
+ETH_COUNTERS: tuple[str, ...] = ETH_ERROR_COUNTERS
+# Interfaces that are not the fabric: loopback, bridges, containers' veths.
+_SKIP_IF = ("lo", "docker", "veth", "br-", "virbr", "cni", "flannel", "cali", "tunl")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _int(path: Path) -> int | None:
+    raw = _read(path)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PortReading:
+    port: str  # mlx5_0/1 or eth0
+    link: str  # ib | eth
+    state: str | None
+    rate_gbps: float | None
+    counters: dict[str, int]  # absolute values as read
+    error_counters: tuple[str, ...] = ()
+
+
+def _ib_state(raw: str | None) -> str | None:
+    # "4: ACTIVE" -> "ACTIVE"
+    return None if raw is None else raw.split(":", 1)[-1].strip() or None
+
+
+def _ib_rate(raw: str | None) -> float | None:
+    # "400 Gb/sec (4X NDR)" / "100 Gb/sec (4X EDR)"
+    try:
+        return float(raw.split()[0]) if raw else None
+    except (ValueError, IndexError):
+        return None
+
+
+def read_ib_ports(sys_root: str | Path = "/sys") -> list[PortReading] | None:
+    """Every InfiniBand/RoCE port, or None when the host has no /sys/class/infiniband."""
+    base = Path(sys_root) / "class" / "infiniband"
+    if not base.is_dir():
+        return None
+    out = []
+    for dev in sorted(base.iterdir()):
+        ports = dev / "ports"
+        if not ports.is_dir():
+            continue
+        for port in sorted(ports.iterdir(), key=lambda p: p.name):
+            counters = {
+                name: value
+                for name in IB_COUNTERS
+                if (value := _int(port / "counters" / name)) is not None
+            }
+            out.append(
+                PortReading(
+                    port=f"{dev.name}/{port.name}",
+                    link="ib",
+                    state=_ib_state(_read(port / "state")),
+                    rate_gbps=_ib_rate(_read(port / "rate")),
+                    counters=counters,
+                    error_counters=IB_ERROR_COUNTERS,
+                )
+            )
+    return out
+
+
+def read_eth_ports(sys_root: str | Path = "/sys") -> list[PortReading]:
+    """Physical Ethernet interfaces (those with a `device` link), their counters."""
+    base = Path(sys_root) / "class" / "net"
+    if not base.is_dir():
+        return []
+    out = []
+    for iface in sorted(base.iterdir()):
+        if iface.name.startswith(_SKIP_IF) or not (iface / "device").exists():
+            continue
+        counters = {
+            name: value
+            for name in ETH_COUNTERS
+            if (value := _int(iface / "statistics" / name)) is not None
+        }
+        carrier = _int(iface / "carrier_changes")
+        if carrier is not None:
+            counters["carrier_changes"] = carrier
+        speed = _int(iface / "speed")  # Mb/s; -1 when the link is down
+        out.append(
+            PortReading(
+                port=iface.name,
+                link="eth",
+                state=_read(iface / "operstate"),
+                rate_gbps=speed / 1000 if speed is not None and speed > 0 else None,
+                counters=counters,
+                error_counters=ETH_ERROR_COUNTERS,
+            )
+        )
+    return out
+
+
+def read_psi(proc_root: str | Path, resource: str) -> dict[str, float]:
+    """`/proc/pressure/<resource>` -> {"some": avg10, "full": avg10} (kernel 4.20+)."""
+    raw = _read(Path(proc_root) / "pressure" / resource)
+    out: dict[str, float] = {}
+    for line in (raw or "").splitlines():
+        kind, *fields = line.split()
+        for f in fields:
+            key, _, value = f.partition("=")
+            if key == "avg10":
+                with contextlib.suppress(ValueError):
+                    out[kind] = min(100.0, max(0.0, float(value)))
+    return out
+
+
+def read_swap(proc_root: str | Path) -> tuple[int, int] | None:
+    """(used, total) bytes of swap from /proc/meminfo."""
+    raw = _read(Path(proc_root) / "meminfo")
+    if raw is None:
+        return None
+    kb: dict[str, int] = {}
+    for line in raw.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            kb[key] = int(parts[0])
+    if "SwapTotal" not in kb:
+        return None
+    total = kb["SwapTotal"] * 1024
+    return total - kb.get("SwapFree", 0) * 1024, total
+
+
+def count_d_state(proc_root: str | Path) -> int | None:
+    """Tasks in uninterruptible sleep (state D in /proc/<pid>/stat)."""
+    base = Path(proc_root)
+    try:
+        pids = [p for p in base.iterdir() if p.name.isdigit()]
+    except OSError:
+        return None
+    count = 0
+    for pid in pids:
+        raw = _read(pid / "stat")
+        if raw is None:
+            continue
+        # "1234 (comm with ) spaces) D 1 ...": the state follows the last ')'.
+        tail = raw.rpartition(")")[2].split()
+        if tail and tail[0] == "D":
+            count += 1
+    return count
+
+
+def mount_device(path: str | Path, proc_root: str | Path = "/proc") -> str | None:
+    """The block device (`nvme1n1`) or source of the filesystem `path` lives on."""
+    raw = _read(Path(proc_root) / "self" / "mounts") or _read(Path(proc_root) / "mounts")
+    target = os.path.realpath(path)
+    best, source = "", None
+    for line in (raw or "").splitlines():
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        mnt = parts[1].replace("\\040", " ")
+        if (target == mnt or target.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
+            best, source = mnt, parts[0]
+    if source is None:
+        return None
+    return source.rsplit("/", 1)[-1][:64] or None
+
+
+def disk_free(path: str | Path) -> tuple[int, int] | None:
+    """(free, total) bytes of the filesystem under `path` (free for unprivileged users)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+# -- the monitor ---------------------------------------------------------------------------
+@dataclass
+class HostPaths:
+    sys_root: Path = Path("/sys")
+    proc_root: Path = Path("/proc")
+    checkpoint_roots: list[Path] = field(default_factory=list)
+
+
+class HostMonitor:
+    """Reads the host once per round; returns this round's records.
+
+    Counters travel as deltas since the previous read (the first read sets the baseline
+    and sends none). A port going out of ACTIVE/up, or back, is a `link_down`/`link_up`
+    event; a lower rate than the port had is `rate_drop`; a moved error counter is `errors`.
+    A host without InfiniBand is said so once, in the log, and then read for Ethernet only.
+    """
+
+    def __init__(
+        self,
+        paths: HostPaths | None = None,
+        *,
+        statvfs: Callable[[str | Path], tuple[int, int] | None] = disk_free,
+        io_errors: Callable[[str], int] | None = None,
+    ) -> None:
+        self.paths = paths or HostPaths()
+        self._statvfs = statvfs
+        self._io_errors = io_errors or (lambda device: 0)
+        self._last: dict[str, PortReading] = {}
+        self._said_no_ib = False
+        self.has_ib: bool | None = None
+
+    def ports(self) -> list[PortReading]:
+        ib = read_ib_ports(self.paths.sys_root)
+        self.has_ib = ib is not None
+        if ib is None and not self._said_no_ib:
+            self._said_no_ib = True
+            log.info("no InfiniBand on this host (%s): reading Ethernet only",
+                     Path(self.paths.sys_root) / "class" / "infiniband")  # fmt: skip
+        return [*(ib or []), *read_eth_ports(self.paths.sys_root)]
+
+    def net_records(self, readings: Iterable[PortReading] | None = None) -> list[Record]:
+        out: list[Record] = []
+        for now in self.ports() if readings is None else readings:
+            prev = self._last.get(now.port)
+            self._last[now.port] = now
+            if prev is None:
+                continue
+            deltas = {
+                k: v - prev.counters[k]
+                for k, v in now.counters.items()
+                if k in prev.counters and v >= prev.counters[k]
+            }
+            out.append(
+                record(
+                    "net_sample",
+                    port=now.port,
+                    link=now.link,
+                    state=now.state,
+                    rate_gbps=now.rate_gbps,
+                    counters=deltas,
+                )
+            )
+            out += self._events(prev, now, deltas)
+        return out
+
+    @staticmethod
+    def _up(r: PortReading) -> bool:
+        return (r.state or "").upper() in ("ACTIVE", "UP")
+
+    def _events(self, prev: PortReading, now: PortReading, deltas: dict[str, int]) -> list[Record]:
+        base: dict[str, Any] = {
+            "port": now.port,
+            "link": now.link,
+            "state": now.state,
+            "rate_gbps": now.rate_gbps,
+        }
+        moved = {k: v for k, v in deltas.items() if v > 0 and k in now.error_counters}
+        out = []
+        flapped = moved.get("link_downed", 0) > 0 or moved.get("carrier_changes", 0) > 0
+        if self._up(prev) and not self._up(now):
+            out.append(record("net_event", event="link_down", counters=moved, **base))
+        elif not self._up(prev) and self._up(now):
+            out.append(record("net_event", event="link_up", counters=moved, **base))
+        elif flapped:  # down and up again between two reads: the counter saw it
+            out.append(record("net_event", event="link_down", counters=moved, **base))
+        elif moved:
+            out.append(record("net_event", event="errors", counters=moved, **base))
+        if (
+            prev.rate_gbps is not None
+            and now.rate_gbps is not None
+            and now.rate_gbps < prev.rate_gbps
+            and self._up(now)
+        ):
+            out.append(
+                record("net_event", event="rate_drop", prev_rate_gbps=prev.rate_gbps, **base)
+            )
+        return out
+
+    def host_record(self) -> Record:
+        proc = self.paths.proc_root
+        mem, io = read_psi(proc, "memory"), read_psi(proc, "io")
+        swap = read_swap(proc)
+        disks: list[dict[str, Any]] = []
+        for root in self.paths.checkpoint_roots[:16]:
+            device = mount_device(root, proc)
+            free = self._statvfs(root)
+            disk: dict[str, Any] = {"root": str(root)[:512]}
+            if device:
+                disk["device"] = device
+                disk["io_errors"] = self._io_errors(device)
+            if free is not None:
+                disk["free_bytes"], disk["total_bytes"] = free
+            disks.append(disk)
+        return record(
+            "host_sample",
+            mem_some_avg10=mem.get("some"),
+            mem_full_avg10=mem.get("full"),
+            io_full_avg10=io.get("full"),
+            swap_used_bytes=None if swap is None else swap[0],
+            swap_total_bytes=None if swap is None else swap[1],
+            d_state=count_d_state(proc),
+            disks=disks or None,
+        )
+
+    def round(self) -> list[Record]:
+        """This round's records: net samples and events, then one host sample."""
+        return [*self.net_records(), self.host_record()]

@@ -1,0 +1,342 @@
+"""Remediation policy: which actions a root cause calls for, per node pool.
+
+Owns the mapping from a diagnosed root cause (a group incident's, or a fleet-scope node
+incident's, given as the plain `Cause` below) to proposals — kind, target, params, reason,
+the evidence they rest on — and to pages for a human where automatic recovery would hurt
+(the seed's "when automatic recovery hurts"); one open proposal per (kind, target); which
+open proposals to withdraw once their finding has resolved. Settings per pool come from
+plain data (`RemediationPolicy.from_dict`, defaults in docs/safety.md).
+
+It does not decide approval: whether a proposal is auto-approved (blast radius, breaker,
+rate limits, `auto_approve` per kind and trigger) is console.policy.gates' call on the
+proposal this module makes. Pure Python over plain data: no ORM, no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from agents import actions_contract as contract
+
+from console.policy.inputs import PolicyError
+
+# Root causes after which restarting repeats the fault or corrupts state: no restart,
+# a human is paged with the diagnosis' reason. Any other root cause whose recovery advice
+# says `auto_restart_safe: false` (a deterministic OOM, an undetermined cause) is paged too.
+NO_RESTART_KINDS = frozenset(
+    {
+        "collective_mismatch",
+        "nan_loss",
+        "checkpoint_partial",
+        "checkpoint_missing_shard",
+        "checkpoint_corrupt",
+        "checkpoint_modified",
+        "split_brain",
+        "stale_generation",
+        "retry_storm",
+    }
+)
+# Latched hardware faults: the node (or only the GPU) leaves service until repaired.
+HARDWARE_KINDS = frozenset({"xid", "gpu_lost", "ecc_dbe", "row_remap_failure"})
+# A GPU-scoped hardware fault may take out only that GPU where the scheduler can isolate one.
+GPU_SCOPED_KINDS = frozenset({"xid", "ecc_dbe", "row_remap_failure"})
+NODE_KINDS_OUT = frozenset({contract.CORDON_NODE, contract.DRAIN_NODE, contract.QUARANTINE_NODE})
+STALE_SERVING_KINDS = frozenset({"stale_version"})
+
+RULE = "policy"
+
+
+@dataclass(frozen=True)
+class PoolPolicy:
+    """What to do in one pool. Defaults are the safe ones (docs/safety.md)."""
+
+    scheduler: str = "slurm"  # which backend runs this pool's actions (BACKEND_KINDS)
+    take_out: str = contract.DRAIN_NODE  # how a node with a latched fault leaves service
+    isolate_gpu: bool = True  # GPU-scoped faults take only the GPU where the backend can
+    restart_after_hardware: bool = True  # restart_group from a valid checkpoint, without it
+    drain_stale_serving: bool = True
+    page_when_unsafe: bool = True
+
+    def can_run(self, kind: str) -> bool:
+        return kind in contract.BACKEND_KINDS.get(self.scheduler, frozenset(contract.KINDS))
+
+
+_BOOL_KEYS = frozenset(
+    {"isolate_gpu", "restart_after_hardware", "drain_stale_serving", "page_when_unsafe"}
+)
+
+
+def _pool(data: Mapping[str, Any], base: PoolPolicy, name: str) -> PoolPolicy:
+    known = {f.name for f in fields(PoolPolicy)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise PolicyError(
+            f"remediation pool {name}: unknown setting(s) {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+    values: dict[str, Any] = {}
+    for key, raw in data.items():
+        if key in _BOOL_KEYS:
+            if not isinstance(raw, bool):
+                raise PolicyError(f"remediation pool {name}: {key} must be true or false")
+            values[key] = raw
+        elif key == "scheduler":
+            if raw not in contract.BACKEND_KINDS:
+                raise PolicyError(
+                    f"remediation pool {name}: scheduler must be one of "
+                    f"{', '.join(sorted(contract.BACKEND_KINDS))}, got {raw!r}"
+                )
+            values[key] = raw
+        elif key == "take_out":
+            if raw not in NODE_KINDS_OUT:
+                raise PolicyError(
+                    f"remediation pool {name}: take_out must be one of "
+                    f"{', '.join(sorted(NODE_KINDS_OUT))}, got {raw!r}"
+                )
+            values[key] = raw
+    return replace(base, **values)
+
+
+@dataclass(frozen=True)
+class RemediationPolicy:
+    default: PoolPolicy = PoolPolicy()
+    pools: Mapping[str, PoolPolicy] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> RemediationPolicy:
+        """`{"default": {...}, "pools": {"a100": {...}}}`; a pool inherits the default."""
+        data = dict(data or {})
+        unknown = sorted(set(data) - {"default", "pools"})
+        if unknown:
+            raise PolicyError(f"remediation policy: unknown key(s) {', '.join(unknown)}")
+        default = _pool(data.get("default") or {}, PoolPolicy(), "default")
+        pools_raw = data.get("pools") or {}
+        if not isinstance(pools_raw, Mapping):
+            raise PolicyError("remediation policy: pools must map a pool name to its settings")
+        pools = {str(k): _pool(v or {}, default, str(k)) for k, v in pools_raw.items()}
+        return cls(default=default, pools=pools)
+
+    def for_pool(self, pool: str) -> PoolPolicy:
+        return self.pools.get(pool or "default", self.default)
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A root cause as the policy reads it: plain data, from a group or a node incident.
+
+    `recovery` is the diagnosis' advice (`auto_restart_safe`, `reason`, `checkpoint`);
+    `node` is the scheduler's node name, `job` the scheduler job id of the group.
+    """
+
+    kind: str
+    subject: str
+    finding: str  # the finding's fingerprint: the proposal is withdrawn when it resolves
+    summary: str = ""
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    recovery: Mapping[str, Any] | None = None
+    pool: str = ""
+    node: str | None = None
+    gpu: str | None = None
+    group: str | None = None
+    job: str | None = None
+    incident: int | None = None
+    # What already happened, so a root cause that outlives the action (device events stay
+    # in the diagnosis window; a new generation re-opens them) does not repeat it.
+    node_out: bool = False  # the node is already out of service
+    restarted: bool = False  # a restart without this node was already made for the group
+
+
+@dataclass(frozen=True)
+class Proposal:
+    kind: str
+    target: str
+    reason: str
+    trigger: str
+    finding: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    incident: int | None = None
+    rule: str = RULE
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.kind, self.target)
+
+
+@dataclass(frozen=True)
+class Page:
+    """No automatic action: a human is paged with the reason."""
+
+    finding: str
+    reason: str
+    incident: int | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    proposals: tuple[Proposal, ...] = ()
+    pages: tuple[Page, ...] = ()
+    notes: tuple[str, ...] = ()  # why something was not proposed
+
+
+@dataclass(frozen=True)
+class OpenProposal:
+    """A proposal still waiting for a decision, as storage has it."""
+
+    id: int
+    kind: str
+    target: str
+    finding: str
+    rule: str = RULE
+
+
+def _trigger(cause: Cause) -> str:
+    code = cause.evidence.get("code")
+    return f"{cause.kind}:{code}" if code not in (None, "") else cause.kind
+
+
+def _is_latched_hardware(cause: Cause) -> bool:
+    if cause.kind not in HARDWARE_KINDS:
+        return False
+    # An Xid takes hardware out only when its class is hardware (agents/xid.py).
+    return bool(cause.evidence.get("takes_gpu_out", True))
+
+
+def _take_out(cause: Cause, pool: PoolPolicy) -> tuple[Proposal | None, str]:
+    why = f"{cause.kind} on {cause.subject}: {cause.summary}".strip(": ")
+    if (
+        cause.gpu
+        and pool.isolate_gpu
+        and cause.kind in GPU_SCOPED_KINDS
+        and pool.can_run(contract.ISOLATE_GPU)
+    ):
+        params: dict[str, Any] = {"gpu": cause.gpu}
+        if cause.node:
+            params["node"] = cause.node
+        return (
+            Proposal(
+                kind=contract.ISOLATE_GPU,
+                target=f"gpu:{cause.gpu}",
+                reason=f"take GPU {cause.gpu} out of service: {why}",
+                trigger=_trigger(cause),
+                params=params,
+                incident=cause.incident,
+                evidence=dict(cause.evidence),
+                finding=cause.finding,
+            ),
+            "",
+        )
+    if not cause.node:
+        return None, f"{cause.kind} on {cause.subject}: no node named, nothing to take out"
+    kind = pool.take_out if pool.can_run(pool.take_out) else contract.CORDON_NODE
+    return (
+        Proposal(
+            kind=kind,
+            target=f"node:{cause.node}",
+            reason=f"take node {cause.node} out of service: {why}",
+            trigger=_trigger(cause),
+            params={"node": cause.node},
+            incident=cause.incident,
+            evidence=dict(cause.evidence),
+            finding=cause.finding,
+        ),
+        "",
+    )
+
+
+def plan(
+    cause: Cause, policy: RemediationPolicy, open_keys: Iterable[tuple[str, str]] = ()
+) -> Plan:
+    """Proposals and pages for one root cause; none repeats an open (kind, target)."""
+    pool = policy.for_pool(cause.pool)
+    recovery = cause.recovery or {}
+    safe = recovery.get("auto_restart_safe")
+    advice = str(recovery.get("reason") or "")
+    proposals: list[Proposal] = []
+    pages: list[Page] = []
+    notes: list[str] = []
+    if cause.kind in STALE_SERVING_KINDS:
+        if pool.drain_stale_serving and cause.node:
+            proposals.append(
+                Proposal(
+                    kind=contract.DRAIN_NODE,
+                    target=f"node:{cause.node}",
+                    reason=f"drain the stale serving worker on {cause.node}: {cause.summary}",
+                    trigger=_trigger(cause),
+                    finding=cause.finding,
+                    params={"node": cause.node},
+                    evidence=dict(cause.evidence),
+                    incident=cause.incident,
+                )
+            )
+        else:
+            notes.append(f"{cause.kind} on {cause.subject}: no node to drain")
+    elif cause.kind in NO_RESTART_KINDS or (safe is False and not _is_latched_hardware(cause)):
+        if pool.page_when_unsafe:
+            pages.append(
+                Page(
+                    finding=cause.finding,
+                    reason=f"no automatic restart after {cause.kind} on {cause.subject}: "
+                    f"{advice or 'restarting repeats the fault'}",
+                    incident=cause.incident,
+                )
+            )
+    elif _is_latched_hardware(cause):
+        out, note = _take_out(cause, pool)
+        if out is not None and cause.node_out and out.kind != contract.ISOLATE_GPU:
+            notes.append(f"node {cause.node} is already out of service")
+        elif out is not None:
+            proposals.append(out)
+        if note:
+            notes.append(note)
+        if cause.group and pool.restart_after_hardware:
+            if cause.restarted:
+                notes.append(f"{cause.group} was already restarted without {cause.node}")
+            elif safe is True and recovery.get("checkpoint") and cause.job:
+                without = cause.node or cause.gpu or cause.subject
+                proposals.append(
+                    Proposal(
+                        kind=contract.RESTART_GROUP,
+                        target=f"group:{cause.group}",
+                        reason=f"restart {cause.group} from checkpoint "
+                        f"{recovery['checkpoint']} without {without}: {advice}",
+                        trigger=_trigger(cause),
+                        finding=cause.finding,
+                        params={"job": cause.job},
+                        evidence={"checkpoint": recovery["checkpoint"], "excluded": without},
+                        incident=cause.incident,
+                    )
+                )
+            elif safe is False:
+                pages.append(
+                    Page(
+                        finding=cause.finding,
+                        reason=f"no automatic restart of {cause.group}: {advice}",
+                        incident=cause.incident,
+                    )
+                )
+            elif not cause.job:
+                notes.append(f"no restart of {cause.group}: the scheduler job id is unknown")
+            else:
+                notes.append(f"no restart of {cause.group}: no valid checkpoint")
+    seen = set(open_keys)
+    kept = []
+    for p in proposals:
+        if p.key in seen:
+            notes.append(f"{p.kind} on {p.target} is already proposed")
+            continue
+        seen.add(p.key)
+        kept.append(p)
+    return Plan(tuple(kept), tuple(pages), tuple(notes))
+
+
+def withdrawals(open_proposals: Iterable[OpenProposal], live_findings: Iterable[str]) -> list[int]:
+    """The policy's own open proposals whose finding is no longer live."""
+    live = set(live_findings)
+    return [
+        p.id
+        for p in open_proposals
+        if p.rule.startswith(RULE) and p.finding and p.finding not in live
+    ]

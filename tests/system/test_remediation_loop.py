@@ -1,0 +1,231 @@
+"""The remediation loop against real parts: service, agent, Slurm.
+
+A real `faultline up`, a real agent process configured with the shipped deploy/agent.toml
+(only server, token, node and paths overridden: `scheduler = "slurm"` as shipped) and a
+real one-node slurmctld + slurmd (tests/system/slurm.py). A hardware Xid goes in through
+ingest; the remediation policy proposes draining the node; two approvers approve over
+REST (the one-node pool is above the blast-radius limit, so the gates want two); the
+agent's Slurm backend drains the node; `sinfo` shows it drained with Faultline's reason.
+Returning the node (repair evidence, validation, uncordon) is the fleet lifecycle's and is
+not driven here yet.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import tomllib
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.fake_nvml import fake_uuid
+from faultline.testing.service import BIN, Service, start_service, stop_service, wait_for
+from tests.conftest import iso, make_batch
+from tests.system.slurm import Slurm, slurm_available, slurm_cluster
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(bool(slurm_available()), reason=slurm_available() or "slurm present"),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+GROUP = "loop-train"
+APPROVERS = [("ann", "ann-approver-pw-1"), ("bob", "bob-approver-pw-2")]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Slurm]:
+    yield from slurm_cluster()
+
+
+@pytest.fixture(scope="module")
+def loop_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    svc = start_service(tmp_path_factory.mktemp("faultline-loop"))
+    try:
+        for name, password in APPROVERS:
+            svc.cli("user", "create", name, "--role", "approver", "--password", password)
+        yield svc
+    finally:
+        stop_service(svc)
+
+
+def _post(svc: Service, path: str, body: dict[str, Any], auth: tuple[str, str]) -> Any:
+    basic = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+    request = urllib.request.Request(
+        svc.url + path,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Basic {basic}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read() or b"null")
+
+
+def _ingest(svc: Service, token: str, node: str, records: list[dict[str, Any]]) -> None:
+    body = json.dumps(make_batch(records, node=node, agent_id=f"loop-test-{node}")).encode()
+    request = urllib.request.Request(
+        svc.url + "/api/v1/ingest",
+        data=body,
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 202
+
+
+def _shipped_config(tmp: Path, state: Path) -> Path:
+    """deploy/agent.toml as shipped, with only its paths pointed at this test's dirs."""
+    text = (ROOT / "deploy" / "agent.toml").read_text()
+    shipped = tomllib.loads(text)
+    assert shipped["scheduler"] == "slurm"
+    text = text.replace(shipped["state_dir"], str(state))
+    text = text.replace(shipped["token_file"], str(tmp / "agent.token"))
+    text = text.replace("/mnt/ckpt/llama-70b", str(tmp / "ckpt"))
+    (tmp / "ckpt").mkdir(exist_ok=True)
+    path = tmp / "agent.toml"
+    path.write_text(text)
+    return path
+
+
+def _start_agent(svc: Service, slurm: Slurm, tmp: Path) -> subprocess.Popen[bytes]:
+    state = tmp / "agent-state"
+    state.mkdir(exist_ok=True)
+    token = svc.token(slurm.node)
+    (tmp / "agent.token").write_text(token + "\n")
+    config = _shipped_config(tmp, state)
+    env = {**os.environ, **slurm.env}
+    proc = subprocess.Popen(
+        [str(BIN / "faultline-agent"), "run", "--config", str(config), "--server", svc.url,
+         "--node", slurm.node, "--fake-gpus", "2", "--state-dir", str(state)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(state / "agent.log", "wb"),  # noqa: SIM115 - lives with the process
+    )  # fmt: skip
+    svc.agents.append(proc)
+    return proc
+
+
+def _group_records(node: str, start: datetime, job: str) -> list[dict[str, Any]]:
+    gpu = fake_uuid(node, 0)
+    manifest = {"shards": [{"path": "rank0.pt", "bytes": 4096, "sha256": "ab" * 32}],
+                "total_bytes": 4096}  # fmt: skip
+    records: list[dict[str, Any]] = [
+        {"kind": "transition", "group": GROUP, "generation": 1, "from_state": "initializing",
+         "to_state": "running", "restart_count": 0, "world_size": 1, "job": job,
+         "ts": iso(start)},
+        {"kind": "process", "group": GROUP, "generation": 1, "rank": 0, "event": "started",
+         "pid": 100, "gpu": gpu, "ts": iso(start)},
+    ]  # fmt: skip
+    records += [
+        {"kind": "step", "group": GROUP, "generation": 1, "rank": 0, "step": s, "tokens": 2048,
+         "duration_ms": 1000.0, "loss": 2.5, "ts": iso(start + timedelta(seconds=s))}
+        for s in range(8)
+    ]  # fmt: skip
+    records.append(
+        {"kind": "checkpoint", "group": GROUP, "generation": 1, "checkpoint_id": "step-4",
+         "step": 4, "phase": "committed", "manifest": manifest,
+         "ts": iso(start + timedelta(seconds=4.5))}
+    )  # fmt: skip
+    return records
+
+
+def test_it_drains_the_node_on_slurm_after_a_hardware_xid_and_two_approvals(
+    loop_service: Service, cluster: Slurm, tmp_path: Path
+) -> None:
+    svc, slurm = loop_service, cluster
+    agent = _start_agent(svc, slurm, tmp_path)
+    wait_for(
+        lambda: any(n["name"] == slurm.node for n in svc.api("/api/v1/nodes/")["results"]),
+        60,
+        "the agent's node in the inventory",
+    )
+    token = svc.token(slurm.node)
+    submitted = slurm.run(
+        "sbatch", "--parsable", f"--chdir={tmp_path}", "--output=/dev/null", "--wrap", "sleep 300"
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+
+    def job_state() -> str:
+        return slurm.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip()
+
+    wait_for(lambda: job_state() == "RUNNING", 30, f"Slurm job {job} running")
+    start = datetime.now(UTC) - timedelta(seconds=10)
+    _ingest(svc, token, slurm.node, _group_records(slurm.node, start, job))
+    fault_at = datetime.now(UTC)
+    _ingest(svc, token, slurm.node, [
+        {"kind": "device_event", "gpu": fake_uuid(slurm.node, 0), "event": "xid", "code": 79,
+         "detail": "GPU has fallen off the bus", "ts": iso(fault_at)},
+    ])  # fmt: skip
+
+    def proposal() -> dict[str, Any] | None:
+        rows = svc.api("/api/v1/actions/?state=proposed")["results"]
+        return next((a for a in rows if a["kind"] == "drain_node"), None)
+
+    action = wait_for(proposal, 60, "the policy's drain_node proposal")
+    assert action["target"] == f"node:{slurm.node}"
+    assert action["proposed_by"] is None and action["proposed_by_rule"] == "policy"
+    assert action["params"]["node"] == slurm.node
+    assert action["trigger"] == "xid:79" and action["preview"]
+    assert action["approvals_required"] == 2, action["gate_reasons"]
+    for auth in APPROVERS:
+        _post(svc, f"/api/v1/actions/{action['id']}/approve/", {"reason": "Xid 79"}, auth)
+
+    def drained() -> str:
+        reason = slurm.run("sinfo", "-h", "-n", slurm.node, "-o", "%E").stdout.strip()
+        return reason if reason.startswith(f"faultline: {action['id']} ") else ""
+
+    reason = wait_for(drained, 60, "sinfo to show Faultline's drain reason")
+    out_at = datetime.now(UTC)
+    Path("test-artifacts").mkdir(exist_ok=True)
+    Path("test-artifacts/remediation-loop.json").write_text(
+        json.dumps({"fault_to_out_of_service_s": (out_at - fault_at).total_seconds()})
+    )
+    assert "Xid" in reason or "xid" in reason
+    assert slurm.node_state() in ("drained", "draining", "drain")
+    done = wait_for(
+        lambda: (a := svc.api(f"/api/v1/actions/{action['id']}/"))["state"] == "succeeded" and a,
+        60,
+        "the agent's result",
+    )
+    assert done["result"]["status"] == "succeeded", done["result"]
+    assert f"faultline: {action['id']}" in json.dumps(done["result"])
+    print(f"fault -> node out of service on Slurm: {(out_at - fault_at).total_seconds():.1f} s")
+
+    # The job stopped by the fault restarts from its checkpoint without the node: the
+    # policy proposes restart_group with the group's Slurm job id; a human approves.
+    def restart() -> dict[str, Any] | None:
+        rows = svc.api("/api/v1/actions/?state=proposed")["results"]
+        return next((a for a in rows if a["kind"] == "restart_group"), None)
+
+    again = wait_for(restart, 60, "the policy's restart_group proposal")
+    assert again["params"]["job"] == job and "step-4" in again["reason"]
+    _post(svc, f"/api/v1/actions/{again['id']}/approve/", {"reason": "from step-4"}, APPROVERS[0])
+    requeued = wait_for(
+        lambda: (a := svc.api(f"/api/v1/actions/{again['id']}/"))["state"] == "succeeded" and a,
+        60,
+        "the agent's requeue result",
+    )
+    requeued_at = datetime.now(UTC)
+    assert f"job {job}: RUNNING" in requeued["result"]["output"]
+    shown = slurm.run("scontrol", "show", "job", job, "-o").stdout
+    assert "Restarts=1" in shown
+    # One node, and it is drained: the requeued job waits for a node in service.
+    assert job_state() in ("PENDING", "REQUEUED", "COMPLETING"), job_state()
+    Path("test-artifacts/remediation-loop.json").write_text(
+        json.dumps({
+            "fault_to_out_of_service_s": (out_at - fault_at).total_seconds(),
+            "fault_to_job_requeued_s": (requeued_at - fault_at).total_seconds(),
+        })
+    )  # fmt: skip
+    assert agent.poll() is None
+    slurm.run("scancel", "--quiet", job)
+    slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=resume")
