@@ -331,14 +331,21 @@ def with_known_ids(cases: list[Any], known: dict[str, list[Any]]) -> Iterator[An
 
 def own_node_batch(case: Any, *, seq: int) -> Iterator[Any]:
     """A generated batch re-addressed to the agent's own node (n-00), so valid ones are
-    stored rather than all refused for naming another node; a fresh seq each."""
+    stored rather than all refused for naming another node; a fresh seq each, sent now
+    (a generated sent_at is almost never inside the decoder's stamp bounds, 2000..2100)."""
     body = case.body
     if not (isinstance(body, dict) and isinstance(body.get("agent"), dict)):
         return
+    sent = timezone.now().isoformat()
     yield case.operation.Case(
         query=case.query,
         headers=case.headers,
-        body={**body, "agent": {**body["agent"], "node": "n-00"}, "seq": 10_000 + seq},
+        body={
+            **body,
+            "agent": {**body["agent"], "node": "n-00"},
+            "seq": 10_000 + seq,
+            "sent_at": sent,
+        },
         media_type=case.media_type,
     )
 
