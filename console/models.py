@@ -554,3 +554,50 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"token {self.prefix}… of user {self.user_id}"
+
+
+class ExternalAlert(models.Model):
+    """An alert Alertmanager delivered (node-exporter, dcgm-exporter, a site's own rules),
+    stored as evidence on the node (and GPU) or group its labels name.
+
+    One row per Alertmanager fingerprint and start: a re-delivery updates it, a resolve
+    marks it resolved. Written only by console.actions.alertmanager.
+    """
+
+    fingerprint = models.CharField(max_length=64)
+    starts_at = models.DateTimeField()
+    name = models.CharField(max_length=200)  # the alertname label
+    status = models.CharField(max_length=16)  # firing | resolved
+    severity = models.CharField(max_length=16, default="major")
+    summary = models.CharField(max_length=512, blank=True, default="")
+    labels = models.JSONField(default=dict)
+    annotations = models.JSONField(default=dict, blank=True)
+    ends_at = models.DateTimeField(null=True, blank=True)
+    node = models.ForeignKey(
+        Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="external_alerts"
+    )
+    gpu = models.CharField(max_length=96, blank=True, default="")  # the GPU's uuid
+    group = models.ForeignKey(
+        ConsistencyGroup, on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="external_alerts",
+    )  # fmt: skip
+    xid = models.IntegerField(null=True, blank=True)
+    incident = models.ForeignKey(
+        Incident, on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="external_alerts",
+    )  # fmt: skip
+    # How it met a known fault: "" (its own), "agent" (the agent's Xid on the same GPU
+    # latched it first) or "alert" (another alert did).
+    joined = models.CharField(max_length=16, blank=True, default="")
+    received_at = models.DateTimeField()
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-starts_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["fingerprint", "starts_at"], name="external_alert_once")
+        ]
+        indexes = [models.Index(fields=["node", "status"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.status}"

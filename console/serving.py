@@ -17,6 +17,17 @@ from console.queries import telemetry
 WINDOW = timedelta(hours=1)
 
 
+def serving_state_of(group: ConsistencyGroup) -> dict[str, Any] | None:
+    """The serving state the newest diagnosis wrote (console.diagnosis.rules.serving);
+    `initializing` before the first diagnosis; None for a training group."""
+    if group.kind != "serving":
+        return None
+    return (group.summary or {}).get("serving_state") or {
+        "state": "initializing", "reason": "not diagnosed yet", "workers": 0, "ready": 0,
+        "breaching": 0,
+    }  # fmt: skip
+
+
 def effective_slo(group: ConsistencyGroup) -> dict[str, float]:
     return ServingSlo.from_mapping(group.slo).to_dict()
 

@@ -109,3 +109,70 @@ def add_ingest(result: dict[str, Any], generator: Any, request: Any, public: boo
         "agentToken", {"type": "http", "scheme": "bearer", "description": "the node's agent token"}
     )
     return result
+
+
+_AM_ALERT = {
+    "type": "object",
+    "required": ["status", "labels", "startsAt", "fingerprint"],
+    "properties": {
+        "status": {"type": "string", "enum": ["firing", "resolved"]},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+        "startsAt": {"type": "string", "format": "date-time"},
+        "endsAt": {"type": "string", "format": "date-time"},
+        "generatorURL": {"type": "string"},
+        "fingerprint": {"type": "string"},
+    },
+}
+
+
+def add_alertmanager(result: dict[str, Any], generator: Any, request: Any, public: bool) -> Any:
+    """POSTPROCESSING_HOOKS entry: the Alertmanager webhook receiver (a plain Django view)."""
+    detail = {"type": "object", "properties": {"detail": {"type": "string"}}}
+    result.setdefault("components", {}).setdefault("schemas", {})["AlertmanagerWebhook"] = {
+        "type": "object",
+        "required": ["alerts"],
+        "properties": {
+            "version": {"type": "string"},
+            "status": {"type": "string", "enum": ["firing", "resolved"]},
+            "receiver": {"type": "string"},
+            "groupKey": {"type": "string"},
+            "alerts": {"type": "array", "items": _AM_ALERT},
+        },
+    }
+    result.setdefault("paths", {})["/api/v1/alertmanager"] = {
+        "post": {
+            "operationId": "alertmanager_webhook",
+            "summary": "Alertmanager's webhook receiver (payload version 4)",
+            "description": (
+                "Alerts become evidence on the node (labels node, instance, Hostname), GPU "
+                "(UUID, gpu) or group (group) they name; a firing alert on a node opens or "
+                "joins its fleet incident; resolved alerts resolve their evidence."
+            ),
+            "tags": ["alertmanager"],
+            "security": [{"alertmanagerToken": []}],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {"$ref": "#/components/schemas/AlertmanagerWebhook"}
+                    }
+                },
+            },
+            "responses": {
+                "200": _json(
+                    {"type": "object", "properties": {"accepted": {"type": "integer"}}},
+                    "Stored (idempotent: re-deliveries change nothing)",
+                ),
+                "400": _json(detail, "Not a webhook payload"),
+                "401": _json(detail, "Missing or wrong token"),
+                "403": _json(detail, "The receiver is off (no FAULTLINE_ALERTMANAGER_TOKEN)"),
+                "413": _json(detail, "The payload is too large"),
+            },
+        }
+    }
+    result["components"].setdefault("securitySchemes", {}).setdefault(
+        "alertmanagerToken",
+        {"type": "http", "scheme": "bearer", "description": "FAULTLINE_ALERTMANAGER_TOKEN"},
+    )
+    return result

@@ -297,6 +297,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "faultline.openapi.add_ingest",
+        "faultline.openapi.add_alertmanager",
     ],
 }
 
@@ -308,6 +309,9 @@ WS_MAX_PER_USER = env_int("FAULTLINE_WS_MAX_PER_USER", 20, minimum=1)  # open so
 METRICS_TOKEN = env_secret("FAULTLINE_METRICS_TOKEN")
 METRICS_ALLOW_CIDRS = env_networks("FAULTLINE_METRICS_ALLOW_CIDRS")
 METRICS_MAX_GROUPS = env_int("FAULTLINE_METRICS_MAX_GROUPS", 500, minimum=1)
+
+# POST /api/v1/alertmanager (faultline.alertmanager): the Bearer token Alertmanager sends.
+ALERTMANAGER_TOKEN = env_secret("FAULTLINE_ALERTMANAGER_TOKEN")
 
 # Ingest limits and diagnosis cadence.
 INGEST_RATE_PER_MIN = env_int("FAULTLINE_INGEST_RATE_PER_MIN", 600, minimum=1)

@@ -8,7 +8,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from faultline import health, metrics, scrape
+from faultline import alertmanager, health, metrics, scrape
 from faultline.login import ThrottledLoginView
 from ingest.views import ingest
 
@@ -17,6 +17,7 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("metrics", scrape.metrics, name="metrics"),
     path("api/v1/ingest", metrics.count_ingest(ingest), name="ingest"),
+    path("api/v1/alertmanager", alertmanager.receiver, name="alertmanager"),
     path("api/v1/", include("ingest.urls")),  # the agent-facing action poll and result
     path("api/v1/", include("console.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

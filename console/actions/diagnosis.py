@@ -107,6 +107,7 @@ def _summary(diagnosis: Diagnosis) -> dict[str, Any]:
         "phase_medians_ms": data["phase_medians_ms"],
         "newest_valid_checkpoint": data["checkpoint"],
         "recovery_advice": data["recovery"],
+        "serving_state": data["serving_state"],
     }
 
 

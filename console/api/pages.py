@@ -29,6 +29,7 @@ from console import charts, queries
 from console.choices import GroupState
 from console.models import ConsistencyGroup, Incident
 from console.queries import telemetry
+from console.serving import serving_state_of
 
 SEVERITY_ORDER = ("critical", "major", "minor", "info")
 # Chart aggregates scan every step row of the window (~1M at 16k ranks): one computation
@@ -63,10 +64,12 @@ def incident_row(i: Incident) -> dict[str, Any]:
 
 def group_row(g: ConsistencyGroup) -> dict[str, Any]:
     goodput = g.summary.get("goodput") or {}
+    serving = serving_state_of(g)
     return {
         "name": g.name,
         "kind": g.kind,
-        "state": g.state,
+        "state": serving["state"] if serving else g.state,
+        "serving_state": serving,
         "generation": g.generation,
         "restart_count": g.restart_count,
         "ranks": getattr(g, "rank_count", None),

@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from console.models import Alert, ConsistencyGroup, Device, HealthEvent, Incident, Node
 from console.queries import telemetry
+from console.serving import serving_state_of
 
 LIFECYCLE_FIELDS = (
     "lifecycle", "lifecycle_reason", "lifecycle_evidence", "lifecycle_since", "lifecycle_by",
@@ -87,6 +88,7 @@ class GroupSerializer(serializers.ModelSerializer):
     tail_ratio = serializers.SerializerMethodField()
     newest_valid_checkpoint = serializers.SerializerMethodField()
     recovery_advice = serializers.SerializerMethodField()
+    serving_state = serializers.SerializerMethodField()
 
     class Meta:
         model = ConsistencyGroup
@@ -94,7 +96,7 @@ class GroupSerializer(serializers.ModelSerializer):
             "name", "kind", "state", "generation", "restart_count", "world_size", "topology",
             "data_cursor", "model_version", "labels", "state_since", "last_activity",
             "open_incidents", "goodput", "tail_ratio", "newest_valid_checkpoint",
-            "recovery_advice",
+            "recovery_advice", "serving_state",
         ]  # fmt: skip
 
     def get_goodput(self, obj: ConsistencyGroup) -> dict | None:
@@ -108,6 +110,11 @@ class GroupSerializer(serializers.ModelSerializer):
 
     def get_recovery_advice(self, obj: ConsistencyGroup) -> dict | None:
         return obj.summary.get("recovery_advice")
+
+    def get_serving_state(self, obj: ConsistencyGroup) -> dict | None:
+        """A serving group's state (serving, degraded, down, initializing), its reason
+        and worker counts; null for training groups."""
+        return serving_state_of(obj)
 
 
 class AlertSerializer(serializers.ModelSerializer):
@@ -124,14 +131,26 @@ class AlertSerializer(serializers.ModelSerializer):
 
 class IncidentSerializer(serializers.ModelSerializer):
     group = serializers.CharField(source="group.name", default=None)
+    node = serializers.CharField(source="node.name", default=None, allow_null=True)
     symptoms = serializers.SerializerMethodField()
+    external_alerts = serializers.SerializerMethodField()
 
     class Meta:
         model = Incident
         fields = [
-            "id", "group", "generation", "state", "kind", "subject", "role", "severity",
-            "summary", "root_cause", "symptom_count", "symptoms", "recovery", "timeline",
-            "opened_at", "resolved_at", "version",
+            "id", "group", "node", "generation", "state", "kind", "subject", "role",
+            "severity", "summary", "root_cause", "symptom_count", "symptoms", "external_alerts",
+            "recovery", "timeline", "opened_at", "resolved_at", "version",
+        ]  # fmt: skip
+
+    def get_external_alerts(self, obj: Incident) -> list[dict]:
+        """The Alertmanager alerts filed on this incident (console.actions.alertmanager)."""
+        return [
+            {"name": a.name, "status": a.status, "severity": a.severity, "summary": a.summary,
+             "fingerprint": a.fingerprint, "gpu": a.gpu, "xid": a.xid, "joined": a.joined,
+             "labels": a.labels, "starts_at": a.starts_at, "ends_at": a.ends_at,
+             "resolved_at": a.resolved_at}
+            for a in obj.external_alerts.all()
         ]  # fmt: skip
 
     def get_symptoms(self, obj: Incident) -> list[dict]:

@@ -88,8 +88,8 @@ class IncidentList(generics.ListAPIView):
     serializer_class = s.IncidentSerializer
 
     def get_queryset(self) -> QuerySet[Any]:
-        qs = Incident.objects.select_related("group").prefetch_related(
-            Prefetch("alerts", queryset=Alert.objects.order_by("subject"))
+        qs = Incident.objects.select_related("group", "node").prefetch_related(
+            Prefetch("alerts", queryset=Alert.objects.order_by("subject")), "external_alerts"
         )
         group = self.request.query_params.get("group")
         if group:
@@ -105,7 +105,9 @@ class IncidentDetail(generics.RetrieveAPIView):
     serializer_class = s.IncidentSerializer
 
     def get_queryset(self) -> QuerySet[Any]:
-        return Incident.objects.select_related("group").prefetch_related("alerts")
+        return Incident.objects.select_related("group", "node").prefetch_related(
+            "alerts", "external_alerts"
+        )
 
     def get_serializer_context(self) -> dict[str, Any]:
         return {**super().get_serializer_context(), "symptom_limit": 10_000}

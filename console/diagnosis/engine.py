@@ -101,6 +101,7 @@ class Diagnosis:
     phase_medians_ms: dict[str, float] = field(default_factory=dict)
     checkpoint: str | None = None  # newest valid checkpoint id
     recovery: Recovery | None = None  # group-level advice; None when nothing is wrong
+    serving_state: dict[str, Any] | None = None  # serving groups only (rules.serving)
 
     @property
     def root_causes(self) -> list[Finding]:
@@ -120,6 +121,7 @@ class Diagnosis:
             "phase_medians_ms": dict(self.phase_medians_ms),
             "checkpoint": self.checkpoint,
             "recovery": None if self.recovery is None else self.recovery.to_dict(),
+            "serving_state": self.serving_state,
         }
 
 
@@ -230,4 +232,9 @@ def diagnose(
         phase_medians_ms=dict(ctx.phase_medians_ms),
         checkpoint=None if ctx.valid_checkpoint is None else ctx.valid_checkpoint.checkpoint_id,
         recovery=_group_recovery([f for f in roots if f.severity != MINOR] or unknown or roots),
+        serving_state=(
+            serving.serving_state(snapshot.serving, snapshot.slo, now)
+            if snapshot.kind == "serving" or snapshot.serving
+            else None
+        ),
     )

@@ -119,6 +119,10 @@
     const state = document.querySelector('[data-field="state"]');
     state.className = "state state-" + g.state; state.textContent = g.state;
     setField("generation", g.generation);
+    if (g.serving_state) {
+      setField("serving_reason", g.serving_state.reason);
+      setField("workers_ready", g.serving_state.ready + " / " + g.serving_state.workers);
+    }
     setField("restart_count", g.restart_count);
     setField("ranks_world", (g.ranks == null ? "—" : g.ranks) + " / " + (g.world_size == null ? "—" : g.world_size));
     setField("goodput_label", g.goodput_label);

@@ -63,6 +63,7 @@ ACCESS: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/actions/{id}/result"): "agent",
     ("GET", "/api/v1/agents/"): "viewer",
     ("GET", "/api/v1/agents/actions"): "agent",
+    ("POST", "/api/v1/alertmanager"): "alertmanager",
     ("GET", "/api/v1/alerts/"): "viewer",
     ("GET", "/api/v1/audit/"): "viewer",
     ("GET", "/api/v1/breaker/"): "viewer",
@@ -110,6 +111,8 @@ CHECKS = [
 
 def allowed(caller: str, method: str, path: str) -> bool:
     need = ACCESS[(method, path)]
+    if need == "alertmanager":
+        return False  # only FAULTLINE_ALERTMANAGER_TOKEN's holder; no caller here has it
     if need == "agent" or caller in ("anonymous", "agent"):
         return caller == need
     return USER_RANK[caller] >= USER_RANK[need]
@@ -328,14 +331,21 @@ def with_known_ids(cases: list[Any], known: dict[str, list[Any]]) -> Iterator[An
 
 def own_node_batch(case: Any, *, seq: int) -> Iterator[Any]:
     """A generated batch re-addressed to the agent's own node (n-00), so valid ones are
-    stored rather than all refused for naming another node; a fresh seq each."""
+    stored rather than all refused for naming another node; a fresh seq each, sent now
+    (a generated sent_at is almost never inside the decoder's stamp bounds, 2000..2100)."""
     body = case.body
     if not (isinstance(body, dict) and isinstance(body.get("agent"), dict)):
         return
+    sent = timezone.now().isoformat()
     yield case.operation.Case(
         query=case.query,
         headers=case.headers,
-        body={**body, "agent": {**body["agent"], "node": "n-00"}, "seq": 10_000 + seq},
+        body={
+            **body,
+            "agent": {**body["agent"], "node": "n-00"},
+            "seq": 10_000 + seq,
+            "sent_at": sent,
+        },
         media_type=case.media_type,
     )
 

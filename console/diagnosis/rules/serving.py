@@ -237,3 +237,43 @@ def run(ctx: Context) -> None:
                 {"retries": retries, "requests": requests, "ratio_limit": cfg.serving_retry_ratio},
                 "retry storm: retries duplicate work and side effects",
             )
+
+
+# -- serving states (what a serving group is, instead of the training state machine's) ------
+SERVING, DEGRADED, DOWN, INITIALIZING = "serving", "degraded", "down", "initializing"
+SERVING_STATES = (INITIALIZING, SERVING, DEGRADED, DOWN)
+
+
+def _silent(w: ServingWindow, now: Any) -> bool:
+    seconds = float(w.window.get("seconds") or 10.0)
+    return (now - w.ts).total_seconds() > max(3 * seconds, 30.0)
+
+
+def serving_state(
+    windows: tuple[ServingWindow, ...] | list[ServingWindow], slo: ServingSlo, now: Any
+) -> dict[str, Any]:
+    """A serving group's state from its workers' newest windows at `now`.
+
+    `initializing` until the first window; `down` when no worker is reporting, ready and
+    not draining; `degraded` when a worker is not ready, draining, silent or breaches the
+    SLO; otherwise `serving`. A quiet window (no requests) is not a breach.
+    """
+    total = len(windows)
+    if total == 0:
+        return {"state": INITIALIZING, "reason": "no serving window yet", "workers": 0,
+                "ready": 0, "breaching": 0}  # fmt: skip
+    live = [w for w in windows if not _silent(w, now)]
+    ready = [w for w in live if w.ready and not w.draining]
+    breaching = sorted(w.worker for w in ready if _breach_of(slo, w.window))
+    counts = {"workers": total, "ready": len(ready), "breaching": len(breaching)}
+    if not ready:
+        return {"state": DOWN, "reason": f"0 of {total} worker(s) ready and reporting", **counts}
+    missing = total - len(ready)
+    if breaching or missing:
+        parts = []
+        if missing:
+            parts.append(f"{missing} of {total} worker(s) not ready or silent")
+        if breaching:
+            parts.append(f"{len(breaching)} breach the SLO ({', '.join(breaching)})")
+        return {"state": DEGRADED, "reason": "; ".join(parts), **counts}
+    return {"state": SERVING, "reason": f"{total} worker(s) ready within SLO", **counts}
