@@ -152,7 +152,30 @@ def test_it_plays_a_fleet_whose_faults_open_incidents_and_stops_cleanly(tmp_path
         state = json.loads((tmp_path / "demo" / "scheduler" / "state.json").read_text())
         assert state["nodes"][node]["state"] == "IDLE+DRAIN"
         assert state["nodes"][node]["reason"].startswith(f"faultline: {drained[0]['id']} ")
+        # The return: the node stays out until the demo repairs (reboots) it; the service
+        # validates it (10 s in the demo), the sweep proposes uncordon_node, the demo policy
+        # auto-approves it and the agent resumes the node on the fake scheduler.
+        assert svc.api(f"/api/v1/nodes/{node}/")["lifecycle"] in ("out_of_service", "validating")
+        back = wait_for(
+            lambda: [
+                a for a in svc.api("/api/v1/actions/?state=succeeded")["results"]
+                if a["kind"] == "uncordon_node" and a["target"] == f"node:{node}"
+            ],
+            150,
+            f"{node} to be returned to service after its repair",
+        )  # fmt: skip
+        assert back[0]["proposed_by_rule"] == "fleet_health" and back[0]["trigger"] == "validated"
+        assert back[0]["outcome"]["state"] == "applied", back[0]["outcome"]
+        state = json.loads((tmp_path / "demo" / "scheduler" / "state.json").read_text())
+        assert state["nodes"][node] == {"state": "IDLE", "reason": ""}
+        shown = svc.api(f"/api/v1/nodes/{node}/")
+        assert shown["lifecycle"] == "healthy", shown["lifecycle_reason"]
+        kinds = [e["kind"] for e in reversed(shown["history"]) if not e["gpu"]]
+        assert kinds.index("repair") < kinds.index("returned"), kinds
+        wait_for(lambda: f"{node} back in service" in log.read_text(), 10, "the demo's word")
         text = log.read_text()
+        assert f"{node} repaired: rebooted" in text
+        assert f"faultline: agent:{node} restarted on request" in text
         assert f"first admin login: {ADMIN[0]} (password from FAULTLINE_ADMIN_PASSWORD)" in text
         assert ADMIN[1] not in text  # a log file never holds the admin password
         children = _descendants(proc.pid)
