@@ -10,11 +10,14 @@ import os
 import signal
 import subprocess
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from agents.fake_nvml import CONTROL_ENV, FakeNvml
+from faultline.demo import fake_slurm
+from faultline.demo.fleet import Fleet
 from faultline.demo.scenario import layout
 from faultline.embedded import free_port
 from faultline.testing.service import ADMIN, Service, service_env, wait_for
@@ -84,6 +87,40 @@ def test_it_keeps_spare_nodes_to_replace_a_failed_one() -> None:
     assert len(slots["train-a"]) == 12 and len(slots["train-b"]) == 12
     assert spares and not used & set(spares)
     assert used | set(spares) == set(nodes)
+
+
+def test_it_reboots_a_node_with_clean_fake_hardware_a_new_boot_id_and_a_restart_request(
+    tmp_path: Path,
+) -> None:
+    state, control, host, restart = (tmp_path / d for d in ("s", "nvml", "host", "restart"))
+    for folder in (state, control, host, restart):
+        folder.mkdir()
+    (state / "agent.toml").write_text('scheduler = "slurm"\nboot_id = "node-1-boot-0"\n')
+    (control / "node-1").write_text("3:xid79\n")
+    (control / "node-2").write_text("0:thermal_throttle\n")
+    (host / "node-1").write_text("link_down\n")
+    plan = {"nodes": {"node-1": {"state": str(state), "udp": 1}}, "control": str(control),
+            "host_control": str(host), "restart": str(restart)}  # fmt: skip
+    fleet = Fleet(plan)
+    assert fleet.reboot("node-1") == "node-1-boot-1"
+    assert fleet.reboot("node-1") == "node-1-boot-2"
+    config = tomllib.loads((state / "agent.toml").read_text())
+    assert config == {"scheduler": "slurm", "boot_id": "node-1-boot-2"}
+    assert not (control / "node-1").exists() and not (host / "node-1").exists()
+    assert (control / "node-2").exists()  # other nodes keep their scripts
+    assert [p.name for p in restart.iterdir()] == ["agent:node-1"]
+
+
+def test_it_reads_whether_the_fake_scheduler_has_a_node_in_service(tmp_path: Path) -> None:
+    scheduler = tmp_path / "scheduler"
+    env = {**os.environ, **fake_slurm.install(scheduler)}
+    fleet = Fleet({"nodes": {}, "control": str(tmp_path), "scheduler": str(scheduler)})
+    assert fleet.in_service("node-1")  # unknown to the scheduler: idle
+    drain = ["scontrol", "update", "nodename=node-1", "state=drain", "reason=faultline: 1 x"]
+    subprocess.run(drain, env=env, check=True)
+    assert not fleet.in_service("node-1")
+    subprocess.run(["scontrol", "update", "nodename=node-1", "state=resume"], env=env, check=True)
+    assert fleet.in_service("node-1")
 
 
 def _descendants(pid: int) -> set[int]:
