@@ -7,6 +7,9 @@ stops reporting) and times the moment the browser's websocket receives the incid
 Also times one full pipeline pass (DB load + engine + incident writes) for a large group.
 
     python bench/detect.py --quick        # ~1 minute, prints a last summary line
+    python bench/detect.py --quick --flood-groups 1000 --explicit-only
+                                          # the same Xid trials while another node's
+                                          # token posts steps of 1,000 invented groups
 """
 
 from __future__ import annotations
@@ -156,6 +159,32 @@ class Fleet:
             self.stop.wait(max(0.0, self.step_s - (time.monotonic() - started)))
 
 
+def flood(service: Service, groups: int, stop: threading.Event, sent: list[int]) -> None:
+    """Another node's token posting steps of `groups` invented groups back to back."""
+    node, token, seq = "flood-node", service.token("flood-node"), 0
+    while not stop.is_set():
+        seq += 1
+        now = iso(datetime.now(UTC))
+        records = [
+            {"kind": "step", "group": f"flood-{g:05d}", "generation": 1, "rank": 0,
+             "step": seq, "tokens": 1, "duration_ms": 1000.0, "ts": now}
+            for g in range(groups)
+        ]  # fmt: skip
+        body = {"agent": {"id": "flood-agent", "node": node, "version": "bench"},
+                "seq": seq, "sent_at": now, "records": records}  # fmt: skip
+        request = urllib.request.Request(
+            service.url + "/api/v1/ingest",
+            data=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                sent[0] += response.status == 202
+        except Exception:  # noqa: BLE001 - a refused flood (429) is the point; keep going
+            sent[1] += 1
+            stop.wait(0.2)
+
+
 class Watcher:
     """A browser-like websocket on the fleet topic, recording when incidents arrive."""
 
@@ -268,7 +297,10 @@ def main() -> int:
     parser.add_argument("--step-s", type=float, default=1.0)
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--big-ranks", type=int, default=4096)
+    parser.add_argument("--flood-groups", type=int, default=0)
+    parser.add_argument("--explicit-only", action="store_true")
     args = parser.parse_args()
+    flood_sent = [0, 0]
     trials = 3 if args.quick else args.trials
 
     data = Path(tempfile.mkdtemp(prefix="faultline-detect-"))
@@ -281,12 +313,19 @@ def main() -> int:
             fleet.start_group(group)
         pump = threading.Thread(target=fleet.run, daemon=True)
         pump.start()
+        if args.flood_groups:
+            threading.Thread(
+                target=flood, args=(service, args.flood_groups, fleet.stop, flood_sent),
+                daemon=True,
+            ).start()  # fmt: skip
         time.sleep(max(6.0, 8 * args.step_s))  # step-time history for the hang threshold
 
         explicit: list[float] = []
         for i in range(trials):
             group = f"explicit-{i}"
             rank = (7 * i + 3) % args.ranks
+            if args.explicit_only:  # one node per trial: no trial sees another's incident
+                rank = (i * PER_NODE + 3) % args.ranks
             node, gpu = fleet.gpu(rank)
             t0 = time.monotonic()
             fleet.post(
@@ -301,12 +340,12 @@ def main() -> int:
                     }
                 ],
             )
-            latency = watcher.wait(group, {"xid"}, t0, timeout=15)
+            latency = watcher.wait(group, {"xid"}, t0, timeout=60)
             explicit.append(latency if latency is not None else float("inf"))
             fleet.groups.pop(group)  # the group stops with its GPU
 
         silent: list[float] = []
-        for i in range(trials):
+        for i in range(0 if args.explicit_only else trials):
             group = f"silent-{i}"
             rank = (5 * i + 1) % args.ranks
             t0 = time.monotonic()
@@ -321,6 +360,13 @@ def main() -> int:
         stop_service(service)
 
     goal_silent = max(3 * args.step_s, 5.0)
+    if args.flood_groups:
+        print(f"flood: {args.flood_groups} invented groups a batch, "
+              f"{flood_sent[0]} batches accepted, {flood_sent[1]} refused")  # fmt: skip
+    if args.explicit_only:
+        print("explicit trials (s): " + " ".join(f"{x:.2f}" for x in explicit))
+        print(f"explicit_p50_s {pct(explicit, 50):.2f} explicit_p99_s {pct(explicit, 99):.2f}")
+        return 0
     print(
         f"explicit fault (Xid 79) -> incident on websocket, {trials} trials, "
         f"{args.ranks} ranks: p50 {pct(explicit, 50):.2f}s p99 {pct(explicit, 99):.2f}s "

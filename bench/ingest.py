@@ -397,7 +397,7 @@ def _baseline_row(rows: dict[str, list[tuple[Any, ...]]], r: dict[str, Any], nid
     elif kind == "collective":
         rows["collectivewindow"].append((ts, nid, gid, 1, False, r["rank"], jsonb(r["entries"])))
     elif kind == "device_event":
-        rows["deviceevent"].append((ts, nid, r["gpu"], r["event"], None, r["detail"]))
+        rows["deviceevent"].append((ts, nid, r["gpu"], r["event"], None, r["detail"], ""))
     elif kind == "checkpoint":
         rows["checkpointrecord"].append(
             (ts, nid, gid, 1, False, r["checkpoint_id"], r["step"], r["phase"],
@@ -527,6 +527,7 @@ def main() -> None:
             "FAULTLINE_SECRET_KEY": secrets.token_urlsafe(40),
             "FAULTLINE_DATA_DIR": str(tmp),
             "FAULTLINE_INGEST_RATE_PER_MIN": "100000000",
+            "FAULTLINE_INGEST_RECORDS_PER_MIN": "1000000000",
         }
         _django(env)
         results = [run_shape(shape, env, args) for shape in shapes]

@@ -2,23 +2,64 @@
 
 The fleet topic carries `node.changed`, `incident.changed`, `action.changed` and
 `breaker.changed`; a group topic carries `group.changed` and `incident.changed`. Payloads
-are console.events'; a consumer must not query or change state.
+are console.events'; a consumer must not query or change state. Each user holds at most
+WS_MAX_PER_USER sockets at once (counted in Redis across processes; 4429 beyond it), and
+a topic that cannot name a channel group (non-ASCII) is refused with 4404, not a crash.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Any
 
+import redis
+from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.core.cache import cache
 
 from console import events
 from faultline import metrics
+
+log = logging.getLogger(__name__)
+
+# What Channels accepts as a group name (ASCII only); a topic outside it names no stream.
+_CHANNEL_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,99}$")
+_COUNT_TTL_S = 3600  # a process killed holding sockets leaves its count for at most this
+
+
+def _count_key(user_id: int) -> str:
+    return f"ws-sockets:{user_id}"
+
+
+def _open_socket(user_id: int) -> bool:
+    """Count one more socket for this user; False (and not counted) when over the cap."""
+    key = _count_key(user_id)
+    try:
+        cache.add(key, 0, timeout=_COUNT_TTL_S)
+        if int(cache.incr(key)) > settings.WS_MAX_PER_USER:
+            cache.decr(key)
+            return False
+        cache.touch(key, _COUNT_TTL_S)
+    except Exception:  # Redis down: live updates beat the cap
+        log.warning("consumers: socket cap unavailable", exc_info=True)
+    return True
+
+
+def _close_socket(user_id: int) -> None:
+    try:
+        if int(cache.decr(_count_key(user_id))) < 0:
+            cache.set(_count_key(user_id), 0, timeout=_COUNT_TTL_S)
+    except (ValueError, redis.RedisError):  # the key expired or Redis is down: no count
+        return
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
     """One socket per page; `?topic=fleet` or `?topic=group:<name>` picks the stream."""
 
     channel: str | None = None
+    counted_for: int | None = None
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -26,13 +67,18 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4401)
             return
         topic = self.scope["url_route"]["kwargs"].get("topic", "fleet")
+        channel = None
         if topic == "fleet":
-            self.channel = events.FLEET
+            channel = events.FLEET
         elif topic.startswith("group:"):
-            self.channel = events.group_channel(topic.removeprefix("group:"))
-        else:
+            channel = events.group_channel(topic.removeprefix("group:"))
+        if channel is None or not _CHANNEL_NAME.match(channel):
             await self.close(code=4404)
             return
+        if not await sync_to_async(_open_socket)(user.pk):
+            await self.close(code=4429)
+            return
+        self.counted_for, self.channel = user.pk, channel
         await self.channel_layer.group_add(self.channel, self.channel_name)
         await self.accept()
         metrics.WEBSOCKET_CLIENTS.inc()
@@ -42,6 +88,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if self.channel:
             metrics.WEBSOCKET_CLIENTS.dec()
             await self.channel_layer.group_discard(self.channel, self.channel_name)
+        if self.counted_for is not None:
+            await sync_to_async(_close_socket)(self.counted_for)
+            self.counted_for = None
 
     async def push(self, message: dict[str, Any]) -> None:
         """Every event published to this socket's channel group (console.events.publish)."""

@@ -2,7 +2,10 @@
 
 Owns the names of the tasks the console enqueues, the one call that sends them
 (`current_app.send_task`; console.apps binds Faultline's Celery app, broker REDIS_URL)
-and the per-group debounce of diagnosis. Only Celery's autodiscovery imports
+and the per-group debounce of diagnosis, which keeps established groups ahead of young
+ones (created in the last DIAGNOSIS_YOUNG_GROUP_S: a longer debounce and a fleet-wide
+budget a second, so a flood of invented groups queues behind real jobs, never in front
+of them; docs/security.md). Only Celery's autodiscovery imports
 `console.tasks`, `console.notify_tasks` and `ingest.tasks`. It must not decide *what*
 to run: callers do, on commit. Scheduling a diagnosis never raises (the sweep catches up).
 """
@@ -43,8 +46,31 @@ def pending_key(group: str) -> str:
     return f"diag-pending:{group}"
 
 
+def young_key(group: str) -> str:
+    return f"diag-young:{group}"
+
+
+def mark_young(groups: list[str]) -> None:
+    """Ingest created these groups: they wait behind established ones for a while."""
+    if not groups or settings.DIAGNOSIS_YOUNG_GROUP_S <= 0:
+        return
+    try:
+        cache.set_many(dict.fromkeys(map(young_key, groups), 1), settings.DIAGNOSIS_YOUNG_GROUP_S)
+    except Exception:  # Redis down: they are diagnosed like any group
+        log.warning("scheduling: could not mark %d new groups", len(groups), exc_info=True)
+
+
+def _young_budget_spent() -> bool:
+    """Count one young group's diagnosis in this second's fleet-wide budget."""
+    key = f"diag-young-budget:{int(time.time())}"
+    cache.add(key, 0, timeout=5)
+    return int(cache.incr(key)) > settings.DIAGNOSIS_YOUNG_PER_S
+
+
 def schedule_diagnosis(group: str) -> None:
-    """Debounce: at most one pending diagnosis per group per debounce window."""
+    """Debounce: at most one pending diagnosis per group per debounce window; a young
+    group's waits longer and spends the fleet-wide young budget (over it: left to the
+    sweep, which comes back through here)."""
     delay_ms = settings.DIAGNOSIS_DEBOUNCE_MS
     now = time.monotonic()
     if now - _queued_at.get(group, -1e9) < delay_ms / 1000:
@@ -55,8 +81,14 @@ def schedule_diagnosis(group: str) -> None:
         # killed holding it). Keep it short: the sweep also goes through this key, so a
         # lost task silences the group's diagnosis until the key expires (30 s measured
         # with 30; docs/reliability.md). A too-early expiry only costs one extra run.
-        if not cache.add(pending_key(group), 1, timeout=PENDING_TIMEOUT_S):
+        young = cache.get(young_key(group)) is not None
+        if young:
+            delay_ms = max(delay_ms, settings.DIAGNOSIS_YOUNG_DEBOUNCE_MS)
+        if not cache.add(pending_key(group), 1, timeout=PENDING_TIMEOUT_S + delay_ms // 1000):
             return
+        if young and _young_budget_spent():
+            _queued_at[group] = now
+            return  # the pending key holds it off until it expires; then the sweep
         enqueue(DIAGNOSE_GROUP, group, countdown=delay_ms / 1000)
         _queued_at[group] = now
     except Exception:  # broker down: the sweep catches up

@@ -51,8 +51,9 @@ def cmd_token(args: argparse.Namespace) -> int:
         from ingest.auth import issue_token, revoke_tokens
 
         if args.action == "create":
-            token = issue_token(node_name=args.node)
-            print(f"agent token for node {args.node} (shown once; store it now):")
+            token = issue_token(node_name=args.node, launcher_group=args.launcher or "")
+            scope = f" (launcher of group {args.launcher})" if args.launcher else ""
+            print(f"agent token for node {args.node}{scope} (shown once; store it now):")
             print(token)
         else:
             count = revoke_tokens(node_name=args.node)
@@ -124,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     token = sub.add_parser("token", help="agent tokens")
     token.add_argument("action", choices=["create", "revoke"])
     token.add_argument("node")
+    token.add_argument("--launcher", metavar="GROUP", help="may send this group's transitions")
     token.add_argument("--data-dir", default=None)
     token.set_defaults(func=cmd_token)
 

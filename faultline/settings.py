@@ -302,6 +302,7 @@ SPECTACULAR_SETTINGS = {
 
 # Web serving: HTTP and websockets may sit on different ports (see README).
 FAULTLINE_WS_PORT = env_int("FAULTLINE_WS_PORT", 0, minimum=0)
+WS_MAX_PER_USER = env_int("FAULTLINE_WS_MAX_PER_USER", 20, minimum=1)  # open sockets a user
 
 # /metrics (faultline.scrape): a Bearer token, or client addresses allowed without one.
 METRICS_TOKEN = env_secret("FAULTLINE_METRICS_TOKEN")
@@ -311,8 +312,22 @@ METRICS_MAX_GROUPS = env_int("FAULTLINE_METRICS_MAX_GROUPS", 500, minimum=1)
 # Ingest limits and diagnosis cadence.
 INGEST_RATE_PER_MIN = env_int("FAULTLINE_INGEST_RATE_PER_MIN", 600, minimum=1)
 INGEST_MAX_FUTURE_S = env_int("FAULTLINE_INGEST_MAX_FUTURE_S", 300, minimum=1)
+# What one node's token may add (docs/security.md): records a minute, GPUs in all, new
+# groups an hour, how far one transition may move a generation, and how long a GPU must
+# go unreported by its node before another node may claim it.
+INGEST_RECORDS_PER_MIN = env_int("FAULTLINE_INGEST_RECORDS_PER_MIN", 60_000, minimum=1)
+INGEST_MAX_GPUS_PER_NODE = env_int("FAULTLINE_INGEST_MAX_GPUS_PER_NODE", 16, minimum=1)
+INGEST_NEW_GROUPS_PER_HOUR = env_int("FAULTLINE_INGEST_NEW_GROUPS_PER_HOUR", 20, minimum=1)
+INGEST_MAX_GENERATION_JUMP = env_int("FAULTLINE_INGEST_MAX_GENERATION_JUMP", 1000, minimum=1)
+INGEST_DEVICE_MOVE_AFTER_S = env_int("FAULTLINE_INGEST_DEVICE_MOVE_AFTER_S", 900, minimum=0)
 TELEMETRY_RETENTION_DAYS = env_int("FAULTLINE_RETENTION_DAYS", 14, minimum=1)
 DIAGNOSIS_DEBOUNCE_MS = env_int("FAULTLINE_DIAGNOSIS_DEBOUNCE_MS", 200, minimum=0)
+# Groups younger than DIAGNOSIS_YOUNG_GROUP_S wait behind established ones: a longer
+# debounce, and at most DIAGNOSIS_YOUNG_PER_S of their diagnoses queued a second, fleet-wide
+# (the sweep catches up on the rest), so invented groups cannot delay a real job's incident.
+DIAGNOSIS_YOUNG_GROUP_S = env_int("FAULTLINE_DIAGNOSIS_YOUNG_GROUP_S", 600, minimum=0)
+DIAGNOSIS_YOUNG_DEBOUNCE_MS = env_int("FAULTLINE_DIAGNOSIS_YOUNG_DEBOUNCE_MS", 5000, minimum=0)
+DIAGNOSIS_YOUNG_PER_S = env_int("FAULTLINE_DIAGNOSIS_YOUNG_PER_S", 10, minimum=1)
 # Fleet health (console.policy.fleet_health): after repair evidence (a new boot_id, a GPU
 # reset) the hardware must run this long with no fault before it is proposed for return;
 # FAULTS faults within DAYS flag it for replacement (returning it then needs an approver).

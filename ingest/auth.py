@@ -28,11 +28,17 @@ def hash_token(token: str) -> str:
 
 
 @transaction.atomic
-def issue_token(*, node_name: str) -> str:
-    """Create the node if needed and return a new token (shown once, never stored)."""
+def issue_token(*, node_name: str, launcher_group: str = "") -> str:
+    """Create the node if needed and return a new token (shown once, never stored).
+
+    With `launcher_group`, a launcher token: besides what any token of the node may send,
+    it may send transitions of that group although the node hosts none of its ranks.
+    """
     node, _ = Node.objects.get_or_create(name=node_name)
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    AgentCredential.objects.create(node=node, token_hash=hash_token(token), prefix=token[:12])
+    AgentCredential.objects.create(
+        node=node, token_hash=hash_token(token), prefix=token[:12], launcher_group=launcher_group
+    )
     return token
 
 

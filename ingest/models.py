@@ -20,11 +20,16 @@ from console.models import ConsistencyGroup, Node
 
 
 class AgentCredential(models.Model):
-    """An agent token, bound to one node; only its SHA-256 is stored."""
+    """An agent token, bound to one node; only its SHA-256 is stored.
+
+    A launcher token (`launcher_group` set) may also send transitions of that one group
+    from a node that hosts none of its ranks (docs/security.md, trust model).
+    """
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="credentials")
     token_hash = models.CharField(max_length=64, unique=True)
     prefix = models.CharField(max_length=12)
+    launcher_group = models.CharField(max_length=128, blank=True, default="")
     created = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
@@ -243,10 +248,14 @@ class ServingWindow(_GroupRecord):
 
 
 class ContractViolation(models.Model):
-    """A correctness-contract breach seen at ingest (stale generation, non-monotonic...)."""
+    """A correctness-contract breach seen at ingest (stale generation, non-monotonic...).
+
+    Ownership refusals that name no group (a GPU another node owns, a node over its
+    device or new-group limit) have no group; their subject names the GPU or node.
+    """
 
     ts = models.DateTimeField()
-    group = models.ForeignKey(ConsistencyGroup, on_delete=models.CASCADE)
+    group = models.ForeignKey(ConsistencyGroup, on_delete=models.CASCADE, null=True, blank=True)
     generation = models.PositiveIntegerField()
     kind = models.CharField(max_length=48)
     subject = models.CharField(max_length=256)

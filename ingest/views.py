@@ -17,12 +17,12 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from agents import protocol
-from console import live
+from console import live, scheduling
 from faultline import metrics
 from ingest import ratelimit
 from ingest.agent_actions import actions_for_node
 from ingest.auth import authenticate
-from ingest.store import RecordError, ingest_batch
+from ingest.store import AgentNotOwnedError, RecordError, ingest_batch
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def ingest(request: HttpRequest) -> JsonResponse:
         return _error(503, "database unavailable: retry later", retry_after=5)
     if credential is None:
         return _error(401, "missing, unknown or revoked agent token")
-    if ratelimit.over_limit(credential.pk):
+    if ratelimit.known_over(credential.pk):
         return _error(429, "agent rate limit exceeded", retry_after=60)
     length = int(request.headers.get("Content-Length") or 0)
     if length > protocol.MAX_BATCH_BYTES:
@@ -66,7 +66,13 @@ def ingest(request: HttpRequest) -> JsonResponse:
     try:
         batch = protocol.decode_batch(body)
     except protocol.ContractError as exc:
+        if ratelimit.over_limit(credential.pk):  # a refused batch still counts
+            return _error(429, "agent rate limit exceeded", retry_after=60)
         return JsonResponse(exc.as_dict(), status=400)
+    # Batches and records in one Redis round trip, once the record count is known.
+    over = ratelimit.over_limits(credential.pk, len(batch.records))
+    if over is not None:
+        return _error(429, f"agent {over} rate limit exceeded", retry_after=60)
     if batch.agent.node != credential.node.name:
         return _error(
             403,
@@ -80,7 +86,10 @@ def ingest(request: HttpRequest) -> JsonResponse:
             now=timezone.now(),
             max_future_s=settings.INGEST_MAX_FUTURE_S,
             want_card=live.push_due(credential.node.name),
+            launcher_group=credential.launcher_group,
         )
+    except AgentNotOwnedError as exc:
+        return _error(403, str(exc))
     except RecordError as exc:
         return JsonResponse(exc.as_dict(), status=400)
     except DataError as exc:
@@ -94,6 +103,7 @@ def ingest(request: HttpRequest) -> JsonResponse:
         log.exception("ingest: batch rejected by the database")
         return _error(503, "batch could not be stored: retry later", retry_after=5)
     if not result.duplicate:
+        scheduling.mark_young(result.new_groups)  # before diagnosis is scheduled
         metrics.INGEST_RECORDS.inc(len(batch.records))
         live.after_ingest(
             groups=result.groups,

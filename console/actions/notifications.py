@@ -6,19 +6,30 @@ NotificationDelivery row, unique in the database and locked while sending, recor
 so a redelivered task never double-pages. Payloads come from console.notify; nothing
 here decides what is wise, and a resolve always follows a page. Sends are enqueued by
 name after commit (console.scheduling); console.notify_tasks only wraps them as tasks.
+
+Also the channel verbs after creation (admin only, audited, keyword-only, atomic): update
+a channel's kind, URL or enabled flag, disable or enable it, rotate its secret. The audit
+row never holds a URL (a Slack webhook's path is its secret) nor a secret: it records
+which fields changed and the URL's host only.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
 
 from console import scheduling
+from console.actions.audit import actor_name, audit, role_refused
+from console.actions.errors import NotFound, RemediationError
 from console.actions.paging import active_silences, policy_input
+from console.choices import UserRole
 from console.models import (
     EscalationPolicy,
     Incident,
@@ -29,6 +40,7 @@ from console.models import (
 from console.notify import pagerduty, slack, transport, webhook
 from console.notify.message import Event, Notification
 from console.policy import escalation as esc
+from console.roles import Actor, has_role
 
 log = logging.getLogger(__name__)
 
@@ -194,3 +206,92 @@ def deliver(*, incident_id: int, key: str, channel: str, event: str, now: dateti
     if retry is not None:
         raise retry
     return delivery.status
+
+
+# -- channel verbs ---------------------------------------------------------------------------
+CHANNEL_KINDS = ("webhook", "slack", "pagerduty")
+_NEEDS_SECRET = ("webhook", "pagerduty")
+
+
+def _url_host(url: str) -> str:
+    try:
+        return urlsplit(url).hostname or ""
+    except ValueError:
+        return ""
+
+
+def _channel_for_update(actor: Actor, name: str) -> NotificationChannel:
+    if not has_role(actor, UserRole.ADMIN):
+        raise role_refused(actor, "channels", UserRole.ADMIN)
+    row = NotificationChannel.objects.select_for_update().filter(name=name).first()
+    if row is None:
+        raise NotFound(f"no notification channel named {name!r}")
+    return row
+
+
+def _audit_channel(actor: Actor, row: NotificationChannel, verb: str, now: datetime,
+                   **data: Any) -> None:  # fmt: skip
+    audit(
+        actor=actor_name(actor),
+        verb=verb,
+        obj=row,
+        now=now,
+        object_type="notificationchannel",
+        data={"name": row.name, "kind": row.kind, "url_host": _url_host(row.url),
+              "enabled": row.enabled, **data},
+    )  # fmt: skip
+
+
+@transaction.atomic
+def update_channel(
+    *,
+    actor: Actor,
+    now: datetime,
+    name: str,
+    kind: str | None = None,
+    url: str | None = None,
+    enabled: bool | None = None,
+    secret: str | None = None,
+) -> NotificationChannel:
+    """Change some of a channel's fields (admin); audited without its URL path or secret."""
+    row = _channel_for_update(actor, name)
+    changed = []
+    for field, value in (("kind", kind), ("url", url), ("enabled", enabled), ("secret", secret)):
+        if value is not None and getattr(row, field) != value:
+            setattr(row, field, value)
+            changed.append(field)
+    if row.kind not in CHANNEL_KINDS:
+        raise RemediationError(f"unknown channel kind {row.kind!r}")
+    if row.kind in _NEEDS_SECRET and not row.secret:
+        raise RemediationError(f"a {row.kind} channel needs a secret (HMAC key or routing key)")
+    if changed:
+        row.save()
+    _audit_channel(actor, row, "channel.updated", now, changed=changed)
+    return row
+
+
+@transaction.atomic
+def set_channel_enabled(
+    *, actor: Actor, now: datetime, name: str, enabled: bool, reason: str = ""
+) -> NotificationChannel:
+    """Disable (pages to it are refused, not sent) or enable a channel (admin)."""
+    row = _channel_for_update(actor, name)
+    row.enabled = enabled
+    row.save(update_fields=["enabled"])
+    verb = "channel.enabled" if enabled else "channel.disabled"
+    _audit_channel(actor, row, verb, now, reason=reason)
+    return row
+
+
+@transaction.atomic
+def rotate_channel_secret(
+    *, actor: Actor, now: datetime, name: str, secret: str | None = None
+) -> tuple[NotificationChannel, str]:
+    """Replace a channel's secret (admin): the given one (a PagerDuty routing key) or a new
+    random HMAC key. Returns the row and the new secret, shown once; never audited."""
+    row = _channel_for_update(actor, name)
+    new = secret if secret else secrets.token_urlsafe(32)
+    row.secret = new
+    row.save(update_fields=["secret"])
+    _audit_channel(actor, row, "channel.secret_rotated", now, generated=not secret)
+    return row, new

@@ -10,12 +10,13 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.utils import timezone
-from rest_framework import generics
+from rest_framework import generics, serializers
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console import actions
+from console.actions import notifications
 from console.api.actions import by_method
 from console.api.permissions import IsAdmin, IsOperator
 from console.api.remediation_serializers import (
@@ -121,3 +122,67 @@ class ChannelList(generics.ListCreateAPIView):
         data.is_valid(raise_exception=True)
         row = actions.save_channel(actor=request.user, now=timezone.now(), **data.validated_data)
         return Response(ChannelSerializer(row).data, status=201)
+
+
+class ChannelUpdate(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["webhook", "slack", "pagerduty"], required=False)
+    url = serializers.URLField(max_length=512, required=False)
+    enabled = serializers.BooleanField(required=False)
+    secret = serializers.CharField(max_length=256, required=False, write_only=True)
+
+
+class ChannelRotate(serializers.Serializer):
+    secret = serializers.CharField(max_length=256, required=False, allow_blank=True)
+
+
+class ChannelDetail(generics.GenericAPIView):
+    """One channel (admin): GET, PATCH kind/url/enabled/secret (audited, secret never shown)."""
+
+    serializer_class = ChannelSerializer
+    permission_classes = [IsAdmin]
+    lookup_field = "name"
+
+    def get(self, request: Request, name: str) -> Response:
+        row = NotificationChannel.objects.filter(name=name).first()
+        if row is None:
+            return Response({"error": f"no notification channel named {name!r}"}, status=404)
+        return Response(ChannelSerializer(row).data)
+
+    def patch(self, request: Request, name: str) -> Response:
+        data = ChannelUpdate(data=request.data)
+        data.is_valid(raise_exception=True)
+        row = notifications.update_channel(
+            actor=request.user, now=timezone.now(), name=name, **data.validated_data
+        )
+        return Response(ChannelSerializer(row).data)
+
+
+class ChannelEnable(generics.GenericAPIView):
+    """POST .../disable/ or .../enable/ (admin, audited; optional reason)."""
+
+    serializer_class = ChannelSerializer
+    permission_classes = [IsAdmin]
+    enabled = True
+
+    def post(self, request: Request, name: str) -> Response:
+        reason = str(request.data.get("reason", ""))[:1000] if hasattr(request.data, "get") else ""
+        row = notifications.set_channel_enabled(
+            actor=request.user, now=timezone.now(), name=name, enabled=self.enabled, reason=reason
+        )
+        return Response(ChannelSerializer(row).data)
+
+
+class ChannelRotateSecret(generics.GenericAPIView):
+    """POST .../rotate-secret/ (admin): the new secret is in this answer only."""
+
+    serializer_class = ChannelRotate
+    permission_classes = [IsAdmin]
+
+    def post(self, request: Request, name: str) -> Response:
+        data = ChannelRotate(data=request.data)
+        data.is_valid(raise_exception=True)
+        row, secret = notifications.rotate_channel_secret(
+            actor=request.user, now=timezone.now(), name=name,
+            secret=data.validated_data.get("secret") or None,
+        )  # fmt: skip
+        return Response({**ChannelSerializer(row).data, "secret": secret})

@@ -43,6 +43,22 @@ urlpatterns += [
     path("escalation-policies/", paging.PolicyList.as_view(), name="api-policies"),
     path("escalation-policies/<int:pk>/", paging.PolicyDetail.as_view(), name="api-policy"),
     path("notification-channels/", paging.ChannelList.as_view(), name="api-channels"),
+    path("notification-channels/<str:name>/", paging.ChannelDetail.as_view(), name="api-channel"),
+    path(
+        "notification-channels/<str:name>/disable/",
+        paging.ChannelEnable.as_view(enabled=False),
+        name="api-channel-disable",
+    ),
+    path(
+        "notification-channels/<str:name>/enable/",
+        paging.ChannelEnable.as_view(enabled=True),
+        name="api-channel-enable",
+    ),
+    path(
+        "notification-channels/<str:name>/rotate-secret/",
+        paging.ChannelRotateSecret.as_view(),
+        name="api-channel-rotate",
+    ),
     path("breaker/", oversight.Breaker.as_view(), name="api-breaker"),
 ]
 

@@ -10,5 +10,9 @@ of the activity it wrote; `fleet_card` the node card read back for the live push
 from ingest.store.batch import IngestResult, ingest_batch
 from ingest.store.errors import FutureRecordError, RecordError
 from ingest.store.live_state import forget_recent
+from ingest.store.receipts import AgentNotOwnedError
 
-__all__ = ["FutureRecordError", "IngestResult", "RecordError", "forget_recent", "ingest_batch"]
+__all__ = [
+    "AgentNotOwnedError", "FutureRecordError", "IngestResult", "RecordError", "forget_recent",
+    "ingest_batch",
+]  # fmt: skip

@@ -24,6 +24,8 @@ from ingest.store.fleet_card import NODE_CARD, node_card
 from ingest.store.receipts import AGENT_DUPLICATE, agent_update, claim_receipt
 from ingest.store.writer import BatchWriter
 
+_GPU_RECORDS = (p.DeviceSample, p.DeviceEvent, p.Process)  # the records that name a GPU
+
 
 @dataclass
 class IngestResult:
@@ -31,6 +33,7 @@ class IngestResult:
     duplicate: bool
     records: int = 0
     groups: list[str] = field(default_factory=list)
+    new_groups: list[str] = field(default_factory=list)  # created by this batch
     nodes: list[str] = field(default_factory=list)
     violations: int = 0
     device_events: int = 0  # Xid/DBE/GPU-lost records: push and diagnose without delay
@@ -70,7 +73,13 @@ def _fleet_health(
 
 
 def ingest_batch(
-    *, node: Node, batch: p.Batch, now: datetime, max_future_s: int, want_card: bool = False
+    *,
+    node: Node,
+    batch: p.Batch,
+    now: datetime,
+    max_future_s: int,
+    want_card: bool = False,
+    launcher_group: str = "",
 ) -> IngestResult:
     """Store one batch in one transaction and about five round trips, whatever its size.
 
@@ -79,6 +88,11 @@ def ingest_batch(
     because the ORM's statement compilation cost more than Postgres did (docs/performance.md).
     With `want_card` (or a critical device event) the last send also reads the node's
     fleet card, so the live push after commit costs no query of its own.
+
+    Ownership (docs/security.md): the receipt's round trip also reads who owns the GPUs the
+    batch names, and the groups' round trip which of them this node hosts ranks of; what
+    the node may not claim is stored as telemetry, not applied, and recorded as a
+    contract violation. `launcher_group` is the group a launcher token may transition.
     """
     skew = batch.sent_at - now
     shift = skew if abs(skew) > timedelta(seconds=5) else timedelta(0)
@@ -88,13 +102,17 @@ def ingest_batch(
     # Raw psycopg throughout: map its errors to Django's (OperationalError -> 503 in the
     # view); a number out of range for its column becomes a 400 naming the record.
     with transaction.atomic(), connection.wrap_database_errors:
-        agent = claim_receipt(batch, node, now)
+        gpus = {r.gpu for r in batch.records if isinstance(r, _GPU_RECORDS) and r.gpu}
+        claim = claim_receipt(batch, node, now, gpus)
+        agent = claim.agent
         if agent is None:
             send(AGENT_DUPLICATE, {"agent": batch.agent.id, "now": now}).close()
             return IngestResult(ack_seq=batch.seq, duplicate=True)
         writer = BatchWriter(
             node=node, agent_id=batch.agent.id, now=now, shift=shift, want_card=want_card
         )
+        writer.device_owners, writer.node_gpus = claim.device_owners, claim.node_gpus
+        writer.launcher_group = launcher_group
         writer.agent_update = agent_update(agent, node, batch, now, skew)
         writer.add(batch.records)
         try:
@@ -112,6 +130,7 @@ def ingest_batch(
             duplicate=False,
             records=len(batch.records),
             groups=sorted(writer.touched_groups),
+            new_groups=writer.created,
             nodes=[node.name],
             violations=writer.violation_count,
             device_events=writer.critical_events,

@@ -46,7 +46,13 @@ def check_shift(batch: p.Batch, shift: timedelta) -> None:
 
 
 def check_future(batch: p.Batch, max_future_s: int) -> None:
-    limit = batch.sent_at + timedelta(seconds=max_future_s)
+    try:
+        limit = batch.sent_at + timedelta(seconds=max_future_s)
+    except OverflowError:  # sent_at at the end of the calendar (year 9999): not a 500
+        raise RecordError(
+            f'batch: field "sent_at": {batch.sent_at.isoformat()} is out of range',
+            field="sent_at",
+        ) from None
     for index, rec in enumerate(batch.records):
         if rec.ts > limit:
             raise FutureRecordError(

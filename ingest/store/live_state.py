@@ -23,6 +23,8 @@ ON CONFLICT (uuid) DO UPDATE SET node_id = EXCLUDED.node_id, index = EXCLUDED.in
     last_sample = EXCLUDED.last_sample, last_seen = EXCLUDED.last_seen,
     health = CASE console_device.lifecycle WHEN 'healthy' THEN EXCLUDED.health
                   WHEN 'validating' THEN 'warning' ELSE 'critical' END
+WHERE console_device.node_id = EXCLUDED.node_id OR console_device.last_seen IS NULL
+    OR console_device.last_seen < %(move_before)s
 """
 
 # A latched fault (console.policy.fleet_health) keeps the GPU critical through clean samples
@@ -34,6 +36,8 @@ INSERT INTO console_device (uuid, node_id, index, last_sample, last_seen, health
 SELECT x.uuid, %(node)s, 0, '{}'::jsonb, %(now)s, 'critical', false
 FROM jsonb_array_elements_text(%(events_only)s) AS x(uuid)
 ON CONFLICT (uuid) DO UPDATE SET node_id = EXCLUDED.node_id, health = 'critical'
+WHERE console_device.node_id = EXCLUDED.node_id OR console_device.last_seen IS NULL
+    OR console_device.last_seen < %(move_before)s
 """
 
 # last_seen never moves backwards (a replayed backlog); health is the worst GPU's, and is
@@ -50,7 +54,9 @@ UPDATE console_node SET
 WHERE id = %(node)s
 """  # noqa: S608 - constant health names
 
-RANK_STATE = ("generation", "last_step", "last_step_at", "data_cursor", "process_state", "gpu")
+RANK_STATE = (
+    "generation", "last_step", "last_step_at", "data_cursor", "process_state", "gpu", "node_id",
+)  # fmt: skip
 
 RANK_UPSERT = """
 INSERT INTO console_rank (group_id, rank, node_id, gpu, generation, last_step, last_step_at,
@@ -63,6 +69,8 @@ ON CONFLICT (group_id, rank) DO UPDATE SET node_id = EXCLUDED.node_id, gpu = EXC
     generation = EXCLUDED.generation, last_step = EXCLUDED.last_step,
     last_step_at = EXCLUDED.last_step_at, data_cursor = EXCLUDED.data_cursor,
     process_state = EXCLUDED.process_state
+WHERE console_rank.node_id = EXCLUDED.node_id OR console_rank.generation <> EXCLUDED.generation
+    OR console_rank.process_state = 'exited'
 """
 
 # What ingest may change on a group; diagnosis owns the rest of `summary`, so only the
@@ -116,4 +124,12 @@ WHERE g.name = ANY(%(names)s) AND r.rank = ANY(%(ranks)s)
 # The ranks read are every named group's ranks among the numbers named (a superset of the
 # pairs, looked up by pair): both lists are tiny and go through (name) and (group, rank)
 # indexes. A join on a jsonb_to_recordset of the pairs was planned as a scan of all ranks.
-GROUPS_AND_RANKS_LOCKED = GROUPS_AND_RANKS.replace("FOR KEY SHARE;", "FOR UPDATE;")
+# A batch that may transition also reads which named groups this node hosts ranks of
+# (and which have ranks at all): who may fence a group (writer._transition_refused).
+_HOSTED = """;
+SELECT g.name,
+    EXISTS (SELECT 1 FROM console_rank r WHERE r.group_id = g.id AND r.node_id = %(node)s),
+    EXISTS (SELECT 1 FROM console_rank r WHERE r.group_id = g.id)
+FROM console_consistencygroup g WHERE g.name = ANY(%(names)s)
+"""
+GROUPS_AND_RANKS_LOCKED = GROUPS_AND_RANKS.replace("FOR KEY SHARE;", "FOR UPDATE;") + _HOSTED

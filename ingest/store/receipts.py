@@ -1,12 +1,15 @@
 """The (agent_id, seq) receipt and the agent's bookkeeping: replays stop here, gaps counted.
 
 Owns the first round trip of a batch (receipt insert, the agent's row created if new and
-locked) and the agent's counters after it (sequence gaps opened by a jump and closed by a
-late seq, spool depth). Must not write telemetry or live state.
+locked, and the owners of the GPUs the batch names) and the agent's counters after it
+(sequence gaps opened by a jump and closed by a late seq, spool depth). An agent id belongs
+to the node that first used it: a batch naming another node's agent id is refused before
+its receipt can count as anyone's duplicate. Must not write telemetry or live state.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,6 +37,31 @@ VALUES (%(agent)s, %(node)s, '', '', 0, 0, 0, 0, '[]', 0, 0)
 ON CONFLICT (agent_id) DO NOTHING;
 SELECT {", ".join(_AGENT_COLUMNS)} FROM ingest_agentstate WHERE agent_id = %(agent)s FOR UPDATE
 """  # noqa: S608 - constant column names
+# Only when the batch names GPUs: who owns them, and how many GPUs this node has.
+_DEVICE_OWNERS = """;
+SELECT uuid, node_id, last_seen FROM console_device WHERE uuid = ANY(%(gpus)s);
+SELECT count(*) FROM console_device WHERE node_id = %(node)s
+"""
+
+
+class AgentNotOwnedError(Exception):
+    """The batch names an agent id another node first used (403: its batches are its own)."""
+
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(
+            f"agent id {agent_id!r} belongs to another node: each node's agent keeps its own id"
+        )
+
+
+@dataclass
+class Claim:
+    """The first round trip's answer: the agent's state (None for a replay) and who owns
+    the GPUs the batch names (uuid -> (node id, last seen)) with this node's GPU count."""
+
+    agent: dict[str, Any] | None
+    device_owners: dict[str, tuple[int, datetime | None]] = field(default_factory=dict)
+    node_gpus: int = 0
+
 
 AGENT_DUPLICATE = """
 UPDATE ingest_agentstate SET duplicates = duplicates + 1, last_seen = %(now)s
@@ -50,21 +78,35 @@ WHERE agent_id = %(a_id)s
 """
 
 
-def claim_receipt(batch: p.Batch, node: Node, now: datetime) -> dict[str, Any] | None:
-    """Insert the (agent, seq) receipt and lock the agent's row; None for a replay."""
+def claim_receipt(batch: p.Batch, node: Node, now: datetime, gpus: set[str]) -> Claim:
+    """Insert the (agent, seq) receipt, lock the agent's row and read the owners of `gpus`.
+
+    `Claim.agent` is None for a replay. Raises AgentNotOwnedError when the agent id is
+    another node's (the caller's transaction then rolls the receipt back).
+    """
     params = {"agent": batch.agent.id, "seq": batch.seq, "now": now,
-              "records": len(batch.records), "node": node.pk}  # fmt: skip
-    with send(_CLAIM, params) as cur:
+              "records": len(batch.records), "node": node.pk, "gpus": sorted(gpus)}  # fmt: skip
+    claim = Claim(agent=None)
+    with send(_CLAIM + _DEVICE_OWNERS if gpus else _CLAIM, params) as cur:
         claimed = cur.fetchone() is not None
         cur.nextset()
         cur.nextset()
         row = cur.fetchone()
+        if gpus:
+            cur.nextset()
+            claim.device_owners = {u: (n, seen) for u, n, seen in cur.fetchall()}
+            cur.nextset()
+            count = cur.fetchone()
+            claim.node_gpus = count[0] if count else 0
+    if row is not None and row[0] != node.pk:
+        raise AgentNotOwnedError(batch.agent.id)
     if not claimed or row is None:
-        return None
+        return claim
     state = dict(zip(_AGENT_COLUMNS, row, strict=True))
     if isinstance(state["gap_ranges"], str):  # Django's connections load jsonb as text
         state["gap_ranges"] = msgspec.json.decode(state["gap_ranges"])
-    return state
+    claim.agent = state
+    return claim
 
 
 def agent_update(

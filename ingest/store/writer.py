@@ -5,6 +5,12 @@ group's generation), formats every record as a COPY line of its table, and folds
 newest state per GPU, rank and group; `flush` then COPYs the rows and sends every
 live-state write in one multi-statement round trip. Must not commit or open transactions:
 `batch.ingest_batch` owns the transaction.
+
+Ownership is decided here, over what the batch's two reads already returned (no query per
+record): a GPU, a rank's placement and a group's transitions belong to the node that
+first reported them. A claim without evidence is stored as telemetry, never applied, and
+recorded as a contract violation (as fencing treats a stale record); so is a node's GPU or
+new group beyond its limit (settings INGEST_MAX_GPUS_PER_NODE, INGEST_NEW_GROUPS_PER_HOUR).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
+from django.conf import settings
 from django.db import transaction
 from psycopg.types.json import Jsonb
 
@@ -24,7 +31,7 @@ from agents.gpu_health import CRITICAL, CRITICAL_EVENTS, sample_health
 from console.choices import ACTION_LIVE_STATES, GroupKind
 from console.models import ConsistencyGroup, Node
 from console.policy import fleet_health
-from ingest import fencing
+from ingest import fencing, ratelimit
 from ingest.copytext import flag, num, text, when
 from ingest.copytext import json as cjson
 from ingest.models import ContractViolation
@@ -59,6 +66,9 @@ HOST_URGENT = frozenset({"oom_kill", "mce", "aer_fatal"})
 # msgspec encodes contract Structs straight to JSON bytes, 5-10x faster than json.dumps of
 # their to_builtins() copies; the JSON is the same (omit_defaults, ISO times with "Z").
 _JSON = msgspec.json.Encoder()
+
+
+_NO_GROUP = {"gpu", "node"}
 
 
 def _plain(struct: Any) -> Any:
@@ -96,10 +106,21 @@ class BatchWriter:
         self.actions_pending = True
         self.want_card = want_card  # read the node's fleet card in the last send
         self.card: dict[str, Any] | None = None
+        # Ownership: set by ingest_batch from the receipt's round trip.
+        self.device_owners: dict[str, tuple[int, datetime | None]] = {}
+        self.node_gpus = 0
+        self.launcher_group = ""
+        self.hosted: set[str] = set()  # named groups this node hosts ranks of
+        self.ranked: set[str] = set()  # named groups that have ranks at all
+        self.refused_groups: set[str] = set()  # new groups over the node's hourly limit
+        self.created: list[str] = []  # groups this batch created
 
     # -- collection --------------------------------------------------------------------
     def add(self, records: list[Any]) -> None:
         self._load_groups(records)
+        if self.refused_groups:
+            refused = self.refused_groups
+            records = [r for r in records if getattr(r, "group", None) not in refused]
         handlers: dict[type[Any], Callable[[Any, datetime], None]] = {
             p.Heartbeat: self._on_heartbeat,
             p.DeviceSample: self._on_device_sample,
@@ -169,6 +190,7 @@ class BatchWriter:
                 for n in names
                 if n not in found
             ]
+            missing = self._admit_new_groups(missing)
             ConsistencyGroup.objects.bulk_create(missing, ignore_conflicts=True)
             new_names = {g.name for g in missing}
             rows = [*rows, *self._select_groups(sorted(new_names), set(), lock=True)]
@@ -189,18 +211,47 @@ class BatchWriter:
                 versions_seen=list(group.summary.get("versions_seen", [])),
             )
             self.groups[group.name] = (group, view)
+            if view.is_new:
+                self.created.append(group.name)
             self.activity_read[group.name] = group.last_activity
             self.kind_read[group.name] = row[GROUP_KIND]
+
+    def _admit_new_groups(self, missing: list[ConsistencyGroup]) -> list[ConsistencyGroup]:
+        """The new groups this node may still create this hour; the rest are refused."""
+        allowed = ratelimit.take_new_groups(
+            self.node_id, len(missing), limit=settings.INGEST_NEW_GROUPS_PER_HOUR
+        )
+        if allowed >= len(missing):
+            return missing
+        refused = missing[allowed:]
+        self.refused_groups = {g.name for g in refused}
+        self.violations.append(
+            fencing.Violation(
+                "new_group_limit",
+                f"node:{self.node.name}",
+                0,
+                {"refused": len(refused), "groups": sorted(self.refused_groups)[:20],
+                 "limit_per_hour": settings.INGEST_NEW_GROUPS_PER_HOUR},
+            )
+        )  # fmt: skip
+        return missing[:allowed]
 
     def _select_groups(
         self, names: list[str], ranks: set[tuple[str, int]], *, lock: bool
     ) -> list[Any]:
-        params = {"names": names, "ranks": sorted({r for _, r in ranks})}
+        params = {"names": names, "ranks": sorted({r for _, r in ranks}), "node": self.node_id}
         with send(GROUPS_AND_RANKS_LOCKED if lock else GROUPS_AND_RANKS, params) as cur:
             rows = cur.fetchall()
             cur.nextset()
             for gname, rank, *values in cur.fetchall():
                 self.existing_ranks[(gname, rank)] = dict(zip(RANK_STATE, values, strict=True))
+            if lock:  # who may transition: the groups this node hosts ranks of
+                cur.nextset()
+                for gname, hosted, ranked in cur.fetchall():
+                    if hosted:
+                        self.hosted.add(gname)
+                    if ranked:
+                        self.ranked.add(gname)
         return rows
 
     def _fence(self, rec: Any, ts: datetime, *, is_transition: bool = False) -> bool:
@@ -356,10 +407,45 @@ class BatchWriter:
                 view.last_checkpoint_step = rec.step
                 group.last_checkpoint_step = rec.step
 
+    def _transition_refused(self, rec: p.Transition, view: fencing.GroupView) -> bool:
+        """True (and a violation recorded) when this node may not make this transition.
+
+        Transitions come from a node that hosts ranks of the group, the batch that creates
+        it, or the group's launcher token; a group with no ranks yet (its first placement)
+        from any node. A generation moves at most INGEST_MAX_GENERATION_JUMP at once.
+        """
+        name = rec.group
+        if view.is_new or name == self.launcher_group:
+            allowed = True
+        else:
+            allowed = name in self.hosted or name not in self.ranked
+        kind = "unauthorized_transition"
+        if allowed and not view.is_new:
+            jump = rec.generation - view.generation
+            if jump > settings.INGEST_MAX_GENERATION_JUMP:
+                allowed, kind = False, "generation_jump"
+        if allowed:
+            return False
+        self.violations.append(
+            fencing.Violation(
+                kind,
+                f"group:{name}",
+                view.generation,
+                {"node": self.node.name, "record_generation": rec.generation,
+                 "active_generation": view.generation, "to_state": rec.to_state,
+                 "max_jump": settings.INGEST_MAX_GENERATION_JUMP},
+            )
+        )  # fmt: skip
+        return True
+
     def _on_transition(self, rec: p.Transition, ts: datetime) -> None:
         group, view = self.groups[rec.group]
-        self.violations.extend(fencing.check_transition(view, rec))
-        applied = self._fence(rec, ts, is_transition=True)
+        if self._transition_refused(rec, view):
+            self.touched_groups.add(group.name)
+            applied = False
+        else:
+            self.violations.extend(fencing.check_transition(view, rec))
+            applied = self._fence(rec, ts, is_transition=True)
         self.rows["transitionrecord"].append(
             f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
             f"{text(rec.from_state)}\t{text(rec.to_state)}\t"
@@ -446,6 +532,8 @@ class BatchWriter:
     def _devices_and_node(self, sql: list[str], params: dict[str, Any]) -> None:
         """The GPUs this batch saw, then the node's health and last_seen (worst GPU's: the
         node update runs after the GPU upserts, so it sees this batch's GPUs)."""
+        self._refuse_foreign_devices()
+        params["move_before"] = self.now - timedelta(seconds=settings.INGEST_DEVICE_MOVE_AFTER_S)
         devices = []
         for uuid, info in self.devices.items():
             sample = _plain(info["rec"])
@@ -469,6 +557,61 @@ class BatchWriter:
             sql.append(EVENT_DEVICE_UPSERT)
         sql.append(NODE_UPDATE)
 
+    def _owned_elsewhere(self, uuid: str) -> bool:
+        """True when another node owns this GPU and has reported it recently."""
+        owner = self.device_owners.get(uuid)
+        if owner is None or owner[0] == self.node_id:
+            return False
+        seen = owner[1]
+        move_after = timedelta(seconds=settings.INGEST_DEVICE_MOVE_AFTER_S)
+        return seen is not None and seen >= self.now - move_after
+
+    def _refuse_foreign_devices(self) -> None:
+        """Drop GPUs this node may not claim: another node's (still reported by it), and
+        new ones beyond the node's limit. Each refusal is a violation; rows stay stored."""
+        named = [*self.devices, *(u for u in self.device_events if u not in self.devices)]
+        room = settings.INGEST_MAX_GPUS_PER_NODE - self.node_gpus
+        refused: dict[str, str] = {}
+        for uuid in named:
+            if self._owned_elsewhere(uuid):
+                refused[uuid] = "device_claim"
+            elif uuid not in self.device_owners:
+                if room <= 0:
+                    refused[uuid] = "device_limit"
+                room -= 1
+        for uuid, kind in refused.items():
+            self.devices.pop(uuid, None)
+            self.device_events.pop(uuid, None)
+            owner = self.device_owners.get(uuid)
+            self.violations.append(
+                fencing.Violation(
+                    kind,
+                    f"gpu:{uuid}",
+                    0,
+                    {"node": self.node.name, "owner_node_id": owner[0] if owner else None,
+                     "max_gpus_per_node": settings.INGEST_MAX_GPUS_PER_NODE},
+                )
+            )  # fmt: skip
+
+    def _rank_move_refused(self, gname: str, rank: int, entry: dict[str, Any]) -> bool:
+        """A rank placed on another node moves only with evidence: a new generation (its
+        transition re-placed the ranks) or the rank's process exited on the old node."""
+        old = self.existing_ranks.get((gname, rank))
+        if old is None or old["node_id"] == self.node_id:
+            return False
+        if entry["generation"] != old["generation"] or old["process_state"] == "exited":
+            return False
+        self.violations.append(
+            fencing.Violation(
+                "rank_claim",
+                f"rank:{gname}/{rank}",
+                entry["generation"],
+                {"node": self.node.name, "owner_node_id": old["node_id"],
+                 "owner_process_state": old["process_state"]},
+            )
+        )  # fmt: skip
+        return True
+
     def _ranks(self, sql: list[str], params: dict[str, Any]) -> None:
         """Rank live state: a new generation resets the cursor; steps never go backwards
         within one; every cursor the batch carries is checked against the one before."""
@@ -476,6 +619,10 @@ class BatchWriter:
             return
         out = []
         for (gname, rank), entry in self.ranks.items():
+            if self._rank_move_refused(gname, rank, entry):
+                continue
+            if entry.get("gpu") and self._owned_elsewhere(entry["gpu"]):
+                del entry["gpu"]  # a rank names only its own node's GPUs
             old = self.existing_ranks.get((gname, rank))
             generation = entry["generation"]
             new_generation = old is None or old["generation"] != generation
@@ -497,6 +644,8 @@ class BatchWriter:
                  "process_state": entry.get("process_state", old and old["process_state"]),
                  "gpu": entry.get("gpu", old and old["gpu"])}
             )  # fmt: skip
+        if not out:
+            return
         params["ranks"] = Jsonb(out, dumps=_JSON.encode)
         sql.append(RANK_UPSERT)
 
@@ -537,8 +686,10 @@ class BatchWriter:
             if key in seen:
                 continue  # one finding per batch per contract breach, not one per record
             seen.add(key)
-            group_name = v.subject.split(":", 1)[1].split("/", 1)[0]
-            group = self.groups[group_name][0]
+            scope, _, rest = v.subject.partition(":")
+            # gpu: and node: subjects (ownership, limits) name no group.
+            entry = self.groups.get(rest.split("/", 1)[0]) if scope not in _NO_GROUP else None
+            group = entry[0] if entry else None
             rows.append(
                 ContractViolation(
                     ts=self.now,

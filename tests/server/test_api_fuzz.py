@@ -86,6 +86,11 @@ ACCESS: dict[tuple[str, str], str] = {
     ("GET", "/api/v1/nodes/{name}/"): "viewer",
     ("GET", "/api/v1/notification-channels/"): "admin",
     ("POST", "/api/v1/notification-channels/"): "admin",
+    ("GET", "/api/v1/notification-channels/{name}/"): "admin",
+    ("PATCH", "/api/v1/notification-channels/{name}/"): "admin",
+    ("POST", "/api/v1/notification-channels/{name}/disable/"): "admin",
+    ("POST", "/api/v1/notification-channels/{name}/enable/"): "admin",
+    ("POST", "/api/v1/notification-channels/{name}/rotate-secret/"): "admin",
     ("GET", "/api/v1/pages/fleet/"): "viewer",
     ("GET", "/api/v1/pages/groups/{name}/"): "viewer",
     ("GET", "/api/v1/pages/groups/{name}/charts/"): "viewer",
@@ -238,6 +243,7 @@ def seed_fleet(cast: dict[str, Any], post_batch: Callable[..., Any]) -> dict[str
         "groups": ["llama", "chat"],
         "silences": [silence.pk],
         "escalation-policies": [policy.pk],
+        "notification-channels": ["ops"],
     }
 
 

@@ -85,3 +85,30 @@ def test_it_delivers_events_in_publish_order_without_blocking_the_caller(cast):
         await fleet.disconnect()
 
     asyncio.run(run())
+
+
+def test_it_refuses_a_non_ascii_topic_instead_of_crashing(cast):
+    async def run():
+        comm = await _connect("/ws/live/group:j%C3%B6b-\u0663/", cast["viewer"])
+        connected, code = await comm.connect()
+        assert (connected, code) == (False, 4404)
+
+    asyncio.run(run())
+
+
+def test_it_caps_the_sockets_one_user_holds_open(cast, settings):
+    settings.WS_MAX_PER_USER = 2
+
+    async def run():
+        socks = [await _connect("/ws/live/fleet/", cast["viewer"]) for _ in range(3)]
+        assert (await socks[0].connect())[0] and (await socks[1].connect())[0]
+        assert await socks[2].connect() == (False, 4429)
+        other = await _connect("/ws/live/fleet/", cast["operator"])
+        assert (await other.connect())[0]  # the cap is per user
+        await socks[0].disconnect()
+        again = await _connect("/ws/live/fleet/", cast["viewer"])
+        assert (await again.connect())[0]  # a closed socket gives its place back
+        for comm in (socks[1], other, again):
+            await comm.disconnect()
+
+    asyncio.run(run())

@@ -75,7 +75,7 @@ def test_a_step_batch_does_not_wait_for_another_batch_of_its_job(post_batch):
 def test_a_transition_waits_for_step_batches_in_flight_then_fences_them(post_batch):
     assert post_batch(make_batch([_transition(1), _step(1, 0)])).status_code == 202
     with _row_lock("FOR KEY SHARE"):
-        done, out = _in_thread(lambda: post_batch(make_batch([_transition(2)], node="node-2")))
+        done, out = _in_thread(lambda: post_batch(make_batch([_transition(2)])))
         assert not done.wait(0.7), "the transition did not wait for the batch in flight"
     assert done.wait(5)
     assert out[0].status_code == 202

@@ -14,21 +14,14 @@ import pytest
 from agents import xid
 from console.apps import apply_xid_overrides
 from console.models import Device, Node
-from tests.server.scenarios.timeline import Timeline, only, symptoms
+from tests.server.scenarios.timeline import HEALTHY_S, Timeline, healthy_job, only, symptoms
 
 pytestmark = pytest.mark.django_db
-
-HEALTHY_S = 30
 
 
 @pytest.fixture
 def tl(post_batch) -> Timeline:
-    t = Timeline(post=post_batch)
-    t.boot(at=0)
-    t.good_checkpoint("ckpt-10", at=10.5, step=10)
-    t.steps(first=0, count=HEALTHY_S, at=1)
-    t.heartbeats(until=HEALTHY_S + 60)
-    return t
+    return healthy_job(post_batch)
 
 
 def _xid(t: Timeline, rank: int, code: int, *, at: float, recovery: str | None = None) -> None:

@@ -177,3 +177,17 @@ def only(incidents: list[Incident]) -> Incident:
 
 def symptoms(incident: Incident) -> list[str]:
     return sorted(a.kind for a in incident.alerts.all() if a.role == "symptom")
+
+
+HEALTHY_S = 30
+
+
+def healthy_job(post: object) -> Timeline:
+    """The scenarios' common start: a booted job, a good checkpoint at step 10 and
+    HEALTHY_S seconds of steps and heartbeats."""
+    t = Timeline(post=post)
+    t.boot(at=0)
+    t.good_checkpoint("ckpt-10", at=10.5, step=10)
+    t.steps(first=0, count=HEALTHY_S, at=1)
+    t.heartbeats(until=HEALTHY_S + 60)
+    return t

@@ -1,0 +1,224 @@
+"""Issue 22 (High 2-4, Medium 5): one node's token must not reach beyond its node.
+
+Every test posts real batches with real agent tokens through POST /api/v1/ingest.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from console.models import ConsistencyGroup, Device, Rank
+from ingest.auth import issue_token
+from ingest.models import AgentState, ContractViolation, DeviceSample, StepRecord
+from tests.conftest import make_batch
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fresh_redis_budgets(settings):
+    """The hourly new-group budget lives in Redis: give each test its own node ids' keys."""
+    from ingest import ratelimit
+
+    client = ratelimit._redis()
+    for key in client.scan_iter("faultline:ingest-*"):
+        client.delete(key)
+
+
+def sample(gpu: str, index: int = 0) -> dict:
+    return {"kind": "device_sample", "gpu": gpu, "index": index, "temp_c": 50.0}
+
+
+def step(rank: int, n: int, *, group: str = "job", gen: int = 1) -> dict:
+    return {"kind": "step", "group": group, "generation": gen, "rank": rank, "step": n,
+            "tokens": 1, "duration_ms": 900.0}  # fmt: skip
+
+
+def process(rank: int, event: str, *, group: str = "job", gen: int = 1, gpu: str = "") -> dict:
+    rec = {"kind": "process", "group": group, "generation": gen, "rank": rank, "event": event}
+    return {**rec, "gpu": gpu} if gpu else rec
+
+
+def transition(to: str, *, group: str = "job", gen: int = 1) -> dict:
+    return {"kind": "transition", "group": group, "generation": gen, "to_state": to}
+
+
+def kinds() -> list[str]:
+    return sorted(ContractViolation.objects.values_list("kind", flat=True))
+
+
+# -- High 2: GPUs and ranks ----------------------------------------------------------------
+def test_it_refuses_a_gpu_another_node_still_reports_and_records_the_claim(post_batch):
+    assert post_batch(make_batch([sample("GPU-victim")], node="victim")).status_code == 202
+    response = post_batch(make_batch([sample("GPU-victim"), sample("GPU-own", 1)], node="evil"))
+    assert response.status_code == 202  # the rest of the batch is stored
+    assert Device.objects.get(uuid="GPU-victim").node.name == "victim"
+    assert Device.objects.get(uuid="GPU-own").node.name == "evil"
+    assert DeviceSample.objects.filter(gpu="GPU-victim", node__name="evil").count() == 1
+    violation = ContractViolation.objects.get(kind="device_claim")
+    assert violation.subject == "gpu:GPU-victim" and violation.group is None
+    assert violation.evidence["node"] == "evil"
+
+
+def test_it_lets_a_gpu_move_once_its_old_node_stopped_reporting_it(post_batch, settings):
+    settings.INGEST_DEVICE_MOVE_AFTER_S = 60
+    assert post_batch(make_batch([sample("GPU-m")], node="old")).status_code == 202
+    Device.objects.filter(uuid="GPU-m").update(last_seen=datetime.now(UTC) - timedelta(seconds=120))
+    assert post_batch(make_batch([sample("GPU-m")], node="new")).status_code == 202
+    assert Device.objects.get(uuid="GPU-m").node.name == "new"
+    assert kinds() == []
+
+
+def test_it_bounds_the_gpus_one_node_may_add(post_batch, settings):
+    settings.INGEST_MAX_GPUS_PER_NODE = 4
+    invented = [sample(f"GPU-fake-{i}", i) for i in range(10)]
+    assert post_batch(make_batch(invented, node="evil")).status_code == 202
+    assert Device.objects.filter(node__name="evil").count() == 4
+    assert ContractViolation.objects.filter(kind="device_limit").count() == 6
+    # A later batch adds none either: the node is at its limit.
+    assert post_batch(make_batch([sample("GPU-fake-99", 0)], node="evil")).status_code == 202
+    assert Device.objects.filter(node__name="evil").count() == 4
+
+
+def test_it_refuses_a_rank_placed_on_another_node_while_its_process_lives(post_batch):
+    ok = make_batch([transition("running"), process(0, "started"), step(0, 1)], node="victim")
+    assert post_batch(ok).status_code == 202
+    assert (
+        post_batch(make_batch([step(0, 2), process(0, "started")], node="evil")).status_code == 202
+    )
+    rank = Rank.objects.get(group__name="job", rank=0)
+    assert rank.node.name == "victim" and rank.last_step == 1
+    assert "rank_claim" in kinds()
+    assert StepRecord.objects.filter(node__name="evil").count() == 1  # stored, not applied
+
+
+def test_it_moves_a_rank_when_its_process_exited_on_the_old_node(post_batch):
+    placed = make_batch([transition("running"), process(0, "started")], node="a")
+    assert post_batch(placed).status_code == 202
+    assert post_batch(make_batch([process(0, "exited")], node="a")).status_code == 202
+    assert post_batch(make_batch([process(0, "started"), step(0, 3)], node="b")).status_code == 202
+    assert Rank.objects.get(group__name="job", rank=0).node.name == "b"
+    assert "rank_claim" not in kinds()
+
+
+# -- High 3: transitions -------------------------------------------------------------------
+def test_it_refuses_a_transition_from_a_node_hosting_none_of_the_groups_ranks(post_batch):
+    setup = make_batch([transition("running"), process(0, "started"), step(0, 1)], node="host")
+    assert post_batch(setup).status_code == 202
+    fence = make_batch([transition("completed", gen=2**31 - 1), sample("GPU-e")], node="evil")
+    assert post_batch(fence).status_code == 202
+    group = ConsistencyGroup.objects.get(name="job")
+    assert (group.generation, group.state) == (1, "running")
+    assert kinds() == ["unauthorized_transition"]
+    assert Device.objects.filter(uuid="GPU-e").exists()  # the rest of the batch is stored
+    # The real job is not a stale writer afterwards.
+    assert post_batch(make_batch([step(0, 2)], node="host")).status_code == 202
+    assert Rank.objects.get(group__name="job", rank=0).last_step == 2
+
+
+def test_it_bounds_how_far_a_hosts_transition_may_move_the_generation(post_batch, settings):
+    settings.INGEST_MAX_GENERATION_JUMP = 1000
+    setup = make_batch([transition("running"), process(0, "started")], node="host")
+    assert post_batch(setup).status_code == 202
+    assert post_batch(make_batch([transition("running", gen=5000)], node="host")).status_code == 202
+    assert ConsistencyGroup.objects.get(name="job").generation == 1
+    assert kinds() == ["generation_jump"]
+    assert post_batch(make_batch([transition("recovering", gen=2)], node="host")).status_code == 202
+    assert ConsistencyGroup.objects.get(name="job").generation == 2
+
+
+def test_it_accepts_a_launcher_tokens_transition_of_its_own_group_only(post_batch):
+    setup = make_batch([transition("running"), process(0, "started")], node="host")
+    assert post_batch(setup).status_code == 202
+    other = make_batch([transition("running", group="other"), process(0, "started", group="other")],
+                       node="host")  # fmt: skip
+    assert post_batch(other).status_code == 202
+    token = issue_token(node_name="launch-1", launcher_group="job")
+    batch = make_batch(
+        [transition("recovering", gen=2), transition("completed", group="other", gen=2)],
+        node="launch-1",
+    )
+    assert post_batch(batch, token=token).status_code == 202
+    assert ConsistencyGroup.objects.get(name="job").generation == 2
+    assert ConsistencyGroup.objects.get(name="other").state == "running"
+    assert kinds() == ["unauthorized_transition"]
+
+
+def test_it_issues_a_launcher_token_from_the_command_line(monkeypatch, capsys):
+    from contextlib import nullcontext
+
+    from faultline import bootstrap, cli
+    from ingest.models import AgentCredential
+
+    monkeypatch.setattr(bootstrap, "django_ready", lambda data_dir: nullcontext())
+    args = cli.build_parser().parse_args(["token", "create", "launch-9", "--launcher", "job"])
+    assert args.func(args) == 0
+    assert "launcher of group job" in capsys.readouterr().out
+    assert AgentCredential.objects.get(node__name="launch-9").launcher_group == "job"
+
+
+# -- High 4: floods ------------------------------------------------------------------------
+def test_it_caps_the_new_groups_one_node_may_create_an_hour(post_batch, settings):
+    settings.INGEST_NEW_GROUPS_PER_HOUR = 5
+    flood = [step(0, 1, group=f"fake-{i:04d}") for i in range(50)]
+    assert post_batch(make_batch(flood, node="evil")).status_code == 202
+    assert ConsistencyGroup.objects.filter(name__startswith="fake-").count() == 5
+    violation = ContractViolation.objects.get(kind="new_group_limit")
+    assert violation.subject == "node:evil" and violation.evidence["refused"] == 45
+    again = [step(0, 1, group=f"more-{i}") for i in range(3)]
+    assert post_batch(make_batch(again, node="evil")).status_code == 202
+    assert not ConsistencyGroup.objects.filter(name__startswith="more-").exists()
+    # Another node's budget is its own, and a known group is never refused.
+    assert post_batch(make_batch([step(0, 1, group="real")], node="good")).status_code == 202
+    assert ConsistencyGroup.objects.filter(name="real").exists()
+    assert post_batch(make_batch([step(0, 2, group="fake-0000")], node="evil")).status_code == 202
+
+
+def test_it_rate_limits_records_not_only_batches(post_batch, settings):
+    settings.INGEST_RECORDS_PER_MIN = 300
+    big = [sample(f"GPU-r{i % 4}", i % 4) for i in range(200)]
+    assert post_batch(make_batch(big, node="busy")).status_code == 202
+    response = post_batch(make_batch(big, node="busy"))
+    assert response.status_code == 429
+    assert "record rate" in response.json()["error"]
+    assert response["Retry-After"] == "60"
+
+
+# -- Medium 5: agent ids -------------------------------------------------------------------
+def test_it_refuses_a_batch_naming_another_nodes_agent_id(post_batch):
+    first = make_batch([sample("GPU-v")], node="victim", agent_id="agent-victim", seq=1)
+    assert post_batch(first).status_code == 202
+    hijack = make_batch([sample("GPU-x")], node="evil", agent_id="agent-victim", seq=10**9)
+    response = post_batch(hijack)
+    assert response.status_code == 403
+    assert "belongs to another node" in response.json()["error"]
+    # The victim's next batches are stored, not acknowledged as duplicates.
+    nxt = make_batch([sample("GPU-v")], node="victim", agent_id="agent-victim", seq=2)
+    assert post_batch(nxt).json()["duplicate"] is False
+    state = AgentState.objects.get(agent_id="agent-victim")
+    assert (state.node.name, state.batches, state.last_seq) == ("victim", 2, 2)
+    assert not Device.objects.filter(uuid="GPU-x").exists()
+
+
+# -- High 4: established groups are diagnosed ahead of young ones ---------------------------
+def test_it_diagnoses_established_groups_ahead_of_a_flood_of_new_ones(
+    post_batch, settings, monkeypatch
+):
+    from console import scheduling
+
+    settings.INGEST_NEW_GROUPS_PER_HOUR = 100
+    settings.DIAGNOSIS_YOUNG_PER_S = 3
+    queued: list[tuple[str, float]] = []
+    monkeypatch.setattr(
+        scheduling, "enqueue", lambda name, group, countdown=None: queued.append((group, countdown))
+    )
+    ConsistencyGroup.objects.create(name="real", generation=1)  # an established group
+    flood = [step(0, 1, group=f"new-{i:03d}") for i in range(30)]
+    assert post_batch(make_batch(flood, node="evil")).status_code == 202
+    assert post_batch(make_batch([step(0, 1, group="real")], node="good")).status_code == 202
+    young = [c for g, c in queued if g.startswith("new-")]
+    assert len(young) == 3  # the fleet-wide budget a second; the sweep catches up on the rest
+    assert all(c == settings.DIAGNOSIS_YOUNG_DEBOUNCE_MS / 1000 for c in young)
+    assert ("real", settings.DIAGNOSIS_DEBOUNCE_MS / 1000) in queued
