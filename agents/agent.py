@@ -77,9 +77,13 @@ class Config:
     kmsg_path: str = "/dev/kmsg"
     sys_root: Path = Path("/sys")
     proc_root: Path = Path("/proc")
+    # The boot id the agent reports (None: the kernel's). A test or the demo simulates a
+    # reboot by restarting the agent with a new one (the service's repair evidence).
+    boot_id: str | None = None
 
 
 def boot_id() -> str | None:
+    """The kernel's boot id (changes on every reboot), or None where it cannot be read."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:64] or None
     except OSError:
@@ -109,7 +113,12 @@ class Agent:
         self.identity = Identity(state)
         self.spool = Spool(state, max_bytes=config.spool_max_bytes)
         self.backend = backend if backend is not None else make_backend(config, self.out)
-        self.info = AgentInfo(self.identity.agent_id, config.node, __version__, boot_id())
+        self.info = AgentInfo(
+            self.identity.agent_id,
+            config.node,
+            __version__,
+            (config.boot_id or "")[:64] or boot_id(),
+        )
         self.executor = Executor(
             state,
             node=config.node,

@@ -78,6 +78,11 @@ def _parser() -> argparse.ArgumentParser:
             default=None,
             help="print batches instead of sending; hooks are not run",
         )
+        p.add_argument(
+            "--boot-id",
+            help="boot id to report (or FAULTLINE_AGENT_BOOT_ID; default: the kernel's "
+            "/proc/sys/kernel/random/boot_id); a new one simulates a reboot",
+        )
         p.add_argument("--log-level", default=os.environ.get("FAULTLINE_AGENT_LOG", "INFO"))
     sub.add_parser("version", help="print the agent version")
     return parser
@@ -174,6 +179,8 @@ def build_config(args: argparse.Namespace) -> Config:
     cfg.fake_scripts = list(args.fake_script or toml.get("fake_scripts", []))
     cfg.dcgm_url = getattr(args, "dcgm_url", None) or toml.get("dcgm_url")
     cfg.checkpoint_roots = _roots(args.checkpoint_root, toml)
+    boot = pick(args.boot_id, "FAULTLINE_AGENT_BOOT_ID", "boot_id", None)
+    cfg.boot_id = str(boot) if boot else None
     cfg.dry_run = bool(args.dry_run if args.dry_run is not None else toml.get("dry_run", False))
     cfg.spool_max_bytes = int(toml.get("spool_max_mb", 256)) * 1024 * 1024
     cfg.reporter_socket = toml.get("reporter_socket")

@@ -5,6 +5,10 @@ Owns running a set of named commands, restarting one that dies (the rules below,
 Must not know what the children are (faultline.bootstrap builds the service's commands,
 faultline.demo adds agents and the workload) and must not touch the database.
 
+A child can also be restarted on request: with `restart_dir`, a file named after a child
+in that folder (e.g. `agent:node-003`) makes the supervisor SIGTERM it and start it again
+at once, not counted as a death (`faultline demo` "reboots" a node's agent this way).
+
 Restart rules: a child that dies is restarted after 0.5 s, doubling with each death in
 the last minute up to 30 s (a Redis blip crashes the Celery worker once; five blips must
 not take Faultline down). Only a child that died 30 times in ten minutes stops the whole
@@ -19,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from faultline.embedded import Embedded, EmbeddedError
 
@@ -52,8 +57,11 @@ class Supervisor:
         commands: dict[str, list[str]],
         env: dict[str, str],
         embedded: Embedded | None = None,
+        restart_dir: Path | None = None,
     ) -> None:
         self.commands, self.env, self.embedded = commands, env, embedded
+        self.restart_dir = restart_dir
+        self.requested: set[str] = set()  # stopped on request: restart now, not a death
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, list[float]] = {name: [] for name in commands}
         self.due: dict[str, float] = {}
@@ -69,9 +77,16 @@ class Supervisor:
         while not self.stopping:
             time.sleep(TICK_S)
             self._revive_embedded()
+            self._take_requests()
             now = time.monotonic()
             for name, proc in list(self.procs.items()):
                 if self.stopping or proc.poll() is None:
+                    continue
+                if name in self.requested:
+                    self.requested.discard(name)
+                    self.due.pop(name, None)
+                    print(f"faultline: {name} restarted on request")
+                    self.start(name)
                     continue
                 if name not in self.due:
                     delay = restart_delay(self.restarts[name], now)
@@ -92,6 +107,24 @@ class Supervisor:
                     del self.due[name]
                     self.start(name)
         return 0
+
+    def _take_requests(self) -> None:
+        """SIGTERM each child named by a file in `restart_dir` (the file is removed)."""
+        if self.restart_dir is None:
+            return
+        try:
+            names = [p.name for p in self.restart_dir.iterdir()]
+        except OSError:
+            return
+        for name in names:
+            with contextlib.suppress(OSError):
+                (self.restart_dir / name).unlink()
+            proc = self.procs.get(name)
+            if proc is None or name in self.requested:
+                continue
+            self.requested.add(name)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
 
     def _revive_embedded(self) -> None:
         if self.embedded is None:

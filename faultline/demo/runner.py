@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import agents.fake_host
 from agents.fake_nvml import CONTROL_ENV
 from faultline import bootstrap
 from faultline.demo import fake_slurm
@@ -29,17 +30,19 @@ from faultline.supervisor import Supervisor
 BIN = Path(sys.executable).parent
 
 # The demo's remediation policy (docs/drills.md): automation may drain a node after a
-# hardware Xid inside the blast radius; restarting a group still waits for a human, so the
-# approvals page has something to decide.
+# hardware Xid inside the blast radius, and put it back once its repair validated;
+# restarting a group still waits for a human, so the approvals page has something to decide.
 DEMO_POLICY = {
     "gates": {
-        "auto_approve": {"drain_node": ["xid"]},
+        "auto_approve": {"drain_node": ["xid"], "uncordon_node": ["validated"]},
         "max_nodes_out_per_pool": "34%",  # one of the 3-node demo's nodes, 5 of 16
         "max_nodes_out_fleet": "34%",
         "max_per_target": 5,
     },
     "remediation": {"default": {"scheduler": "slurm", "take_out": "drain_node"}},
 }
+# A repaired node runs this long with no fault before it counts healthy (production: 600 s).
+DEMO_VALIDATION_WINDOW_S = 10
 
 
 def _agent_command(server: str, token: str, node: str, state: Path, gpus: int) -> list[str]:
@@ -63,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         policy.parent.mkdir(parents=True, exist_ok=True)
         policy.write_text(json.dumps(DEMO_POLICY, indent=1))
         os.environ["FAULTLINE_REMEDIATION_POLICY"] = str(policy)
+    os.environ.setdefault("FAULTLINE_VALIDATION_WINDOW_S", str(DEMO_VALIDATION_WINDOW_S))
     try:
         with bootstrap.system_up(
             host=args.host, port=args.port, ws_port=args.ws_port, data_dir_arg=args.data_dir
@@ -83,6 +87,10 @@ def _play(args: argparse.Namespace, system: bootstrap.System) -> int:
     shutil.rmtree(demo_dir, ignore_errors=True)
     control = demo_dir / "fake-nvml"
     control.mkdir(parents=True)
+    (demo_dir / "fake-host").mkdir()
+    # A file named after a child here restarts it (the demo "reboots" a repaired node).
+    restart = demo_dir / "restart"
+    restart.mkdir()
     server = f"http://{bootstrap.public_host(args.host)}:{args.port}"
     commands = bootstrap.service_commands(
         host=args.host, port=args.port, ws_port=args.ws_port, workers=args.workers,
@@ -94,6 +102,9 @@ def _play(args: argparse.Namespace, system: bootstrap.System) -> int:
         "schedule": args.schedule,
         "seed": args.seed,
         "control": str(control),
+        "host_control": str(demo_dir / "fake-host"),
+        "restart": str(restart),
+        "scheduler": str(demo_dir / "scheduler"),
     }
     for node in nodes:
         state = demo_dir / "agents" / node
@@ -101,6 +112,7 @@ def _play(args: argparse.Namespace, system: bootstrap.System) -> int:
         udp = free_port()
         (state / "agent.toml").write_text(
             f'reporter_udp_port = {udp}\nscheduler = "slurm"\naction_poll_s = 2\n'
+            f'boot_id = "{node}-boot-0"\n'
         )
         commands[f"agent:{node}"] = _agent_command(server, tokens[node], node, state, args.gpus)
         plan["nodes"][node] = {"state": str(state), "udp": udp}
@@ -111,9 +123,10 @@ def _play(args: argparse.Namespace, system: bootstrap.System) -> int:
     system.hand_over()
     env = dict(os.environ)
     env[CONTROL_ENV] = str(control)
+    env[agents.fake_host.CONTROL_ENV] = str(demo_dir / "fake-host")
     # The agents' Slurm backend drives the demo's fake scontrol (faultline.demo.fake_slurm).
     env.update(fake_slurm.install(demo_dir / "scheduler"))
-    sup = Supervisor(commands, env)
+    sup = Supervisor(commands, env, restart_dir=restart)
     sup.handle_signals()
     print(f"faultline: demo ready in {time.monotonic() - system.started:.1f}s")
     print(

@@ -29,6 +29,9 @@ MATRIX: tuple[tuple[str, str], ...] = (
 )
 # (seconds before the first fault, seconds between faults, seconds a fault is held).
 SCHEDULES = {"demo": (30.0, 40.0, 45.0), "fast": (12.0, 20.0, 25.0), "none": (0.0, 0.0, 0.0)}
+# Seconds a node taken out by a hardware fault stays out, visibly, after its job moved off,
+# before the demo "repairs" (reboots) it; then the service validates it and puts it back.
+REPAIR_AFTER_S = {"demo": 30.0, "fast": 10.0, "none": 0.0}
 
 
 @dataclass

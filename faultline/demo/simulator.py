@@ -1,8 +1,10 @@
 """The workload simulator (the `python -m faultline.demo simulate PLAN` child).
 
 Owns the simulator's main loop: wait for the agents' sockets, play two training groups and
-one serving group, inject the scenario's faults on schedule and recover them. Must not
-write to the database or talk HTTP: everything goes through the real agents.
+one serving group, inject the scenario's faults on schedule and recover them, and repair
+(reboot) a node a hardware fault took out once it has been out for a while; the service
+validates it and puts it back on its own. Must not write to the database or talk HTTP:
+everything goes through the real agents.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from faultline.demo.fleet import Fleet, say
-from faultline.demo.scenario import MATRIX, SCHEDULES, STEP_S, Fault, layout
+from faultline.demo.scenario import MATRIX, REPAIR_AFTER_S, SCHEDULES, STEP_S, Fault, layout
 from faultline.demo.serving import ServingGroup
 from faultline.demo.training import TrainGroup
 
@@ -44,6 +46,9 @@ def simulate(plan_path: Path) -> int:
     began = time.monotonic()
     next_fault = began + first if every else math.inf
     index = 0
+    repair_after = REPAIR_AFTER_S[plan["schedule"]]
+    repairs: dict[str, float] = {}  # node -> when the demo reboots it
+    returning: set[str] = set()  # rebooted, waiting for the service to put it back
     say(f"fleet of {len(nodes)} nodes; spares: {', '.join(fleet.spares) or 'none'}")
     while not stop["now"]:
         now = time.monotonic()
@@ -53,6 +58,24 @@ def simulate(plan_path: Path) -> int:
             if fault is not None and fault.until and now >= fault.until:
                 say(f"{group.name}: recovering from {fault.kind}")
                 group.recover()
+                if fault.kind == "xid79" and fault.node and fleet.restart is not None:
+                    repairs[fault.node] = now + repair_after
+                    say(f"{fault.node} stays out of service; repairing it in {repair_after:.0f}s")
+        for node, at in list(repairs.items()):
+            if now >= at:
+                del repairs[node]
+                out = not fleet.in_service(node)
+                boot = fleet.reboot(node)
+                if out:
+                    returning.add(node)
+                say(f"{node} repaired: rebooted (boot id {boot}); validating")
+        for node in sorted(returning):
+            if fleet.in_service(node):
+                returning.discard(node)
+                busy = {s.node for g in groups.values() for s in getattr(g, "slots", [])}
+                if node not in busy and node not in fleet.spares:
+                    fleet.spares.append(node)
+                say(f"{node} back in service on the scheduler (validated, uncordoned)")
         if now >= next_fault:
             kind, name = MATRIX[index % len(MATRIX)]
             index += 1

@@ -198,6 +198,7 @@ class TrainGroup:
         slot = self.slots[rank]
         where = f"rank {rank} ({slot.node} GPU {slot.gpu})"
         if fault.kind == "xid79":
+            fault.node = slot.node  # the hardware the demo repairs later (simulator)
             self.fleet.script(slot.node, slot.gpu, "xid79")
             self._stuck(missing=rank)
         elif fault.kind == "collective_mismatch":

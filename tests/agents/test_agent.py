@@ -115,6 +115,33 @@ def test_it_flushes_and_exits_zero_on_sigterm_and_continues_seq_after_restart(
     assert Identity(state).next_seq == seqs[-1] + 1
 
 
+def test_it_reports_the_boot_id_it_is_given_so_a_restart_can_simulate_a_reboot(
+    short_dir: Path, stub: StubIngest
+) -> None:
+    state = short_dir / "state"
+    args = [sys.executable, "-m", "agents.cli", "run", "--server", stub.url, "--node", "n1"]
+    args += ["--fake-gpus", "1", "--interval", "0.2", "--state-dir", str(state)]
+    runs = [
+        (["--boot-id", "boot-a"], {}),
+        ([], {"FAULTLINE_AGENT_BOOT_ID": "boot-b"}),
+        (["--boot-id", "boot-c"], {"FAULTLINE_AGENT_BOOT_ID": "boot-b"}),  # flag wins
+        ([], {}),
+    ]
+    seen: list[set[str | None]] = []
+    for flags, extra in runs:
+        before = len(stub.batches)
+        env = _env(FAULTLINE_AGENT_TOKEN="tok", **extra)
+        proc = subprocess.Popen(args + flags, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        seen.append({b["agent"].get("boot_id") for b in stub.batches[before:]})
+    kernel = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert seen == [{"boot-a"}, {"boot-b"}, {"boot-c"}, {kernel}]
+    assert len({b["agent"]["id"] for b in stub.batches}) == 1  # same agent, new boot
+
+
 def test_it_stops_with_exit_2_and_a_clear_message_when_the_token_is_refused(
     short_dir: Path, stub: StubIngest
 ) -> None:

@@ -10,11 +10,14 @@ import os
 import signal
 import subprocess
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from agents.fake_nvml import CONTROL_ENV, FakeNvml
+from faultline.demo import fake_slurm
+from faultline.demo.fleet import Fleet
 from faultline.demo.scenario import layout
 from faultline.embedded import free_port
 from faultline.testing.service import ADMIN, Service, service_env, wait_for
@@ -86,6 +89,40 @@ def test_it_keeps_spare_nodes_to_replace_a_failed_one() -> None:
     assert used | set(spares) == set(nodes)
 
 
+def test_it_reboots_a_node_with_clean_fake_hardware_a_new_boot_id_and_a_restart_request(
+    tmp_path: Path,
+) -> None:
+    state, control, host, restart = (tmp_path / d for d in ("s", "nvml", "host", "restart"))
+    for folder in (state, control, host, restart):
+        folder.mkdir()
+    (state / "agent.toml").write_text('scheduler = "slurm"\nboot_id = "node-1-boot-0"\n')
+    (control / "node-1").write_text("3:xid79\n")
+    (control / "node-2").write_text("0:thermal_throttle\n")
+    (host / "node-1").write_text("link_down\n")
+    plan = {"nodes": {"node-1": {"state": str(state), "udp": 1}}, "control": str(control),
+            "host_control": str(host), "restart": str(restart)}  # fmt: skip
+    fleet = Fleet(plan)
+    assert fleet.reboot("node-1") == "node-1-boot-1"
+    assert fleet.reboot("node-1") == "node-1-boot-2"
+    config = tomllib.loads((state / "agent.toml").read_text())
+    assert config == {"scheduler": "slurm", "boot_id": "node-1-boot-2"}
+    assert not (control / "node-1").exists() and not (host / "node-1").exists()
+    assert (control / "node-2").exists()  # other nodes keep their scripts
+    assert [p.name for p in restart.iterdir()] == ["agent:node-1"]
+
+
+def test_it_reads_whether_the_fake_scheduler_has_a_node_in_service(tmp_path: Path) -> None:
+    scheduler = tmp_path / "scheduler"
+    env = {**os.environ, **fake_slurm.install(scheduler)}
+    fleet = Fleet({"nodes": {}, "control": str(tmp_path), "scheduler": str(scheduler)})
+    assert fleet.in_service("node-1")  # unknown to the scheduler: idle
+    drain = ["scontrol", "update", "nodename=node-1", "state=drain", "reason=faultline: 1 x"]
+    subprocess.run(drain, env=env, check=True)
+    assert not fleet.in_service("node-1")
+    subprocess.run(["scontrol", "update", "nodename=node-1", "state=resume"], env=env, check=True)
+    assert fleet.in_service("node-1")
+
+
 def _descendants(pid: int) -> set[int]:
     out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True)
     children: dict[int, list[int]] = {}
@@ -152,7 +189,30 @@ def test_it_plays_a_fleet_whose_faults_open_incidents_and_stops_cleanly(tmp_path
         state = json.loads((tmp_path / "demo" / "scheduler" / "state.json").read_text())
         assert state["nodes"][node]["state"] == "IDLE+DRAIN"
         assert state["nodes"][node]["reason"].startswith(f"faultline: {drained[0]['id']} ")
+        # The return: the node stays out until the demo repairs (reboots) it; the service
+        # validates it (10 s in the demo), the sweep proposes uncordon_node, the demo policy
+        # auto-approves it and the agent resumes the node on the fake scheduler.
+        assert svc.api(f"/api/v1/nodes/{node}/")["lifecycle"] in ("out_of_service", "validating")
+        back = wait_for(
+            lambda: [
+                a for a in svc.api("/api/v1/actions/?state=succeeded")["results"]
+                if a["kind"] == "uncordon_node" and a["target"] == f"node:{node}"
+            ],
+            150,
+            f"{node} to be returned to service after its repair",
+        )  # fmt: skip
+        assert back[0]["proposed_by_rule"] == "fleet_health" and back[0]["trigger"] == "validated"
+        assert back[0]["outcome"]["state"] == "applied", back[0]["outcome"]
+        state = json.loads((tmp_path / "demo" / "scheduler" / "state.json").read_text())
+        assert state["nodes"][node] == {"state": "IDLE", "reason": ""}
+        shown = svc.api(f"/api/v1/nodes/{node}/")
+        assert shown["lifecycle"] == "healthy", shown["lifecycle_reason"]
+        kinds = [e["kind"] for e in reversed(shown["history"]) if not e["gpu"]]
+        assert kinds.index("repair") < kinds.index("returned"), kinds
+        wait_for(lambda: f"{node} back in service" in log.read_text(), 10, "the demo's word")
         text = log.read_text()
+        assert f"{node} repaired: rebooted" in text
+        assert f"faultline: agent:{node} restarted on request" in text
         assert f"first admin login: {ADMIN[0]} (password from FAULTLINE_ADMIN_PASSWORD)" in text
         assert ADMIN[1] not in text  # a log file never holds the admin password
         children = _descendants(proc.pid)

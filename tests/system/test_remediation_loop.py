@@ -5,9 +5,13 @@ A real `faultline up`, a real agent process configured with the shipped deploy/a
 real one-node slurmctld + slurmd (tests/system/slurm.py). A hardware Xid goes in through
 ingest; the remediation policy proposes draining the node; two approvers approve over
 REST (the one-node pool is above the blast-radius limit, so the gates want two); the
-agent's Slurm backend drains the node; `sinfo` shows it drained with Faultline's reason.
-Returning the node (repair evidence, validation, uncordon) is the fleet lifecycle's and is
-not driven here yet.
+agent's Slurm backend drains the node; `sinfo` shows it drained with Faultline's reason;
+the job is requeued. Then the return half: the agent restarts with a new boot id (the
+repair: a reboot as the service sees it), the service's validation window (3 s here)
+passes with no fault, the sweep proposes `uncordon_node` (rule `fleet_health`), one
+approver approves over REST (no auto-approval is configured: the return waits for a
+person), the agent's Slurm backend resumes the node, `sinfo` shows it `idle` and the
+node's lifecycle reads healthy on GET /api/v1/nodes/<name>/.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
+import signal
 import subprocess
 import tomllib
 import urllib.request
@@ -48,7 +54,9 @@ def cluster() -> Iterator[Slurm]:
 
 @pytest.fixture(scope="module")
 def loop_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = start_service(tmp_path_factory.mktemp("faultline-loop"))
+    svc = start_service(
+        tmp_path_factory.mktemp("faultline-loop"), env={"FAULTLINE_VALIDATION_WINDOW_S": "3"}
+    )
     try:
         for name, password in APPROVERS:
             svc.cli("user", "create", name, "--role", "approver", "--password", password)
@@ -95,7 +103,7 @@ def _shipped_config(tmp: Path, state: Path) -> Path:
     return path
 
 
-def _start_agent(svc: Service, slurm: Slurm, tmp: Path) -> subprocess.Popen[bytes]:
+def _start_agent(svc: Service, slurm: Slurm, tmp: Path, *, boot_id: str) -> subprocess.Popen[bytes]:
     state = tmp / "agent-state"
     state.mkdir(exist_ok=True)
     token = svc.token(slurm.node)
@@ -104,10 +112,11 @@ def _start_agent(svc: Service, slurm: Slurm, tmp: Path) -> subprocess.Popen[byte
     env = {**os.environ, **slurm.env}
     proc = subprocess.Popen(
         [str(BIN / "faultline-agent"), "run", "--config", str(config), "--server", svc.url,
-         "--node", slurm.node, "--fake-gpus", "2", "--state-dir", str(state)],
+         "--node", slurm.node, "--fake-gpus", "2", "--state-dir", str(state),
+         "--boot-id", boot_id],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=open(state / "agent.log", "wb"),  # noqa: SIM115 - lives with the process
+        stderr=open(state / "agent.log", "ab"),  # noqa: SIM115 - lives with the process
     )  # fmt: skip
     svc.agents.append(proc)
     return proc
@@ -137,11 +146,11 @@ def _group_records(node: str, start: datetime, job: str) -> list[dict[str, Any]]
     return records
 
 
-def test_it_drains_the_node_on_slurm_after_a_hardware_xid_and_two_approvals(
+def test_it_drains_the_node_on_slurm_after_a_hardware_xid_and_returns_it_after_repair(
     loop_service: Service, cluster: Slurm, tmp_path: Path
 ) -> None:
     svc, slurm = loop_service, cluster
-    agent = _start_agent(svc, slurm, tmp_path)
+    agent = _start_agent(svc, slurm, tmp_path, boot_id="loop-boot-1")
     wait_for(
         lambda: any(n["name"] == slurm.node for n in svc.api("/api/v1/nodes/")["results"]),
         60,
@@ -190,7 +199,7 @@ def test_it_drains_the_node_on_slurm_after_a_hardware_xid_and_two_approvals(
         json.dumps({"fault_to_out_of_service_s": (out_at - fault_at).total_seconds()})
     )
     assert "Xid" in reason or "xid" in reason
-    assert slurm.node_state() in ("drained", "draining", "drain")
+    assert slurm.node_state().rstrip("*") in ("drained", "draining", "drain")
     done = wait_for(
         lambda: (a := svc.api(f"/api/v1/actions/{action['id']}/"))["state"] == "succeeded" and a,
         60,
@@ -220,12 +229,58 @@ def test_it_drains_the_node_on_slurm_after_a_hardware_xid_and_two_approvals(
     assert "Restarts=1" in shown
     # One node, and it is drained: the requeued job waits for a node in service.
     assert job_state() in ("PENDING", "REQUEUED", "COMPLETING"), job_state()
+    assert agent.poll() is None
+    slurm.run("scancel", "--quiet", job)  # the node's return is checked on an empty node
+    wait_for(lambda: job_state() == "", 30, f"Slurm job {job} gone")
+
+    # The return half. Still out of service: nothing puts it back before a repair.
+    node_url = f"/api/v1/nodes/{slurm.node}/"
+    assert svc.api(node_url)["lifecycle"] == "out_of_service"
+    assert slurm.node_state().rstrip("*") in ("drained", "drain")
+    # The repair: the node "reboots" (its agent comes back with a new boot id).
+    agent.send_signal(signal.SIGTERM)
+    assert agent.wait(timeout=30) == 0
+    repaired_at = datetime.now(UTC)
+    agent = _start_agent(svc, slurm, tmp_path, boot_id="loop-boot-2")
+    wait_for(lambda: svc.api(node_url)["lifecycle"] in ("validating", "healthy"), 60, "validating")
+
+    def uncordon() -> dict[str, Any] | None:
+        rows = svc.api("/api/v1/actions/?state=proposed")["results"]
+        return next((a for a in rows if a["kind"] == "uncordon_node"), None)
+
+    back = wait_for(uncordon, 60, "the sweep's uncordon_node proposal")
+    proposed_at = datetime.now(UTC)
+    assert back["target"] == f"node:{slurm.node}" and back["proposed_by_rule"] == "fleet_health"
+    assert back["trigger"] == "validated" and back["params"]["node"] == slurm.node
+    assert (proposed_at - repaired_at).total_seconds() >= 3  # the validation window
+    assert svc.api(node_url)["lifecycle"] == "validating"  # proposed, not yet returned
+    assert slurm.node_state().rstrip("*") in ("drained", "drain")
+    _post(svc, f"/api/v1/actions/{back['id']}/approve/", {"reason": "rebooted"}, APPROVERS[0])
+    returned = wait_for(
+        lambda: (a := svc.api(f"/api/v1/actions/{back['id']}/"))["state"] == "succeeded" and a,
+        60,
+        "the agent's resume result",
+    )
+    returned_at = datetime.now(UTC)
+    assert returned["outcome"]["state"] == "applied", returned["outcome"]
+    # A trailing "*" is Slurm's "not responding" mark: slurmd late under load, state read.
+    said = re.search(rf"node {slurm.node}: (\S+) -> (\S+)", returned["result"]["output"])
+    assert said, returned["result"]["output"]
+    assert said[1].rstrip("*") in ("drained", "drain") and said[2].rstrip("*") == "idle", said[0]
+    assert slurm.node_state().rstrip("*") == "idle"
+    assert slurm.run("sinfo", "-h", "-n", slurm.node, "-o", "%E").stdout.strip() in ("", "none")
+    node = svc.api(node_url)
+    assert node["lifecycle"] == "healthy", node
+    assert all(gpu["lifecycle"] == "healthy" for gpu in node["devices"]), node["devices"]
+    own = [i for i in node["incidents"] if i["scope"] == "node"]
+    assert own and all(i["state"] == "resolved" for i in own), own
     Path("test-artifacts/remediation-loop.json").write_text(
         json.dumps({
             "fault_to_out_of_service_s": (out_at - fault_at).total_seconds(),
             "fault_to_job_requeued_s": (requeued_at - fault_at).total_seconds(),
+            "repair_to_return_proposed_s": (proposed_at - repaired_at).total_seconds(),
+            "repair_to_idle_s": (returned_at - repaired_at).total_seconds(),
         })
     )  # fmt: skip
+    print(f"repair -> node idle on Slurm: {(returned_at - repaired_at).total_seconds():.1f} s")
     assert agent.poll() is None
-    slurm.run("scancel", "--quiet", job)
-    slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=resume")
