@@ -326,11 +326,13 @@ INGEST_MAX_GENERATION_JUMP = env_int("FAULTLINE_INGEST_MAX_GENERATION_JUMP", 100
 INGEST_DEVICE_MOVE_AFTER_S = env_int("FAULTLINE_INGEST_DEVICE_MOVE_AFTER_S", 900, minimum=0)
 TELEMETRY_RETENTION_DAYS = env_int("FAULTLINE_RETENTION_DAYS", 14, minimum=1)
 DIAGNOSIS_DEBOUNCE_MS = env_int("FAULTLINE_DIAGNOSIS_DEBOUNCE_MS", 200, minimum=0)
-# Groups younger than DIAGNOSIS_YOUNG_GROUP_S wait behind established ones: a longer
-# debounce, and at most DIAGNOSIS_YOUNG_PER_S of their diagnoses queued a second, fleet-wide
-# (the sweep catches up on the rest), so invented groups cannot delay a real job's incident.
+# Groups younger than DIAGNOSIS_YOUNG_GROUP_S wait behind established ones: at most
+# DIAGNOSIS_YOUNG_PER_S of their diagnoses are queued a second, fleet-wide (the sweep catches
+# up on the rest), so invented groups cannot delay a real job's incident. Their debounce is
+# the ordinary one unless DIAGNOSIS_YOUNG_DEBOUNCE_MS says more: jobs often fail in their
+# first minutes, and a new job's Xid must page as fast as an old one's.
 DIAGNOSIS_YOUNG_GROUP_S = env_int("FAULTLINE_DIAGNOSIS_YOUNG_GROUP_S", 600, minimum=0)
-DIAGNOSIS_YOUNG_DEBOUNCE_MS = env_int("FAULTLINE_DIAGNOSIS_YOUNG_DEBOUNCE_MS", 5000, minimum=0)
+DIAGNOSIS_YOUNG_DEBOUNCE_MS = env_int("FAULTLINE_DIAGNOSIS_YOUNG_DEBOUNCE_MS", 0, minimum=0)
 DIAGNOSIS_YOUNG_PER_S = env_int("FAULTLINE_DIAGNOSIS_YOUNG_PER_S", 10, minimum=1)
 # Fleet health (console.policy.fleet_health): after repair evidence (a new boot_id, a GPU
 # reset) the hardware must run this long with no fault before it is proposed for return;

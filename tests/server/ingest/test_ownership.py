@@ -210,6 +210,7 @@ def test_it_diagnoses_established_groups_ahead_of_a_flood_of_new_ones(
 
     settings.INGEST_NEW_GROUPS_PER_HOUR = 100
     settings.DIAGNOSIS_YOUNG_PER_S = 3
+    settings.DIAGNOSIS_YOUNG_DEBOUNCE_MS = 5000
     queued: list[tuple[str, float]] = []
     monkeypatch.setattr(
         scheduling, "enqueue", lambda name, group, countdown=None: queued.append((group, countdown))
