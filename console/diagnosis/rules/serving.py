@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from console.diagnosis.findings import CRITICAL, MAJOR, ROOT_CAUSE, worker_subject
@@ -244,7 +245,7 @@ SERVING, DEGRADED, DOWN, INITIALIZING = "serving", "degraded", "down", "initiali
 SERVING_STATES = (INITIALIZING, SERVING, DEGRADED, DOWN)
 
 
-def _silent(w: ServingWindow, now: Any) -> bool:
+def _silent(w: ServingWindow, now: datetime) -> bool:
     seconds = float(w.window.get("seconds") or 10.0)
     return (now - w.ts).total_seconds() > max(3 * seconds, 30.0)
 
