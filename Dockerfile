@@ -15,4 +15,5 @@ RUN pip install --no-cache-dir . && useradd --system --home /data faultline \
 USER faultline
 EXPOSE 8000 8001
 CMD ["gunicorn", "faultline.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "2", \
-     "--worker-class", "gthread", "--threads", "4"]
+     "--worker-class", "gthread", "--threads", "4", "--keep-alive", "30", \
+     "--worker-connections", "4000", "--reuse-port"]

@@ -8,6 +8,7 @@ SIGTERM/SIGINT: stop collecting, flush what the server will take, persist, exit 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import socket
@@ -77,6 +78,10 @@ class Config:
     kmsg_path: str = "/dev/kmsg"
     sys_root: Path = Path("/sys")
     proc_root: Path = Path("/proc")
+    # The network view when it is not the agent's own namespace (docs/agent.md [host]).
+    net_sys_root: Path | None = None
+    net_dir: Path | None = None
+    interfaces: list[str] = field(default_factory=list)
     # The boot id the agent reports (None: the kernel's). A test or the demo simulates a
     # reboot by restarting the agent with a new one (the service's repair evidence).
     boot_id: str | None = None
@@ -167,12 +172,24 @@ class Agent:
         self.host: HostMonitor | None = None
         self.kernel_log: KernelLog | None = None
         roots = [r.path for r in config.checkpoint_roots]
+
+        def paths(sys_root: Path, proc_root: Path, ckpt: list[Path]) -> HostPaths:
+            return HostPaths(
+                sys_root, proc_root, ckpt,
+                net_sys_root=config.net_sys_root, net_dir=config.net_dir,
+                interfaces=tuple(config.interfaces),
+            )  # fmt: skip
+
+        # A configured network view is real even beside fake GPUs (the drill's namespaces).
+        self.net: HostMonitor | None = None
         if config.host_evidence and config.fake_gpus > 0:
             self.fake_host = FakeHost(config.node)
             self.host = self.fake_host.monitor(roots)
+            if config.net_sys_root or config.net_dir:
+                self.net = HostMonitor(paths(config.sys_root, config.proc_root, []))
         elif config.host_evidence:
             self.host = HostMonitor(
-                HostPaths(config.sys_root, config.proc_root, roots),
+                paths(config.sys_root, config.proc_root, roots),
                 io_errors=self.evidence.io_errors_of,
             )
             self.kernel_log = KernelLog(self.evidence.kernel_sink, path=config.kmsg_path)
@@ -203,6 +220,9 @@ class Agent:
             self.fake_host.poll_control()
         try:
             for rec in self.host.round():
+                self.enqueue(rec)
+            net = [*self.net.net_records(), *self.net.peer_records()] if self.net else []
+            for rec in net:
                 self.enqueue(rec)
         except Exception:
             log.exception("host evidence: read failed")
@@ -244,6 +264,9 @@ class Agent:
                     log.exception("GPU %d: sample failed", index)
         if self._ticks % self._host_every == 0:
             self.host_round()
+        elif (peers := self.net or (None if self.fake_host else self.host)) is not None:
+            with contextlib.suppress(Exception):  # evidence never stops the agent
+                peers.sample_peers()
         self._ticks += 1
         self.spool.sync()
 
@@ -313,6 +336,7 @@ class Agent:
                 self.sender.flush(deadline_s=min(5.0, self.config.interval * 5))
             except AuthError as exc:
                 self.error = str(exc)
+        self.sender.close()
         self.spool.close()
         if self.error:
             print(f"faultline-agent: {self.error}", file=sys.stderr, flush=True)

@@ -7,11 +7,12 @@ Understood layouts, one checkpoint per sub-directory of a configured root:
   torch.distributed.checkpoint: `*.distcp` shards, `.metadata` written last by the
     coordinator (-> written); committed on a `COMMITTED` marker or once sizes hold still
     for one scan after `.metadata` appears.
-  manifest: `manifest.json` {"shards": [{"path", "bytes", "sha256"}]} (-> written) and a
-    `COMMITTED` marker (-> committed).
+  manifest: `manifest.json` {"shards": [{"path", "bytes", "sha256"}], "data_cursor"}
+    (-> written; the cursor is optional) and a `COMMITTED` marker (-> committed).
 Group, generation, step and checkpoint id come from `faultline.json` in the checkpoint
-dir ({"group", "generation", "step", "checkpoint_id"}), else from the root's config, with
-the step parsed from the directory name (`step_000100` -> 100).
+dir ({"group", "generation", "step", "checkpoint_id"}, and optionally "data_cursor": where
+a restore resumes the data, issue 20), else from the root's config, with the step parsed
+from the directory name (`step_000100` -> 100).
 Hashing runs in one low-priority thread at a bounded read rate so it cannot starve the
 trainer's own checkpoint I/O.
 """
@@ -41,6 +42,7 @@ MARKER = "COMMITTED"
 META = "faultline.json"
 MAX_SHARDS = 4096
 _NOT_SHARDS = frozenset({MARKER, META})
+TRANSIENT = ".tmp"  # the suffix of a file being written, to be renamed into place
 _NAME_RE = re.compile(r"[^A-Za-z0-9_.:@/\-]+")
 
 
@@ -64,10 +66,15 @@ class _Seen:
 
 
 def _files(directory: Path) -> dict[str, tuple[int, int]]:
-    """{relative path: (size, mtime_ns)} for every file under `directory`."""
+    """{relative path: (size, mtime_ns)} for every file under `directory`, but the
+    transient `*.tmp` of a write-then-rename (torch DCP writes `.metadata.tmp`, then
+    renames it): a scan that caught one listed it as a shard, and the commit without it
+    read as a shard gone missing."""
     out: dict[str, tuple[int, int]] = {}
     for dirpath, _, names in os.walk(directory):
         for name in names:
+            if name.endswith(TRANSIENT):
+                continue
             full = Path(dirpath) / name
             try:
                 st = full.stat()
@@ -135,11 +142,21 @@ class CheckpointWatcher:
             return None
         ckpt_id = str(meta.get("checkpoint_id") or directory.name)
         step = meta.get("step")
+        cursor = meta.get("data_cursor")
+        if cursor is None and (directory / "manifest.json").is_file():
+            # A manifest.json may hold the cursor instead; it is sent as the record's own
+            # `data_cursor` either way (one place on the wire).
+            listed = read_json(directory / "manifest.json", {})
+            cursor = listed.get("data_cursor") if isinstance(listed, dict) else None
+        if isinstance(cursor, bool):
+            cursor = None
         return {
             "group": _NAME_RE.sub("_", str(group))[:128],
             "generation": generation,
             "checkpoint_id": _NAME_RE.sub("_", ckpt_id)[:128],
             "step": step if isinstance(step, int) else _step_from_name(directory.name),
+            # None is omitted from the record (wire.record): no loader state was saved.
+            "data_cursor": cursor if isinstance(cursor, int) and cursor >= 0 else None,
         }
 
     # -- scanning ------------------------------------------------------------------------
@@ -292,7 +309,9 @@ class CheckpointWatcher:
             "total_bytes": sum(s["bytes"] for s in checked),
             "format": job["format"],
         }
-        ident = {k: job[k] for k in ("group", "generation", "checkpoint_id", "step")}
+        ident = {
+            k: job.get(k) for k in ("group", "generation", "checkpoint_id", "step", "data_cursor")
+        }
         phase = "corrupt" if problem else "verified"
         rec = record(
             "checkpoint",

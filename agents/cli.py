@@ -225,6 +225,14 @@ def build_config(args: argparse.Namespace) -> Config:
     cfg.kmsg_path = str(host.get("kmsg", "/dev/kmsg"))
     cfg.sys_root = Path(host.get("sys_root", "/sys"))
     cfg.proc_root = Path(host.get("proc_root", "/proc"))
+    if host.get("net_sys_root"):
+        cfg.net_sys_root = Path(host["net_sys_root"])
+    if host.get("net_dir"):
+        cfg.net_dir = Path(host["net_dir"])
+    interfaces = host.get("interfaces", [])
+    if not (isinstance(interfaces, list) and all(isinstance(i, str) for i in interfaces)):
+        raise ConfigError(f"[host] interfaces must be a list of names, got {interfaces!r}")
+    cfg.interfaces = list(interfaces)
     overrides = toml.get("xid_overrides")
     if overrides:
         try:

@@ -22,6 +22,7 @@ integer generation is refused, so fencing is never skipped.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import queue
@@ -354,7 +355,8 @@ class Executor:
             # 409/404: the service already has a result or forgot the action; stop trying.
             ok = exc.code in (404, 409)
             log.warning("action %s result: HTTP %s", action_id, exc.code)
-        except OSError as exc:
+        except (OSError, http.client.HTTPException) as exc:
+            # HTTPException: a reply cut short (IncompleteRead) is not an OSError.
             log.warning("action %s result not delivered yet: %s", action_id, exc)
             ok = False
         if ok:
@@ -377,7 +379,7 @@ class Executor:
         try:
             with self._opener.open(request, timeout=10) as response:
                 payload = json.loads(response.read() or b"[]")
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, http.client.HTTPException) as exc:
             log.debug("action poll failed: %s", exc)
             return 0
         actions = payload.get("actions", []) if isinstance(payload, dict) else payload
@@ -403,8 +405,14 @@ class Executor:
                 log.exception("action %s failed to run", action.get("id"))
 
     def _poll(self, every: float) -> None:
+        """Poll until stopped, whatever one poll raised: a poller that died on one odd reply
+        left every later action dispatched and unrun until its deadline (900 s), with
+        nothing in the service's log."""
         while not self._stop.wait(every):
-            self.poll_once()
+            try:
+                self.poll_once()
+            except Exception:
+                log.exception("action poll failed; polling on")
 
     def start(self, *, poll_s: float = 15.0) -> None:
         worker = threading.Thread(target=self._work, name="executor", daemon=True)

@@ -38,6 +38,7 @@ SCRIPTS = (
     "dbe",
     "gpu_lost",
     "slow_clocks",
+    "nvlink_errors",
     "clear",
 )
 _NAMESPACE = uuidlib.UUID("6f1d4c1e-3b7a-4f5e-9a51-2c0b8e3d7a10")
@@ -172,9 +173,13 @@ class FakeNvml:
         elif name == "slow_clocks":
             # No throttle reason on purpose: a straggler the hardware does not explain.
             gpu.clock_factor = float(params.get("factor", 0.5))
+        elif name == "nvlink_errors":
+            # A degraded intra-node link: the NVLink error counters climb (cumulative).
+            gpu.nvlink_errors += int(params.get("count", 50))
         elif name == "clear":
             gpu.throttle, gpu.clock_factor, gpu.ramp, gpu.lost = [], 1.0, 0.0, False
             gpu.temp_c, gpu.power_w = 45.0, 350.0
+            gpu.nvlink_errors = 0  # a repaired link (the fake's counters start over)
             gpu.recovery_action = xid.RECOVERY_NONE
         else:
             raise ValueError(f"unknown fake NVML script {name!r}; known: {', '.join(SCRIPTS)}")

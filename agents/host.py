@@ -48,6 +48,16 @@ ETH_ERROR_COUNTERS: tuple[str, ...] = (
 ETH_COUNTERS: tuple[str, ...] = ETH_ERROR_COUNTERS
 # Interfaces that are not the fabric: loopback, bridges, containers' veths.
 _SKIP_IF = ("lo", "docker", "veth", "br-", "virbr", "cni", "flannel", "cali", "tunl")
+# The TCP MIB of the node's network namespace (<proc>/net/snmp "Tcp:" lines): a lossy or
+# shaped link shows as retransmitted segments there, not in any interface counter (drops
+# in a qdisc or in netfilter never reach /sys/class/net/<if>/statistics).
+TCP_COUNTERS: dict[str, str] = {
+    "RetransSegs": "retrans_segs",
+    "OutSegs": "out_segs",
+    "InSegs": "in_segs",
+    "InErrs": "in_errs",
+}
+TCP_PORT = "tcp"
 
 
 def _read(path: Path) -> str | None:
@@ -117,14 +127,22 @@ def read_ib_ports(sys_root: str | Path = "/sys") -> list[PortReading] | None:
     return out
 
 
-def read_eth_ports(sys_root: str | Path = "/sys") -> list[PortReading]:
-    """Physical Ethernet interfaces (those with a `device` link), their counters."""
+def read_eth_ports(
+    sys_root: str | Path = "/sys", interfaces: Iterable[str] = ()
+) -> list[PortReading]:
+    """Physical Ethernet interfaces (those with a `device` link), their counters; or,
+    where `interfaces` names some, exactly those (a bond, a VLAN or a veth has no
+    `device` link but may be the fabric)."""
     base = Path(sys_root) / "class" / "net"
     if not base.is_dir():
         return []
+    named = frozenset(interfaces)
     out = []
     for iface in sorted(base.iterdir()):
-        if iface.name.startswith(_SKIP_IF) or not (iface / "device").exists():
+        if named:
+            if iface.name not in named:
+                continue
+        elif iface.name.startswith(_SKIP_IF) or not (iface / "device").exists():
             continue
         counters = {
             name: value
@@ -146,6 +164,71 @@ def read_eth_ports(sys_root: str | Path = "/sys") -> list[PortReading]:
             )
         )
     return out
+
+
+def read_tcp(net_dir: str | Path) -> PortReading | None:
+    """The namespace's TCP segment counters (`<net_dir>/snmp`), as the pseudo-port `tcp`;
+    None where the file is absent (a fake tree, a non-Linux host)."""
+    raw = _read(Path(net_dir) / "snmp")
+    rows = [line.split() for line in (raw or "").splitlines() if line.startswith("Tcp:")]
+    if len(rows) < 2:
+        return None
+    counters: dict[str, int] = {}
+    for name, value in zip(rows[0][1:], rows[1][1:], strict=False):
+        if name in TCP_COUNTERS:
+            with contextlib.suppress(ValueError):
+                counters[TCP_COUNTERS[name]] = int(value)
+    return PortReading(port=TCP_PORT, link="tcp", state=None, rate_gbps=None, counters=counters)
+
+
+def _hex_ip(raw: str) -> str | None:
+    """`0100007F` (little-endian IPv4 of /proc/net/tcp) -> `127.0.0.1`."""
+    try:
+        return ".".join(str(b) for b in reversed(bytes.fromhex(raw)))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class TcpPeers:
+    """Connected TCP sockets of a namespace now, by remote address: which peers this node
+    cannot get its bytes to (unacknowledged data queued, or a retransmission timer
+    running). The node-wide MIB says that something retransmits; this says towards whom."""
+
+    local: dict[str, int]  # local address -> established sockets
+    peers: dict[str, dict[str, int]]  # remote address -> sockets, backed_up, tx_queue_bytes...
+
+
+def read_tcp_peers(net_dir: str | Path, limit: int = 16) -> TcpPeers | None:
+    """Established IPv4 sockets of `<net_dir>/tcp` (loopback left out), grouped by peer;
+    the `limit` most backed-up peers. None where the file is absent."""
+    raw = _read(Path(net_dir) / "tcp")
+    if raw is None:
+        return None
+    local: dict[str, int] = {}
+    peers: dict[str, dict[str, int]] = {}
+    for line in raw.splitlines()[1:]:
+        f = line.split()
+        if len(f) < 7 or f[3] != "01":  # 01 = ESTABLISHED
+            continue
+        here, there = _hex_ip(f[1].split(":")[0]), _hex_ip(f[2].split(":")[0])
+        if here is None or there is None or here.startswith("127.") or there.startswith("127."):
+            continue
+        try:
+            tx_queue = int(f[4].split(":")[0], 16)
+            retrans = int(f[6], 16)
+        except ValueError:
+            continue
+        local[here] = local.get(here, 0) + 1
+        p = peers.setdefault(
+            there, {"sockets": 0, "backed_up": 0, "tx_queue_bytes": 0, "retransmitting": 0}
+        )
+        p["sockets"] += 1
+        p["tx_queue_bytes"] += tx_queue
+        p["backed_up"] += 1 if tx_queue > 0 or retrans > 0 else 0
+        p["retransmitting"] += 1 if retrans > 0 else 0
+    top = sorted(peers.items(), key=lambda kv: (-kv[1]["backed_up"], -kv[1]["tx_queue_bytes"]))
+    return TcpPeers(local=local, peers=dict(top[:limit]))
 
 
 def read_psi(proc_root: str | Path, resource: str) -> dict[str, float]:
@@ -230,6 +313,11 @@ class HostPaths:
     sys_root: Path = Path("/sys")
     proc_root: Path = Path("/proc")
     checkpoint_roots: list[Path] = field(default_factory=list)
+    # The network view, where it is not the agent's own: the node's /sys/class/net and
+    # /proc/net seen from another network namespace (a container's, a drill's).
+    net_sys_root: Path | None = None
+    net_dir: Path | None = None  # a `net` directory (/proc/<pid>/net); default <proc>/net
+    interfaces: tuple[str, ...] = ()  # read exactly these interfaces (default: physical)
 
 
 class HostMonitor:
@@ -252,17 +340,23 @@ class HostMonitor:
         self._statvfs = statvfs
         self._io_errors = io_errors or (lambda device: 0)
         self._last: dict[str, PortReading] = {}
+        self._peer_reads = 0  # socket-table reads since the last round (sample_peers)
+        self._stuck_reads: dict[str, int] = {}  # peer -> reads that found it backed up
+        self._retrans_reads: dict[str, int] = {}  # peer -> reads with a retransmit timer on
         self._said_no_ib = False
         self.has_ib: bool | None = None
 
     def ports(self) -> list[PortReading]:
-        ib = read_ib_ports(self.paths.sys_root)
+        sys_root = self.paths.net_sys_root or self.paths.sys_root
+        ib = read_ib_ports(sys_root)
         self.has_ib = ib is not None
         if ib is None and not self._said_no_ib:
             self._said_no_ib = True
             log.info("no InfiniBand on this host (%s): reading Ethernet only",
-                     Path(self.paths.sys_root) / "class" / "infiniband")  # fmt: skip
-        return [*(ib or []), *read_eth_ports(self.paths.sys_root)]
+                     Path(sys_root) / "class" / "infiniband")  # fmt: skip
+        tcp = read_tcp(self.paths.net_dir or self.paths.proc_root / "net")
+        eth = read_eth_ports(sys_root, self.paths.interfaces)
+        return [*(ib or []), *eth, *([tcp] if tcp else [])]
 
     def net_records(self, readings: Iterable[PortReading] | None = None) -> list[Record]:
         out: list[Record] = []
@@ -348,6 +442,51 @@ class HostMonitor:
             disks=disks or None,
         )
 
+    def sample_peers(self) -> None:
+        """One read of the socket table between rounds (every agent tick): a socket caught
+        with bytes in flight once is traffic; one backed up read after read is stuck."""
+        view = read_tcp_peers(self.paths.net_dir or self.paths.proc_root / "net")
+        if view is None:
+            return
+        self._peer_reads += 1
+        for ip, counters in view.peers.items():
+            if counters["backed_up"]:
+                self._stuck_reads[ip] = self._stuck_reads.get(ip, 0) + 1
+            if counters["retransmitting"]:
+                self._retrans_reads[ip] = self._retrans_reads.get(ip, 0) + 1
+
+    def peer_records(self) -> list[Record]:
+        """Now-values, not deltas: one `net_sample` per local address (`tcp-local@<ip>`)
+        and per peer (`tcp@<ip>`: sockets, how many are backed up, queued bytes, and of
+        this round's `reads` of the table the `stuck_reads` that found it backed up and the
+        `retrans_reads` that found a retransmission timer running), so
+        the service can tell which link of which node the stuck bytes share."""
+        self.sample_peers()
+        view = read_tcp_peers(self.paths.net_dir or self.paths.proc_root / "net")
+        reads, stuck, retrans = self._peer_reads, self._stuck_reads, self._retrans_reads
+        self._peer_reads, self._stuck_reads, self._retrans_reads = 0, {}, {}
+        if view is None:
+            return []
+        out = [
+            record("net_sample", port=f"tcp-local@{ip}", link="tcp", counters={"sockets": n})
+            for ip, n in sorted(view.local.items())[:4]
+        ]
+        out += [
+            record(
+                "net_sample",
+                port=f"tcp@{ip}",
+                link="tcp",
+                counters={
+                    **counters,
+                    "reads": reads,
+                    "stuck_reads": stuck.get(ip, 0),
+                    "retrans_reads": retrans.get(ip, 0),
+                },
+            )
+            for ip, counters in view.peers.items()
+        ]
+        return out
+
     def round(self) -> list[Record]:
         """This round's records: net samples and events, then one host sample."""
-        return [*self.net_records(), self.host_record()]
+        return [*self.net_records(), *self.peer_records(), self.host_record()]

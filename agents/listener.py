@@ -71,6 +71,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "manifest",
             "duration_ms",
             "detail",
+            "data_cursor",  # issue 20
         }
     ),
     "transition": frozenset(
@@ -86,6 +87,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "data_cursor",
             "model_version",
             "job",
+            "objectives",  # issue 20
         }
     ),
     "serving": frozenset(
@@ -166,6 +168,11 @@ def check(datagram: bytes) -> tuple[Record | None, str | None]:
     return rec, None
 
 
+# sockaddr_un.sun_path holds 108 bytes with the terminating NUL (Linux): longer paths fail
+# to bind with "AF_UNIX path too long", which names neither the path nor the fix.
+MAX_SOCKET_PATH = 107
+
+
 class Listener:
     """Receives reporter datagrams on a thread and hands good records to `sink`."""
 
@@ -190,6 +197,12 @@ class Listener:
         self._ready = threading.Event()
 
     def start(self) -> None:
+        size = len(os.fsencode(self.socket_path))
+        if size > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"reporter socket path is {size} bytes, over the {MAX_SOCKET_PATH} a Unix "
+                f"socket allows: {self.socket_path}; use a shorter --state-dir"
+            )
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)  # a stale socket from a previous run
         Path(self.socket_path).parent.mkdir(parents=True, exist_ok=True)

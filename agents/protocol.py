@@ -225,6 +225,50 @@ class Checkpoint(_Record, tag="checkpoint"):
     manifest: Manifest | None = None
     duration_ms: NonNeg | None = None
     detail: Short | None = None
+    # Issue 20: the data cursor a restore from this checkpoint resumes at (the samples its
+    # saved loader state has consumed, in the steps' `data_cursor` units). Absent: the
+    # checkpoint saved no loader state, so exactly-once resume cannot be proven.
+    data_cursor: Count | None = None
+
+
+# -- recovery objectives (issue 20) -------------------------------------------------------
+# What a group promises about recovery (the seed's RPO, RTO, data consistency and serving
+# semantics, plus its goodput SLO). The one definition of the vocabularies: the service's
+# REST, pool defaults and diagnosis import them from here.
+DataConsistency = Literal["exact", "allow_repeat", "allow_skip"]
+DATA_CONSISTENCY: tuple[str, ...] = get_args(DataConsistency)
+ServingSemantics = Literal["at_most_once", "at_least_once", "idempotent_replay"]
+SERVING_SEMANTICS: tuple[str, ...] = get_args(ServingSemantics)
+MAX_RPO_STEPS = 100_000_000
+MAX_RPO_MINUTES = 7 * 24 * 60.0
+MAX_RTO_S = 7 * 24 * 3600.0
+
+
+class Objectives(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
+    """A group's recovery objectives; every field optional (absent: not promised)."""
+
+    rpo_steps: Annotated[int, Meta(ge=1, le=MAX_RPO_STEPS)] | None = None
+    rpo_minutes: Annotated[float, Meta(gt=0, le=MAX_RPO_MINUTES)] | None = None
+    rto_s: Annotated[float, Meta(gt=0, le=MAX_RTO_S)] | None = None
+    consistency: DataConsistency | None = None
+    semantics: ServingSemantics | None = None
+    goodput_target: Annotated[float, Meta(gt=0, le=1)] | None = None
+
+
+OBJECTIVE_KEYS: tuple[str, ...] = Objectives.__struct_fields__
+
+
+def validate_objectives(raw: Any) -> dict[str, Any]:
+    """The objectives as plain values, or ValueError naming what is wrong (REST and pool
+    defaults go through the same Struct the wire does)."""
+    try:
+        obj = msgspec.convert(raw, Objectives)
+    except msgspec.ValidationError as exc:
+        raise ValueError(str(exc)) from None
+    return {k: getattr(obj, k) for k in OBJECTIVE_KEYS if getattr(obj, k) is not None}
+
+
+# -- end of recovery objectives --------------------------------------------------------------
 
 
 class Topology(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
@@ -246,6 +290,9 @@ class Transition(_Record, tag="transition"):
     data_cursor: Count | None = None
     model_version: Name | None = None
     job: Name | None = None  # the scheduler's job id (Slurm job id): restart_group's target
+    # Issue 20: the launcher's recovery objectives for the group (replace what it declared
+    # before, key by key; an operator's REST overrides win).
+    objectives: Objectives | None = None
 
 
 class ServingWindowStats(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
@@ -271,6 +318,11 @@ class ServingWindowStats(Struct, gc=False, forbid_unknown_fields=True, omit_defa
     # Correlation: the window's first and last request ids (its requests, end to end).
     first_request_id: Name | None = None
     last_request_id: Name | None = None
+    # The worker's process ended (issue 23): sent by whoever saw it exit (its launcher,
+    # supervisor or router) as the worker's last window, `active`/`queued` = the requests
+    # the sender knew in flight on it. A worker's next window (after a restart) supersedes it.
+    exited: bool = False
+    exit_code: int | None = None
 
 
 class Serving(_Record, tag="serving"):
@@ -343,10 +395,12 @@ class HostEvent(_Record, tag="host_event"):
 
 
 class NetSample(_Record, tag="net_sample"):
-    """One InfiniBand/RoCE port (`mlx5_0/1`) or Ethernet interface (`eth0`) per round."""
+    """One InfiniBand/RoCE port (`mlx5_0/1`) or Ethernet interface (`eth0`) per round, and
+    the node's TCP segment counters (port `tcp`, link `tcp`: retransmits name a lossy or
+    shaped link that no interface counter shows)."""
 
     port: PortName
-    link: Literal["ib", "eth"]
+    link: Literal["ib", "eth", "tcp"]
     state: Code | None = None  # ACTIVE / DOWN / INIT (ib), up / down (eth)
     rate_gbps: NonNeg | None = None
     counters: Counters = {}  # deltas since the previous sample; only counters that exist

@@ -48,6 +48,7 @@ _NUM_RE = re.compile(r"\d{5,}")
 _SPACE_RE = re.compile(r"\s+")
 # One encoder for the process: json.dumps() with options builds a new one per call.
 _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+encode = _encode  # the same encoding for callers that pre-encode parts (agents.torch)
 
 
 def scrub(message: str, limit: int = _MESSAGE_LIMIT) -> str:
@@ -174,6 +175,9 @@ class Reporter:
         except (TypeError, ValueError):
             self.dropped += 1
             return
+        self._send_data(data)
+
+    def _send_data(self, data: bytes) -> None:
         if len(data) > MAX_DATAGRAM:
             self.dropped += 1
             return
@@ -349,6 +353,16 @@ class Reporter:
             self.dropped += 1
 
     # -- process groups (issue 17) ------------------------------------------------------
+    def collective_encoded(self, fragments: list[str]) -> None:
+        """`collective` with each entry already JSON-encoded (agents.torch caches the
+        encoding of entries that did not change: re-encoding a 256-entry window every step
+        was most of the reporter's per-step cost). Same record on the wire."""
+        try:
+            head = _encode(self._scoped("collective", None, None, None))
+            self._send_data(f'{head[:-1]},"entries":[{",".join(fragments[-512:])}]}}'.encode())
+        except Exception:  # noqa: BLE001 -- never raise into the workload; count it
+            self.dropped += 1
+
     def process_groups(
         self,
         groups: Iterable[dict[str, Any]],
@@ -377,6 +391,7 @@ class Reporter:
         duration_ms: float | None = None,
         group: str | None = None,
         generation: int | None = None,
+        data_cursor: int | None = None,
     ) -> None:
         try:
             rec = self._scoped("checkpoint", group, generation, None)
@@ -386,6 +401,7 @@ class Reporter:
                 ("step", step),
                 ("manifest", manifest),
                 ("duration_ms", duration_ms),
+                ("data_cursor", data_cursor),  # issue 20: where a restore resumes the data
             ):
                 if value is not None:
                     rec[key] = value
@@ -407,6 +423,7 @@ class Reporter:
         group: str | None = None,
         generation: int | None = None,
         job: str | None = None,
+        objectives: dict[str, Any] | None = None,
     ) -> None:
         try:
             rec = self._scoped("transition", group, generation, None)
@@ -421,6 +438,7 @@ class Reporter:
                 ("data_cursor", data_cursor),
                 ("model_version", model_version),
                 ("job", job),
+                ("objectives", objectives),  # issue 20: RPO, RTO, consistency, semantics
             ):
                 if value is not None:
                     rec[key] = value
@@ -458,6 +476,25 @@ class Reporter:
             self._send(rec)
         except Exception:  # noqa: BLE001 -- never raise into the workload; count it
             self.dropped += 1
+
+    def serving_exit(
+        self,
+        worker: str,
+        *,
+        active: int = 0,
+        queued: int = 0,
+        exit_code: int | None = None,
+        seconds: float = 1.0,
+        draining: bool = False,
+        group: str | None = None,
+    ) -> None:
+        """A serving worker's process exited: its launcher or router says so at once (the
+        worker cannot), with the requests it knew in flight on it (contract: `window.exited`)."""
+        window: dict[str, Any] = {"seconds": seconds, "active": active, "queued": queued,
+                                  "exited": True}  # fmt: skip
+        if exit_code is not None:
+            window["exit_code"] = exit_code
+        self.serving_window(worker, window, ready=False, draining=draining, group=group)
 
     def process(
         self,

@@ -130,6 +130,9 @@ class Recorder:
     def __init__(self, rep: _reporter.Reporter | None = None, window: int = 256) -> None:
         self.rep = rep
         self.entries: deque[dict[str, Any]] = deque(maxlen=window)
+        # id(entry) -> (the entry, its state when encoded, its JSON): a step re-encodes
+        # only the entries that are new or changed since (report_step's window).
+        self._encoded: dict[int, tuple[dict[str, Any], str, str]] = {}
         self.seq: dict[str, int] = {}
         self.p2p_order: dict[str, int] = {}  # pg -> this rank's p2p calls (their `seq`)
         self.p2p_seq: dict[tuple[str, int, str], int] = {}  # (pg, peer, send|recv) -> k
@@ -498,12 +501,27 @@ class Recorder:
                             del self._pending[key]
                     if entry not in self.entries:
                         self._pending.pop(key, None)  # fell out of the window
-                window = [dict(e) for e in self.entries]
-            if window:
+                fragments = self._fragments()
+            if fragments:
                 self._send_groups()
-                self.reporter.collective(window)
+                self.reporter.collective_encoded(fragments)
         except Exception:  # noqa: BLE001, S110 -- instrumentation never breaks training
             pass
+
+    def _fragments(self) -> list[str]:
+        """The window's entries as JSON, re-encoding only new ones and those whose state
+        moved (an entry changes nothing else after it is appended; caller holds the lock).
+        The cache holds the entry itself, so its id cannot be reused while cached."""
+        cache, out = self._encoded, []
+        fresh: dict[int, tuple[dict[str, Any], str, str]] = {}
+        for e in self.entries:
+            hit = cache.get(id(e))
+            if hit is None or hit[0] is not e or hit[1] != e["state"]:
+                hit = (e, e["state"], _reporter.encode(e))
+            fresh[id(e)] = hit
+            out.append(hit[2])
+        self._encoded = fresh
+        return out
 
 
 def _number(value: Any) -> float | None:

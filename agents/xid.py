@@ -543,6 +543,25 @@ def classify(code: int | None) -> XidInfo:
     return _active.get(code)
 
 
+# -- layer: which part of the machine an Xid is evidence against (the reliability record) --
+# The layer names are console.diagnosis.layers.LAYERS' (a test keeps them in step). Memory
+# errors (ECC, remapping, contained/uncontained) are HBM; link errors are NVLink; an
+# application-class Xid is the software's; everything else is the GPU's.
+XID_HBM_CODES = frozenset({48, 58, 63, 64, 92, 94, 95, 140, 168, 171, 172})
+
+
+def xid_layer(code: int | None) -> str:
+    """`hbm`, `nvlink`, `software` or `gpu`: the layer an Xid blames."""
+    info = classify(code)
+    if info.code in XID_HBM_CODES:
+        return "hbm"
+    if "NVLINK" in info.mnemonic:
+        return "nvlink"
+    if info.xid_class == APPLICATION:
+        return "software"
+    return "gpu"
+
+
 def detail(code: int) -> str:
     """A short, bounded `device_event.detail` for an Xid."""
     info = classify(code)

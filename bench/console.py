@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{statistics.median(count_ms):7.1f} ms")  # fmt: skip
         charts = f"/api/v1/pages/groups/{GROUP}/charts/"
         for label, url, cold in [
-            ("fleet page", "/", False),
+            ("fleet page (goal <= 300 ms)", "/", False),
             ("group page", f"/groups/{GROUP}/", False),
             ("group JSON", f"/api/v1/pages/groups/{GROUP}/", False),
             ("charts cold, raw rows (no rollup yet)", charts, True),

@@ -6,6 +6,11 @@ trial injects either an explicit fault (an Xid 79 device event) or a silent hang
 stops reporting) and times the moment the browser's websocket receives the incident.
 Also times one full pipeline pass (DB load + engine + incident writes) for a large group.
 
+Every trial has a group of its own on nodes of its own (no trial sees another's Xid or its
+incident), and the bench's groups are established (their young mark is cleared after they
+start, as if they were older than FAULTLINE_DIAGNOSIS_YOUNG_GROUP_S; `--young` keeps it).
+The 1-minute load average is printed before and after the trials.
+
     python bench/detect.py --quick        # ~1 minute, prints a last summary line
     python bench/detect.py --quick --flood-groups 1000 --explicit-only
                                           # the same Xid trials while another node's
@@ -16,8 +21,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
+import os
+import pstats
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -26,11 +35,17 @@ import urllib.parse
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from faultline.testing.service import Service, start_service, stop_service  # noqa: E402
+from faultline.testing.service import (  # noqa: E402
+    Service,
+    service_env,
+    start_service,
+    stop_service,
+)
 
 PER_NODE = 8
 
@@ -39,18 +54,62 @@ def iso(ts: datetime) -> str:
     return ts.isoformat().replace("+00:00", "Z")
 
 
-class Fleet:
-    """Simulated nodes posting batches over HTTP, one agent identity (and seq) per node."""
+def in_service(service: Service, code: str, *args: str) -> str:
+    """Run `code` in one Django process against the service's database and Valkey (what
+    `faultline token create` does, once for many calls); its last stdout line."""
+    script = (
+        "import json, sys\nfrom faultline import bootstrap\n"
+        "with bootstrap.django_ready(sys.argv[1]):\n" + "".join(
+            f"    {line}\n" for line in code.splitlines()
+        )
+    )  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(service.data_dir), *args],
+        env=service_env(service.data_dir), capture_output=True, text=True, timeout=180,
+        check=True,
+    )  # fmt: skip
+    return out.stdout.strip().splitlines()[-1]
 
-    def __init__(self, service: Service, ranks: int, step_s: float) -> None:
+
+def load() -> str:
+    return f"{os.getloadavg()[0]:.1f}"
+
+
+class Fleet:
+    """Simulated nodes posting batches over HTTP, one agent identity (and seq) per node.
+
+    Each group runs on nodes of its own (`{group}-n{i}`, PER_NODE ranks each): an Xid on
+    one trial's GPU must not open another trial's incident (the trials shared nodes and
+    GPUs before, so only the first trial was a measurement)."""
+
+    def __init__(self, service: Service, ranks: int, step_s: float, groups: list[str]) -> None:
         self.service, self.ranks, self.step_s = service, ranks, step_s
-        self.nodes = [f"bench-node-{i}" for i in range((ranks + PER_NODE - 1) // PER_NODE)]
-        self.tokens = {n: service.token(n) for n in self.nodes}
+        count = (ranks + PER_NODE - 1) // PER_NODE
+        self.nodes_of = {g: [f"{g}-n{i}" for i in range(count)] for g in groups}
+        self.nodes = [n for g in groups for n in self.nodes_of[g]]
+        self.tokens: dict[str, str] = json.loads(in_service(
+            service, "from ingest.auth import issue_token\n"
+            "print(json.dumps({n: issue_token(node_name=n) for n in sys.argv[2:]}))",
+            *self.nodes,
+        ))  # fmt: skip
         self.seq = dict.fromkeys(self.nodes, 0)
         self.silent: set[tuple[str, int]] = set()
         self.groups: dict[str, int] = {}  # group -> step counter
         self.lock = threading.Lock()
         self.stop = threading.Event()
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(8)  # a tick posts one batch per node
+
+    def establish(self, groups: list[str]) -> int:
+        """Clear the groups' young marks (console.scheduling.young_key; Django's cache
+        key, set by ingest when it created them): how many were marked."""
+        return int(in_service(
+            self.service, "from django.core.cache import cache\n"
+            "keys = [f'diag-young:{g}' for g in sys.argv[2:]]\n"
+            "found = cache.get_many(keys)\ncache.delete_many(keys)\nprint(len(found))",
+            *groups,
+        ))  # fmt: skip
 
     def post(self, node: str, records: list[dict]) -> None:
         with self.lock:
@@ -74,13 +133,13 @@ class Fleet:
         with urllib.request.urlopen(request, timeout=10) as response:
             assert response.status == 202, response.status
 
-    def gpu(self, rank: int) -> tuple[str, str]:
-        node = self.nodes[rank // PER_NODE]
+    def gpu(self, group: str, rank: int) -> tuple[str, str]:
+        node = self.nodes_of[group][rank // PER_NODE]
         return node, f"GPU-{node}-{rank % PER_NODE}"
 
     def start_group(self, group: str) -> None:
         now = datetime.now(UTC)
-        for node_index, node in enumerate(self.nodes):
+        for node_index, node in enumerate(self.nodes_of[group]):
             records = (
                 [
                     {
@@ -98,7 +157,7 @@ class Fleet:
                 rank = node_index * PER_NODE + local
                 if rank >= self.ranks:
                     break
-                _, gpu = self.gpu(rank)
+                _, gpu = self.gpu(group, rank)
                 records.append(
                     {
                         "kind": "process",
@@ -124,33 +183,44 @@ class Fleet:
 
     def tick(self) -> None:
         now = datetime.now(UTC)
-        for node_index, node in enumerate(self.nodes):
-            records = [{"kind": "heartbeat", "ts": iso(now)}]
-            for group, step in list(self.groups.items()):
-                for local in range(PER_NODE):
-                    rank = node_index * PER_NODE + local
-                    if rank >= self.ranks or (group, rank) in self.silent:
-                        continue
-                    records.append(
-                        {
-                            "kind": "step",
-                            "group": group,
-                            "generation": 1,
-                            "rank": rank,
-                            "step": step,
-                            "tokens": 4096,
-                            "duration_ms": self.step_s * 1000,
-                            "phases": {
-                                "compute": self.step_s * 700,
-                                "collective": self.step_s * 300,
-                            },
-                            "loss": 2.0,
-                            "ts": iso(now),
-                        }
-                    )
-            self.post(node, records)
+        steps = dict(self.groups)
+        posts = []
+        for group, nodes in self.nodes_of.items():
+            for node_index, node in enumerate(nodes):
+                posts.append(self.pool.submit(self.post, node, self.records(
+                    group, node_index, steps.get(group), now)))  # fmt: skip
+        for post in posts:
+            post.result()
         for group in self.groups:
             self.groups[group] += 1
+
+    def records(self, group: str, node_index: int, step: int | None, now: datetime) -> list[dict]:
+        """One node's batch: a heartbeat, and its ranks' steps while the group runs."""
+        records: list[dict] = [{"kind": "heartbeat", "ts": iso(now)}]
+        if step is None:
+            return records
+        for local in range(PER_NODE):
+            rank = node_index * PER_NODE + local
+            if rank >= self.ranks or (group, rank) in self.silent:
+                continue
+            records.append(
+                {
+                    "kind": "step",
+                    "group": group,
+                    "generation": 1,
+                    "rank": rank,
+                    "step": step,
+                    "tokens": 4096,
+                    "duration_ms": self.step_s * 1000,
+                    "phases": {
+                        "compute": self.step_s * 700,
+                        "collective": self.step_s * 300,
+                    },
+                    "loss": 2.0,
+                    "ts": iso(now),
+                }
+            )
+        return records
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -159,12 +229,21 @@ class Fleet:
             self.stop.wait(max(0.0, self.step_s - (time.monotonic() - started)))
 
 
-def flood(service: Service, groups: int, stop: threading.Event, sent: list[int]) -> None:
-    """Another node's token posting steps of `groups` invented groups back to back."""
+def flood(
+    service: Service, groups: int, stop: threading.Event, sent: list[int], sustained: bool
+) -> None:
+    """Another node's token posting steps of `groups` invented groups back to back.
+
+    `sustained`: after its first batch the flooder stays under every limit instead (the
+    first 20 groups, the ones the new-group cap let it create, ten batches a second), so
+    its young groups want diagnosis all the time."""
     node, token, seq = "flood-node", service.token("flood-node"), 0
     while not stop.is_set():
         seq += 1
         now = iso(datetime.now(UTC))
+        if sustained and seq > 1:
+            groups = min(groups, 20)
+            stop.wait(0.1)
         records = [
             {"kind": "step", "group": f"flood-{g:05d}", "generation": 1, "rank": 0,
              "step": seq, "tokens": 1, "duration_ms": 1000.0, "ts": now}
@@ -227,8 +306,12 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-def pipeline_time(ranks: int, steps: int) -> tuple[float, float]:
-    """One diagnosis pass for a `ranks`-rank group straight on the database (in-process)."""
+def pipeline_curve(
+    sizes: list[int], steps: int, runs: int = 3, profile: bool = False
+) -> dict[int, dict[str, float]]:
+    """Diagnosis passes for groups of each size straight on the database (in-process): a
+    full rebuild (no live state), a live pass after every rank stepped once more, and a
+    live pass after nothing per-rank changed (what an Xid or a sweep triggers). Medians, s."""
     import os
 
     from faultline.embedded import start_embedded
@@ -247,47 +330,93 @@ def pipeline_time(ranks: int, steps: int) -> tuple[float, float]:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    from console import pipeline
+    from console import pipeline, snapshots
     from console.models import ConsistencyGroup, Node, Rank
     from ingest.models import StepRecord
 
-    group = ConsistencyGroup.objects.create(
-        name="big", kind="training", state="running", generation=1
-    )
-    nodes = Node.objects.bulk_create(
-        [Node(name=f"n{i}") for i in range((ranks + PER_NODE - 1) // PER_NODE)]
-    )
-    Rank.objects.bulk_create(
-        [Rank(group=group, rank=r, node=nodes[r // PER_NODE], generation=1) for r in range(ranks)]
-    )
+    out: dict[int, dict[str, float]] = {}
     now = datetime.now(UTC)
-    rows = [
-        StepRecord(
-            ts=now - timedelta(seconds=steps - s),
-            node=nodes[r // PER_NODE],
-            group=group,
-            generation=1,
-            rank=r,
-            step=s,
-            tokens=4096,
-            duration_ms=1000,
-            phases={"compute": 700, "collective": 300},
-            loss=2.0,
+    for ranks in sizes:
+        name = f"big-{ranks}"
+        group = ConsistencyGroup.objects.create(
+            name=name, kind="training", state="running", generation=1
         )
-        for r in range(ranks)
-        for s in range(steps)
-    ]
-    StepRecord.objects.bulk_create(rows, batch_size=20_000)
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        pipeline.diagnose(group_name="big", now=now)
-        times.append(time.perf_counter() - t0)
+        nodes = Node.objects.bulk_create(
+            [
+                Node(name=f"n{ranks}-{i}", last_seen=now)
+                for i in range((ranks + PER_NODE - 1) // PER_NODE)
+            ]
+        )
+        Rank.objects.bulk_create(
+            [Rank(group=group, rank=r, node=nodes[r // PER_NODE], generation=1)
+             for r in range(ranks)]
+        )  # fmt: skip
+
+        def step_rows(
+            s: int, at: datetime, nodes: list[Node] = nodes, group: Any = group, n: int = ranks
+        ) -> list[StepRecord]:
+            return [
+                StepRecord(ts=at, node=nodes[r // PER_NODE], group=group, generation=1, rank=r,
+                           step=s, tokens=4096, duration_ms=1000,
+                           phases={"compute": 700, "collective": 300}, loss=2.0)
+                for r in range(n)
+            ]  # fmt: skip
+
+        for s in range(steps):
+            StepRecord.objects.bulk_create(
+                step_rows(s, now - timedelta(seconds=steps - s)), batch_size=20_000
+            )
+        times: dict[str, list[float]] = {"full": [], "stepped": [], "idle": []}
+        cpu: dict[str, list[float]] = {"full": [], "stepped": [], "idle": []}
+        rows: dict[str, int] = {}
+        for k in range(runs):
+            snapshots.forget(name)
+            at = now + timedelta(seconds=2 * k)
+            t0, c0 = time.perf_counter(), time.process_time()
+            pipeline.diagnose(group_name=name, now=at)
+            times["full"].append(time.perf_counter() - t0)
+            cpu["full"].append(time.process_time() - c0)
+            rows["full"] = snapshots.last_pass.get("rows", 0)
+            StepRecord.objects.bulk_create(step_rows(steps + k, at), batch_size=20_000)
+            t0, c0 = time.perf_counter(), time.process_time()
+            pipeline.diagnose(group_name=name, now=at + timedelta(seconds=1))
+            times["stepped"].append(time.perf_counter() - t0)
+            cpu["stepped"].append(time.process_time() - c0)
+            rows["stepped"] = snapshots.last_pass.get("rows", 0)
+            prof = cProfile.Profile() if profile and k == runs - 1 else None
+            t0, c0 = time.perf_counter(), time.process_time()
+            if prof:
+                prof.enable()
+            pipeline.diagnose(group_name=name, now=at + timedelta(seconds=1.5))
+            times["idle"].append(time.perf_counter() - t0)
+            cpu["idle"].append(time.process_time() - c0)
+            if prof:
+                prof.disable()
+                pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+            rows["idle"] = snapshots.last_pass.get("rows", 0)
+        out[ranks] = {k: statistics.median(v) for k, v in times.items()}
+        out[ranks].update({f"{k}_cpu": statistics.median(v) for k, v in cpu.items()})
+        o = out[ranks]
+        print(
+            f"pipeline pass (DB load + engine + incidents) at {ranks} ranks x {steps} steps: "
+            f"full rebuild {o['full'] * 1000:.0f} ms ({rows['full']} rows), "
+            f"live after a step of every rank {o['stepped'] * 1000:.0f} ms "
+            f"({rows['stepped']} rows), live idle {o['idle'] * 1000:.0f} ms "
+            f"({rows['idle']} rows); ratio live/full {o['stepped'] / o['full']:.2f}"
+            f" / {o['idle'] / o['full']:.2f}; worker CPU full {o['full_cpu'] * 1000:.0f}"
+            f" / stepped {o['stepped_cpu'] * 1000:.0f} / idle {o['idle_cpu'] * 1000:.0f} ms",
+            flush=True,
+        )
     from django.db import connections
 
     connections.close_all()
     emb.stop(force=True)
-    return min(times), statistics.median(times)
+    if len(sizes) > 1:
+        a, b = out[sizes[0]], out[sizes[-1]]
+        for mode in ("full", "stepped", "idle", "full_cpu", "stepped_cpu", "idle_cpu"):
+            print(f"growth {sizes[0]}->{sizes[-1]} ranks (x{sizes[-1] / sizes[0]:.0f}): "
+                  f"{mode} pass x{b[mode] / a[mode]:.1f}")  # fmt: skip
+    return out
 
 
 def main() -> int:
@@ -296,37 +425,59 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--step-s", type=float, default=1.0)
     parser.add_argument("--trials", type=int, default=10)
-    parser.add_argument("--big-ranks", type=int, default=4096)
+    parser.add_argument(
+        "--big-ranks", default="4096", help="pipeline pass sizes, comma-separated (1024,4096,16384)"
+    )
+    parser.add_argument("--big-steps", type=int, default=20)
+    parser.add_argument("--pipeline-only", action="store_true", help="skip the live trials")
+    parser.add_argument("--profile", action="store_true", help="cProfile the last idle pass")
     parser.add_argument("--flood-groups", type=int, default=0)
     parser.add_argument("--explicit-only", action="store_true")
+    parser.add_argument(
+        "--young", action="store_true",
+        help="leave the bench's groups young (diagnosed on their nodes' young budget)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--flood-sustained", action="store_true",
+        help="after its first batch the flood stays under the limits with its 20 groups",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.pipeline_only:
+        sizes = [int(x) for x in args.big_ranks.split(",")]
+        pipeline_curve(sizes, args.big_steps, profile=args.profile)
+        return 0
     flood_sent = [0, 0]
     trials = 3 if args.quick else args.trials
 
     data = Path(tempfile.mkdtemp(prefix="faultline-detect-"))
+    print(f"load average (1 min) at start: {load()}", flush=True)
     service = start_service(data)
-    fleet = Fleet(service, args.ranks, args.step_s)
+    groups = [f"explicit-{i}" for i in range(trials)]
+    if not args.explicit_only:
+        groups += [f"silent-{i}" for i in range(trials)]
+    fleet = Fleet(service, args.ranks, args.step_s, groups)
     try:
         watcher = Watcher(service, service.login()[0])
-        groups = [f"explicit-{i}" for i in range(trials)] + [f"silent-{i}" for i in range(trials)]
         for group in groups:
             fleet.start_group(group)
+        if not args.young:
+            print(f"established: cleared {fleet.establish(groups)} of {len(groups)} young marks")
         pump = threading.Thread(target=fleet.run, daemon=True)
         pump.start()
         if args.flood_groups:
             threading.Thread(
-                target=flood, args=(service, args.flood_groups, fleet.stop, flood_sent),
+                target=flood,
+                args=(service, args.flood_groups, fleet.stop, flood_sent, args.flood_sustained),
                 daemon=True,
             ).start()  # fmt: skip
         time.sleep(max(6.0, 8 * args.step_s))  # step-time history for the hang threshold
+        print(f"load average (1 min) at the first trial: {load()}", flush=True)
 
         explicit: list[float] = []
         for i in range(trials):
             group = f"explicit-{i}"
             rank = (7 * i + 3) % args.ranks
-            if args.explicit_only:  # one node per trial: no trial sees another's incident
-                rank = (i * PER_NODE + 3) % args.ranks
-            node, gpu = fleet.gpu(rank)
+            node, gpu = fleet.gpu(group, rank)
             t0 = time.monotonic()
             fleet.post(
                 node,
@@ -355,6 +506,7 @@ def main() -> int:
             fleet.groups.pop(group)
         fleet.stop.set()
         pump.join(10)
+        print(f"load average (1 min) after the trials: {load()}", flush=True)
     finally:
         fleet.stop.set()
         stop_service(service)
@@ -376,15 +528,13 @@ def main() -> int:
         f"silent hang (one rank stops) -> incident on websocket: p50 {pct(silent, 50):.2f}s "
         f"p99 {pct(silent, 99):.2f}s (goal <= {goal_silent:.0f} s)"
     )
-    big = 512 if args.quick else args.big_ranks
-    best, med = pipeline_time(big, 20)
-    print(
-        f"pipeline pass (DB load + engine + incidents) at {big} ranks x 20 steps: "
-        f"best {best * 1000:.0f} ms, median {med * 1000:.0f} ms"
-    )
+    sizes = [512] if args.quick else [int(x) for x in args.big_ranks.split(",")]
+    curve = pipeline_curve(sizes, args.big_steps)
+    big = sizes[-1]
     print(
         f"explicit_p99_s {pct(explicit, 99):.2f} silent_p99_s {pct(silent, 99):.2f} "
-        f"pipeline_ms_{big} {med * 1000:.0f}"
+        f"pipeline_ms_{big} full {curve[big]['full'] * 1000:.0f} "
+        f"live {curve[big]['stepped'] * 1000:.0f}"
     )
     return 0
 

@@ -11,6 +11,7 @@ a snapshot) and `diagnose` in the same run, and prints both and their ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
 import sys
@@ -21,14 +22,23 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+try:
+    from console import collector
+except ImportError:  # a tree from before console.collector, run with --no-collector
+    collector = None  # type: ignore[assignment]  # the module, absent from an old tree
 from console.diagnosis import build_snapshot, diagnose
+from console.diagnosis.live import LiveGroup
+from console.diagnosis.snapshot import RANK_KINDS
 
 GROUP = "bench"
 T0 = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 NOW = T0 + timedelta(minutes=5)
 
 
-def records(ranks: int, steps: int = 16, bad: int = 133) -> list[dict[str, Any]]:
+def records(
+    ranks: int, steps: int = 16, bad: int = 133, healthy: bool = False
+) -> list[dict[str, Any]]:
+    """The headline fault (or, `healthy`, the same group with nothing wrong)."""
     rnd = random.Random(1)
     out: list[dict[str, Any]] = []
     for rk in range(ranks):
@@ -66,7 +76,7 @@ def records(ranks: int, steps: int = 16, bad: int = 133) -> list[dict[str, Any]]
             out.append(
                 {
                     "kind": "step",
-                    "ts": T0 - timedelta(seconds=steps - i),
+                    "ts": (NOW if healthy else T0) - timedelta(seconds=steps - i),
                     "group": GROUP,
                     "generation": 1,
                     "rank": rk,
@@ -98,7 +108,7 @@ def records(ranks: int, steps: int = 16, bad: int = 133) -> list[dict[str, Any]]
             }
             for i in range(12)
         ]
-        if rk != bad:
+        if rk != bad and not healthy:
             ents.append({**ents[0], "seq": 8812, "state": "started", "started_ts": T0})
         out.append(
             {
@@ -110,6 +120,8 @@ def records(ranks: int, steps: int = 16, bad: int = 133) -> list[dict[str, Any]]
                 "entries": ents,
             }
         )
+    if healthy:
+        return out
     out.append(
         {
             "kind": "device_event",
@@ -128,47 +140,143 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ranks", type=int, default=4096)
-    ap.add_argument("--runs", type=int, default=15)
-    args = ap.parse_args()
-    recs = records(args.ranks)
-    nodes = {f"node-{n + 1:03d}": NOW for n in range((args.ranks + 7) // 8)}
+def tick(ranks: int, k: int) -> list[dict[str, Any]]:
+    """The records of one more step of every rank (what a 1 s step sends per pass)."""
+    d = 1000.0
+    return [
+        {"kind": "step", "ts": NOW + timedelta(seconds=k), "group": GROUP, "generation": 1,
+         "rank": rk, "step": 600 + k, "tokens": 4096, "duration_ms": d, "loss": 2.0,
+         "phases": {"compute": d * 0.6, "collective": d * 0.3, "input": d * 0.05,
+                    "checkpoint": 0.0, "optimizer": d * 0.05}}
+        for rk in range(ranks)
+    ]  # fmt: skip
+
+
+def run_size(
+    ranks: int, runs: int, healthy: bool, paused: bool = True, full_runs: int | None = None
+) -> dict[str, float]:
+    """Full rebuild vs live state at one world size; medians in ms."""
+    recs = records(ranks, healthy=healthy)
+    rank_recs = [r for r in recs if r["kind"] in RANK_KINDS]
+    other = [r for r in recs if r["kind"] not in RANK_KINDS]
+    nodes = {f"node-{n + 1:03d}": NOW for n in range((ranks + 7) // 8)}
+    kw: dict[str, Any] = {"state": "running", "nodes": nodes, "contract_findings": []}
     build_ms: list[float] = []
     diag_ms: list[float] = []
-    result = None
-    for _ in range(args.runs):
-        t0 = time.perf_counter()
-        snap = build_snapshot(
-            group=GROUP,
-            generation=1,
-            state="running",
-            records=recs,
-            nodes=nodes,
-            contract_findings=[],
-            now=NOW,
-        )
-        t1 = time.perf_counter()
-        result = diagnose(snap, NOW)
-        t2 = time.perf_counter()
+    full = None
+    for _ in range(runs if full_runs is None else full_runs):
+        t0 = time.process_time()
+        snap = build_snapshot(group=GROUP, generation=1, records=recs, now=NOW, **kw)
+        t1 = time.process_time()
+        full = diagnose(snap, NOW)
         build_ms.append((t1 - t0) * 1000)
-        diag_ms.append((t2 - t1) * 1000)
+        diag_ms.append((time.process_time() - t1) * 1000)
+    live = LiveGroup(group=GROUP, generation=1)
+    live.apply(rank_recs)
+    first = live.snapshot(records=other, now=NOW, **kw)
+    if full is not None:  # --full-runs 0: the live passes only (tests prove the equality)
+        assert first == build_snapshot(group=GROUP, generation=1, records=recs, now=NOW, **kw)
+        assert diagnose(first, NOW, memo=live.memo) == full
+    else:
+        full = diagnose(first, NOW, memo=live.memo)
+    # What the worker does (console.pipeline): a rebuild releases and collects once, every
+    # live pass runs with the collector paused and freezes what it kept (console.collector).
+    pause = collector.paused if paused and collector else contextlib.nullcontext
+    if paused and collector:
+        collector.release()
+    # A pass after every rank stepped once more, and a pass that only an Xid triggered.
+    step_ms: list[float] = []
+    step_diag_ms: list[float] = []
+    xid_ms: list[float] = []
+    xid_diag_ms: list[float] = []
+    result = None
+    for k in range(1, runs + 1):
+        batch = tick(ranks, k)
+        now = NOW + timedelta(seconds=k)
+        t0 = time.process_time()
+        with pause():
+            live.apply(batch)
+            snap = live.snapshot(records=other, now=now, **kw)
+            t1 = time.process_time()
+            diagnose(snap, now, memo=live.memo)
+        t2 = time.process_time()  # the pause's young collection counts as the engine's
+        step_ms.append((t1 - t0) * 1000)
+        step_diag_ms.append((t2 - t1) * 1000)
+        now += timedelta(milliseconds=500)
+        t0 = time.process_time()
+        with pause():
+            live.apply([])
+            snap = live.snapshot(records=other, now=now, **kw)
+            t1 = time.process_time()
+            result = diagnose(snap, now, memo=live.memo)
+        t2 = time.process_time()
+        xid_ms.append((t1 - t0) * 1000)
+        xid_diag_ms.append((t2 - t1) * 1000)
+        assert live.touched == 0
     assert result is not None
     roots = result.root_causes
     print(
-        f"records {len(recs)} findings {len(result.findings)} root_causes {len(roots)}"
-        f" ({roots[0].summary if roots else '-'})"
+        f"ranks {ranks}: records {len(recs)} findings {len(full.findings)} root_causes "
+        f"{len(roots)} ({roots[0].summary if roots else '-'})"
+    )
+    out = {
+        "full_build": statistics.median(build_ms or [float("nan")]),
+        "full_diag": statistics.median(diag_ms or [float("nan")]),
+        "step_build": statistics.median(step_ms),
+        "step_diag": statistics.median(step_diag_ms),
+        "xid_build": statistics.median(xid_ms),
+        "xid_diag": statistics.median(xid_diag_ms),
+    }
+    print(
+        f"ranks {ranks} full rebuild: build_snapshot p50 {out['full_build']:.1f} ms "
+        f"p99 {_pct(build_ms or [0.0], 99):.1f} (baseline), diagnose p50 "
+        f"{out['full_diag']:.1f} ms p99 {_pct(diag_ms or [0.0], 99):.1f}"
     )
     print(
-        f"ranks {args.ranks} build_snapshot_ms p50 {_pct(build_ms, 50):.1f} "
-        f"p99 {_pct(build_ms, 99):.1f} (baseline)"
+        f"ranks {ranks} live, every rank stepped: apply+snapshot p50 {out['step_build']:.1f} ms "
+        f"({ranks} records), diagnose p50 {out['step_diag']:.1f} ms"
     )
-    print(f"ranks {args.ranks} diagnose_ms p50 {_pct(diag_ms, 50):.1f} p99 {_pct(diag_ms, 99):.1f}")
     print(
-        f"ratio diagnose/build_snapshot p50 "
-        f"{statistics.median(diag_ms) / statistics.median(build_ms):.2f}"
+        f"ranks {ranks} live, nothing per-rank changed: snapshot p50 {out['xid_build']:.1f} ms, "
+        f"diagnose p50 {out['xid_diag']:.1f} ms"
     )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ranks", default="4096", help="world sizes, comma-separated")
+    ap.add_argument("--runs", type=int, default=9)
+    ap.add_argument("--healthy", action="store_true", help="no fault: the steady-state pass")
+    ap.add_argument(
+        "--no-collector",
+        action="store_true",
+        help="live passes without the worker's collector policy (console.collector)",
+    )
+    ap.add_argument(
+        "--full-runs", type=int, default=None, help="full rebuilds timed (default: --runs)"
+    )
+    args = ap.parse_args()
+    sizes = [int(x) for x in str(args.ranks).split(",")]
+    paused = not args.no_collector
+    got = {n: run_size(n, args.runs, args.healthy, paused, args.full_runs) for n in sizes}
+    print("ranks   full pass ms   live pass ms (stepped)   live pass ms (idle)   ratio live/full")
+    for n, o in got.items():
+        full = o["full_build"] + o["full_diag"]
+        step = o["step_build"] + o["step_diag"]
+        idle = o["xid_build"] + o["xid_diag"]
+        print(
+            f"{n:>6}   {full:>12.1f}   {step:>22.1f}   {idle:>19.1f}   "
+            f"{step / full:.2f} (stepped) {idle / full:.2f} (idle)"
+        )
+    if len(sizes) > 1:
+        a, b = got[sizes[0]], got[sizes[-1]]
+        grow = sizes[-1] / sizes[0]
+        for label, keys in (("full", ("full_build", "full_diag")),
+                            ("live stepped", ("step_build", "step_diag")),
+                            ("live idle", ("xid_build", "xid_diag"))):  # fmt: skip
+            ratio = sum(b[k] for k in keys) / max(sum(a[k] for k in keys), 1e-9)
+            print(f"growth {sizes[0]}->{sizes[-1]} ranks (x{grow:.0f}): {label} pass x{ratio:.1f}")
 
 
 if __name__ == "__main__":

@@ -19,13 +19,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def command(server: str, port: int, workers: int, threads: int = 4) -> list[str]:
+def command(
+    server: str, port: int, workers: int, threads: int = 4, extra: tuple[str, ...] | None = None
+) -> list[str]:
+    """`extra`: gunicorn's connection options; default `faultline up`'s (keep-alive etc.)."""
     py = sys.executable
     if server == "gunicorn":
+        from faultline.bootstrap import WEB_KEEPALIVE
+
         return [
             py, "-m", "gunicorn", "faultline.wsgi:application", "--bind", f"127.0.0.1:{port}",
             "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
-            "--backlog", "2048",
+            *(WEB_KEEPALIVE if extra is None else extra), "--backlog", "2048",
             "--timeout", "60", "--log-level", "warning",
         ]  # fmt: skip
     if server == "uvicorn":
@@ -57,11 +62,12 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) 
 
 @contextlib.contextmanager
 def running(
-    server: str, port: int, env: dict[str, str], workers: int = 2, threads: int = 4
-) -> Iterator[int]:
+    server: str, port: int, env: dict[str, str], workers: int = 2, threads: int = 4,
+    extra: tuple[str, ...] | None = None,
+) -> Iterator[int]:  # fmt: skip
     """Run `server` on `port` for the duration of the block; yields the server's pid."""
     proc = subprocess.Popen(
-        command(server, port, workers, threads),
+        command(server, port, workers, threads, extra),
         cwd=ROOT,
         env={**os.environ, **env},
         stdout=subprocess.DEVNULL,

@@ -4,11 +4,13 @@ Starts what it needs (embedded Postgres and Valkey under a temp dir unless DATAB
 REDIS_URL are given), migrates, issues one token per simulated node, and then, per shape:
 
 1. N sender threads POST gzip batches back to back to gunicorn (2 gthread workers x 4
-   threads, as `faultline up` runs it), one connection per batch as the agent's sender
-   does; each sender stands in for its share of the simulated 8-GPU nodes and sends their
-   batches in turn. Per simulated second a node sends 8 device samples, 8 steps, 8
-   collective windows and a heartbeat; now and then a device event, a checkpoint or a
-   transition. A batch holds `--batch-seconds` of that.
+   threads and the keep-alive options, as `faultline up` runs it), each simulated node on
+   its own kept-alive connection through the agent's own connection code
+   (`agents.sender.IngestConnection`), or one connection per batch with
+   --per-batch-connections; each sender stands in for its share of the simulated 8-GPU
+   nodes and sends their batches in turn. Per simulated second a node sends 8 device
+   samples, 8 steps, 8 collective windows and a heartbeat; now and then a device event, a
+   checkpoint or a transition. A batch holds `--batch-seconds` of that.
 2. With --compare-asgi, the same load against uvicorn (2 workers, the ASGI app).
 3. The rows the gunicorn run stored, written again by one psycopg connection with COPY
    into the same tables: the ceiling for this machine's Postgres.
@@ -47,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 import msgspec  # noqa: E402 -- after the path setup above
 
+from agents.sender import IngestConnection  # noqa: E402
 from bench import http_servers  # noqa: E402
 from faultline.embedded import free_port, start_embedded  # noqa: E402
 
@@ -187,10 +190,31 @@ class _Connection(http.client.HTTPConnection):
 NODELAY = True
 WORKERS = 2  # --workers: server processes (faultline up's default is 2)
 THREADS = 4  # --threads: gunicorn threads per worker
+PER_BATCH = False  # --per-batch-connections: a connection per batch (the agent before keep-alive)
+SERVER_ARGS: tuple[str, ...] | None = None  # --server-args; None: faultline up's
 
 
-def _post(agent: Agent, seq: int, port: int, run_id: str) -> tuple[bool, float]:
-    """One batch, as the agent sends it: gzip, one connection. (acked, seconds)."""
+def _bench_keepalive() -> tuple[str, ...]:
+    """`faultline up`'s connection options with a 600 s idle timeout instead of 30 s.
+
+    A real node sends every <= 5 s, well inside 30 s. A simulated node here sends once per
+    round of all nodes, and a round of 800 nodes on a loaded 2-core box can take longer than
+    30 s: the server would close every connection before its next batch and the bench would
+    measure reconnects that a fleet does not make. The timeout only has to outlast the gap
+    between a node's batches, which here is the round, not the agent's interval."""
+    from faultline.bootstrap import WEB_KEEPALIVE
+
+    out = list(WEB_KEEPALIVE)
+    out[out.index("--keep-alive") + 1] = "600"
+    return tuple(out)
+
+
+def _post(
+    agent: Agent, seq: int, port: int, run_id: str, conns: dict[int, IngestConnection]
+) -> tuple[bool, float]:
+    """One batch, as the agent sends it: gzip, on the node's own kept-alive connection
+    (`conns`, one per simulated node as in a fleet), or a new one per batch with
+    --per-batch-connections (the agent before it kept connections). (acked, seconds)."""
     ident = msgspec.json.encode(
         {"id": f"bench-{run_id}-{agent.index:04d}", "node": agent.node, "version": "bench"}
     )
@@ -198,11 +222,9 @@ def _post(agent: Agent, seq: int, port: int, run_id: str) -> tuple[bool, float]:
         "Authorization": f"Bearer {agent.token}",
         "Content-Type": "application/json",
         "Content-Encoding": "gzip",
-        # One connection per batch, as the agent's urllib sender does. Kept-alive
-        # connections all land on the gunicorn worker that accepted them first, which
-        # measured one worker's GIL instead of the server (docs/performance.md).
-        "Connection": "close",
     }
+    if PER_BATCH:
+        headers["Connection"] = "close"
     sent_at = datetime.now(UTC).isoformat().replace("+00:00", "Z")
     body = b'{"agent":%s,"seq":%d,"sent_at":"%s","records":%s}' % (
         ident,
@@ -212,15 +234,26 @@ def _post(agent: Agent, seq: int, port: int, run_id: str) -> tuple[bool, float]:
     )
     payload = gzip.compress(body, 1)  # agents use 5; the server's inflate cost is alike
     t0 = time.perf_counter()
-    conn = _Connection("127.0.0.1", port, timeout=60)
+    if not PER_BATCH:  # the agent's own connection code: idle check, one fresh retry
+        conn = conns.get(agent.index)
+        if conn is None:
+            conn = conns[agent.index] = IngestConnection(
+                f"http://127.0.0.1:{port}/api/v1/ingest", timeout=60
+            )
+        try:
+            status, _, _ = conn.post(payload, headers)
+        except (OSError, http.client.HTTPException):
+            return False, time.perf_counter() - t0
+        return status == 202, time.perf_counter() - t0
+    one = _Connection("127.0.0.1", port, timeout=60)
     try:
-        conn.request("POST", "/api/v1/ingest", payload, headers)
-        response = conn.getresponse()
+        one.request("POST", "/api/v1/ingest", payload, headers)
+        response = one.getresponse()
         response.read()
     except (OSError, http.client.HTTPException):
         return False, time.perf_counter() - t0
     finally:
-        conn.close()
+        one.close()
     return response.status == 202, time.perf_counter() - t0
 
 
@@ -243,8 +276,9 @@ def _send_all(
     records = errors = acked = 0
     sent = dict.fromkeys((a.index for a in agents), 0)
     latencies: list[float] = []
+    conns: dict[int, IngestConnection] = {}  # a node's kept-alive connection
     for agent in agents:
-        ok, _ = _post(agent, 1, port, run_id)
+        ok, _ = _post(agent, 1, port, run_id, conns)
         sent[agent.index] += ok
         errors += not ok
     start.ready.wait()
@@ -254,7 +288,7 @@ def _send_all(
     for seq, agent in turns:
         if time.monotonic() >= start.deadline:
             break
-        ok, seconds = _post(agent, seq, port, run_id)
+        ok, seconds = _post(agent, seq, port, run_id, conns)
         latencies.append(seconds)
         if ok:
             records += len(agent.batches[seq - 1])
@@ -262,6 +296,8 @@ def _send_all(
             acked += 1
         else:
             errors += 1
+    for conn in conns.values():
+        conn.close()
     with lock:
         result.records += records
         result.batches += acked
@@ -278,7 +314,9 @@ def run_load(
     lock = threading.Lock()
     run_id = secrets.token_hex(4)
     start = _Start(threading.Barrier(threads + 1), threading.Barrier(threads + 1))
-    with http_servers.running(server, port, env, workers=WORKERS, threads=THREADS) as pid:
+    with http_servers.running(
+        server, port, env, workers=WORKERS, threads=THREADS, extra=SERVER_ARGS
+    ) as pid:
         senders = [
             threading.Thread(
                 target=_send_all, args=(agents[i::threads], port, run_id, start, result, lock)
@@ -401,7 +439,7 @@ def _baseline_row(rows: dict[str, list[tuple[Any, ...]]], r: dict[str, Any], nid
     elif kind == "checkpoint":
         rows["checkpointrecord"].append(
             (ts, nid, gid, 1, False, r["checkpoint_id"], r["step"], r["phase"],
-             jsonb(r["manifest"]), None, None)
+             jsonb(r["manifest"]), None, None, r.get("data_cursor"))
         )  # fmt: skip
     elif kind == "transition":
         rows["transitionrecord"].append(
@@ -498,9 +536,22 @@ def main() -> None:
     parser.add_argument(
         "--nodes-per-group", type=int, default=4, help="nodes of one training job (group)"
     )
+    parser.add_argument(
+        "--per-batch-connections", action="store_true",
+        help="open a connection per batch instead of one kept-alive connection per node",
+    )  # fmt: skip
+    parser.add_argument(
+        "--server-args", help="gunicorn connection options instead of faultline up's, "
+        "e.g. '--keep-alive 30' (no --reuse-port); '' for gunicorn's defaults",
+    )  # fmt: skip
     args = parser.parse_args()
-    global WORKERS, THREADS
+    global WORKERS, THREADS, PER_BATCH, SERVER_ARGS
     WORKERS, THREADS = args.workers, args.threads
+    PER_BATCH = args.per_batch_connections
+    if args.server_args is not None:
+        SERVER_ARGS = tuple(args.server_args.split())
+    else:
+        SERVER_ARGS = _bench_keepalive()
     global NODES_PER_GROUP  # one knob, read by the record builders
     NODES_PER_GROUP = args.nodes_per_group
     if args.quick:

@@ -7,6 +7,8 @@ Postgres backend serving it, so two versions of the code can be compared on a bu
 
     python bench/ingest_inprocess.py                      # 100- and 1,000-record batches
     python bench/ingest_inprocess.py --profile            # plus the top of cProfile
+    python bench/ingest_inprocess.py --profile --sort cumulative
+    python bench/ingest_inprocess.py --wsgi               # through faultline.wsgi
     python bench/ingest_inprocess.py --root ../old-tree   # another checkout's code
 
 Without DATABASE_URL/REDIS_URL it starts a throwaway embedded Postgres and Valkey.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gzip
+import io
 import os
 import pstats
 import sys
@@ -51,21 +54,27 @@ def _setup(root: Path) -> object | None:
 
 
 def _backend_cpu_s() -> float:
-    """CPU seconds of the Postgres backend behind Django's connection (same host only)."""
+    """CPU seconds of the Postgres backends of this database (same host only): Django's
+    connection and, through faultline.wsgi, the pool's connections it takes in turn."""
     from django.db import connection
 
     connection.ensure_connection()
     with connection.cursor() as cur:
-        cur.execute("SELECT pg_backend_pid()")
-        pid = cur.fetchone()[0]
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        cur.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        pids = [row[0] for row in cur.fetchall()]
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
-def run(batch_seconds: int, batches: int, profile: bool) -> None:
+def run(
+    batch_seconds: int, batches: int, profile: bool, sort: str = "tottime", wsgi: bool = False
+) -> None:
     import msgspec
     from django.test import Client
 
@@ -92,11 +101,29 @@ def run(batch_seconds: int, batches: int, profile: bool) -> None:
         if response.status_code != 202:
             raise SystemExit(f"ingest answered {response.status_code}: {response.content!r}")
 
+    if wsgi:  # the WSGI app gunicorn serves, request signals and pool included; no socket
+        from faultline.wsgi import application
+
+        def post(body: bytes) -> None:
+            environ = {
+                "REQUEST_METHOD": "POST", "PATH_INFO": "/api/v1/ingest", "SCRIPT_NAME": "",
+                "SERVER_NAME": "testserver", "SERVER_PORT": "80", "HTTP_HOST": "testserver",
+                "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(body),
+                "CONTENT_LENGTH": str(len(body)), "CONTENT_TYPE": "application/json",
+                "HTTP_AUTHORIZATION": headers["Authorization"], "HTTP_CONTENT_ENCODING": "gzip",
+            }  # fmt: skip
+            status: list[str] = []
+            out = application(environ, lambda s, h: status.append(s))
+            content = b"".join(out)
+            out.close()
+            if not status[0].startswith("202"):
+                raise SystemExit(f"ingest answered {status[0]}: {content!r}")
+
     for body in bodies[:3]:  # warm: group and ranks exist, connection and caches are hot
         post(body)
     timed = bodies[3:]
     records = sum(len(r) for r in agent.batches[3:]) / len(timed)
-    prof = cProfile.Profile() if profile else None
+    prof = cProfile.Profile(time.process_time) if profile else None
     pg0, cpu0, t0 = _backend_cpu_s(), time.process_time(), time.perf_counter()
     if prof:
         prof.enable()
@@ -113,7 +140,7 @@ def run(batch_seconds: int, batches: int, profile: bool) -> None:
         flush=True,
     )
     if prof:
-        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+        pstats.Stats(prof).sort_stats(sort).print_stats(30)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,12 +148,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=_HERE.parent, help="checkout to measure")
     parser.add_argument("--batches", type=int, default=60, help="timed batches per size")
     parser.add_argument("--profile", action="store_true", help="print cProfile's top 30")
+    parser.add_argument("--sort", default="tottime", help="cProfile order (e.g. cumulative)")
+    parser.add_argument(
+        "--wsgi", action="store_true", help="post through faultline.wsgi, not the test client"
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(_HERE.parent))  # bench.ingest builds the batches
     embedded = _setup(args.root.resolve())
     try:
-        run(4, args.batches, args.profile)
-        run(40, max(args.batches // 4, 8), args.profile)
+        run(4, args.batches, args.profile, args.sort, args.wsgi)
+        run(40, max(args.batches // 4, 8), args.profile, args.sort, args.wsgi)
     finally:
         if embedded is not None:
             embedded.stop()

@@ -16,6 +16,14 @@ def apply_xid_overrides() -> None:
     xid.install(xid.load_overrides(path) if path else xid.CATALOG)
 
 
+def check_objectives() -> None:
+    """Validate FAULTLINE_OBJECTIVES (pool defaults of the recovery objectives, issue 20) so
+    a typo stops startup instead of failing the first diagnosis."""
+    from console.policy.objectives import pool_defaults
+
+    pool_defaults(getattr(settings, "FAULTLINE_OBJECTIVES", None))
+
+
 class ConsoleConfig(AppConfig):
     name = "console"
     default_auto_field = "django.db.models.BigAutoField"
@@ -26,3 +34,4 @@ class ConsoleConfig(AppConfig):
         import faultline.celery  # noqa: F401
 
         apply_xid_overrides()
+        check_objectives()

@@ -18,6 +18,7 @@ import time
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypedDict
 
+import msgspec
 from channels.layers import get_channel_layer
 from django.db import transaction
 
@@ -68,6 +69,27 @@ class NodePayload(TypedDict):
     lifecycle_since: str | None
     taken_out_by: str
     replace_flagged: bool
+
+
+def node_payload(row: tuple[Any, ...]) -> NodePayload:
+    """A node card from one row of the card columns, in `NodePayload`'s order (the fleet
+    grid's query and ingest's in-batch `NODE_CARD` select the same columns): one
+    definition of the card for the page, the REST and the live push."""
+    (name, health, last_seen, quarantined, cordoned, devices, lifecycle, reason, since,
+     taken_out_by, flagged) = row  # fmt: skip
+    return {
+        "name": name,
+        "health": health,
+        "last_seen": last_seen.isoformat() if last_seen else None,
+        "quarantined": quarantined,
+        "cordoned": cordoned,
+        "devices": msgspec.json.decode(devices) if isinstance(devices, str) else devices,
+        "lifecycle": lifecycle,
+        "lifecycle_reason": reason,
+        "lifecycle_since": since.isoformat() if since else None,
+        "taken_out_by": taken_out_by,
+        "replace_flagged": flagged,
+    }
 
 
 class GroupPayload(TypedDict):

@@ -37,8 +37,9 @@ def after_ingest(
     # A device event (Xid, GPU lost) names no group: diagnose every group with ranks on the
     # node at once, so the root cause is named within a second, not at the next sweep.
     targets = set(groups) | (set(queries.groups_on_nodes(nodes)) if urgent else set())
+    node = nodes[0] if len(nodes) == 1 else None  # whose urgent budget a device event spends
     for name in sorted(targets):
-        scheduling.schedule_diagnosis(name)
+        scheduling.schedule_diagnosis(name, urgent=urgent, node=node)
 
 
 def forget_recent() -> None:

@@ -139,11 +139,21 @@ class ConsistencyGroup(models.Model):
     # Serving SLO overrides (ttft_ms_p99, tpot_ms_p99, e2e_ms_p99, goodput_target); the
     # defaults live in console.diagnosis.records.ServingSlo.
     slo = models.JSONField(default=dict, blank=True)
+    # Recovery objectives (issue 20) by who declared them: {"launcher": {...}, "operator":
+    # {...}}, keys agents.protocol.OBJECTIVE_KEYS; pool defaults come from settings.
+    # console.queries.objectives merges them (operator > launcher > pool > default).
+    objectives = models.JSONField(default=dict, blank=True)
     labels = models.JSONField(default=dict, blank=True)
     state_since = models.DateTimeField(null=True, blank=True)
     last_activity = models.DateTimeField(null=True, blank=True)
     summary = models.JSONField(default=dict, blank=True)  # newest diagnosis: goodput, advice
     created = models.DateTimeField(auto_now_add=True)
+    # The node whose batch created the group (ingest). Until a rank is placed it is the only
+    # node (besides the group's launcher token) that may transition the group: a group with
+    # no placement to check against must not be fenced by any token (docs/security.md).
+    created_by = models.ForeignKey(
+        Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
 
     class Meta:
         ordering = ["name"]
@@ -206,6 +216,9 @@ class Incident(models.Model):
     symptom_count = models.PositiveIntegerField(default=0)
     recovery = models.JSONField(default=dict, blank=True)
     timeline = models.JSONField(default=dict, blank=True)
+    # The seed's recovery costs (console.diagnosis.recovery_costs), measured from the
+    # incident's records once it resolved; written by console.actions.recovery.
+    costs = models.JSONField(default=dict, blank=True, db_default={})
     opened_at = models.DateTimeField()
     updated_at = models.DateTimeField(auto_now=True)
     clear_since = models.DateTimeField(null=True, blank=True)

@@ -11,23 +11,39 @@ from datetime import datetime, timedelta
 
 from django.db.models import Q
 
-from console import actions, snapshots
+from console import actions, collector, snapshots
 from console.actions.audit import SYSTEM
 from console.choices import GroupState, Health, IncidentState
 from console.diagnosis import diagnose as run_engine
 from console.models import ConsistencyGroup, Node
+from console.queries import recovery
 
 NODE_SILENT_AFTER = timedelta(seconds=10)
 
 
 def diagnose(*, group_name: str, now: datetime) -> None:
-    snapshot = snapshots.load(group_name=group_name, now=now)
-    if snapshot is None:
-        return
-    result = run_engine(snapshot, now)
+    # The live state is millions of long-lived objects at 16k ranks: no gen-2 walk of
+    # them inside a pass (console.collector; a full rebuild releases and collects).
+    with collector.paused():
+        snapshot = snapshots.load(group_name=group_name, now=now)
+        if snapshot is None:
+            return
+        result = run_engine(snapshot, now, memo=snapshots.memo(group_name))
     actions.record_diagnosis(group_name=group_name, diagnosis=result, now=now)
+    measure_recovery(group_name=group_name, now=now)
     # The remediation policy reads the incidents just recorded (console.actions.proposals).
     actions.remediate_group(group_name=group_name, now=now)
+
+
+def measure_recovery(*, group_name: str, now: datetime) -> None:
+    """The seed's recovery costs of the group's resolved incidents, until they are final
+    (the restored generation has caught up with where the failed one stopped)."""
+    for incident in recovery.to_measure(group_name, now):
+        costs = recovery.measure(incident)
+        if costs is not None:
+            actions.record_incident_costs(
+                incident_id=incident.pk, costs=costs, actor=SYSTEM, now=now
+            )
 
 
 def mark_silent_nodes(*, now: datetime) -> list[str]:

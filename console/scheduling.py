@@ -3,9 +3,14 @@
 Owns the names of the tasks the console enqueues, the one call that sends them
 (`current_app.send_task`; console.apps binds Faultline's Celery app, broker REDIS_URL)
 and the per-group debounce of diagnosis, which keeps established groups ahead of young
-ones (created in the last DIAGNOSIS_YOUNG_GROUP_S: a longer debounce and a fleet-wide
-budget a second, so a flood of invented groups queues behind real jobs, never in front
-of them; docs/security.md). Only Celery's autodiscovery imports
+ones (created in the last DIAGNOSIS_YOUNG_GROUP_S: an optional longer debounce and a
+budget a second per node that created them, so one node's flood of invented groups
+spends only its own budget and queues behind real jobs, young or old, never in front of
+them; docs/security.md). An established group's urgent diagnosis (a batch with a device
+event) also goes, without countdown, to a queue of its own that a worker process of its
+own drains (URGENT_QUEUE; `faultline up` and docker-compose run it), so a saturated
+ordinary worker's backlog, which it holds in memory in countdown order, cannot sit in
+front of it. Only Celery's autodiscovery imports
 `console.tasks`, `console.notify_tasks` and `ingest.tasks`. It must not decide *what*
 to run: callers do, on commit. Scheduling a diagnosis never raises (the sweep catches up).
 """
@@ -13,9 +18,12 @@ to run: callers do, on commit. Scheduling a diagnosis never raises (the sweep ca
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from typing import Any, Final
 
+import redis
 from celery import current_app
 from django.conf import settings
 from django.core.cache import cache
@@ -24,6 +32,13 @@ log = logging.getLogger(__name__)
 
 DIAGNOSE_GROUP: Final = "console.diagnose_group"
 SEND_NOTIFICATION: Final = "console.send_notification"
+# The urgent lane: established groups' device events. Its own worker consumes only this
+# queue; the ordinary worker consumes only Celery's default queue.
+URGENT_QUEUE: Final = "diagnose-urgent"
+URGENT: Final = "urgent"  # the task's lane argument: which debounce key it clears
+# An urgent run this late is no longer urgent (the ordinary lane has run since): a lane
+# worker that was down must not start with a backlog of them.
+URGENT_EXPIRES_S = 60
 
 PENDING_TIMEOUT_S = 5
 
@@ -31,11 +46,25 @@ PENDING_TIMEOUT_S = 5
 # debounce countdown of that is covered by the queued run (which starts no earlier than the
 # countdown, and reads the database then), so it skips even the Redis round trip.
 _queued_at: dict[str, float] = {}
+# Per process: when a batch last found another's diagnosis of the group pending (queued,
+# not started: it reads the database after that batch committed). Ordinary batches within
+# the debounce window after that skip the Redis round trips; urgent ones still check.
+_covered_at: dict[str, float] = {}
 
 
-def enqueue(name: str, *args: Any, countdown: float | None = None) -> None:
-    """Send task `name` with JSON `args`; raises only what the broker raised."""
-    current_app.send_task(name, args=list(args), countdown=countdown)
+def enqueue(
+    name: str,
+    *args: Any,
+    countdown: float | None = None,
+    queue: str | None = None,
+    expires: float | None = None,
+) -> None:
+    """Send task `name` with JSON `args` (to `queue`, else Celery's default); raises only
+    what the broker raised."""
+    options: dict[str, Any] = {"countdown": countdown}
+    if queue is not None:
+        options.update(queue=queue, expires=expires)
+    current_app.send_task(name, args=list(args), **options)
 
 
 def send_notification(incident_id: int, key: str, channel: str, event: str) -> None:
@@ -46,34 +75,108 @@ def pending_key(group: str) -> str:
     return f"diag-pending:{group}"
 
 
+def urgent_key(group: str) -> str:
+    return f"diag-urgent:{group}"
+
+
 def young_key(group: str) -> str:
     return f"diag-young:{group}"
 
 
-def mark_young(groups: list[str]) -> None:
-    """Ingest created these groups: they wait behind established ones for a while."""
+def mark_young(groups: list[str], *, node: str) -> None:
+    """Ingest created these groups from `node`'s batch: for a while they wait behind
+    established ones, on `node`'s young-diagnosis budget."""
     if not groups or settings.DIAGNOSIS_YOUNG_GROUP_S <= 0:
         return
     try:
-        cache.set_many(dict.fromkeys(map(young_key, groups), 1), settings.DIAGNOSIS_YOUNG_GROUP_S)
+        cache.set_many(
+            dict.fromkeys(map(young_key, groups), node), settings.DIAGNOSIS_YOUNG_GROUP_S
+        )
     except Exception:  # Redis down: they are diagnosed like any group
         log.warning("scheduling: could not mark %d new groups", len(groups), exc_info=True)
 
 
-def _young_budget_spent() -> bool:
-    """Count one young group's diagnosis in this second's fleet-wide budget."""
-    key = f"diag-young-budget:{int(time.time())}"
+def _budget_spent(kind: str, node: str, limit: int) -> bool:
+    """Count one diagnosis in this second's `kind` budget of `node`. Per node, not
+    fleet-wide: a shared budget let one token's flood of invented groups spend it every
+    second, leaving a real new job's first Xid to the sweep (seconds)."""
+    key = f"diag-{kind}-budget:{node}:{int(time.time())}"
     cache.add(key, 0, timeout=5)
-    return int(cache.incr(key)) > settings.DIAGNOSIS_YOUNG_PER_S
+    return int(cache.incr(key)) > limit
 
 
-def schedule_diagnosis(group: str) -> None:
+def _young_budget_spent(creator: str) -> bool:
+    """Count one young group's diagnosis in the budget of the node that created it."""
+    return _budget_spent("young", creator, settings.DIAGNOSIS_YOUNG_PER_S)
+
+
+_client: tuple[int, redis.Redis] | None = None
+_client_lock = threading.Lock()
+
+
+def _redis() -> redis.Redis:
+    """One client per process (gunicorn forks after import): Django's cache builds a
+    client per call, which cost more than the round trip on ingest's hot path."""
+    global _client
+    with _client_lock:
+        if _client is None or _client[0] != os.getpid():
+            client = redis.Redis.from_url(
+                settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1
+            )
+            _client = (os.getpid(), client)
+        return _client[1]
+
+
+def _young_and_claim(group: str, timeout_s: int) -> tuple[bool, bool]:
+    """In one round trip: is the group young, and did this call set its pending key (the
+    same keys as `cache.get(young_key)` and `cache.add(pending_key)`, so the task's
+    `cache.delete` still clears it)."""
+    pipe = _redis().pipeline(transaction=False)
+    pipe.get(cache.make_key(young_key(group)))
+    pipe.set(cache.make_key(pending_key(group)), 1, nx=True, ex=timeout_s)
+    young, claimed = pipe.execute()
+    return young is not None, bool(claimed)
+
+
+def _schedule_urgent(group: str, node: str | None) -> None:
+    """An established group's device event: one run on the urgent lane, at once, unless
+    one is queued there and not started (it reads the database after this batch). Young
+    groups stay on the ordinary lane and their creator's budget (a flood's invented groups
+    must not reach this lane), and `node`'s urgent budget bounds one token's share of it
+    (its own established groups' invented device events); over it, the ordinary lane."""
+    pipe = _redis().pipeline(transaction=False)
+    pipe.get(cache.make_key(young_key(group)))
+    pipe.set(cache.make_key(urgent_key(group)), 1, nx=True, ex=PENDING_TIMEOUT_S)
+    young, claimed = pipe.execute()
+    if not claimed:
+        return
+    if young is not None or (
+        node and _budget_spent("urgent", node, settings.DIAGNOSIS_URGENT_PER_S)
+    ):
+        cache.delete(urgent_key(group))
+        return
+    enqueue(DIAGNOSE_GROUP, group, URGENT, queue=URGENT_QUEUE, expires=URGENT_EXPIRES_S)
+
+
+def schedule_diagnosis(group: str, *, urgent: bool = False, node: str | None = None) -> None:
     """Debounce: at most one pending diagnosis per group per debounce window; a young
-    group's waits longer and spends the fleet-wide young budget (over it: left to the
-    sweep, which comes back through here)."""
+    group's spends its creator node's budget (over it: the next batch or the sweep, within
+    a second, comes back through here). Not `urgent` (no device event), a batch within
+    the debounce window of finding a run pending skips even the check (ingest's hot path:
+    two Redis round trips a batch otherwise). `urgent` (a device event reported by `node`)
+    an established group also gets a run on the urgent lane; the ordinary one is
+    scheduled as always (it covers what arrives after the urgent run read, and a lane
+    worker that is down)."""
+    if urgent and settings.DIAGNOSIS_URGENT_LANE:
+        try:
+            _schedule_urgent(group, node)
+        except Exception:  # broker down: the ordinary lane and the sweep catch up
+            log.warning("scheduling: no urgent diagnosis of %s", group, exc_info=True)
     delay_ms = settings.DIAGNOSIS_DEBOUNCE_MS
     now = time.monotonic()
     if now - _queued_at.get(group, -1e9) < delay_ms / 1000:
+        return
+    if not urgent and now - _covered_at.get(group, -1e9) < delay_ms / 1000:
         return
     try:
         # The task deletes this key when it starts, so a batch arriving during a run
@@ -81,14 +184,21 @@ def schedule_diagnosis(group: str) -> None:
         # killed holding it). Keep it short: the sweep also goes through this key, so a
         # lost task silences the group's diagnosis until the key expires (30 s measured
         # with 30; docs/reliability.md). A too-early expiry only costs one extra run.
-        young = cache.get(young_key(group)) is not None
+        young, claimed = _young_and_claim(group, PENDING_TIMEOUT_S + delay_ms // 1000)
         if young:
             delay_ms = max(delay_ms, settings.DIAGNOSIS_YOUNG_DEBOUNCE_MS)
-        if not cache.add(pending_key(group), 1, timeout=PENDING_TIMEOUT_S + delay_ms // 1000):
+            if claimed:  # the longer countdown: as long a guard as before
+                cache.touch(pending_key(group), PENDING_TIMEOUT_S + delay_ms // 1000)
+        if not claimed:
+            _covered_at[group] = now
             return
-        if young and _young_budget_spent():
+        # Who created it is read only when a run is due (once per window, not per batch).
+        if young and _young_budget_spent(str(cache.get(young_key(group)))):
+            # Release the debounce key: holding it (until its timeout, 5 s) left a young
+            # group over budget undiagnosed for seconds after the budget came back.
+            cache.delete(pending_key(group))
             _queued_at[group] = now
-            return  # the pending key holds it off until it expires; then the sweep
+            return
         enqueue(DIAGNOSE_GROUP, group, countdown=delay_ms / 1000)
         _queued_at[group] = now
     except Exception:  # broker down: the sweep catches up
@@ -98,3 +208,4 @@ def schedule_diagnosis(group: str) -> None:
 def forget_recent() -> None:
     """Drop this process's memory of queued diagnoses (tests)."""
     _queued_at.clear()
+    _covered_at.clear()

@@ -4,37 +4,208 @@ The engine is pure; this is its only database adapter. Telemetry (steps, collect
 exits, checkpoints, transitions, serving windows, device events, contract violations) is
 read through `console.queries.telemetry`, bounded by time and newest-per-rank; the live
 GPU samples and node liveness come from the console's own tables. Must not write.
+
+The per-rank part (steps, collective windows, process-groups reports, processes: ranks x
+steps rows) is kept between passes in this worker's memory as a `LiveGroup` per group and
+advanced by the rows whose id passed its cursor since the last pass, so a pass reads and
+re-judges what changed, not the world. A state absent (new worker, restart, evicted),
+of another generation, older than `REBUILD_AFTER` or asked for an earlier `now` is rebuilt
+from a full read; docs/diagnosis.md ("Incremental passes") has the cursor's argument.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
+from console import collector
 from console.diagnosis import GroupSnapshot, build_snapshot
+from console.diagnosis.live import LiveGroup, Retention
 from console.models import ConsistencyGroup, Device, Node
+from console.queries import objectives as group_objectives
 from console.queries import telemetry
 
+log = logging.getLogger(__name__)
 
-def load(*, group_name: str, now: datetime) -> GroupSnapshot | None:
+# A full read now and then heals what a cursor cannot see (a writer that drew an id before
+# a read and took its transaction id after it: a microsecond race) and re-fits the per-rank
+# step cap to the group's size.
+REBUILD_AFTER = timedelta(minutes=10)
+MAX_GROUPS = 16  # live states kept per worker process (LRU); a 16k-rank one is ~100 MB
+WRITERS_WAIT_S = 2.0  # a full read waits this long at most for writers in flight
+MAX_PENDING = 600  # reads whose writers are still in flight; past it, rebuild
+
+
+@dataclass
+class _Cursor:
+    """Per-rank-table read position: every row with id <= floor[kind] is applied; ids above
+    it already applied are in `seen`; `pending` holds (writers in flight at a read, the
+    highest id that read saw) until those writers end."""
+
+    floor: dict[str, int]
+    seen: dict[str, set[int]] = field(default_factory=dict)
+    pending: list[tuple[frozenset[int], dict[str, int]]] = field(default_factory=list)
+
+
+@dataclass
+class _Entry:
+    key: tuple[int, int]  # (group pk, generation)
+    live: LiveGroup
+    cursor: _Cursor
+    built: datetime
+
+
+_states: OrderedDict[str, _Entry] = OrderedDict()
+_lock = threading.Lock()
+# The last pass's figures for the benchmark: "full" or "incremental", rows read, ranks rebuilt.
+last_pass: dict[str, Any] = {}
+
+
+def forget(group_name: str | None = None) -> None:
+    """Drop one group's live state (or all): the next pass is a full rebuild."""
+    with _lock:
+        if group_name is None:
+            _states.clear()
+        else:
+            _states.pop(group_name, None)
+
+
+def memo(group_name: str) -> dict[str, Any] | None:
+    """The engine's per-rank memo of the group's live state (None without one)."""
+    with _lock:
+        entry = _states.get(group_name)
+    return None if entry is None else entry.live.memo
+
+
+def load(*, group_name: str, now: datetime, incremental: bool = True) -> GroupSnapshot | None:
     group = ConsistencyGroup.objects.filter(name=group_name).first()
     if group is None:
+        forget(group_name)
         return None
     node_ids = set(group.ranks.values_list("node_id", flat=True)) - {None}
     nodes = {n.pk: n for n in Node.objects.filter(pk__in=node_ids)}
     names = {pk: n.name for pk, n in nodes.items()}
-    records = telemetry.group_records(group, node_names=names, now=now)
+    records = telemetry.evidence_records(group, node_names=names, now=now)
     records += _device_records(node_ids, names, now)
-    return build_snapshot(
-        group=group.name,
-        generation=group.generation,
-        state=group.state,
-        records=records,
-        nodes={n.name: n.last_seen for n in nodes.values()},
-        contract_findings=telemetry.contract_violations(group, now),
-        now=now,
-        slo=group.slo,
+    objectives = group_objectives.effective(group, list(nodes.values()))
+    # A launcher's or pool's goodput SLO applies to the serving SLO too (an operator's
+    # group.slo wins: effective() reads it first).
+    goodput = objectives.get("goodput_target")
+    slo = {**group.slo, **({"goodput_target": goodput} if goodput is not None else {})}
+    kwargs: dict[str, Any] = {
+        "state": group.state,
+        "nodes": {n.name: n.last_seen for n in nodes.values()},
+        "contract_findings": telemetry.contract_violations(group, now),
+        "now": now,
+        "slo": slo,
+        "objectives": objectives,
+    }
+    if not incremental:
+        records += telemetry.rank_records(group, node_names=names, now=now)
+        last_pass.update(mode="full-snapshot", rows=len(records), touched=None)
+        return build_snapshot(
+            group=group.name, generation=group.generation, **kwargs, records=records
+        )
+    entry = _entry(group, names, now)
+    snap = entry.live.snapshot(records=records, **kwargs)
+    last_pass["touched"] = entry.live.touched
+    return snap
+
+
+def _entry(group: ConsistencyGroup, names: dict[int, str], now: datetime) -> _Entry:
+    """The group's live state advanced to now: from the rows since its cursor, or rebuilt."""
+    key = (group.pk, group.generation)
+    with _lock:
+        entry = _states.get(group.name)
+        if entry is not None:
+            _states.move_to_end(group.name)
+    fresh = (
+        entry is not None
+        and entry.key == key
+        and now - entry.built < REBUILD_AFTER
+        and (entry.live.last_now is None or now >= entry.live.last_now)
     )
+    if entry is None or not fresh or not _advance(entry, group, names):
+        entry = _rebuild(group, names, now)
+    with _lock:
+        _states[group.name] = entry
+        _states.move_to_end(group.name)
+        while len(_states) > MAX_GROUPS:
+            _states.popitem(last=False)
+    return entry
+
+
+def _rebuild(group: ConsistencyGroup, names: dict[int, str], now: datetime) -> _Entry:
+    """A full read of the per-rank tables, with a cursor that starts at their heads."""
+    # What passes froze since the last rebuild (console.collector) is collected here, once:
+    # the old state of this group is about to become garbage anyway.
+    collector.release()
+    heads = telemetry.rank_table_heads()
+    # Rows at or below the heads may still be in flight: let those writers end first, so
+    # the full read sees every one of them (ingest commits a batch in milliseconds).
+    waiting = telemetry.writers_in_flight()
+    deadline = time.monotonic() + WRITERS_WAIT_S
+    while waiting and time.monotonic() < deadline:
+        time.sleep(0.005)
+        waiting &= telemetry.writers_in_flight()
+    if waiting:
+        log.warning(
+            "diagnosis %s: %d writers still in flight at a full read", group.name, len(waiting)
+        )
+    rows = telemetry.rank_records(group, node_names=names, now=now)
+    ranks = len({r["rank"] for r in rows})
+    retention = Retention(
+        step_window=telemetry.STEP_WINDOW,
+        step_cap=max(1, telemetry.MAX_STEP_ROWS // max(ranks, 1)),
+        history=telemetry.HISTORY_WINDOW,
+    )
+    live = LiveGroup(group=group.name, generation=group.generation, retention=retention)
+    rows.sort(key=lambda r: r["id"])  # ties in ts: the order they were written
+    live.apply(rows)
+    seen: dict[str, set[int]] = {}
+    for r in rows:
+        if r["id"] > heads[r["kind"]]:
+            seen.setdefault(r["kind"], set()).add(r["id"])
+    last_pass.update(mode="full", rows=len(rows))
+    return _Entry((group.pk, group.generation), live, _Cursor(floor=heads, seen=seen), now)
+
+
+def _advance(entry: _Entry, group: ConsistencyGroup, names: dict[int, str]) -> bool:
+    """Apply the rows written since the last pass, then move the cursor past the ids whose
+    writers have all ended (a row's id is drawn before the row becomes visible)."""
+    cur = entry.cursor
+    before = telemetry.writers_in_flight()
+    rows = telemetry.rank_records_since(group, node_names=names, after=cur.floor, skip=cur.seen)
+    if rows is None or len(cur.pending) > MAX_PENDING:
+        return False  # a flood since the last pass, or a writer in flight for minutes
+    entry.live.apply(rows)
+    high = dict(cur.floor)
+    for kind, ids in cur.seen.items():
+        high[kind] = max(high.get(kind, 0), *ids) if ids else high.get(kind, 0)
+    for r in rows:
+        cur.seen.setdefault(r["kind"], set()).add(r["id"])
+        high[r["kind"]] = max(high.get(r["kind"], 0), r["id"])
+    # A read's writers in flight that were no longer in flight before this read: every row
+    # up to that read's highest id was visible to this read, so the floor may pass it.
+    keep: list[tuple[frozenset[int], dict[str, int]]] = []
+    for writers, mark in cur.pending:
+        if writers & before:
+            keep.append((writers, mark))
+        else:
+            for kind, top in mark.items():
+                cur.floor[kind] = max(cur.floor.get(kind, 0), top)
+    keep.append((telemetry.writers_in_flight(), high))
+    cur.pending = keep
+    for kind, ids in cur.seen.items():
+        floor = cur.floor.get(kind, 0)
+        cur.seen[kind] = {i for i in ids if i > floor}
+    last_pass.update(mode="incremental", rows=len(rows))
+    return True
 
 
 def _device_records(node_ids: set[int], names: dict[int, str], now: datetime) -> list[dict]:
@@ -44,6 +215,12 @@ def _device_records(node_ids: set[int], names: dict[int, str], now: datetime) ->
         if not dev.last_sample:
             continue
         sample = {k: v for k, v in dev.last_sample.items() if k != "ts"}
+        seen = sample.get("throttled")
+        if isinstance(seen, dict) and isinstance(seen.get("ts"), str):
+            try:
+                sample["throttled"] = {**seen, "ts": datetime.fromisoformat(seen["ts"])}
+            except ValueError:
+                sample.pop("throttled")
         sample.update(
             kind="device_sample",
             ts=dev.last_seen or now,

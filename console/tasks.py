@@ -20,9 +20,13 @@ log = logging.getLogger(__name__)
 
 
 @shared_task(name=scheduling.DIAGNOSE_GROUP, acks_late=True, max_retries=3, default_retry_delay=1)
-def diagnose_group(group: str) -> None:
+def diagnose_group(group: str, lane: str = "") -> None:
+    """`lane`: scheduling.URGENT for a run on the urgent lane (its own debounce key)."""
+    key = (
+        scheduling.urgent_key(group) if lane == scheduling.URGENT else scheduling.pending_key(group)
+    )
     try:
-        cache.delete(scheduling.pending_key(group))
+        cache.delete(key)
     except Exception:  # a stale debounce key only delays the next run
         log.warning("diagnose_group: could not clear debounce key", exc_info=True)
     pipeline.diagnose(group_name=group, now=timezone.now())

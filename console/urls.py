@@ -12,6 +12,7 @@ urlpatterns = [
     path("nodes/<str:name>/return/", views.node_return, name="node-return"),
     path("groups/<str:name>/", views.group_page, name="group"),
     path("incidents/<int:pk>/", views.incident_page, name="incident"),
+    path("reliability/", views.reliability_page, name="reliability"),
     path("incidents/<int:pk>/acknowledge/", views.incident_acknowledge, name="incident-ack"),
     path("incidents/<int:pk>/assign/", views.incident_assign, name="incident-assign"),
     path("incidents/<int:pk>/comment/", views.incident_comment, name="incident-comment"),

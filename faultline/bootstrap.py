@@ -65,9 +65,12 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def prepare_env(directory: Path, *, adopt_running: bool) -> Embedded:
+def prepare_env(
+    directory: Path, *, adopt_running: bool, avoid_ports: frozenset[int] = frozenset()
+) -> Embedded:
     """Export DATABASE_URL/REDIS_URL: from the environment, from a running `faultline up`
-    (when `adopt_running`, for one-shot commands beside it), or from embedded servers."""
+    (when `adopt_running`, for one-shot commands beside it), or from embedded servers
+    (never on `avoid_ports`: the web and websocket ports, not bound yet)."""
     os.environ["FAULTLINE_DATA_DIR"] = str(directory)
     runtime = runtime_file(directory)
     if adopt_running and runtime.exists():
@@ -76,7 +79,7 @@ def prepare_env(directory: Path, *, adopt_running: bool) -> Embedded:
             for key in ("DATABASE_URL", "REDIS_URL"):
                 if info.get(key):
                     os.environ.setdefault(key, info[key])
-    emb = start_embedded(directory)
+    emb = start_embedded(directory, avoid_ports=avoid_ports)
     if emb.database_url:
         os.environ["DATABASE_URL"] = emb.database_url
     if emb.redis_url:
@@ -211,7 +214,7 @@ def system_up(*, host: str, port: int, ws_port: int, data_dir_arg: str | None) -
             raise BootstrapError(f"port {busy} is already in use; choose another with {flag} N")
     directory = data_dir(data_dir_arg)
     try:
-        emb = prepare_env(directory, adopt_running=False)
+        emb = prepare_env(directory, adopt_running=False, avoid_ports=frozenset({port, ws_port}))
     except EmbeddedError as exc:
         raise BootstrapError(str(exc)) from exc
     os.environ["FAULTLINE_WS_PORT"] = str(ws_port)
@@ -230,10 +233,39 @@ def system_up(*, host: str, port: int, ws_port: int, data_dir_arg: str | None) -
         emb.stop(force=True)
 
 
+# Agents keep one connection open between batches (agents/sender.py): the idle timeout must
+# outlast their send interval (at most 5 s) so a fleet at rest does not pay a TCP accept and
+# close per batch; gthread parks idle connections in its poller, not in a thread, up to
+# --worker-connections each (past that, answers close the connection: a connection per
+# batch again, never a refusal). SO_REUSEPORT gives each worker its own listening socket,
+# so the kernel spreads the fleet's connections over the workers instead of the first
+# worker to wake taking them all (docs/performance.md).
+WEB_KEEPALIVE = ("--keep-alive", "30", "--worker-connections", "4000", "--reuse-port")
+
+
+def raise_open_files_limit(want: int = 65536) -> int:
+    """Lift this process's soft open-files limit towards the hard one (the children inherit
+    it): each kept-alive agent connection is a file, and a gunicorn worker that hits the
+    limit in accept() dies with all its connections. Returns the soft limit now."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return soft
+
+
 def service_commands(
     *, host: str, port: int, ws_port: int, workers: int, worker_concurrency: int, directory: Path
 ) -> dict[str, list[str]]:
-    """The four children of the service: HTTP, websockets, Celery worker and beat."""
+    """The children of the service: HTTP, websockets, the Celery workers and beat.
+
+    Two workers: `worker` drains the default queue (every task), `worker-urgent` only the
+    urgent diagnosis lane (console.scheduling.URGENT_QUEUE), one process, so an
+    established group's Xid starts at once however far behind the first one is."""
     py = sys.executable
     return {
         "web": [
@@ -241,7 +273,7 @@ def service_commands(
             "--bind", f"{host}:{port}", "--workers", str(workers),
             # Threads overlap a request's Postgres/Redis waits: same CPU per batch as sync
             # workers, more batches/s than uvicorn here (docs/performance.md).
-            "--worker-class", "gthread", "--threads", "4",
+            "--worker-class", "gthread", "--threads", "4", *WEB_KEEPALIVE,
             "--graceful-timeout", "10", "--timeout", "60", "--log-level", "warning",
         ],
         "ws": [
@@ -252,6 +284,11 @@ def service_commands(
             py, "-m", "celery", "-A", "faultline", "worker", "--concurrency",
             str(worker_concurrency), "--loglevel", "WARNING", "--without-heartbeat",
             "--without-gossip", "--without-mingle",
+        ],
+        "worker-urgent": [
+            py, "-m", "celery", "-A", "faultline", "worker", "--queues", "diagnose-urgent",
+            "--hostname", "urgent@%h", "--concurrency", "1", "--loglevel", "WARNING",
+            "--without-heartbeat", "--without-gossip", "--without-mingle",
         ],
         "beat": [
             py, "-m", "celery", "-A", "faultline", "beat", "--loglevel", "WARNING",

@@ -28,6 +28,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             host=args.host, port=args.port, ws_port=args.ws_port, data_dir_arg=args.data_dir
         ) as system:
             system.hand_over()
+            bootstrap.raise_open_files_limit()
             commands = bootstrap.service_commands(
                 host=args.host, port=args.port, ws_port=args.ws_port, workers=args.workers,
                 worker_concurrency=args.worker_concurrency, directory=system.data_dir,
@@ -109,6 +110,28 @@ def cmd_drill(args: argparse.Namespace) -> int:
     return drill.run(args)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """`faultline report --days N`: the fleet's reliability record as Markdown and JSON."""
+    import json
+    from pathlib import Path
+
+    with bootstrap.django_ready(args.data_dir):
+        from django.utils import timezone
+
+        from console.diagnosis.reliability import markdown
+        from console.queries.recovery import fleet_report
+
+        report = fleet_report(days=args.days, now=timezone.now())
+    text = markdown(report)
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    if not args.markdown:
+        print(text, end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="faultline", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -169,6 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="--remediation on the fake scontrol even where a real Slurm could start",
     )
     drill.set_defaults(func=cmd_drill)
+
+    report = sub.add_parser("report", help="the fleet's reliability record (Markdown, JSON)")
+    report.add_argument("--days", type=float, default=30.0, help="the window (default 30)")
+    report.add_argument("--json", dest="json_out", default=None, help="write the figures as JSON")
+    report.add_argument("--markdown", default=None, help="write Markdown here (else stdout)")
+    report.add_argument("--data-dir", default=None, help="the service's data directory")
+    report.set_defaults(func=cmd_report)
 
     manage = sub.add_parser("manage", help="run a Django management command")
     manage.add_argument("rest", nargs=argparse.REMAINDER)

@@ -85,10 +85,16 @@ def _force_stop_postgres(server: object) -> None:
             )
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def free_port(host: str = "127.0.0.1", avoid: frozenset[int] = frozenset()) -> int:
+    """A port nobody listens on now, and none of `avoid`: ports a caller has chosen but not
+    bound yet (`faultline up`'s web and websocket ports), which the kernel may hand out
+    again (a drill once started Valkey on its own web port)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in avoid:
+            return port
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
@@ -131,12 +137,16 @@ def _valkey_binary() -> str:
 
 
 def start_valkey(
-    data_dir: Path, subdir: str = "valkey", *, port: int | None = None
+    data_dir: Path,
+    subdir: str = "valkey",
+    *,
+    port: int | None = None,
+    avoid: frozenset[int] = frozenset(),
 ) -> tuple[subprocess.Popen[bytes], str]:
     vdir = data_dir / subdir
     vdir.mkdir(parents=True, exist_ok=True)
     _stop_stale_valkey(vdir)
-    port = port or free_port()
+    port = port or free_port(avoid=avoid)
     config = {
         "bind": "127.0.0.1",
         "port": str(port),
@@ -186,8 +196,11 @@ def _stop_stale_valkey(vdir: Path) -> None:
     pidfile.unlink(missing_ok=True)
 
 
-def start_embedded(data_dir: Path, *, valkey_subdir: str = "valkey") -> Embedded:
-    """Start what the environment lacks; export nothing (the caller decides)."""
+def start_embedded(
+    data_dir: Path, *, valkey_subdir: str = "valkey", avoid_ports: frozenset[int] = frozenset()
+) -> Embedded:
+    """Start what the environment lacks; export nothing (the caller decides). Valkey's
+    port is none of `avoid_ports` (ports the caller will bind after this)."""
     emb = Embedded(_data_dir=data_dir, _valkey_subdir=valkey_subdir)
     data_dir.mkdir(parents=True, exist_ok=True)
     if not os.environ.get("DATABASE_URL"):
@@ -196,6 +209,6 @@ def start_embedded(data_dir: Path, *, valkey_subdir: str = "valkey") -> Embedded
         emb.timings["postgres_s"] = time.monotonic() - t0
     if not os.environ.get("REDIS_URL"):
         t0 = time.monotonic()
-        emb._valkey, emb.redis_url = start_valkey(data_dir, valkey_subdir)
+        emb._valkey, emb.redis_url = start_valkey(data_dir, valkey_subdir, avoid=avoid_ports)
         emb.timings["valkey_s"] = time.monotonic() - t0
     return emb

@@ -171,6 +171,10 @@ CELERY_WORKER_MAX_MEMORY_PER_CHILD = (
     env_int("FAULTLINE_WORKER_MAX_MEMORY_MB", 512, minimum=64) * 1024
 )
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+# Every beat holds out for a leader lock in Valkey (faultline.beat): run one per service
+# instance, and when the leader dies another sends the sweeps within about this TTL.
+CELERY_BEAT_SCHEDULER = "faultline.beat:LeaderScheduler"
+BEAT_LOCK_TTL_S = env_int("FAULTLINE_BEAT_LOCK_TTL_S", 6, minimum=2)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -290,6 +294,11 @@ SPECTACULAR_SETTINGS = {
     # /api/schema/ and /api/docs/ map every operation: viewers and up only, like the API.
     "SERVE_PERMISSIONS": ["console.api.permissions.IsViewer"],
     "COMPONENT_SPLIT_REQUEST": True,
+    # Group and GroupDetail (issue 20) share these choice sets: name them once.
+    "ENUM_NAME_OVERRIDES": {
+        "GroupKindEnum": "console.choices.GroupKind",
+        "GroupStateEnum": "console.choices.GroupState",
+    },
     "SWAGGER_UI_DIST": "SIDECAR",  # served locally: the console works with no internet
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
@@ -324,16 +333,32 @@ INGEST_MAX_GPUS_PER_NODE = env_int("FAULTLINE_INGEST_MAX_GPUS_PER_NODE", 16, min
 INGEST_NEW_GROUPS_PER_HOUR = env_int("FAULTLINE_INGEST_NEW_GROUPS_PER_HOUR", 20, minimum=1)
 INGEST_MAX_GENERATION_JUMP = env_int("FAULTLINE_INGEST_MAX_GENERATION_JUMP", 1000, minimum=1)
 INGEST_DEVICE_MOVE_AFTER_S = env_int("FAULTLINE_INGEST_DEVICE_MOVE_AFTER_S", 900, minimum=0)
+# Group commit (ingest.store.group_commit): batches that arrive at one web process while it
+# writes another share the next transaction, up to this many; 1 gives each its own.
+INGEST_GROUP_COMMIT_MAX = env_int("FAULTLINE_INGEST_GROUP_COMMIT_MAX", 16, minimum=1)
 TELEMETRY_RETENTION_DAYS = env_int("FAULTLINE_RETENTION_DAYS", 14, minimum=1)
+# Retention of what is not raw partitioned telemetry (ingest.retention, hourly). Receipts
+# are only the idempotency key of recent batches: past this the agent's high-water mark
+# and gap list answer for them. Rollups and event rows are never kept shorter than raw.
+RECEIPT_RETENTION_HOURS = env_int("FAULTLINE_RECEIPT_RETENTION_HOURS", 24, minimum=1)
+ROLLUP_RETENTION_DAYS = env_int("FAULTLINE_ROLLUP_RETENTION_DAYS", 90, minimum=1)
+EVENT_RETENTION_DAYS = env_int("FAULTLINE_EVENT_RETENTION_DAYS", 90, minimum=1)
 DIAGNOSIS_DEBOUNCE_MS = env_int("FAULTLINE_DIAGNOSIS_DEBOUNCE_MS", 200, minimum=0)
 # Groups younger than DIAGNOSIS_YOUNG_GROUP_S wait behind established ones: at most
-# DIAGNOSIS_YOUNG_PER_S of their diagnoses are queued a second, fleet-wide (the sweep catches
-# up on the rest), so invented groups cannot delay a real job's incident. Their debounce is
+# DIAGNOSIS_YOUNG_PER_S of their diagnoses are queued a second per node that created them
+# (the next batch or the sweep catches up on the rest), so one token's invented groups
+# cannot delay a real job's incident, nor spend a real new job's budget. Their debounce is
 # the ordinary one unless DIAGNOSIS_YOUNG_DEBOUNCE_MS says more: jobs often fail in their
 # first minutes, and a new job's Xid must page as fast as an old one's.
 DIAGNOSIS_YOUNG_GROUP_S = env_int("FAULTLINE_DIAGNOSIS_YOUNG_GROUP_S", 600, minimum=0)
 DIAGNOSIS_YOUNG_DEBOUNCE_MS = env_int("FAULTLINE_DIAGNOSIS_YOUNG_DEBOUNCE_MS", 0, minimum=0)
 DIAGNOSIS_YOUNG_PER_S = env_int("FAULTLINE_DIAGNOSIS_YOUNG_PER_S", 10, minimum=1)
+# The urgent lane (console.scheduling): an established group's device event is also
+# diagnosed at once on a queue only its own worker drains (`faultline up` runs it; so must
+# any other deployment, docker-compose's worker-urgent), at most DIAGNOSIS_URGENT_PER_S
+# a second per reporting node. Off: device events wait in the ordinary worker's queue.
+DIAGNOSIS_URGENT_LANE = env_bool("FAULTLINE_DIAGNOSIS_URGENT_LANE", True)
+DIAGNOSIS_URGENT_PER_S = env_int("FAULTLINE_DIAGNOSIS_URGENT_PER_S", 10, minimum=1)
 # Fleet health (console.policy.fleet_health): after repair evidence (a new boot_id, a GPU
 # reset) the hardware must run this long with no fault before it is proposed for return;
 # FAULTS faults within DAYS flag it for replacement (returning it then needs an approver).
@@ -364,6 +389,20 @@ def _remediation_file(path: str) -> dict[str, Any]:
 _REMEDIATION = _remediation_file(env_str("FAULTLINE_REMEDIATION_POLICY"))
 FAULTLINE_REMEDIATION_POLICY = _REMEDIATION.get("gates") or {}
 FAULTLINE_REMEDIATION_POOLS = _REMEDIATION.get("remediation") or {}
+
+
+def _objectives_file(path: str) -> dict[str, Any]:
+    """`FAULTLINE_OBJECTIVES`: a TOML or JSON file of recovery objectives per pool (issue 20):
+    `[default]` and `[pools.<name>]` with agents.protocol.Objectives keys; validated where
+    used (console.queries.objectives), loudly."""
+    if not path:
+        return {}
+    text = Path(path).read_text()
+    data: dict[str, Any] = json.loads(text) if path.endswith(".json") else tomllib.loads(text)
+    return data
+
+
+FAULTLINE_OBJECTIVES = _objectives_file(env_str("FAULTLINE_OBJECTIVES"))
 # A dispatched action whose agent reports nothing this long fails (docs/safety.md).
 FAULTLINE_ACTION_DEADLINE_S = env_int("FAULTLINE_ACTION_DEADLINE_S", 900, minimum=10)
 

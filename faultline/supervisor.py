@@ -85,13 +85,16 @@ class Supervisor:
                 if name in self.requested:
                     self.requested.discard(name)
                     self.due.pop(name, None)
-                    print(f"faultline: {name} restarted on request")
+                    print(f"faultline: {name} restarted on request", flush=True)
                     self.start(name)
                     continue
                 if name not in self.due:
                     delay = restart_delay(self.restarts[name], now)
                     if delay is None:
-                        print(f"faultline: {name} died {GIVE_UP_AFTER} times in 10 min; stopping")
+                        print(
+                            f"faultline: {name} died {GIVE_UP_AFTER} times in 10 min; stopping",
+                            flush=True,
+                        )
                         self.stop()
                         return 1
                     self.restarts[name] = [
@@ -100,7 +103,8 @@ class Supervisor:
                     ]
                     print(
                         f"faultline: {name} exited with code {proc.returncode}; "
-                        f"restarting in {delay:.1f}s"
+                        f"restarting in {delay:.1f}s",
+                        flush=True,
                     )
                     self.due[name] = now + delay
                 if now >= self.due[name]:
@@ -131,9 +135,9 @@ class Supervisor:
             return
         try:
             if self.embedded.revive_valkey():
-                print("faultline: embedded Valkey exited; restarted it on its port")
+                print("faultline: embedded Valkey exited; restarted it on its port", flush=True)
         except EmbeddedError as exc:  # retried on the next tick
-            print(f"faultline: {exc}")
+            print(f"faultline: {exc}", flush=True)
 
     def handle_signals(self) -> None:
         """SIGTERM and SIGINT end `serve` (install before announcing the service)."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +46,9 @@ def issue_token(*, node_name: str, launcher_group: str = "") -> str:
 
 @transaction.atomic
 def revoke_tokens(*, node_name: str) -> int:
+    """Revoke every live token of the node. Ingest refuses them on their next batch, in
+    every process (its store re-checks revocation in the batch's transaction)."""
+    transaction.on_commit(forget_credential)
     return AgentCredential.objects.filter(node__name=node_name, revoked_at=None).update(
         revoked_at=timezone.now()
     )
@@ -56,15 +61,81 @@ WHERE c.token_hash = %s AND c.revoked_at IS NULL ORDER BY c.id LIMIT 1
 """  # noqa: S608 - constant column names
 
 
+# Read in the transaction that stores a batch authenticated from the cache: a row while the
+# credential is live, with its node's health before the batch (the sweep may have marked
+# the node silent since the credential was cached).
+CREDENTIAL_LIVE = """
+SELECT n.health FROM ingest_agentcredential c JOIN console_node n ON n.id = c.node_id
+WHERE c.id = %(credential)s AND c.revoked_at IS NULL
+"""
+
+
+class CredentialRevokedError(Exception):
+    """The cached credential was revoked: the batch is refused (401), nothing stored."""
+
+
+def _bearer(header: str) -> str | None:
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
 def authenticate(header: str) -> AgentCredential | None:
     """Return the live credential for `Bearer <token>`, or None (missing/unknown/revoked).
 
-    One indexed query per batch, no cache: a revoked token is refused on its next batch.
+    One indexed query, no cache: a revoked token is refused on its next request.
     """
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token:
+    token = _bearer(header)
+    return None if token is None else _lookup(hash_token(token))
+
+
+# Ingest's cache of credentials that authenticated (token hash -> (credential, expiry)).
+# Only known, live tokens are cached. It saves the lookup's round trip, never the check:
+# the batch's own transaction re-reads `revoked_at` (ingest.store.batch, CREDENTIAL_LIVE),
+# so a revoked token is still refused on its next batch in every process. The TTL bounds
+# how stale the rest of the cached row (the node's name, the launcher group) can be.
+_cache: dict[str, tuple[AgentCredential, float]] = {}
+_cache_lock = threading.Lock()
+CACHE_TTL_S = 60.0
+CACHE_MAX = 50_000  # entries per process (two workers x 50k nodes' tokens is ~100 MB)
+
+
+def authenticate_cached(header: str) -> AgentCredential | None:
+    """`authenticate` for ingest, from this process's cache when it can be.
+
+    The caller must confirm the credential is still live inside the transaction that
+    stores the batch (`ingest_batch(credential_id=...)`), and `forget_credential` it when
+    that says revoked.
+    """
+    token = _bearer(header)
+    if token is None:
         return None
-    with send(_AUTHENTICATE, (hash_token(token.strip()),)) as cur:
+    key = hash_token(token)
+    now = time.monotonic()
+    hit = _cache.get(key)
+    if hit is not None and hit[1] > now:
+        return hit[0]
+    credential = _lookup(key)
+    if credential is not None:
+        with _cache_lock:
+            if len(_cache) >= CACHE_MAX:
+                _cache.clear()  # a flood of distinct tokens: start again, never grow
+            _cache[key] = (credential, now + CACHE_TTL_S)
+    return credential
+
+
+def forget_credential(token_hash: str | None = None) -> None:
+    """Drop one cached credential (revoked, seen by the store), or all of them (tests)."""
+    with _cache_lock:
+        if token_hash is None:
+            _cache.clear()
+        else:
+            _cache.pop(token_hash, None)
+
+
+def _lookup(token_hash: str) -> AgentCredential | None:
+    with send(_AUTHENTICATE, (token_hash,)) as cur:
         row = cur.fetchone()
     if row is None:
         return None

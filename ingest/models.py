@@ -50,6 +50,9 @@ class AgentState(models.Model):
     duplicates = models.BigIntegerField(default=0)
     gaps = models.BigIntegerField(default=0)
     gap_ranges = models.JSONField(default=list, blank=True)  # newest 100 [first, last] ranges
+    # Receipts with seq <= this were pruned (ingest.retention): below it a seq outside
+    # `gap_ranges` was already stored, so a replay is known without its receipt.
+    receipts_pruned_through = models.BigIntegerField(null=True, blank=True)
     last_seen = models.DateTimeField(null=True)
     clock_skew_ms = models.FloatField(null=True)
     spool_depth = models.BigIntegerField(default=0)
@@ -60,7 +63,11 @@ class AgentState(models.Model):
 
 
 class BatchReceipt(models.Model):
-    """(agent_id, seq) seen once: the idempotency key of the contract."""
+    """(agent_id, seq) seen once: the idempotency key of the contract.
+
+    Kept for `FAULTLINE_RECEIPT_RETENTION_HOURS` only; older ones are pruned and the
+    agent's high-water mark plus its gap list answer for them (ingest.store.receipts).
+    """
 
     agent_id = models.CharField(max_length=64)
     seq = models.BigIntegerField()
@@ -211,6 +218,7 @@ class CheckpointRecord(_GroupRecord):
     manifest = models.JSONField(null=True)
     duration_ms = models.FloatField(null=True)
     detail = models.CharField(max_length=256, null=True)
+    data_cursor = models.BigIntegerField(null=True)  # where a restore resumes (issue 20)
 
     class Meta:
         indexes = [models.Index(fields=["group", "checkpoint_id", "ts"])]

@@ -7,6 +7,8 @@ ingest.retention's; nothing here may touch console state.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
@@ -38,5 +40,11 @@ def rollup_telemetry() -> None:
 
 @shared_task(name=MAINTAIN_TELEMETRY, acks_late=True)
 def maintain_telemetry() -> None:
-    """Hourly: create tomorrow's partitions, drop those past retention."""
-    retention.run(now=timezone.now(), keep_days=settings.TELEMETRY_RETENTION_DAYS)
+    """Hourly: create tomorrow's partitions, drop and delete what is past retention."""
+    policy = retention.Policy(
+        keep_days=settings.TELEMETRY_RETENTION_DAYS,
+        receipts=timedelta(hours=settings.RECEIPT_RETENTION_HOURS),
+        rollup_days=settings.ROLLUP_RETENTION_DAYS,
+        event_days=settings.EVENT_RETENTION_DAYS,
+    )
+    retention.run(now=timezone.now(), keep_days=policy.keep_days, policy=policy)

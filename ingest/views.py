@@ -21,8 +21,8 @@ from console import live, scheduling
 from faultline import metrics
 from ingest import ratelimit
 from ingest.agent_actions import actions_for_node
-from ingest.auth import authenticate
-from ingest.store import AgentNotOwnedError, RecordError, ingest_batch
+from ingest.auth import CredentialRevokedError, authenticate_cached, forget_credential
+from ingest.store import AgentNotOwnedError, RecordError, store
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ def _body(request: HttpRequest) -> bytes:
 @require_POST
 def ingest(request: HttpRequest) -> JsonResponse:
     try:
-        credential = authenticate(request.headers.get("Authorization", ""))
+        # Cached: the store confirms in the batch's transaction that it is still live.
+        credential = authenticate_cached(request.headers.get("Authorization", ""))
     except OperationalError:
         return _error(503, "database unavailable: retry later", retry_after=5)
     if credential is None:
@@ -80,14 +81,18 @@ def ingest(request: HttpRequest) -> JsonResponse:
             f"the batch names {batch.agent.node!r}",
         )
     try:
-        result = ingest_batch(
+        result = store(
             node=credential.node,
             batch=batch,
             now=timezone.now(),
             max_future_s=settings.INGEST_MAX_FUTURE_S,
             want_card=live.push_due(credential.node.name),
             launcher_group=credential.launcher_group,
+            credential_id=credential.pk,
         )
+    except CredentialRevokedError:
+        forget_credential(credential.token_hash)
+        return _error(401, "missing, unknown or revoked agent token")
     except AgentNotOwnedError as exc:
         return _error(403, str(exc))
     except RecordError as exc:
@@ -103,7 +108,7 @@ def ingest(request: HttpRequest) -> JsonResponse:
         log.exception("ingest: batch rejected by the database")
         return _error(503, "batch could not be stored: retry later", retry_after=5)
     if not result.duplicate:
-        scheduling.mark_young(result.new_groups)  # before diagnosis is scheduled
+        scheduling.mark_young(result.new_groups, node=credential.node.name)  # before scheduling
         metrics.INGEST_RECORDS.inc(len(batch.records))
         live.after_ingest(
             groups=result.groups,

@@ -11,7 +11,7 @@ never this package, so the package has no import cycles:
     accounts             the role an SSO identity holds, set at each sign-in
     incidents            acknowledge, assign, comment (people)
     diagnosis            findings folded into incidents, settle and reopen (the engine)
-    groups               a serving group's SLO overrides
+    groups               a group's serving SLO overrides and recovery objectives
     fleet                node health, quarantine/cordon marks, GPU isolation, the health
                          lifecycle (latched faults, repair evidence, return to service)
     gating, targets      inputs of the pure gates, read under the remediation lock
@@ -39,6 +39,7 @@ from console.actions.errors import (
     IncidentChangeError,
     NotAllowed,
     NotFound,
+    ObjectivesError,
     RemediationError,
     SloError,
 )
@@ -53,7 +54,7 @@ from console.actions.fleet import (
     return_to_service,
     set_node_health,
 )
-from console.actions.groups import SLO_KEYS, set_group_slo
+from console.actions.groups import SLO_KEYS, set_group_objectives, set_group_slo
 from console.actions.incidents import acknowledge_incident, assign_incident, comment_on_incident
 from console.actions.notifications import deliver, freeze_policies, schedule_due
 from console.actions.paging import (
@@ -64,6 +65,7 @@ from console.actions.paging import (
     save_escalation_policy,
 )
 from console.actions.proposals import cause_of_incident, remediate, remediate_group
+from console.actions.recovery import record_incident_costs
 from console.actions.remediation import (
     Outcome,
     abandon_action,
@@ -87,6 +89,7 @@ __all__ = [
     "IncidentChangeError",
     "NotAllowed",
     "NotFound",
+    "ObjectivesError",
     "Outcome",
     "RemediationError",
     "SloError",
@@ -119,6 +122,7 @@ __all__ = [
     "propose_returns",
     "record_action_result",
     "record_diagnosis",
+    "record_incident_costs",
     "record_repair_evidence",
     "record_sso_sign_in",
     "remediate",
@@ -128,6 +132,7 @@ __all__ = [
     "save_escalation_policy",
     "schedule_due",
     "set_breaker",
+    "set_group_objectives",
     "set_group_slo",
     "set_node_health",
     "vote_on_action",

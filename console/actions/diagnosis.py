@@ -199,10 +199,15 @@ def _sync_alerts(incident: Incident, findings: list[dict[str, Any]], now: dateti
 
 
 def _settle(incident: Incident, now: datetime) -> bool:
-    """The root cause is gone: start the settle clock, resolve once it has run out."""
+    """The root cause is gone: start the settle clock, resolve once it has run out.
+
+    Its alerts go inactive at once: `active` says the finding is in the newest diagnosis
+    (a rolled-back canary's `stale_version` clears on the next window that shows the fixed
+    version); only the incident waits out SETTLE, and a finding that returns re-activates."""
     if incident.clear_since is None:
         incident.clear_since = now
         incident.save(update_fields=["clear_since", "updated_at"])
+        incident.alerts.filter(active=True).update(active=False)
         return False
     if now - incident.clear_since < SETTLE:
         return False

@@ -23,6 +23,10 @@ class SloError(ChangeError):
     """An SLO value we cannot use; the message names the key, the value and the range."""
 
 
+class ObjectivesError(ChangeError):
+    """Recovery objectives we cannot use (issue 20); the message names the key and why."""
+
+
 class Conflict(RemediationError):
     """The action is not in a state where this change applies (e.g. a result twice) (409)."""
 

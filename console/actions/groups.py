@@ -1,8 +1,11 @@
-"""Changes people make to a consistency group: its serving SLO overrides.
+"""Changes people make to a consistency group: its serving SLO overrides and its recovery
+objectives.
 
 Owns validating and storing a group's SLO (keys are console.diagnosis.records.ServingSlo's
-fields, the one definition), the audit entry and the re-diagnosis after commit. It must
-not touch the group's live state (ingest and the pipeline own that).
+fields, the one definition) and the operator's recovery objectives (issue 20; keys and
+values are agents.protocol.Objectives', validated by console.policy.objectives), the audit
+entry and the re-diagnosis after commit. It must not touch the group's live state (ingest
+and the pipeline own that) nor the launcher's declaration (ingest stores it beside).
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ from django.db import transaction
 
 from console import events, scheduling
 from console.actions.audit import actor_name, audit
-from console.actions.errors import SloError
+from console.actions.errors import ObjectivesError, SloError
 from console.diagnosis.records import ServingSlo
 from console.models import ConsistencyGroup
+from console.policy import objectives as pure_objectives
+from console.policy.inputs import PolicyError
 from console.roles import Actor
 
 SLO_KEYS = frozenset(f.name for f in fields(ServingSlo))
@@ -54,6 +59,39 @@ def set_group_slo(
     group.save(update_fields=["slo"])
     audit(actor=actor_name(actor), verb="group.slo_changed", obj=group, now=now,
           data={"before": before, "after": values})  # fmt: skip
+    events.publish_on_commit(
+        events.group_channel(group.name), "group.changed", {"name": group.name}
+    )
+    transaction.on_commit(lambda: scheduling.schedule_diagnosis(group.name))
+    return group
+
+
+@transaction.atomic
+def set_group_objectives(
+    *, group_name: str, objectives: dict[str, Any], actor: Actor, now: datetime
+) -> ConsistencyGroup:
+    """Replace the operator's recovery objectives of a group (absent keys fall back to the
+    launcher's, then the pool's). `goodput_target` is the group's SLO key and is stored
+    there too, so the serving SLO and the objectives agree on one value."""
+    try:
+        values = pure_objectives.validated(objectives)
+    except PolicyError as exc:
+        raise ObjectivesError(str(exc)) from None
+    group = ConsistencyGroup.objects.select_for_update().get(name=group_name)
+    before = dict(group.objectives or {})
+    group.objectives = {**before, pure_objectives.OPERATOR: values}
+    fields_changed = ["objectives"]
+    slo_before = dict(group.slo)
+    if "goodput_target" in values:
+        group.slo = {**group.slo, "goodput_target": float(values["goodput_target"])}
+        fields_changed.append("slo")
+    elif "goodput_target" in before.get(pure_objectives.OPERATOR, {}):
+        group.slo = {k: v for k, v in group.slo.items() if k != "goodput_target"}
+        fields_changed.append("slo")
+    group.save(update_fields=fields_changed)
+    audit(actor=actor_name(actor), verb="group.objectives_changed", obj=group, now=now,
+          data={"before": before.get(pure_objectives.OPERATOR, {}), "after": values,
+                "slo_before": slo_before, "slo_after": group.slo})  # fmt: skip
     events.publish_on_commit(
         events.group_channel(group.name), "group.changed", {"name": group.name}
     )

@@ -9,8 +9,9 @@ name after commit (console.scheduling); console.notify_tasks only wraps them as 
 
 Also the channel verbs after creation (admin only, audited, keyword-only, atomic): update
 a channel's kind, URL or enabled flag, disable or enable it, rotate its secret. The audit
-row never holds a URL (a Slack webhook's path is its secret) nor a secret: it records
-which fields changed and the URL's host only.
+row never holds a URL (a Slack webhook's path is its secret) nor a secret: what it
+records is decided by console.notify.redact.channel_audit_data alone (which fields
+changed, the URL's origin, whether a secret is set).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import logging
 import secrets
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
@@ -37,7 +37,7 @@ from console.models import (
     NotificationChannel,
     NotificationDelivery,
 )
-from console.notify import pagerduty, slack, transport, webhook
+from console.notify import pagerduty, redact, slack, transport, webhook
 from console.notify.message import Event, Notification
 from console.policy import escalation as esc
 from console.roles import Actor, has_role
@@ -213,13 +213,6 @@ CHANNEL_KINDS = ("webhook", "slack", "pagerduty")
 _NEEDS_SECRET = ("webhook", "pagerduty")
 
 
-def _url_host(url: str) -> str:
-    try:
-        return urlsplit(url).hostname or ""
-    except ValueError:
-        return ""
-
-
 def _channel_for_update(actor: Actor, name: str) -> NotificationChannel:
     if not has_role(actor, UserRole.ADMIN):
         raise role_refused(actor, "channels", UserRole.ADMIN)
@@ -237,8 +230,10 @@ def _audit_channel(actor: Actor, row: NotificationChannel, verb: str, now: datet
         obj=row,
         now=now,
         object_type="notificationchannel",
-        data={"name": row.name, "kind": row.kind, "url_host": _url_host(row.url),
-              "enabled": row.enabled, **data},
+        data=redact.channel_audit_data(
+            name=row.name, kind=row.kind, url=row.url, secret_set=bool(row.secret),
+            enabled=row.enabled, **data,
+        ),
     )  # fmt: skip
 
 

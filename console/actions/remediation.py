@@ -604,7 +604,9 @@ def _apply_effect(action: Action, *, now: datetime) -> None:
     Taking out (quarantine, cordon, drain, isolate) that succeeded marks the node or GPU and
     moves latched hardware out of service, owned by Faultline; `held_by_other` means it
     was already out, someone else's (`taken_out_by=scheduler`): Faultline never puts it
-    back on its own. Putting back (uncordon_node, release_gpu) that succeeded returns the
+    back on its own. One a person proposed (not a rule) is the operator's decision
+    (`taken_out_by=operator`): a return needs an approver, never the automatic path.
+    Putting back (uncordon_node, release_gpu) that succeeded returns the
     hardware to service and resolves its node incidents; `refused` (someone else holds it)
     is a failed result and changes nothing.
     """
@@ -624,7 +626,13 @@ def _apply_effect(action: Action, *, now: datetime) -> None:
         fleet.mark_out_of_service(
             node_id=action.node.pk,
             gpu=action.gpu if mark is None else "",
-            taken_out_by=TakenOutBy.SCHEDULER if by_other else TakenOutBy.FAULTLINE,
+            taken_out_by=(
+                TakenOutBy.SCHEDULER
+                if by_other
+                else TakenOutBy.OPERATOR
+                if action.proposed_by_id is not None
+                else TakenOutBy.FAULTLINE
+            ),
             actor=who,
             reason=f"{reason} ({state})",
             now=now,

@@ -112,37 +112,33 @@ class ActionVote(APIView):
         return decision(outcome)
 
 
-class ActionCancel(APIView):
+class _ReasonedDecision(APIView):
+    """POST {reason} → one console.actions verb on the action; subclasses name the verb."""
+
+    verb: staticmethod
+
+    @extend_schema(request=ReasonIn, responses={200: DecisionOut})
+    def post(self, request: Request, pk: int) -> Response:
+        data = ReasonIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        outcome = type(self).verb(
+            action_id=pk,
+            actor=request.user,
+            reason=data.validated_data["reason"],
+            now=timezone.now(),
+        )
+        return decision(outcome)
+
+
+class ActionCancel(_ReasonedDecision):
     """Cancel a proposed or approved action: its proposer or an admin."""
 
     permission_classes = [IsOperator]
-
-    @extend_schema(request=ReasonIn, responses={200: DecisionOut})
-    def post(self, request: Request, pk: int) -> Response:
-        data = ReasonIn(data=request.data)
-        data.is_valid(raise_exception=True)
-        outcome = actions.cancel_action(
-            action_id=pk,
-            actor=request.user,
-            reason=data.validated_data["reason"],
-            now=timezone.now(),
-        )
-        return decision(outcome)
+    verb = staticmethod(actions.cancel_action)
 
 
-class ActionAbandon(APIView):
+class ActionAbandon(_ReasonedDecision):
     """Give up on a dispatched action whose agent never reported (admin): it fails, audited."""
 
     permission_classes = [IsAdmin]
-
-    @extend_schema(request=ReasonIn, responses={200: DecisionOut})
-    def post(self, request: Request, pk: int) -> Response:
-        data = ReasonIn(data=request.data)
-        data.is_valid(raise_exception=True)
-        outcome = actions.abandon_action(
-            action_id=pk,
-            actor=request.user,
-            reason=data.validated_data["reason"],
-            now=timezone.now(),
-        )
-        return decision(outcome)
+    verb = staticmethod(actions.abandon_action)

@@ -28,7 +28,7 @@ from agents.gpu_health import HEALTH_ORDER
 from console import charts, queries
 from console.choices import GroupState
 from console.models import ConsistencyGroup, Incident
-from console.queries import telemetry
+from console.queries import recovery, telemetry
 from console.serving import serving_state_of
 
 SEVERITY_ORDER = ("critical", "major", "minor", "info")
@@ -116,20 +116,18 @@ def fleet_data(
         groups = groups.filter(labels__contains=labels)
     if state in GroupState.values:
         groups = groups.filter(state=state)
-    node_rows: list[dict[str, Any]] = []
     hardware = hardware if hardware in HARDWARE_FILTERS else None
-    for n in queries.node_payloads(labels=labels, hardware=hardware):
-        payload = dict(n)
-        payload["worst"] = charts.worst_health(payload)
-        # Big fleets: a healthy, unflagged node is one compact tile, not eight GPU cells.
-        payload["compact"] = (
-            payload["worst"] == "ok"
-            and not n["quarantined"]
-            and not n["cordoned"]
-            and n["lifecycle"] == "healthy"
-        )
-        node_rows.append(payload)
-    compact = len(node_rows) > COMPACT_ABOVE
+    grid, compact = queries.fleet_grid(labels, hardware, compact_above=COMPACT_ABOVE)
+    node_rows: list[dict[str, Any]] = []
+    for n in grid:
+        card = n["card"]
+        if card is None:
+            # Big fleets: a healthy, unflagged node is one compact tile, not eight GPU
+            # cells, and comes as just that (see queries.fleet_grid).
+            node_rows.append({"name": n["name"], "gpus": n["gpus"], "worst": "ok", "compact": True})
+        else:
+            worst = charts.worst_health(card)
+            node_rows.append({**card, "worst": worst, "compact": False, "gpus": n["gpus"]})
     incidents = sorted(
         queries.open_incidents().order_by("-opened_at")[:100],
         key=lambda i: SEVERITY_ORDER.index(i.severity) if i.severity in SEVERITY_ORDER else 9,
@@ -138,7 +136,7 @@ def fleet_data(
     gpu_total = 0
     for row in node_rows:
         counts[row["worst"]] += 1
-        gpu_total += len(row["devices"])
+        gpu_total += row["gpus"]
     return {
         "filters": {"label": label or "", "state": state or "", "hardware": hardware or ""},
         "hardware_filters": HARDWARE_FILTERS,
@@ -260,6 +258,7 @@ def incident_data(incident: Incident) -> dict[str, Any]:
         "first_seen": root.get("first_seen"),
         "last_seen": root.get("last_seen"),
         "recovery": incident.recovery or {},
+        "costs": recovery.costs_of(incident),
         "symptoms_total": len(symptoms),
         "symptom_folds": charts.symptom_groups(
             symptoms[:2000], root_kind=incident.kind, root_subject=incident.subject

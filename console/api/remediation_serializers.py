@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import URLValidator
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from agents.actions_contract import Status
@@ -132,7 +136,29 @@ class PolicySerializer(serializers.ModelSerializer):
         fields = ["id", "name", "position", "severities", "labels", "steps", "enabled"]
 
 
+@extend_schema_field(OpenApiTypes.STR)  # shown redacted, so not a "uri" in the schema
+class RedactedUrlField(serializers.CharField):
+    """Takes a URL; shows only its origin (console.notify.redact): a Slack webhook's path
+    is its secret, and admins' screens and API clients are no place for it. A CharField
+    that checks the URL itself: a URLValidator in `validators` makes the schema say "uri",
+    which the redacted form (`https://host/[redacted]`) is not."""
+
+    def to_internal_value(self, data: Any) -> str:
+        value = super().to_internal_value(data)
+        try:
+            URLValidator()(value)
+        except DjangoValidationError:
+            raise serializers.ValidationError("Enter a valid URL.") from None
+        return value
+
+    def to_representation(self, value: Any) -> str:
+        return redact.redact_url(str(super().to_representation(value)))
+
+
 class ChannelSerializer(serializers.ModelSerializer):
+    """A channel; its URL is shown as its origin only, its secret never."""
+
+    url = RedactedUrlField(max_length=512)
     secret = serializers.CharField(write_only=True, required=False, max_length=256)
 
     class Meta:

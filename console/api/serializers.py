@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils import timezone
 from rest_framework import serializers
 
 from console.models import Alert, ConsistencyGroup, Device, HealthEvent, Incident, Node
-from console.queries import telemetry
+from console.queries import objectives as group_objectives
+from console.queries import recovery, telemetry
 from console.serving import serving_state_of
 
 LIFECYCLE_FIELDS = (
@@ -117,6 +119,32 @@ class GroupSerializer(serializers.ModelSerializer):
         return serving_state_of(obj)
 
 
+class GroupDetailSerializer(GroupSerializer):
+    """One group: adds its recovery objectives (with sources) and the checkpoint-interval
+    and hot-spare advice (issue 20); not in the list, where it would cost a query per row."""
+
+    objectives = serializers.SerializerMethodField()
+    checkpoint_advice = serializers.SerializerMethodField()
+
+    class Meta(GroupSerializer.Meta):
+        fields = [*GroupSerializer.Meta.fields, "objectives", "checkpoint_advice"]
+
+    def _both(self, obj: ConsistencyGroup) -> dict[str, Any]:
+        """Both fields from one read (the serializer lives for one response)."""
+        memo: dict[int, dict[str, Any]] = self.__dict__.setdefault("_objectives_memo", {})
+        if obj.pk not in memo:
+            memo[obj.pk] = group_objectives.objectives_and_advice(obj, now=timezone.now())
+        return memo[obj.pk]
+
+    def get_objectives(self, obj: ConsistencyGroup) -> dict:
+        objectives: dict = self._both(obj)["objectives"]
+        return objectives
+
+    def get_checkpoint_advice(self, obj: ConsistencyGroup) -> dict:
+        advice: dict = self._both(obj)["advice"]
+        return advice
+
+
 class AlertSerializer(serializers.ModelSerializer):
     incident = serializers.IntegerField(source="incident_id")
     group = serializers.CharField(source="incident.group.name", default=None)
@@ -134,14 +162,22 @@ class IncidentSerializer(serializers.ModelSerializer):
     node = serializers.CharField(source="node.name", default=None, allow_null=True)
     symptoms = serializers.SerializerMethodField()
     external_alerts = serializers.SerializerMethodField()
+    costs = serializers.SerializerMethodField()
 
     class Meta:
         model = Incident
         fields = [
             "id", "group", "node", "generation", "state", "kind", "subject", "role",
             "severity", "summary", "root_cause", "symptom_count", "symptoms", "external_alerts",
-            "recovery", "timeline", "opened_at", "resolved_at", "version",
+            "recovery", "costs", "timeline", "opened_at", "resolved_at", "version",
         ]  # fmt: skip
+
+    def get_costs(self, obj: Incident) -> dict[str, Any] | None:
+        """The seed's recovery costs (console.queries.recovery): measured live on the
+        detail endpoint until final; the list shows what the pipeline stored."""
+        if self.context.get("live_costs"):
+            return recovery.costs_of(obj)
+        return obj.costs or None
 
     def get_external_alerts(self, obj: Incident) -> list[dict]:
         """The Alertmanager alerts filed on this incident (console.actions.alertmanager)."""

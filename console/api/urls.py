@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
+from console.api import reliability as reliability_views
 from console.api import serving as serving_views
 from console.api import views
 
@@ -23,6 +24,7 @@ urlpatterns = [
     path("incidents/", views.IncidentList.as_view(), name="api-incidents"),
     path("incidents/<int:pk>/", views.IncidentDetail.as_view(), name="api-incident"),
     path("alerts/", views.AlertList.as_view(), name="api-alerts"),
+    path("reliability/", reliability_views.ReliabilityReport.as_view(), name="api-reliability"),
 ]
 
 # Remediation: actions and votes, audit, silences, escalation, breaker. (The agent-facing
@@ -70,4 +72,15 @@ urlpatterns += [
     path("pages/groups/<str:name>/", pages.GroupPage.as_view(), name="page-group"),
     path("pages/groups/<str:name>/charts/", pages.GroupCharts.as_view(), name="page-charts"),
     path("pages/incidents/<int:pk>/", pages.IncidentPage.as_view(), name="page-incident"),
+]
+
+# Recovery objectives and checkpoint advice of a group (issue 20).
+from console.api import objectives as objective_views  # noqa: E402 - appended section
+
+urlpatterns += [
+    path(
+        "groups/<str:name>/objectives/",
+        objective_views.GroupObjectives.as_view(),
+        name="api-group-objectives",
+    ),
 ]

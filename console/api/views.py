@@ -63,7 +63,7 @@ class GroupList(generics.ListAPIView):
 
 
 class GroupDetail(generics.RetrieveAPIView):
-    serializer_class = s.GroupSerializer
+    serializer_class = s.GroupDetailSerializer
     lookup_field = "name"
     lookup_value_regex = "[^/]+"
 
@@ -110,7 +110,7 @@ class IncidentDetail(generics.RetrieveAPIView):
         )
 
     def get_serializer_context(self) -> dict[str, Any]:
-        return {**super().get_serializer_context(), "symptom_limit": 10_000}
+        return {**super().get_serializer_context(), "symptom_limit": 10_000, "live_costs": True}
 
 
 @extend_schema(

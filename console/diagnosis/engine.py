@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from console.diagnosis.config import DiagnosisConfig
 from console.diagnosis.findings import (
     MINOR,
+    RISK_KINDS,
     ROOT_CAUSE,
     SEVERITY_RANK,
     UNDETERMINED,
@@ -29,8 +31,10 @@ from console.diagnosis.rules import (
     contracts,
     device,
     host,
+    network,
     nodes,
     numerics,
+    objectives,
     probes,
     process,
     progress,
@@ -49,11 +53,13 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("contracts", contracts.run),
     ("checkpoints", checkpoints.run),
     ("restarts", restarts.run),
+    ("objectives", objectives.run),  # issue 20: needs the valid checkpoint
     ("numerics", numerics.run),
     ("probes", probes.run),
     ("device", device.run),
     ("nodes", nodes.run),
     ("host", host.run),
+    ("network", network.run),
     ("process", process.run),
     ("collectives", collectives.run),
     ("progress", progress.run),
@@ -62,27 +68,30 @@ RULES: tuple[tuple[str, Rule], ...] = (
 )
 
 # Root causes that need no restart at all: the group keeps running, slower or noisier.
-NO_RESTART = frozenset(
-    {
-        "thermal_throttle",
-        "power_throttle",
-        "row_remap_pending",
-        "nvlink_errors",
-        "agent_silent",
-        "input_stall",
-        "network_slow",
-        "slo_breach",
-        "checkpoint_partial",
-        "checkpoint_corrupt",
-        "checkpoint_missing_shard",
-        "checkpoint_modified",
-        # host evidence (issue 18): the group keeps running; the node needs a look
-        "machine_check",
-        "pcie_aer",
-        "nvswitch_error",
-        "io_error",
-    }
-)
+NO_RESTART = (
+    frozenset(
+        {
+            "thermal_throttle",
+            "power_throttle",
+            "row_remap_pending",
+            "nvlink_errors",
+            "agent_silent",
+            "input_stall",
+            "network_slow",
+            "slo_breach",
+            "checkpoint_partial",
+            "checkpoint_corrupt",
+            "checkpoint_missing_shard",
+            "checkpoint_modified",
+            # host evidence (issue 18): the group keeps running; the node needs a look
+            "machine_check",
+            "pcie_aer",
+            "nvswitch_error",
+            "io_error",
+        }
+    )
+    | RISK_KINDS
+)  # issue 20: a risk (RPO/RTO) needs no restart and never blocks one
 # Root causes whose node must be left out of the restarted group.
 EXCLUDE_NODE = frozenset({"xid", "gpu_lost", "ecc_dbe", "node_down"})
 ROLE_ORDER = {"root_cause": 0, "undetermined": 1, "symptom": 2}
@@ -125,21 +134,29 @@ class Diagnosis:
         }
 
 
+def _step_totals(ctx: Context) -> tuple[int, float | None] | None:
+    """(newest step, median tokens per step) over every rank's steps; None without steps."""
+    by_step: dict[int, int] = {}
+    for r in ctx.snap.ranks:
+        for s in ctx.steps(r):
+            by_step[s.step] = by_step.get(s.step, 0) + (s.tokens or 0)
+    if not by_step:
+        return None
+    return max(by_step), median(list(by_step.values()))
+
+
 def _losses(ctx: Context) -> tuple[int | None, int | None, float | None]:
     """Steps, tokens and GPU-hours lost if the group restarts from the valid checkpoint."""
-    steps = [s for r in ctx.snap.ranks for s in ctx.steps(r)]
-    if not steps:
+    totals = ctx.per_pass("step_totals", None, partial(_step_totals, ctx))
+    if totals is None:
         return None, None, None
-    current = max(s.step for s in steps)
+    current, tokens_per_step = totals
     ckpt = ctx.valid_checkpoint
     base = ckpt.step if ckpt is not None and ckpt.step is not None else 0
     lost = max(current - base, 0)
-    by_step: dict[int, int] = {}
-    for s in steps:
-        by_step[s.step] = by_step.get(s.step, 0) + (s.tokens or 0)
-    tokens = round(lost * median(list(by_step.values()))) if by_step else None
-    durs = ctx.recent_durations_s
-    gpu_h = round(lost * median(durs) * len(ctx.snap.ranks) / 3600.0, 3) if durs else None
+    tokens = round(lost * tokens_per_step) if tokens_per_step is not None else None
+    durs = ctx.median_duration_s
+    gpu_h = round(lost * durs * len(ctx.snap.ranks) / 3600.0, 3) if durs is not None else None
     return lost, tokens, gpu_h
 
 
@@ -168,6 +185,8 @@ def _recovery(
         return Recovery(False, storm, ckpt_id, *losses)
     if f.kind in NO_RESTART or f.severity == MINOR:
         return Recovery(True, f"no restart needed: {f.summary}", ckpt_id)
+    if ctx.restart_unsafe is not None:  # issue 20: the group's data consistency
+        return Recovery(False, ctx.restart_unsafe, ckpt_id, *losses)
     if ctx.snap.kind == "training" and ckpt is None:
         return Recovery(
             False, "no committed, checksummed checkpoint to restore from", None, *losses
@@ -205,11 +224,17 @@ def _order(f: Finding) -> tuple[object, ...]:
 
 
 def diagnose(
-    snapshot: GroupSnapshot, now: datetime, config: DiagnosisConfig | None = None
+    snapshot: GroupSnapshot,
+    now: datetime,
+    config: DiagnosisConfig | None = None,
+    memo: dict[str, Any] | None = None,
 ) -> Diagnosis:
-    """Run every rule over `snapshot` at `now`; root causes first, then symptoms."""
+    """Run every rule over `snapshot` at `now`; root causes first, then symptoms.
+
+    `memo` (optional, kept by the caller between passes: `LiveGroup.memo`) lets per-rank
+    values of ranks whose `RankState` is unchanged be reused; the result is the same."""
     cfg = config or DiagnosisConfig()
-    ctx = Context(snapshot, now, cfg)
+    ctx = Context(snapshot, now, cfg, memo)
     for _name, rule in RULES:
         rule(ctx)
     losses = _losses(ctx)
@@ -218,7 +243,7 @@ def diagnose(
         for f in ctx.findings.values()
     ]
     findings.sort(key=_order)
-    roots = [f for f in findings if f.role == ROOT_CAUSE]
+    roots = [f for f in findings if f.role == ROOT_CAUSE and f.kind not in RISK_KINDS]
     unknown = [f for f in findings if f.role == UNDETERMINED and f.recovery is not None]
     return Diagnosis(
         group=snapshot.group,
@@ -226,7 +251,12 @@ def diagnose(
         at=now,
         findings=tuple(findings),
         goodput=compute_goodput(
-            snapshot, now, window_s=cfg.goodput_window_s, stall_threshold_s=ctx.stall_threshold_s
+            snapshot,
+            now,
+            window_s=cfg.goodput_window_s,
+            stall_threshold_s=ctx.stall_threshold_s,
+            per_rank=ctx.per_rank,
+            live=ctx.slot("goodput_live"),
         ),
         tail_ratio=ctx.tail_ratio,
         phase_medians_ms=dict(ctx.phase_medians_ms),

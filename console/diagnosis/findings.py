@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 ROOT_CAUSE = "root_cause"
@@ -23,6 +24,13 @@ MAJOR = "major"
 MINOR = "minor"
 INFO = "info"
 SEVERITY_RANK = {CRITICAL: 0, MAJOR: 1, MINOR: 2, INFO: 3}
+
+# Recovery objectives (issue 20, rules/objectives.py): a promise at risk or broken. They are
+# risks, not faults: they head their own incident, never need a restart, never block one
+# and call for no remediation (console.policy.remediation maps them to nothing).
+RPO_EXCEEDED = "rpo_exceeded"  # newest valid checkpoint older than the RPO
+RTO_EXCEEDED = "rto_exceeded"  # a recovery running longer than the RTO
+RISK_KINDS = frozenset({RPO_EXCEEDED, RTO_EXCEEDED})
 
 
 def node_subject(name: str) -> str:
@@ -49,6 +57,7 @@ def checkpoint_subject(group: str, checkpoint_id: str) -> str:
     return f"checkpoint:{group}/{checkpoint_id}"
 
 
+@lru_cache(maxsize=1 << 17)  # pure; a 16k-rank pass re-derives the same 16k ids each pass
 def fingerprint_of(group: str, generation: int, kind: str, subject: str, key: str = "") -> str:
     """Stable across re-diagnosis of the same group and generation (incident dedup)."""
     raw = f"{group}\x1f{generation}\x1f{kind}\x1f{subject}\x1f{key}"

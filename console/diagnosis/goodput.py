@@ -10,12 +10,14 @@ numeric checks). Must not read the clock: the window ends at the caller's `now`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from itertools import pairwise
 from typing import Any
 
-from console.diagnosis.snapshot import GroupSnapshot, StepRecord
+from console.diagnosis.snapshot import GroupSnapshot, RankState, StepRecord
 from console.diagnosis.stats import is_bad_number
 
 RESTART_STATES = frozenset({"recovering", "initializing"})
@@ -68,10 +70,217 @@ def _overlap(a: datetime, b: datetime, spans: list[tuple[datetime, datetime]]) -
     return sum(max(0.0, (min(b, y) - max(a, x)).total_seconds()) for x, y in spans)
 
 
+# Per (generation, step) across a rank's steps in the window: [first ts, longest duration
+# (ms), tokens, last ts, longest checkpoint phase (ms), all valid]. Maxima, minima and
+# integer sums merge exactly, so ranks' partials summed give the group's table as is.
+_Partial = list[Any]
+PerRank = Callable[[str, RankState, Callable[[], Any]], Any]
+
+
+def _partials(steps: tuple[StepRecord, ...], start: datetime) -> dict[tuple[int, int], _Partial]:
+    out: dict[tuple[int, int], _Partial] = {}
+    for s in steps:
+        if s.ts <= start:
+            continue
+        d, c, tok = s.duration_ms or 0.0, s.phases.checkpoint or 0.0, s.tokens or 0
+        p = out.get((s.generation, s.step))
+        if p is None:
+            out[(s.generation, s.step)] = [s.ts, d, tok, s.ts, c, _valid(s)]
+            continue
+        p[0] = min(p[0], s.ts)
+        p[1] = max(p[1], d)
+        p[2] += tok
+        p[3] = max(p[3], s.ts)
+        p[4] = max(p[4], c)
+        p[5] = p[5] and _valid(s)
+    return out
+
+
+def _fold(acc: _Partial, part: _Partial) -> None:
+    """Merge one rank's partial of a (generation, step) into the table's, in place: the one
+    rule both the rebuilt table and the live one use (they must give the same floats).
+    min()/max() spelled out: the hot loop of a pass in which every rank stepped."""
+    if part[0] < acc[0]:
+        acc[0] = part[0]
+    if part[1] > acc[1]:
+        acc[1] = part[1]
+    acc[2] += part[2]
+    if part[3] > acc[3]:
+        acc[3] = part[3]
+    if part[4] > acc[4]:
+        acc[4] = part[4]
+    acc[5] = acc[5] and part[5]
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """The ranks' merged step table and their first timestamps (see `_rank_table`)."""
+
+    steps: dict[tuple[int, int], _Partial]
+    first_ts: list[datetime]
+    start_free: bool  # every rank's steps are all after `start`: the table ignores it
+    oldest: datetime | None  # the oldest step of any rank
+
+
+def _rank_table(snap: GroupSnapshot, start: datetime, per_rank: PerRank | None) -> _Table:
+    steps: dict[tuple[int, int], _Partial] = {}
+    first_ts: list[datetime] = []
+    start_free = True
+    oldest: datetime | None = None
+    for r in snap.ranks:
+        if per_rank is not None and r.steps and r.steps[0].ts > start:
+            mine = per_rank("goodput", r, partial(_partials, r.steps, start))
+        else:
+            mine = _partials(r.steps, start)
+            start_free = start_free and not r.steps
+        for key, part in mine.items():
+            acc = steps.get(key)
+            if acc is None:
+                steps[key] = list(part)  # the memo's own list stays as it was
+                continue
+            _fold(acc, part)
+        first_ts += [p.ts for p in r.processes[:1]]
+        if r.steps:
+            first_ts.append(r.steps[0].ts - timedelta(milliseconds=r.steps[0].duration_ms or 0))
+            oldest = r.steps[0].ts if oldest is None else min(oldest, r.steps[0].ts)
+    return _Table(steps, first_ts, start_free, oldest)
+
+
+def _inside(steps: tuple[StepRecord, ...], start: datetime) -> bool:
+    """Every step after `start`: the rank's step table does not depend on the window."""
+    return bool(steps) and steps[0].ts > start
+
+
+def _single(s: StepRecord) -> _Partial:
+    """One step's partial, as `_partials` makes it for a (generation, step) seen once."""
+    return [s.ts, s.duration_ms or 0.0, s.tokens or 0, s.ts, s.phases.checkpoint or 0.0, _valid(s)]
+
+
+def _slid(
+    old: tuple[StepRecord, ...],
+    old_parts: dict[tuple[int, int], _Partial],
+    new: tuple[StepRecord, ...],
+) -> tuple[list[tuple[int, int]], dict[tuple[int, int], _Partial]] | None:
+    """`new` as `old` with its oldest steps dropped and newer ones appended (the live
+    state's shape), each (generation, step) once: (keys dropped, the new parts), from the
+    changed steps alone. None when `new` is not such a slide (recompute the rank)."""
+    if len(old_parts) != len(old):  # a (generation, step) seen twice: not single parts
+        return None
+    first = new[0]
+    cut = next((i for i, s in enumerate(old) if s is first), None)
+    if cut is None:
+        return None
+    kept = len(old) - cut
+    if old[cut:] != new[:kept]:  # element identity first: C speed for the live state
+        return None
+    dropped = [(s.generation, s.step) for s in old[:cut]]
+    parts = dict(old_parts)
+    for key in dropped:
+        del parts[key]
+    for s in new[kept:]:
+        key = (s.generation, s.step)
+        if key in parts:
+            return None
+        parts[key] = _single(s)
+    return dropped, parts
+
+
+def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> _Table:
+    """`_rank_table` kept up to date between passes in `state` (the engine's memo): only
+    the ranks whose steps changed are looked at step by step, and only the (generation,
+    step) entries their changes touched are merged again, from every rank's part in the
+    snapshot's rank order (the operations of a rebuild, in its order: the same floats)."""
+    last = state.get("last")
+    if last is not None and len(last[0]) == len(snap.ranks):
+        t: _Table = last[1]
+        if (
+            t.start_free
+            and (t.oldest is None or t.oldest > start)
+            and all(a is b for a, b in zip(last[0], snap.ranks, strict=True))
+        ):
+            return t  # every rank the same, all its steps still inside the window
+    prev: dict[int, tuple[RankState, tuple[StepRecord, ...], dict[Any, _Partial], bool]]
+    prev = state.setdefault("ranks", {})
+    contrib: dict[tuple[int, int], dict[int, _Partial]] = state.setdefault("contrib", {})
+    table: dict[tuple[int, int], _Partial] = state.setdefault("table", {})
+    dirty: set[tuple[int, int]] = set()
+    here = {r.rank for r in snap.ranks}
+    for rk in [rk for rk in prev if rk not in here]:
+        for key in prev.pop(rk)[2]:
+            contrib[key].pop(rk, None)
+            dirty.add(key)
+    first_ts: list[datetime] = []
+    start_free = True
+    oldest: datetime | None = None
+    for r in snap.ranks:
+        steps = r.steps
+        inside = _inside(steps, start)
+        had = prev.get(r.rank)
+        if had is not None and had[3] and inside and had[1] is steps:
+            pass  # the same steps, all inside the window: the same parts
+        else:
+            old_parts = had[2] if had is not None else {}
+            got = None
+            if had is not None and had[3] and inside:
+                got = _slid(had[1], old_parts, steps)
+            if got is not None:
+                dropped, parts = got
+                for key in dropped:
+                    contrib[key].pop(r.rank, None)
+                    dirty.add(key)
+                for key, part in parts.items():
+                    if key not in old_parts:
+                        contrib.setdefault(key, {})[r.rank] = part
+                        dirty.add(key)
+            else:
+                parts = _partials(steps, start)
+                for key in old_parts:
+                    contrib[key].pop(r.rank, None)
+                    dirty.add(key)
+                for key, part in parts.items():
+                    contrib.setdefault(key, {})[r.rank] = part
+                    dirty.add(key)
+            prev[r.rank] = (r, steps, parts, inside)
+        if not inside:
+            start_free = start_free and not steps
+        if r.processes:
+            first_ts.append(r.processes[0].ts)
+        if steps:
+            first_ts.append(steps[0].ts - timedelta(milliseconds=steps[0].duration_ms or 0))
+            oldest = steps[0].ts if oldest is None else min(oldest, steps[0].ts)
+    if dirty:
+        pos = {r.rank: i for i, r in enumerate(snap.ranks)}
+        for key in dirty:
+            mine = contrib.get(key)
+            if not mine:
+                contrib.pop(key, None)
+                table.pop(key, None)
+                continue
+            order = sorted(mine, key=pos.__getitem__)
+            acc = list(mine[order[0]])
+            for rk in order[1:]:
+                _fold(acc, mine[rk])
+            table[key] = acc
+    out = _Table(table, first_ts, start_free, oldest)
+    state["last"] = (snap.ranks, out)
+    return out
+
+
 def compute_goodput(
-    snap: GroupSnapshot, now: datetime, *, window_s: float, stall_threshold_s: float | None
+    snap: GroupSnapshot,
+    now: datetime,
+    *,
+    window_s: float,
+    stall_threshold_s: float | None,
+    per_rank: PerRank | None = None,
+    live: dict[str, Any] | None = None,
 ) -> Goodput:
-    """Goodput over (now - window_s, now], clipped to the group's first record."""
+    """Goodput over (now - window_s, now], clipped to the group's first record.
+
+    `per_rank` (the engine's `Context.per_rank`) reuses a rank's step table from the last
+    pass when its state is unchanged and every step of it is inside the window; `live`
+    (a slot of the engine's memo) keeps the group's merged table between passes and
+    merges again only the steps that changed (`_live_table`); same result."""
     start = now - timedelta(seconds=window_s)
     if snap.kind == "serving":
         met = sum(int(w.window.get("slo_met") or 0) for w in snap.serving)
@@ -79,15 +288,12 @@ def compute_goodput(
         return Goodput(
             window_s=window_s, wall_s=secs, g_serve_requests_per_s=(met / secs) if secs else None
         )
-    steps: dict[tuple[int, int], list[StepRecord]] = {}
-    first_ts: list[datetime] = [t.ts for t in snap.transitions[:1]]
-    for r in snap.ranks:
-        for s in r.steps:
-            if s.ts > start:
-                steps.setdefault((s.generation, s.step), []).append(s)
-        first_ts += [p.ts for p in r.processes[:1]]
-        if r.steps:
-            first_ts.append(r.steps[0].ts - timedelta(milliseconds=r.steps[0].duration_ms or 0))
+    if live is not None:
+        table = _live_table(snap, start, live)
+    else:
+        table = _rank_table(snap, start, per_rank)
+    steps = table.steps
+    first_ts: list[datetime] = [t.ts for t in snap.transitions[:1]] + table.first_ts
     begin = max(start, min(first_ts)) if first_ts else start
     wall = max((now - begin).total_seconds(), 0.0)
     restarts = _restart_intervals(snap, begin, now)
@@ -101,13 +307,16 @@ def compute_goodput(
     tokens_total = tokens_valid = 0
     done: dict[int, int] = {}  # step -> generation that first completed it in the window
     ends: list[datetime] = []
-    for (gen, step), recs in sorted(steps.items(), key=lambda kv: min(s.ts for s in kv[1])):
-        dur = max((s.duration_ms or 0.0) for s in recs) / 1000.0
-        tokens = sum(s.tokens or 0 for s in recs)
+    # Oldest first; (generation, step) breaks ties in first ts, so the order (and the
+    # float sums below) does not depend on how the table was built.
+    for (gen, step), (_, dur_ms, tokens, last, ckpt_ms, valid) in sorted(
+        steps.items(), key=lambda kv: (kv[1][0], kv[0])
+    ):
+        dur = dur_ms / 1000.0
         tokens_total += tokens
-        ends.append(max(s.ts for s in recs))
-        bad["checkpoint"] += max((s.phases.checkpoint or 0.0) for s in recs) / 1000.0
-        if not all(_valid(s) for s in recs):
+        ends.append(last)
+        bad["checkpoint"] += ckpt_ms / 1000.0
+        if not valid:
             bad["invalid"] += dur
         elif step in done and done[step] != gen:
             bad["recompute"] += dur  # the same step again after a restart

@@ -136,6 +136,9 @@ class DeviceState:
     index: int | None
     sample: DeviceSample | None = None  # latest
     events: tuple[DeviceEvent, ...] = ()  # oldest first
+    # The newest sample that showed throttle reasons, kept after the throttle ended: steps
+    # it slowed stay in a straggler's window for a while after the clocks recover.
+    last_throttled: DeviceSample | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +164,7 @@ class CheckpointEvent:
     manifest: Manifest | None
     duration_ms: float | None = None
     detail: str | None = None  # e.g. the agent naming the shard that changed
+    data_cursor: int | None = None  # where a restore resumes the data (issue 20)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +199,7 @@ class ServingWindow:
     ready: bool | None = None
     draining: bool | None = None
     window: Mapping[str, Any] = field(default_factory=dict)  # DESIGN §3 window fields
+    node: str | None = None  # the agent that delivered it (silence is judged at its lag)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,11 +229,42 @@ SLO_KEYS: tuple[str, ...] = tuple(f.name for f in fields(ServingSlo))
 
 
 @dataclass(frozen=True, slots=True)
+class Objectives:
+    """A group's effective recovery objectives (issue 20), already merged and validated by
+    console.policy.objectives; None means nothing was promised. `sources` names who set
+    each key (operator, launcher, pool:<name>, default) for the evidence."""
+
+    rpo_steps: int | None = None
+    rpo_minutes: float | None = None
+    rto_s: float | None = None
+    consistency: str | None = None  # agents.protocol.DATA_CONSISTENCY
+    semantics: str | None = None  # agents.protocol.SERVING_SEMANTICS
+    goodput_target: float | None = None
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None) -> Objectives:
+        raw = raw or {}
+        return cls(
+            rpo_steps=None if raw.get("rpo_steps") is None else int(raw["rpo_steps"]),
+            rpo_minutes=None if raw.get("rpo_minutes") is None else float(raw["rpo_minutes"]),
+            rto_s=None if raw.get("rto_s") is None else float(raw["rto_s"]),
+            consistency=raw.get("consistency"),
+            semantics=raw.get("semantics"),
+            goodput_target=(
+                None if raw.get("goodput_target") is None else float(raw["goodput_target"])
+            ),
+            sources=dict(raw.get("sources") or {}),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ContractFinding:
     kind: str
     subject: str
     evidence: Mapping[str, Any]
     ts: datetime | None = None
+    generation: int | None = None  # the violation's own (ContractViolation.generation)
 
 
 @dataclass(frozen=True, slots=True)

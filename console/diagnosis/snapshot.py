@@ -30,6 +30,7 @@ from console.diagnosis.records import (
     NetEvent,
     NetPort,
     NodeState,
+    Objectives,
     Phases,
     ProbeRecord,
     ProcessGroup,
@@ -59,6 +60,7 @@ __all__ = [
     "NetEvent",
     "NetPort",
     "NodeState",
+    "Objectives",
     "Phases",
     "ProbeRecord",
     "ProcessGroup",
@@ -120,6 +122,7 @@ class GroupSnapshot:
     net_ports: tuple[NetPort, ...] = ()  # newest sample per (node, port)
     hosts: tuple[HostState, ...] = ()  # newest host sample per node
     process_groups: tuple[ProcessGroup, ...] = ()  # active generation, sorted by pg
+    objectives: Objectives = field(default_factory=Objectives)  # issue 20: RPO, RTO, ...
 
 
 def _num(value: Any) -> float | None:
@@ -268,6 +271,7 @@ def build_snapshot(
     contract_findings: list[dict[str, Any]],
     now: datetime,
     slo: Mapping[str, Any] | None = None,
+    objectives: Mapping[str, Any] | None = None,
 ) -> GroupSnapshot:
     """Build a `GroupSnapshot` from contract-shaped record dicts (DESIGN §3 names).
 
@@ -285,6 +289,7 @@ def build_snapshot(
     dev_node: dict[str, str | None] = {}
     dev_index: dict[str, int | None] = {}
     samples: dict[str, DeviceSample] = {}
+    throttled: dict[str, DeviceSample] = {}
     events: dict[str, list[DeviceEvent]] = defaultdict(list)
     ckpt: dict[str, list[CheckpointEvent]] = defaultdict(list)
     transitions: list[Transition] = []
@@ -307,6 +312,10 @@ def build_snapshot(
             if kind == "device_sample":
                 dev_index[gpu] = r.get("index")
                 samples[gpu] = _sample(r)
+                if r.get("throttle_reasons"):
+                    throttled[gpu] = samples[gpu]
+                elif (seen := r.get("throttled")) and isinstance(seen.get("ts"), datetime):
+                    throttled[gpu] = _sample(seen)
             else:
                 dev_index.setdefault(gpu, r.get("index"))
                 events[gpu].append(
@@ -351,6 +360,7 @@ def build_snapshot(
                     manifest=_manifest(r.get("manifest")),
                     duration_ms=_num(r.get("duration_ms")),
                     detail=r.get("detail"),
+                    data_cursor=r.get("data_cursor"),
                 )
             )
         elif kind == "transition":
@@ -377,6 +387,7 @@ def build_snapshot(
                 ready=r.get("ready"),
                 draining=r.get("draining"),
                 window=r.get("window") or {},
+                node=r.get("node"),
             )
         elif kind == "probe":
             probes.append(
@@ -417,6 +428,7 @@ def build_snapshot(
             index=dev_index.get(g),
             sample=samples.get(g),
             events=tuple(events.get(g, ())),
+            last_throttled=throttled.get(g),
         )
         for g in sorted(dev_node)
     )
@@ -449,6 +461,7 @@ def build_snapshot(
                 subject=c["subject"],
                 evidence=dict(c.get("evidence") or {}),
                 ts=c.get("ts"),
+                generation=c.get("generation"),
             )
             for c in contract_findings
         ),
@@ -459,6 +472,7 @@ def build_snapshot(
         net_ports=tuple(net_ports[k] for k in sorted(net_ports, key=str)),
         hosts=tuple(hosts[k] for k in sorted(hosts, key=str)),
         process_groups=_process_groups({rk: pg_reports[rk] for rk in active if rk in pg_reports}),
+        objectives=Objectives.from_mapping(objectives),
     )
 
 

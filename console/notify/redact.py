@@ -7,6 +7,7 @@ never a routing key, token, HMAC key or password. Pure: no settings, no database
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -15,6 +16,8 @@ REDACTED = "[redacted]"
 # Keys whose values are secrets whatever they look like (compared case-insensitively,
 # and as suffixes, so "routing_key" and "hmac_secret" match too).
 SECRET_KEYS = ("secret", "token", "password", "routing_key", "key", "authorization")
+# An http(s) URL anywhere in a string (a reason that quotes the webhook, say).
+_URL = re.compile(r"https?://[^\s\"'<>]+", re.IGNORECASE)
 
 
 def redact_url(url: str) -> str:
@@ -39,8 +42,8 @@ def _secret_key(key: str) -> bool:
 def redact(data: Any) -> Any:
     """A copy of an audit payload with secrets replaced, recursively.
 
-    Values under secret-looking keys become `[redacted]`; any string that is an http(s)
-    URL (under `url` or not) keeps only its origin.
+    Values under secret-looking keys become `[redacted]`; any http(s) URL in a string
+    (under `url` or not, the whole string or quoted in a sentence) keeps only its origin.
     """
     if isinstance(data, Mapping):
         return {
@@ -49,11 +52,22 @@ def redact(data: Any) -> Any:
         }
     if isinstance(data, list | tuple):
         return [redact(v) for v in data]
-    if isinstance(data, str) and data.lower().startswith(("http://", "https://")):
-        return redact_url(data)
+    if isinstance(data, str) and "://" in data:
+        return _URL.sub(lambda m: redact_url(m.group(0)), data)
     return data
 
 
-def channel_audit_data(*, name: str, kind: str, url: str, secret_set: bool) -> dict[str, Any]:
-    """What `channel.saved` may record: the name, kind, URL origin and whether a secret is set."""
-    return {"name": name, "kind": kind, "url": redact_url(url), "secret_set": secret_set}
+def channel_audit_data(
+    *, name: str, kind: str, url: str, secret_set: bool, **extra: Any
+) -> dict[str, Any]:
+    """What a channel's audit row (`channel.saved`, `.updated`, `.enabled`, `.disabled`,
+    `.secret_rotated`) may record: the name, kind, URL origin, whether a secret is set, and
+    `extra` (changed fields, a reason) redacted like any payload. The one place that
+    decides it, so a new channel verb cannot audit a webhook path or a key by mistake."""
+    return {
+        **redact(extra),
+        "name": name,
+        "kind": kind,
+        "url": redact_url(url),
+        "secret_set": secret_set,
+    }

@@ -8,6 +8,8 @@ Nothing in this package writes.
 """
 
 from console.queries.fleet import (
+    FleetNode,
+    fleet_grid,
     group_incidents,
     groups_on_nodes,
     groups_overview,
@@ -17,6 +19,8 @@ from console.queries.fleet import (
 )
 
 __all__ = [
+    "FleetNode",
+    "fleet_grid",
     "group_incidents",
     "groups_on_nodes",
     "groups_overview",

@@ -13,7 +13,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import QuerySet
+from django.db.models import Count, Max, Min, Q, QuerySet, Sum
+from django.db.models.functions import TruncDate
 
 from console import charts
 from console.models import ConsistencyGroup
@@ -260,6 +261,7 @@ EVENT_WINDOW = timedelta(minutes=30)
 HISTORY_WINDOW = timedelta(hours=24)
 MAX_STEP_ROWS = 200_000
 MAX_PROBE_ROWS = 20_000
+MAX_SINCE_ROWS = MAX_STEP_ROWS
 
 _STEP_FIELDS = ["generation", "rank", "step", "tokens", "data_cursor", "duration_ms",
                 "phases", "loss", "grad_norm", "loss_scale", "overflow"]  # fmt: skip
@@ -281,13 +283,45 @@ def group_records(
 ) -> list[dict[str, Any]]:
     """The group's recent steps, collectives, exits, checkpoints, transitions and serving
     windows, as records of the wire contract (`node` is the node's name)."""
+    return rank_records(group, node_names=node_names, now=now) + evidence_records(
+        group, node_names=node_names, now=now
+    )
+
+
+# The per-rank tables a live diagnosis state follows by id (console.snapshots): kind, model,
+# the fields read, and whether only the group's active generation counts. Rows are appended
+# by COPY and never updated, so a row's id is a cursor.
+_PROCESS_FIELDS = ["generation", "rank", "event", "pid", "gpu", "exit_code", "signal",
+                   "reason", "error_type"]  # fmt: skip
+RANK_TABLES: dict[str, tuple[type[m._GroupRecord], list[str], bool]] = {
+    "step": (m.StepRecord, _STEP_FIELDS, True),
+    "collective": (m.CollectiveWindow, ["generation", "rank", "entries"], True),
+    "process_groups": (m.ProcessGroupsRecord, ["generation", "rank", "groups"], True),
+    "process": (m.ProcessRecord, _PROCESS_FIELDS, False),
+}
+
+
+def _collective_ts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for row in rows:
+        if row["kind"] == "collective":
+            for entry in row["entries"]:
+                if entry.get("started_ts"):
+                    entry["started_ts"] = datetime.fromisoformat(entry["started_ts"])
+    return rows
+
+
+def rank_records(
+    group: ConsistencyGroup, *, node_names: dict[int, str], now: datetime
+) -> list[dict[str, Any]]:
+    """A full read of the group's per-rank records (steps, collective windows, process-groups
+    reports, processes), each with its row `id`, bounded as a snapshot needs them."""
     gen = group.generation
     records: list[dict[str, Any]] = []
     current = m.StepRecord.objects.filter(group=group, generation=gen, stale=False)
     steps = _rows(
         current.filter(ts__gte=now - STEP_WINDOW).order_by("-ts")[:MAX_STEP_ROWS],
         "step",
-        _STEP_FIELDS,
+        ["id", *_STEP_FIELDS],
         node_names,
     )
     # A rank hung for longer than the step window must stay in the snapshot with its last
@@ -301,7 +335,7 @@ def group_records(
             .order_by("rank", "-ts")
             .distinct("rank"),
             "step",
-            _STEP_FIELDS,
+            ["id", *_STEP_FIELDS],
             node_names,
         )
     records += steps
@@ -312,33 +346,98 @@ def group_records(
         .order_by("rank", "-ts")
         .distinct("rank")
     )
-    collectives = _rows(windows, "collective", ["generation", "rank", "entries"], node_names)
-    for row in collectives:
-        for entry in row["entries"]:
-            if entry.get("started_ts"):
-                entry["started_ts"] = datetime.fromisoformat(entry["started_ts"])
-    records += collectives
+    records += _rows(windows, "collective", ["id", "generation", "rank", "entries"], node_names)
     # Process groups are reported once per generation per rank: the newest report each.
     reports = (
         m.ProcessGroupsRecord.objects.filter(group=group, generation=gen, stale=False)
         .order_by("rank", "-ts")
         .distinct("rank")
     )
-    records += _rows(reports, "process_groups", ["generation", "rank", "groups"], node_names)
+    records += _rows(reports, "process_groups", ["id", "generation", "rank", "groups"], node_names)
     # Exits and device events explain stops for as long as the stop lasts: keep a day.
     procs = m.ProcessRecord.objects.filter(group=group, ts__gte=now - HISTORY_WINDOW, stale=False)
-    records += _rows(
-        procs,
-        "process",
-        ["generation", "rank", "event", "pid", "gpu", "exit_code", "signal", "reason",
-         "error_type"],
-        node_names,
-    )  # fmt: skip
+    records += _rows(procs, "process", ["id", *_PROCESS_FIELDS], node_names)
+    return _collective_ts(records)
+
+
+def rank_records_since(
+    group: ConsistencyGroup,
+    *,
+    node_names: dict[int, str],
+    after: dict[str, int],
+    skip: dict[str, set[int]],
+) -> list[dict[str, Any]] | None:
+    """The group's per-rank records with an id above `after[kind]` (minus the ids in
+    `skip[kind]`, already applied), oldest id first: what arrived since the last pass.
+    None when a table has more than MAX_SINCE_ROWS new rows (a full read is cheaper)."""
+    records: list[dict[str, Any]] = []
+    for kind, (model, fields, current_only) in RANK_TABLES.items():
+        qs = model.objects.filter(group=group, stale=False)
+        if current_only:
+            qs = qs.filter(generation=group.generation)
+        floor, seen = after.get(kind, 0), skip.get(kind) or set()
+        high = max(seen, default=floor)
+        # Between the floor and the highest id applied, only rows not applied yet (a
+        # writer's that was in flight): their ids first, compared here, not in SQL (a
+        # 16k-id NOT IN costs more than the read).
+        late: list[int] = []
+        if high > floor:
+            ids = qs.filter(id__gt=floor, id__lte=high).values_list("id", flat=True)
+            late = sorted(set(ids) - seen)
+        # ORDER BY id LIMIT walks the primary key from the cursor: without it the planner
+        # may take the group's (group, generation, ts) index and read every row of the group.
+        fresh = qs.filter(id__gt=high).order_by("id")[:MAX_SINCE_ROWS]
+        rows = _rows(qs.filter(id__in=late), kind, ["id", *fields], node_names) if late else []
+        new = _rows(fresh, kind, ["id", *fields], node_names)
+        if len(new) >= MAX_SINCE_ROWS:
+            return None
+        records += sorted(rows, key=lambda r: r["id"]) + new
+    return _collective_ts(records)
+
+
+def rank_table_heads() -> dict[str, int]:
+    """The newest id of each per-rank table (0 when empty)."""
+    heads: dict[str, int] = {}
+    with connection.cursor() as cur:
+        for kind, (model, _, _) in RANK_TABLES.items():
+            cur.execute(f"SELECT max(id) FROM {model._meta.db_table}")  # noqa: S608 (our table)
+            row = cur.fetchone()
+            heads[kind] = int(row[0] or 0) if row else 0
+    return heads
+
+
+def writers_in_flight() -> frozenset[int]:
+    """The transactions in progress now, other than this one (cluster-wide xids). A row
+    whose id was drawn before a read but not visible to it belongs to one of these, so a
+    live state's cursor passes an id only once every writer in flight at that read ended."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) AS x"
+            " WHERE x IS DISTINCT FROM pg_current_xact_id_if_assigned()"
+        )
+        return frozenset(int(r[0]) for r in cur.fetchall())
+
+
+def evidence_records(
+    group: ConsistencyGroup, *, node_names: dict[int, str], now: datetime
+) -> list[dict[str, Any]]:
+    """The group's checkpoints, transitions, serving windows and probes: sized by events and
+    workers, not by ranks x steps, so every pass reads them whole."""
+    records: list[dict[str, Any]] = []
     ckpts = m.CheckpointRecord.objects.filter(group=group, ts__gte=now - HISTORY_WINDOW)
     records += _rows(
         ckpts,
         "checkpoint",
-        ["generation", "checkpoint_id", "step", "phase", "manifest", "duration_ms", "detail"],
+        [
+            "generation",
+            "checkpoint_id",
+            "step",
+            "phase",
+            "manifest",
+            "duration_ms",
+            "detail",
+            "data_cursor",
+        ],
         node_names,
     )
     transitions = m.TransitionRecord.objects.filter(
@@ -389,7 +488,13 @@ def device_events(
 def contract_violations(group: ConsistencyGroup, now: datetime) -> list[dict[str, Any]]:
     """The group's contract violations of the last EVENT_WINDOW, oldest first."""
     return [
-        {"kind": c.kind, "subject": c.subject, "evidence": c.evidence, "ts": c.ts}
+        {
+            "kind": c.kind,
+            "subject": c.subject,
+            "evidence": c.evidence,
+            "ts": c.ts,
+            "generation": c.generation,
+        }
         for c in m.ContractViolation.objects.filter(
             group=group, ts__gte=now - EVENT_WINDOW
         ).order_by("ts")
@@ -435,3 +540,116 @@ def host_records(
         node_names,
     )  # fmt: skip
     return records
+
+
+# -- recovery objectives and checkpoint advice (issue 20) ---------------------------------
+ADVICE_WINDOW = timedelta(days=7)
+MAX_ADVICE_ROWS = 5000
+
+
+def checkpoint_history(group: ConsistencyGroup, *, now: datetime) -> list[dict[str, Any]]:
+    """The group's checkpoint records of the last week (ts, checkpoint_id, phase,
+    duration_ms), oldest first, bounded: what checkpoint-interval advice is computed from."""
+    rows = (
+        m.CheckpointRecord.objects.filter(group=group, ts__gte=now - ADVICE_WINDOW)
+        .order_by("-ts")
+        .values("ts", "checkpoint_id", "phase", "duration_ms")[:MAX_ADVICE_ROWS]
+    )
+    return list(reversed(list(rows)))
+
+
+def advice_transitions(group: ConsistencyGroup, *, now: datetime) -> list[dict[str, Any]]:
+    """The group's transitions of the last week (ts, to_state), oldest first, bounded."""
+    rows = (
+        m.TransitionRecord.objects.filter(group=group, ts__gte=now - ADVICE_WINDOW, stale=False)
+        .order_by("-ts")
+        .values("ts", "to_state")[:MAX_ADVICE_ROWS]
+    )
+    return list(reversed(list(rows)))
+
+
+# -- recovery costs and the reliability record (console.queries.recovery) -----------------
+# An interruption's records lie within this much of its first evidence: the failed
+# generation's steps since its checkpoint before it, the restart and redone work after it.
+RECOVERY_WINDOW = timedelta(hours=6)
+_NON_FINITE = [float("nan"), float("inf"), float("-inf")]
+
+
+def recovery_transitions(group: ConsistencyGroup, since: datetime) -> list[dict[str, Any]]:
+    """Transitions from `since` on, oldest first (stale writers excluded), bounded."""
+    return list(
+        m.TransitionRecord.objects.filter(
+            group=group, stale=False, ts__gte=since, ts__lt=since + RECOVERY_WINDOW
+        )
+        .order_by("ts")
+        .values("ts", "generation", "from_state", "to_state", "world_size", "data_cursor")[:200]
+    )
+
+
+def recovery_steps(
+    group: ConsistencyGroup, generation: int, around: datetime, *, min_step: int | None = None
+) -> list[dict[str, Any]]:
+    """One row per step of `generation` near `around`: when the last rank finished it,
+    tokens summed over ranks, the highest data cursor, ranks, and whether every rank's
+    numbers were finite (Postgres compares NaN equal to NaN, so `IN` finds them)."""
+    qs = m.StepRecord.objects.filter(
+        group=group,
+        generation=generation,
+        stale=False,
+        ts__gte=around - RECOVERY_WINDOW,
+        ts__lt=around + RECOVERY_WINDOW,
+    )
+    if min_step is not None:
+        qs = qs.filter(step__gte=min_step)
+    bad = Q(overflow=True) | Q(loss__in=_NON_FINITE) | Q(grad_norm__in=_NON_FINITE)
+    return list(
+        qs.values("step")
+        .annotate(
+            ts=Max("ts"),
+            tokens=Sum("tokens"),
+            cursor=Max("data_cursor"),
+            ranks=Count("rank", distinct=True),
+            bad=Count("id", filter=bad),
+        )
+        .order_by("step")[:20000]
+    )
+
+
+def first_step_of(group: ConsistencyGroup, generation: int, around: datetime) -> int | None:
+    """The lowest step `generation` reported near `around` (None: none yet)."""
+    return m.StepRecord.objects.filter(
+        group=group,
+        generation=generation,
+        stale=False,
+        ts__gte=around - RECOVERY_WINDOW,
+        ts__lt=around + RECOVERY_WINDOW,
+    ).aggregate(s=Min("step"))["s"]
+
+
+def checkpoints_at_step(group: ConsistencyGroup, step: int) -> list[dict[str, Any]]:
+    return list(
+        m.CheckpointRecord.objects.filter(group=group, step=step)
+        .order_by("ts")
+        .values("ts", "checkpoint_id", "step", "phase", "data_cursor")[:50]
+    )
+
+
+def tokens_by_group_day(since: datetime, until: datetime) -> dict[tuple[str, str], int]:
+    """Tokens per (group name, UTC day) from the minute rollups (ingest.rollups)."""
+    rows = (
+        m.StepRollup.objects.filter(minute__gte=since, minute__lt=until)
+        .annotate(day=TruncDate("minute", tzinfo=UTC))
+        .values("group__name", "day")
+        .annotate(tokens=Sum("tokens"))
+    )
+    return {(r["group__name"], r["day"].isoformat()): int(r["tokens"] or 0) for r in rows}
+
+
+def groups_first_transition(group_ids: list[int], since: datetime) -> dict[int, datetime]:
+    """Each group's first transition at or after `since` (when it began running there)."""
+    rows = (
+        m.TransitionRecord.objects.filter(group_id__in=group_ids, ts__gte=since)
+        .values("group_id")
+        .annotate(first=Min("ts"))
+    )
+    return {r["group_id"]: r["first"] for r in rows}

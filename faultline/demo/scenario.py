@@ -15,6 +15,15 @@ STEP_S = 1.0
 SERVING_WINDOW_S = 5.0
 CKPT_EVERY = 10
 
+# Recovery objectives each training group's launcher declares (issue 20). train-a's RPO is
+# a little over its checkpoint interval: met while checkpoints land, exceeded (a risk
+# finding, `rpo_exceeded`) once the corrupt checkpoint of the matrix leaves the newest
+# valid one 20 steps behind. Restarts rewind the data to the checkpoint: allow_repeat.
+OBJECTIVES: dict[str, dict[str, object]] = {
+    "train-a": {"rpo_steps": CKPT_EVERY + 6, "rto_s": 120, "consistency": "allow_repeat"},
+    "train-b": {"rpo_minutes": 2, "rto_s": 120, "consistency": "allow_repeat"},
+}
+
 # The fault matrix from the seed, in the order the demo plays it: (kind, group).
 MATRIX: tuple[tuple[str, str], ...] = (
     ("xid79", "train-a"),

@@ -20,7 +20,7 @@ from typing import Any
 from agents.fake_nvml import fake_uuid
 from agents.reporter import Reporter
 from faultline.demo.fleet import Fleet, OutOfMemoryError, say
-from faultline.demo.scenario import CKPT_EVERY, Fault, Slot
+from faultline.demo.scenario import CKPT_EVERY, OBJECTIVES, Fault, Slot
 
 
 class TrainGroup:
@@ -37,6 +37,7 @@ class TrainGroup:
         self.zombie: Reporter | None = None
         self.windows: dict[int, list[dict[str, Any]]] = {}
         self.reporters: dict[int, Reporter] = {}
+        self.hosts: set[str] = set()  # nodes that hosted ranks of the last generation
         self._start("initializing", reason="job_start")
 
     @property
@@ -60,7 +61,14 @@ class TrainGroup:
         for rep in self.reporters.values():
             rep.process("started")
             time.sleep(0.002)  # pace datagrams: a bare kernel queues 10 per socket
-        self.reporters[0].transition(
+        # The new generation is announced from a node that already hosts the group's ranks:
+        # the service refuses a transition from a node hosting none of them (a spare that
+        # replaced rank 0's node has placed nothing yet), as it would a stranger's fence.
+        announcer = next(
+            (rank for rank, slot in enumerate(self.slots) if slot.node in self.hosts), 0
+        )
+        self.hosts = {slot.node for slot in self.slots}
+        self.reporters[announcer].transition(
             "running",
             from_state=from_state,
             reason=reason,
@@ -70,6 +78,7 @@ class TrainGroup:
             data_cursor=self.step * self.tokens * self.world,
             model_version="v7",
             job=str(10_000 + zlib.crc32(self.name.encode()) % 90_000),  # restart_group's job
+            objectives=OBJECTIVES.get(self.name),
         )
 
     def restart(self, reason: str, *, without: str | None = None) -> None:
@@ -178,9 +187,15 @@ class TrainGroup:
             if corrupt and index == 1:
                 body = bytes(len(body))  # a torn write: right size, wrong bytes
             (directory / name).write_bytes(body)
-        meta = {"group": self.name, "generation": self.generation, "step": self.step}
+        meta = {
+            "group": self.name,
+            "generation": self.generation,
+            "step": self.step,
+            "data_cursor": self.step * self.tokens * self.world,  # where a restore resumes
+        }
         (directory / "faultline.json").write_text(json.dumps({**meta, "checkpoint_id": ckpt_id}))
-        (directory / "manifest.json").write_text(json.dumps({"shards": shards}))
+        manifest = {"shards": shards}
+        (directory / "manifest.json").write_text(json.dumps(manifest))
         (directory / "COMMITTED").write_text("")
         self.last_ckpt_at = time.monotonic()
         poisoned = self.fault is not None and self.fault.kind == "nan_loss"

@@ -32,6 +32,7 @@ COLUMNS = (
     ("repeated_steps", "repeated"),
     ("advice_correct", "advice ok"),
     ("invariants", "invariants"),
+    ("incident", "incident"),
     ("runs", "runs"),
     ("passed", "pass"),
 )
@@ -72,8 +73,23 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         for r in rows
     ]
     notes = [f"* `{r['drill']}` ({r.get('runs')}): {r['note']}" for r in rows if r.get("note")]
+    notes += [incident_note(r) for r in rows if r.get("incident_costs")]
     notes += [f"* `{r['drill']}`: {r['error']}" for r in rows if r.get("error")]
     return "\n".join([head, rule, *body, *(["", *notes] if notes else [])]) + "\n"
+
+
+def incident_note(row: dict[str, Any]) -> str:
+    """One drill linked to its incident's costs as the console measured them."""
+    c = row["incident_costs"]
+    figures = ", ".join(
+        f"{label} {_cell(c.get(key))}"
+        for key, label in (
+            ("detection_s", "detection s"), ("quiesce_s", "quiesce s"),
+            ("lost_steps", "lost steps"), ("restore_s", "restore s"),
+            ("repeated_steps", "repeated steps"), ("repeated_samples", "repeated samples"),
+        )
+    )  # fmt: skip
+    return f"* `{row['drill']}`: incident #{row['incident']} measured {figures}"
 
 
 def not_run_row(spec: Any, why: str) -> dict[str, Any]:
@@ -141,6 +157,16 @@ def run(args: argparse.Namespace) -> int:
     runnable = [s for s in specs if s.name not in skipped]
     own_dir = args.data_dir is None
     work = Path(args.data_dir or tempfile.mkdtemp(prefix="faultline-drill-")).resolve()
+    from agents.listener import MAX_SOCKET_PATH
+
+    longest = work / "service" / "agents" / "drill-net-0" / "reporter.sock"  # the agents' own
+    if len(os.fsencode(longest)) > MAX_SOCKET_PATH:
+        print(
+            f"faultline: drill: --data-dir {work} is too long: the agents' reporter sockets "
+            f"under it ({longest}) would pass the {MAX_SOCKET_PATH} bytes a Unix socket path "
+            "may have; use a shorter one"
+        )
+        return 2
     work.mkdir(parents=True, exist_ok=True)
 
     def on_signal(signum: int, frame: object) -> None:
@@ -153,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         print(f"faultline: drill: starting a service under {work}", flush=True)
         service = start_service(work / "service")
+        print(f"faultline: drill: service ready in {time.monotonic() - began:.1f}s", flush=True)
         # The fake-NVML rows script the agent's fake GPUs through this directory.
         control = work / "nvml-control"
         control.mkdir(exist_ok=True)
@@ -163,16 +190,23 @@ def run(args: argparse.Namespace) -> int:
         socket = service.data_dir / "agents" / "drill-node" / "reporter.sock"
         wait_for(socket.exists, 30, "the drill agent's reporter socket")
         tag = uuid.uuid4().hex[:6]
+        drills: list[Drill] = []
         for spec in runnable:
             print(f"faultline: drill {spec.name}: {spec.fault}", flush=True)
-            result = Drill(spec, service, work, socket, tag).run()
+            drills.append(Drill(spec, service, work, socket, tag))
+            result = drills[-1].run()
             rows.append(result.as_dict())
             verdict = "ok" if result.passed else f"MISMATCH ({result.error or 'see table'})"
+            phases = ", ".join(f"{k} {v}" for k, v in result.wall_s.items() if k != "row")
             print(
                 f"faultline: drill {spec.name}: found {result.found_root_cause}, "
-                f"detected in {result.detection_s}s: {verdict}",
+                f"detected in {result.detection_s}s: {verdict} "
+                f"(row {result.wall_s.get('row')} s: {phases})",
                 flush=True,
             )
+        for i, done in enumerate(drills):  # the console's costs, final by now (runner.py)
+            done.collect_incident_costs()
+            rows[i] = done.result.as_dict()
         rows += [not_run_row(s, skipped[s.name]) for s in specs if s.name in skipped]
     except KeyboardInterrupt:
         print("faultline: drill interrupted; stopping everything")

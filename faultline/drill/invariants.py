@@ -110,3 +110,110 @@ def without_restore(drill: Drill) -> dict[str, bool]:
 
 def spool_path(drill: Drill, node: str = "drill-node") -> Path:
     return drill.service.data_dir / "agents" / node
+
+
+# -- serving rows (faultline.drill.serving_drill) ------------------------------------------
+def serving(outcomes: dict[str, dict[str, Any]], drained: bool) -> dict[str, bool]:
+    """The serving invariants over every request the drill's router sent.
+
+    `outcomes[rid]` is the client's view (faultline.drill.serving_drill.Fleet.client) plus
+    the request's reference output: `tokens` received in index order, `duplicates` (an
+    index received twice), `gaps`, `done` (one entry per worker that finished it), `n`.
+    Declared semantics: a request a dead worker held re-runs on a peer from the tokens
+    already delivered, so every token index is streamed exactly once and every request
+    finishes exactly once, with the output the model gives without any failure.
+    """
+    finished_once = all(
+        len(o["done"]) == 1 and not o["duplicates"] and not o["gaps"] and len(o["tokens"]) == o["n"]
+        for o in outcomes.values()
+    )
+    return {
+        "every_request_finished": drained and all(o["done"] for o in outcomes.values()),
+        "streamed_tokens_finished_once": bool(outcomes) and finished_once,
+        "outputs_match_reference": all(
+            o["reference"] is not None and o["tokens"] == o["reference"] for o in outcomes.values()
+        ),
+    }
+
+
+# -- topology change (faultline.drill.topology) ---------------------------------------------
+def _restored(job: Job, rank: int) -> dict[str, Any]:
+    with contextlib.suppress(OSError, ValueError):
+        return dict(json.loads((job.status / f"restored-rank{rank}.json").read_text()))
+    return {}
+
+
+def resized(drill: Drill, old: Job, new: Job, *, false_findings: list[str]) -> dict[str, bool]:
+    """After recovery onto a different world size (faultline.drill.resize_trainer).
+
+    Declared consistency: a fixed global batch (each step consumes GLOBAL samples, split
+    evenly over the ranks), a global data cursor, replay from the checkpoint. So: every
+    generation consumes contiguous global samples with no overlap between its ranks; the
+    new one starts at the manifest's cursor; only the steps since the checkpoint repeat;
+    the weights loaded on every new rank are the ones saved by the old world; the replayed
+    steps' global losses equal the old generation's.
+    """
+    info = drill.group_info() or {}
+    r = drill.result
+    resume = int(r.measured.get("resume_step", 0))
+    last = int(r.measured.get("last_step", 0))
+    out = {
+        "one_active_generation": not old.alive() and info.get("generation") == new.generation,
+        "monotonic_ids": info.get("generation") == new.generation
+        and info.get("restart_count") == drill.restart_count,
+        "newest_valid_checkpoint_used": resume == int(r.measured.get("expected_resume", -1)),
+    }
+    batch = int(r.measured.get("global_batch", 64))
+
+    def per_step(job: Job) -> dict[int, list[dict[str, Any]]]:
+        steps: dict[int, list[dict[str, Any]]] = {}
+        for rank in range(job.world):
+            for line in log_lines(job, rank):
+                steps.setdefault(int(line["step"]), []).append(line)
+        return steps
+
+    old_steps, new_steps = per_step(old), per_step(new)
+    covered = True
+    for steps, world in ((old_steps, old.world), (new_steps, new.world)):
+        for step, lines in steps.items():
+            ranges = sorted(tuple(ln["samples"]) for ln in lines)
+            # The steps a rank finished before the kill may lack its peer's line: a full
+            # step has every rank's slice, adjacent, exactly the global batch.
+            if len(ranges) < world and steps is old_steps and step >= max(steps):
+                continue
+            want_lo = (step - 1) * batch
+            if (
+                ranges[0][0] != want_lo
+                or ranges[-1][1] != want_lo + batch
+                or any(a[1] != b[0] for a, b in itertools.pairwise(ranges))
+            ):
+                covered = False
+    out["global_batch_per_step_kept"] = covered and bool(new_steps)
+    new_first = min(new_steps, default=0)
+    out["no_sample_skipped"] = new_first == resume + 1 and _contiguous(sorted(new_steps))
+    replayed = [s for s in new_steps if s <= last]
+    out["repeats_only_since_checkpoint"] = len(replayed) == max(0, last - resume)
+    restored = [_restored(new, rk) for rk in range(new.world)]
+    manifest_cursor_ok = all(
+        x and x["manifest_cursor"] == resume * batch == x["state_cursor"] for x in restored
+    )
+    out["cursor_from_manifest"] = manifest_cursor_ok
+    out["checkpoint_maps_onto_new_world"] = all(
+        x
+        and x["saved_param_sha"] == x["loaded_param_sha"]
+        and x["manifest_world"] == old.world
+        and x["world"] == new.world
+        for x in restored
+    )
+    diffs = [
+        abs(new_steps[s][0]["loss"] - old_steps[s][0]["loss"])
+        / max(1e-12, abs(old_steps[s][0]["loss"]))
+        for s in replayed
+        if s in old_steps
+    ]
+    r.measured["replayed_loss_max_rel_diff"] = max(diffs, default=None)
+    out["replayed_losses_match"] = bool(diffs) and max(diffs) < 1e-4
+    out["no_false_finding_after_resize"] = not false_findings and info.get("world_size") == (
+        new.world
+    )
+    return out

@@ -38,6 +38,9 @@ class Spec:
     why: str = ""  # for FAKE and NOT_HERE rows: what is faked or missing
     layer: str = "process"  # the seed's taxonomy layer, for the printed matrix
     network: bool = False  # needs ip netns / tc / nft (faultline.drill.prereqs)
+    # One fault, one story: the row fails if any other root cause or undetermined
+    # incident opens for it (a group_stall beside the rank_hang, a healthy GPU named).
+    alone: bool = False
 
 
 MATRIX: tuple[Spec, ...] = (
@@ -54,7 +57,7 @@ MATRIX: tuple[Spec, ...] = (
     # The stopped rank says nothing; its peers block in the next collective and their
     # agents.torch watchdogs report where they wait, so the console names the rank that
     # never arrived (undetermined: no exit or device evidence, so no automatic restart).
-    Spec("hang", "SIGSTOP rank 1", "rank_hang", False, quick=False),
+    Spec("hang", "SIGSTOP rank 1", "rank_hang", False, quick=False, alone=True),
     # The step after a checkpoint carries its phase, which excused silence for 30 min;
     # now the grace is relative to the checkpoint's measured duration (10 s floor here).
     Spec(
@@ -64,6 +67,7 @@ MATRIX: tuple[Spec, ...] = (
         False,
         inside="hang_after_ckpt",
         fault_step=11,
+        alone=True,
     ),
     Spec("oom", "torch.OutOfMemoryError in rank 1", "oom", True, inside="oom"),
     # -- collective ------------------------------------------------------------------------
@@ -112,6 +116,7 @@ MATRIX: tuple[Spec, ...] = (
         inside="read_timeout",
         quick=False,
         layer="data",
+        alone=True,
     ),
     Spec(
         "bad_sample",
@@ -187,7 +192,7 @@ MATRIX: tuple[Spec, ...] = (
     # -- observer ------------------------------------------------------------------------------
     Spec(
         "telemetry_down",
-        "the whole Faultline service SIGSTOPped for 8 s mid-run",
+        "the whole Faultline service SIGSTOPped 3 x 6 s mid-run (interleaved with 5 s up)",
         None,
         None,
         restore=False,
@@ -196,7 +201,7 @@ MATRIX: tuple[Spec, ...] = (
     # -- network (real namespaces, tc and nftables) -------------------------------------------
     Spec(
         "slow_link",
-        "tc tbf 2 mbit on node 1's link (3 nodes in their own network namespaces)",
+        "tc tbf on node 1's link, sized to carry a step's bytes in 3 healthy steps (3 namespaces)",
         "network_slow",
         True,
         restore=False,
@@ -216,10 +221,12 @@ MATRIX: tuple[Spec, ...] = (
         layer="network",
         network=True,
     ),
+    # The cut node's agent sees its link go down; the waits on both sides link to it. Only
+    # the majority side may write; no automatic restart while a side may still be alive.
     Spec(
         "partition",
         "node 2's link down (3 namespaces): {0, 1} vs {2}",
-        "rank_hang",
+        "network_partition",
         False,
         restore=False,
         quick=False,
@@ -238,62 +245,69 @@ MATRIX: tuple[Spec, ...] = (
         why="no GPU here: the Xid comes from the agent's fake NVML backend",
         layer="device",
     ),
-    # -- rows that cannot run here ---------------------------------------------------------
+    # GPU-only faults, on a real job with the hardware signal from fake NVML (labelled so).
     Spec(
         "clock_throttle",
-        "SM clock throttling on one GPU",
+        "SM clocks throttled (thermal) on rank 1's (fake) GPU, its compute slows (3 ranks)",
         "thermal_throttle",
         True,
-        runs=NOT_HERE,
-        why="needs a GPU whose compute slows; the rule is exercised on fake data in "
-        "tests/diagnosis/test_stragglers.py and in `faultline demo` (thermal straggler)",
+        quick=False,
+        world=3,
+        runs=FAKE,
+        why="no GPU here: fake NVML reports the thermal slowdown on rank 1's GPU; the slowdown "
+        "is real: the drill duty-cycles rank 1's process (SIGSTOP/SIGCONT, half of every "
+        "100 ms), so its real compute takes twice as long (faultline.drill.fake_device)",
         layer="device",
+        alone=True,
     ),
     Spec(
         "long_kernel",
-        "one kernel runs for minutes",
+        "rank 1 blocks for minutes in its compute phase (a kernel that never ends)",
         "rank_hang",
         False,
-        runs=NOT_HERE,
-        why="needs a GPU; on CPU it is the hang row",
+        inside="long_kernel",
+        quick=False,
+        runs=FAKE,
+        why="no GPU here: a CPU wait in rank 1's compute phase stands in for the kernel "
+        "(the rank lives and is not stopped, unlike the hang row)",
         layer="device",
+        alone=True,
     ),
     Spec(
         "intra_node_link",
-        "NVLink degradation between two GPUs",
+        "NVLink errors climb on rank 1's (fake) GPU",
         "nvlink_errors",
         True,
-        runs=NOT_HERE,
-        why="no NVLink or InfiniBand here; tests/diagnosis/test_device.py uses fake counters",
+        quick=False,
+        runs=FAKE,
+        why="no NVLink or InfiniBand here: fake NVML's NVLink error counters on rank 1's GPU "
+        "(faultline.drill.fake_device); the link's traffic is not degraded",
         layer="network",
+        alone=True,
     ),
+    # -- topology (faultline.drill.topology) ----------------------------------------------
     Spec(
         "topology_change",
-        "recover 2 ranks onto 3 (DP resize: shards, batch, cursor)",
-        None,
-        None,
-        runs=NOT_HERE,
-        why="not built yet: the trainer's data cursor is per-world; resharding semantics "
-        "must be checked, not assumed",
-        layer="control",
-    ),
-    Spec(
-        "serving_worker_exit",
-        "a serving worker exits with live KV",
+        "rank 1's node lost; recover 2 ranks onto 1 (DP resize: shards, batch, cursor)",
         "process_exit",
         True,
-        runs=NOT_HERE,
-        why="no serving loop in the drill yet; `faultline demo` plays serving windows",
+        quick=False,
+        layer="control",
+    ),
+    # -- serving (faultline.drill.serving_drill: real workers of serving_loop) ------------
+    Spec(
+        "serving_worker_exit",
+        "a serving worker (of 2) SIGKILLed while holding live KV",
+        "worker_lost",
+        False,
+        quick=False,
         layer="serving",
     ),
     Spec(
         "canary_switch",
-        "model/adapter/KV-schema canary switch",
+        "of 4 workers one turns healthy canary (toy-v2/kv-2), one mismatched (toy-v1 + kv-2)",
         "stale_version",
         False,
-        runs=NOT_HERE,
-        why="no serving loop in the drill yet; serving probes are tested in "
-        "tests/diagnosis/test_probes.py",
         layer="serving",
     ),
 )

@@ -6,15 +6,21 @@ created in the host's own namespace: deleting the namespaces removes every veth,
 qdisc and nftables table with them), and the faults: a slow link (`tc` tbf on both ends of
 a node's veth), packet loss (an nftables `numgen random` drop in the node's namespace),
 a partition (the node's link down). `netem` is not in this machine's kernel; no delay is
-added. Must not touch any namespace, address or rule it did not create.
+added. It also gives each node's agent (which runs in the host's namespace, where the
+service is) a view of its node's network: the namespace's sysfs mounted under
+`<view>/<i>/sys` and `<view>/<i>/net` linked to a sleeper's /proc/<pid>/net, which the
+agent reads as its `[host] net_sys_root` / `net_dir`. Must not touch any namespace,
+address, mount or rule it did not create.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import random
 import subprocess
+from pathlib import Path
 
 
 def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -32,6 +38,9 @@ class DrillNet:
         self.hub = f"fl-drill-{tag}-hub"
         self.net = random.randint(1, 254)  # noqa: S311 - a subnet, not a secret
         self.made: list[str] = []
+        self.mounts: list[Path] = []
+        self.links: list[Path] = []
+        self.sleepers: list[subprocess.Popen[bytes]] = []
         atexit.register(self.remove)  # even if the session dies between setup and finally
 
     def ns(self, node: int) -> str:
@@ -57,14 +66,34 @@ class DrillNet:
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
         return self
 
+    def expose(self, view: Path) -> None:
+        """Each node's network as its agent reads it: <view>/<i>/sys (the namespace's own
+        sysfs: mounted from inside it, it lists the namespace's interfaces) and
+        <view>/<i>/net (its /proc/net: the TCP MIB)."""
+        for i in range(self.nodes):
+            base = view / str(i)
+            (base / "sys").mkdir(parents=True, exist_ok=True)
+            _sh("nsenter", f"--net=/run/netns/{self.ns(i)}", "mount", "-t", "sysfs",
+                "sysfs", str(base / "sys"))  # fmt: skip
+            self.mounts.append(base / "sys")
+            sleeper = subprocess.Popen([*self.prefix(i), "sleep", "infinity"])
+            self.sleepers.append(sleeper)
+            link = base / "net"
+            with contextlib.suppress(FileNotFoundError):
+                link.unlink()
+            os.symlink(f"/proc/{sleeper.pid}/net", link)
+            self.links.append(link)
+
     def prefix(self, node: int) -> list[str]:
         """Run a command inside the node's namespace (ip netns exec execs it: same pid)."""
         return ["ip", "netns", "exec", self.ns(node)]
 
     # -- faults ------------------------------------------------------------------------
-    def slow(self, node: int, rate: str = "2mbit") -> None:
-        """The node's NIC slows down, both ways: tbf on its eth0 and on the hub's end."""
-        tbf = ["root", "tbf", "rate", rate, "burst", "16kbit", "latency", "400ms"]
+    def slow(self, node: int, rate_bps: int, limit_bytes: int) -> None:
+        """The node's NIC slows down, both ways: tbf on its eth0 and on the hub's end.
+        `limit_bytes` is the qdisc's queue: big enough for a step's bytes, so the link
+        delays them (a slow link) rather than dropping them (a lossy one)."""
+        tbf = ["root", "tbf", "rate", f"{rate_bps}bit", "burst", "2000", "limit", str(limit_bytes)]
         _sh("ip", "netns", "exec", self.ns(node), "tc", "qdisc", "add", "dev", "eth0", *tbf)
         _sh("ip", "netns", "exec", self.hub, "tc", "qdisc", "add", "dev", f"h{node}", *tbf)
 
@@ -102,6 +131,17 @@ class DrillNet:
         return out
 
     def remove(self) -> None:
-        """Delete every namespace this net made (their links, qdiscs and rules go too)."""
+        """Delete every namespace this net made (their links, qdiscs and rules go too), after
+        the views into them (a mounted sysfs would keep a namespace alive)."""
+        while self.links:
+            with contextlib.suppress(OSError):
+                self.links.pop().unlink()
+        while self.sleepers:
+            sleeper = self.sleepers.pop()
+            sleeper.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                sleeper.wait(5)
+        while self.mounts:
+            _sh("umount", "-l", str(self.mounts.pop()), check=False)
         while self.made:
             _sh("ip", "netns", "del", self.made.pop(), check=False)

@@ -24,12 +24,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from console.policy.lifecycle import TERMINAL
+
 GROUP = "drill-remediation"
 POLICY = {
     "gates": {"auto_approve": {"drain_node": ["xid"], "restart_group": ["xid"]},
               "max_nodes_out_per_pool": 1, "max_nodes_out_fleet": 1},
     "remediation": {"default": {"scheduler": "slurm", "take_out": "drain_node"}},
 }  # fmt: skip
+# An action that reached one of these never succeeds later.
+ENDED = frozenset(str(s) for s in TERMINAL) - {"succeeded"}
 
 
 class _Scheduler:
@@ -142,6 +146,72 @@ def _ingest(url: str, token: str, node: str, records: list[dict[str, Any]], seq:
             raise RuntimeError(f"ingest answered {response.status}")
 
 
+def _safe(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001 - the explanation must not hide the timeout
+        return f"unreadable: {exc}"
+
+
+def _state(svc: Any, sched: _Scheduler, agent_dir: Path) -> dict[str, Any]:
+    """What the loop's pieces say now, through the REST API and the agent's own files:
+    the actions (state, gate reasons, the agent's output), the group's incidents, the node,
+    the breaker, the audit log's newest rows, and what the agent ran or refused."""
+    keep = ("id", "kind", "target", "state", "group", "generation", "trigger", "gate_reasons",
+            "proposed_at", "decided_at", "dispatched_at", "finished_at")  # fmt: skip
+
+    def actions() -> list[dict[str, Any]]:
+        rows = svc.api("/api/v1/actions/?page_size=50")["results"]
+        return [
+            {**{k: a.get(k) for k in keep},
+             "output": str((a.get("result") or {}).get("output") or "")[:300]}
+            for a in rows
+        ]  # fmt: skip
+
+    def incidents() -> list[dict[str, Any]]:
+        rows = svc.api("/api/v1/incidents/?page_size=50")["results"]
+        return [{k: i.get(k) for k in ("id", "group", "node", "generation", "kind", "state",
+                                        "role", "subject", "summary", "opened_at")}
+                for i in rows]  # fmt: skip
+
+    def audit() -> list[str]:
+        rows = svc.api("/api/v1/audit/?page_size=40")["results"]
+        return [f"{r.get('ts')} {r.get('actor')} {r.get('verb')} "
+                f"{r.get('object_type')}:{r.get('object_id')} {str(r.get('reason'))[:200]}"
+                for r in rows]  # fmt: skip
+
+    def agent() -> dict[str, Any]:
+        ran = json.loads((agent_dir / "executor.json").read_text())
+        log = (agent_dir / "agent.log").read_text().splitlines()[-20:]
+        done = {k: f"{v.get('status')}: {str(v.get('output'))[:300]}"
+                for k, v in ran.get("done", {}).items()}  # fmt: skip
+        return {"done": done, "generations": ran.get("generations"), "log_tail": log}
+
+    return {
+        "scheduler_reason": _safe(sched.reason),
+        "actions": _safe(actions),
+        "incidents": _safe(incidents),
+        "group": _safe(lambda: {k: v for k, v in svc.api(f"/api/v1/groups/{GROUP}/").items()
+                                if k in ("name", "state", "generation", "scheduler_job")}),
+        "node": _safe(lambda: {k: v for k, v in svc.api(f"/api/v1/nodes/{sched.node}/").items()
+                               if k not in ("devices", "history", "incidents")}),
+        "breaker": _safe(lambda: svc.api("/api/v1/breaker/")),
+        "audit": _safe(audit),
+        "agent": _safe(agent),
+    }  # fmt: skip
+
+
+def _explained(
+    step: str, check: Callable[[], Any], timeout: float, dump: Callable[[], Path]
+) -> Any:
+    """`_until`, but a timeout says what the loop was waiting on and where its state went."""
+    try:
+        return _until(check, timeout)
+    except TimeoutError as exc:
+        where = dump()
+        raise TimeoutError(f"{step}: {exc}; the loop's state is in {where}") from None
+
+
 def run_drill(work: Path | None = None, *, fake: bool = False) -> dict[str, Any]:
     """Run the drill; returns its figures (seconds) and which scheduler ran it."""
     from agents.fake_nvml import fake_uuid
@@ -179,14 +249,34 @@ def run_drill(work: Path | None = None, *, fake: bool = False) -> dict[str, Any]
         xid = {"kind": "device_event", "gpu": fake_uuid(sched.node, 0), "event": "xid",
                "code": 79, "detail": "GPU has fallen off the bus", "ts": iso_ts()}  # fmt: skip
         _ingest(svc.url, token, sched.node, [xid], 2)
-        _until(lambda: sched.reason().startswith("faultline:"), 120)
+
+        def dump() -> Path:
+            where = work / "remediation-state.json"
+            where.write_text(json.dumps(_state(svc, sched, state), indent=2, default=str))
+            return where
+
+        _explained("node never out of service on the scheduler",
+                   lambda: sched.reason().startswith("faultline:"), 120, dump)  # fmt: skip
         out_s = time.monotonic() - fault
 
         def requeued() -> bool:
-            rows = svc.api("/api/v1/actions/?state=succeeded")["results"]
-            return any(a["kind"] == "restart_group" for a in rows)
+            rows = [a for a in svc.api("/api/v1/actions/")["results"]
+                    if a["kind"] == "restart_group"]  # fmt: skip
+            if any(a["state"] == "succeeded" for a in rows):
+                return True
+            ended = [a for a in rows if a["state"] in ENDED]
+            if ended and len(ended) == len(rows):
+                # Nothing proposes it again for the same finding: waiting is pointless.
+                out = str((ended[0].get("result") or {}).get("output") or "")[:200]
+                gates = "; ".join(ended[0].get("gate_reasons") or [])
+                why = out if ended[0]["state"] == "failed" else gates or out  # agent vs gate
+                raise RuntimeError(
+                    f"restart_group {ended[0]['id']} ended {ended[0]['state']}: {why}; "
+                    f"the loop's state is in {dump()}"
+                )
+            return False
 
-        _until(requeued, 120)
+        _explained("restart_group never succeeded", requeued, 120, dump)
         requeue_s = time.monotonic() - fault
         return {
             "drill": "remediation",

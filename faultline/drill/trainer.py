@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-rank", type=int, default=-1)
     parser.add_argument("--fault-step", type=int, default=-1)
     parser.add_argument("--step-sleep", type=float, default=0.15)
+    parser.add_argument(
+        "--compute-work", type=int, default=0, help="256x256 matmuls per step's compute phase"
+    )
     parser.add_argument("--probe-every", type=int, default=5, help="fixed-batch probe period")
     args = parser.parse_args(argv)
 
@@ -83,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             return float(torch.nn.functional.mse_loss(model(probe_x), probe_y))
 
+    work = None
+    if args.compute_work:
+        wg = torch.Generator().manual_seed(7)
+        work = (torch.randn(256, 256, generator=wg), torch.randn(256, 256, generator=wg) / 16)
     reporter.get().set_probe(fixed_batch_loss, every=args.probe_every, name="fixed_batch_loss")
     start = 0
     if args.resume is not None:
@@ -123,6 +130,14 @@ def main(argv: list[str] | None = None) -> int:
                 _fault_mark(args, rank, step)
                 with torch.no_grad():  # a silent bit-rot of this rank's weights: no error
                     next(model.parameters()).add_(0.05)
+            if here and args.fault == "long_kernel":
+                _fault_mark(args, rank, step)
+                time.sleep(600)  # a kernel that runs for minutes: the rank lives, blocked
+            if work is not None:
+                # Real arithmetic, the same on every rank: what a slowed device stretches.
+                z = work[0]
+                for _ in range(args.compute_work):
+                    z = torch.tanh(z @ work[1])
             if faulty and args.fault == "oom" and step == args.fault_step:
                 _fault_mark(args, rank, step)
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")

@@ -7,6 +7,7 @@ directory of its own, and offers the few client calls the system tests and bench
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import json
 import os
@@ -26,6 +27,9 @@ from faultline.embedded import free_port
 
 ADMIN = ("admin", "admin-pass-for-tests")
 BIN = Path(sys.executable).parent
+# `faultline up` (Postgres, migrations, web and Celery processes each importing Django) took
+# 25-50 s to say ready on 2 cores shared with other services, and /readyz up to 30 s more.
+START_TIMEOUT_S = 180
 
 
 @dataclass
@@ -140,7 +144,8 @@ def wait_for(predicate: Any, timeout: float, what: str) -> Any:
 
 def start_service(data_dir: Path, env: dict[str, str] | None = None) -> Service:
     """`faultline up` on free ports; `env` adds settings (a scrape token, an OpenID provider)."""
-    port, ws_port = free_port(), free_port()
+    port = free_port()
+    ws_port = free_port(avoid=frozenset({port}))
     log = data_dir / "up.log"
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
@@ -156,10 +161,20 @@ def start_service(data_dir: Path, env: dict[str, str] | None = None) -> Service:
     def ready() -> bool:
         if proc.poll() is not None:
             raise AssertionError(f"faultline up exited: {log.read_text()[-2000:]}")
-        with urllib.request.urlopen(service.url + "/readyz", timeout=2) as r:
+        # /readyz's first answers build the migration graph: seconds on 2 loaded cores. A 2 s
+        # client timeout gave up on every answer there while each abandoned request kept a
+        # server thread busy, so the service never looked ready.
+        with urllib.request.urlopen(service.url + "/readyz", timeout=15) as r:
             return json.loads(r.read())["ready"]
 
-    wait_for(ready, 90, "faultline up to become ready")
+    try:
+        wait_for(ready, START_TIMEOUT_S, "faultline up to become ready")
+    except BaseException:
+        # Never leave a service that did not come up running: its Postgres, Valkey, web
+        # and Celery processes loaded the box for every later start (each then timed out).
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            stop_service(service)
+        raise
     return service
 
 

@@ -8,6 +8,7 @@ Owns the transaction and the order of the round trips; the SQL lives beside it.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,12 +17,14 @@ import psycopg
 from django.db import connection, transaction
 
 from agents import protocol as p
-from console import actions
+from console import actions, events
 from console.models import Node
+from ingest.auth import CREDENTIAL_LIVE, CredentialRevokedError
 from ingest.rawsql import send
 from ingest.store.errors import check_future, check_shift, out_of_range
 from ingest.store.fleet_card import NODE_CARD, node_card
 from ingest.store.receipts import AGENT_DUPLICATE, agent_update, claim_receipt
+from ingest.store.tables import copy_rows
 from ingest.store.writer import BatchWriter
 
 _GPU_RECORDS = (p.DeviceSample, p.DeviceEvent, p.Process)  # the records that name a GPU
@@ -38,7 +41,7 @@ class IngestResult:
     violations: int = 0
     device_events: int = 0  # Xid/DBE/GPU-lost records: push and diagnose without delay
     actions_pending: bool = True  # the node has actions in flight: dispatch on the response
-    card: dict[str, Any] | None = None  # the node's fleet card as committed, when asked for
+    card: events.NodePayload | None = None  # the node's fleet card as committed, when asked for
 
 
 def _fleet_health(
@@ -80,10 +83,11 @@ def ingest_batch(
     max_future_s: int,
     want_card: bool = False,
     launcher_group: str = "",
+    credential_id: int | None = None,
 ) -> IngestResult:
     """Store one batch in one transaction and about five round trips, whatever its size.
 
-    Round trips: receipt + agent state; groups + the ranks the batch names; one COPY per
+    Round trips: receipt + agent state + groups + the ranks the batch names; one COPY per
     record table; then every live-state write in one multi-statement send. Raw SQL here
     because the ORM's statement compilation cost more than Postgres did (docs/performance.md).
     With `want_card` (or a critical device event) the last send also reads the node's
@@ -93,47 +97,98 @@ def ingest_batch(
     batch names, and the groups' round trip which of them this node hosts ranks of; what
     the node may not claim is stored as telemetry, not applied, and recorded as a
     contract violation. `launcher_group` is the group a launcher token may transition.
+
+    With `credential_id` (a credential authenticated from ingest.auth's cache) the last
+    send also confirms it is still live and reads the node's health as it is now; a revoked
+    one raises CredentialRevokedError and nothing is stored.
     """
+    skew, shift = check_batch(batch, now, max_future_s)
+    with transaction.atomic(), connection.wrap_database_errors:
+        writer = store_batch(
+            node=node, batch=batch, now=now, skew=skew, shift=shift, want_card=want_card,
+            launcher_group=launcher_group, credential_id=credential_id,
+        )  # fmt: skip
+        if writer is None:
+            return IngestResult(ack_seq=batch.seq, duplicate=True)
+        try:
+            copy_rows(writer.rows)
+        except psycopg.errors.DataError as exc:
+            raise out_of_range(exc, batch) from None
+    return writer_result(writer, batch)
+
+
+def check_batch(batch: p.Batch, now: datetime, max_future_s: int) -> tuple[timedelta, timedelta]:
+    """The batch's clock skew and the shift applied to its times; raises a RecordError
+    (400) for records too far in the future. No database: run it before the transaction."""
     skew = batch.sent_at - now
     shift = skew if abs(skew) > timedelta(seconds=5) else timedelta(0)
     check_future(batch, max_future_s)
     if shift:
         check_shift(batch, shift)
-    # Raw psycopg throughout: map its errors to Django's (OperationalError -> 503 in the
-    # view); a number out of range for its column becomes a 400 naming the record.
-    with transaction.atomic(), connection.wrap_database_errors:
-        gpus = {r.gpu for r in batch.records if isinstance(r, _GPU_RECORDS) and r.gpu}
-        claim = claim_receipt(batch, node, now, gpus)
-        agent = claim.agent
-        if agent is None:
-            send(AGENT_DUPLICATE, {"agent": batch.agent.id, "now": now}).close()
-            return IngestResult(ack_seq=batch.seq, duplicate=True)
-        writer = BatchWriter(
-            node=node, agent_id=batch.agent.id, now=now, shift=shift, want_card=want_card
-        )
-        writer.device_owners, writer.node_gpus = claim.device_owners, claim.node_gpus
-        writer.launcher_group = launcher_group
-        writer.agent_update = agent_update(agent, node, batch, now, skew)
-        writer.add(batch.records)
-        try:
-            writer.flush()
-        except psycopg.errors.DataError as exc:
-            raise out_of_range(exc, batch) from None
-        if _fleet_health(node, batch, agent, writer, now) and writer.card is not None:
-            # The card was read before the lifecycle moved: read it again (rare).
-            with send(NODE_CARD, {"node": node.pk}) as cur:
-                row = cur.fetchone()
-            if row is not None:
-                writer.card = node_card(row)
-        return IngestResult(
-            ack_seq=batch.seq,
-            duplicate=False,
-            records=len(batch.records),
-            groups=sorted(writer.touched_groups),
-            new_groups=writer.created,
-            nodes=[node.name],
-            violations=writer.violation_count,
-            device_events=writer.critical_events,
-            actions_pending=writer.actions_pending,
-            card=writer.card,
-        )
+    return skew, shift
+
+
+def store_batch(
+    *,
+    node: Node,
+    batch: p.Batch,
+    now: datetime,
+    skew: timedelta,
+    shift: timedelta,
+    want_card: bool = False,
+    launcher_group: str = "",
+    credential_id: int | None = None,
+) -> BatchWriter | None:
+    """Everything of `ingest_batch` but the transaction and the COPY of the writer's rows
+    (the caller's: group commit COPYs several batches' rows at once). None for a replay.
+    Must run inside a transaction (and `connection.wrap_database_errors`)."""
+    gpus = {r.gpu for r in batch.records if isinstance(r, _GPU_RECORDS) and r.gpu}
+    writer = BatchWriter(
+        node=node, agent_id=batch.agent.id, now=now, shift=shift, want_card=want_card
+    )
+    # The groups and ranks are read (and locked) in the receipt's round trip.
+    claim = claim_receipt(batch, node, now, gpus, then=writer.group_read(batch.records))
+    agent = claim.agent
+    if agent is None:
+        sql, params = AGENT_DUPLICATE, {"agent": batch.agent.id, "now": now}
+        if credential_id is not None:
+            sql, params = f"{CREDENTIAL_LIVE};{sql}", {**params, "credential": credential_id}
+        with send(sql, params) as cur:
+            if credential_id is not None and cur.fetchone() is None:
+                raise CredentialRevokedError
+        return None
+    writer.device_owners, writer.node_gpus = claim.device_owners, claim.node_gpus
+    writer.launcher_group = launcher_group
+    writer.credential_id = credential_id
+    writer.agent_update = agent_update(agent, node, batch, now, skew)
+    writer.add(batch.records)
+    try:
+        writer.flush(copy=False)
+    except psycopg.errors.DataError as exc:
+        raise out_of_range(exc, batch) from None
+    if writer.node_health is not None and writer.node_health != node.health:
+        node = copy.copy(node)  # a cached credential's node is shared by threads
+        node.health = writer.node_health
+    if _fleet_health(node, batch, agent, writer, now) and writer.card is not None:
+        # The card was read before the lifecycle moved: read it again (rare).
+        with send(NODE_CARD, {"node": node.pk}) as cur:
+            row = cur.fetchone()
+        if row is not None:
+            writer.card = node_card(row)
+    return writer
+
+
+def writer_result(writer: BatchWriter, batch: p.Batch) -> IngestResult:
+    """What the view needs of a stored batch, once its transaction committed."""
+    return IngestResult(
+        ack_seq=batch.seq,
+        duplicate=False,
+        records=len(batch.records),
+        groups=sorted(writer.touched_groups),
+        new_groups=writer.created,
+        nodes=[writer.node.name],
+        violations=writer.violation_count,
+        device_events=writer.critical_events,
+        actions_pending=writer.actions_pending,
+        card=writer.card,
+    )

@@ -1,34 +1,15 @@
 """The node's fleet card, read in the batch's last send: the live push costs no query.
 
 `NODE_CARD` selects what `console.queries.node_payloads` returns for one node, from the
-node and GPU rows the batch just wrote; `node_card` turns its row into the same dict (a
-test holds the two equal). Must not write.
+node and GPU rows the batch just wrote; `node_card` (console.events.node_payload) turns
+its row into the same dict (a test holds the two equal). Must not write.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from console import events
 
-import msgspec
-
-
-def node_card(row: tuple[Any, ...]) -> dict[str, Any]:
-    """A node card as `console.queries.node_payloads` builds it, from `NODE_CARD`'s row."""
-    (name, health, last_seen, quarantined, cordoned, devices, lifecycle, reason, since,
-     taken_out_by, flagged) = row  # fmt: skip
-    return {
-        "name": name,
-        "health": health,
-        "last_seen": last_seen.isoformat() if last_seen else None,
-        "quarantined": quarantined,
-        "cordoned": cordoned,
-        "devices": msgspec.json.decode(devices) if isinstance(devices, str) else devices,
-        "lifecycle": lifecycle,
-        "lifecycle_reason": reason,
-        "lifecycle_since": since.isoformat() if since else None,
-        "taken_out_by": taken_out_by,
-        "replace_flagged": flagged,
-    }
+node_card = events.node_payload  # the card's one definition, shared with the fleet grid
 
 
 # Read last in the transaction: the node and GPU rows this batch just wrote.

@@ -20,13 +20,22 @@ SELECT x.uuid, %(node)s, x.index, x.sample, x.seen, x.health, false
 FROM jsonb_to_recordset(%(devices)s)
     AS x(uuid text, index int, sample jsonb, seen timestamptz, health text)
 ON CONFLICT (uuid) DO UPDATE SET node_id = EXCLUDED.node_id, index = EXCLUDED.index,
-    last_sample = EXCLUDED.last_sample, last_seen = EXCLUDED.last_seen,
+    last_sample = CASE
+        WHEN EXCLUDED.last_sample ? 'throttled'
+            OR NOT coalesce(console_device.last_sample ? 'throttled', false)
+        THEN EXCLUDED.last_sample
+        ELSE EXCLUDED.last_sample
+            || jsonb_build_object('throttled', console_device.last_sample -> 'throttled')
+    END,
+    last_seen = EXCLUDED.last_seen,
     health = CASE console_device.lifecycle WHEN 'healthy' THEN EXCLUDED.health
                   WHEN 'validating' THEN 'warning' ELSE 'critical' END
 WHERE console_device.node_id = EXCLUDED.node_id OR console_device.last_seen IS NULL
     OR console_device.last_seen < %(move_before)s
 """
 
+# `throttled` (the newest sample that showed throttle reasons) is carried over clean samples:
+# the straggler rule still blames a throttle whose slow steps are in its window.
 # A latched fault (console.policy.fleet_health) keeps the GPU critical through clean samples
 # until it is repaired; a validating GPU reads as a warning until its window passes.
 
@@ -78,8 +87,9 @@ WHERE console_rank.node_id = EXCLUDED.node_id OR console_rank.generation <> EXCL
 GROUP_WRITTEN = (
     "kind", "state", "generation", "restart_count", "world_size", "topology", "data_cursor",
     "model_version", "last_checkpoint_step", "state_since", "last_activity", "scheduler_job",
+    "objectives",
 )  # fmt: skip
-GROUP_JSON = {"topology"}
+GROUP_JSON = {"topology", "objectives"}
 _GROUP_SET = ", ".join(f"{f} = %(g_{f})s" for f in GROUP_WRITTEN)
 GROUP_UPDATE = f"""
 UPDATE console_consistencygroup SET {_GROUP_SET},

@@ -1,14 +1,19 @@
 """The (agent_id, seq) receipt and the agent's bookkeeping: replays stop here, gaps counted.
 
 Owns the first round trip of a batch (receipt insert, the agent's row created if new and
-locked, and the owners of the GPUs the batch names) and the agent's counters after it
-(sequence gaps opened by a jump and closed by a late seq, spool depth). An agent id belongs
+locked, the owners of the GPUs the batch names, and the groups and ranks the writer reads
+with it) and the agent's counters after it
+(sequence gaps opened by a jump and closed by a late seq, spool depth). Receipts are pruned
+after a while (ingest.retention): at or below the agent's `receipts_pruned_through` a seq
+that is not in its gap list was stored before, so its replay is still a duplicate, while
+a late batch inside a gap is still stored. An agent id belongs
 to the node that first used it: a batch naming another node's agent id is refused before
 its receipt can count as anyone's duplicate. Must not write telemetry or live state.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,7 +27,7 @@ from ingest.rawsql import send
 
 _AGENT_COLUMNS = (
     "node_id", "last_seq", "gaps", "gap_ranges", "batches", "records", "spool_depth", "dropped",
-    "boot_id",
+    "boot_id", "receipts_pruned_through",
 )  # fmt: skip
 
 # Receipt first: a replay stops here. The agent's row is created if new and locked, so two
@@ -78,16 +83,29 @@ WHERE agent_id = %(a_id)s
 """
 
 
-def claim_receipt(batch: p.Batch, node: Node, now: datetime, gpus: set[str]) -> Claim:
+def claim_receipt(
+    batch: p.Batch,
+    node: Node,
+    now: datetime,
+    gpus: set[str],
+    then: tuple[str, dict[str, Any], Callable[[Any], None]] | None = None,
+) -> Claim:
     """Insert the (agent, seq) receipt, lock the agent's row and read the owners of `gpus`.
 
+    `then` (SQL, its parameters, a reader of its results) goes in the same round trip,
+    after the claim: the batch's group read (BatchWriter.group_read), which needs nothing
+    from the claim. Its reader runs whatever the claim says (a replay's result is unused).
     `Claim.agent` is None for a replay. Raises AgentNotOwnedError when the agent id is
     another node's (the caller's transaction then rolls the receipt back).
     """
     params = {"agent": batch.agent.id, "seq": batch.seq, "now": now,
               "records": len(batch.records), "node": node.pk, "gpus": sorted(gpus)}  # fmt: skip
+    sql = _CLAIM + _DEVICE_OWNERS if gpus else _CLAIM
+    if then is not None:
+        sql = f"{sql};{then[0]}"
+        params = {**then[1], **params}  # the same "node"; names no key of the claim's
     claim = Claim(agent=None)
-    with send(_CLAIM + _DEVICE_OWNERS if gpus else _CLAIM, params) as cur:
+    with send(sql, params) as cur:
         claimed = cur.fetchone() is not None
         cur.nextset()
         cur.nextset()
@@ -98,6 +116,9 @@ def claim_receipt(batch: p.Batch, node: Node, now: datetime, gpus: set[str]) -> 
             cur.nextset()
             count = cur.fetchone()
             claim.node_gpus = count[0] if count else 0
+        if then is not None:
+            cur.nextset()
+            then[2](cur)
     if row is not None and row[0] != node.pk:
         raise AgentNotOwnedError(batch.agent.id)
     if not claimed or row is None:
@@ -105,8 +126,24 @@ def claim_receipt(batch: p.Batch, node: Node, now: datetime, gpus: set[str]) -> 
     state = dict(zip(_AGENT_COLUMNS, row, strict=True))
     if isinstance(state["gap_ranges"], str):  # Django's connections load jsonb as text
         state["gap_ranges"] = msgspec.json.decode(state["gap_ranges"])
+    if replay_of_pruned(batch.seq, state):
+        return claim  # the new receipt stays: it records a seq that was seen, as before
     claim.agent = state
     return claim
+
+
+def replay_of_pruned(seq: int, state: dict[str, Any]) -> bool:
+    """True when `seq`'s receipt may have been pruned and the seq was stored before.
+
+    At or below the high-water mark every seq was either stored or is in the gap list, so
+    "not in a gap" means "stored". Only the newest 100 gap ranges are kept: a batch that
+    fills an older gap after its neighbours' receipts were pruned is taken for a replay
+    (docs/operations.md, Retention).
+    """
+    pruned, last_seq = state["receipts_pruned_through"], state["last_seq"]
+    if pruned is None or last_seq is None or seq > min(pruned, last_seq):
+        return False
+    return not any(first <= seq <= last for first, last in state["gap_ranges"])
 
 
 def agent_update(

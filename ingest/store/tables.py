@@ -27,7 +27,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "checkpointrecord": (
         "ts", "node_id", "group_id", "generation", "stale", "checkpoint_id", "step", "phase",
-        "manifest", "duration_ms", "detail",
+        "manifest", "duration_ms", "detail", "data_cursor",
     ),
     "transitionrecord": (
         "ts", "node_id", "group_id", "generation", "stale", "from_state", "to_state", "reason",

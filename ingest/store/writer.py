@@ -28,10 +28,12 @@ from psycopg.types.json import Jsonb
 from agents import protocol as p
 from agents import xid
 from agents.gpu_health import CRITICAL, CRITICAL_EVENTS, sample_health
+from console import events
 from console.choices import ACTION_LIVE_STATES, GroupKind
 from console.models import ConsistencyGroup, Node
 from console.policy import fleet_health
 from ingest import fencing, ratelimit
+from ingest.auth import CREDENTIAL_LIVE, CredentialRevokedError
 from ingest.copytext import flag, num, text, when
 from ingest.copytext import json as cjson
 from ingest.models import ContractViolation
@@ -86,6 +88,7 @@ class BatchWriter:
         self.rows: dict[str, list[str]] = defaultdict(list)  # COPY text lines per table
         self.node_cell = f"\t{self.node_id}\t"  # every row's node_id, between its neighbours
         self.devices: dict[str, dict[str, Any]] = {}
+        self.throttled: dict[str, dict[str, Any]] = {}  # gpu -> its newest throttled sample
         self.device_events: dict[str, str] = {}
         self.ranks: dict[tuple[str, int], dict[str, Any]] = {}
         self.groups: dict[str, tuple[ConsistencyGroup, fencing.GroupView]] = {}
@@ -105,7 +108,7 @@ class BatchWriter:
         self.activity_written: dict[int, datetime] = {}
         self.actions_pending = True
         self.want_card = want_card  # read the node's fleet card in the last send
-        self.card: dict[str, Any] | None = None
+        self.card: events.NodePayload | None = None
         # Ownership: set by ingest_batch from the receipt's round trip.
         self.device_owners: dict[str, tuple[int, datetime | None]] = {}
         self.node_gpus = 0
@@ -114,6 +117,13 @@ class BatchWriter:
         self.ranked: set[str] = set()  # named groups that have ranks at all
         self.refused_groups: set[str] = set()  # new groups over the node's hourly limit
         self.created: list[str] = []  # groups this batch created
+        # A cached credential to confirm live in the last send (ingest.auth), and the
+        # node's health that send read before this batch's writes.
+        self.credential_id: int | None = None
+        self.node_health: str | None = None
+        # The group read's plan and rows, when it went with the receipt's round trip.
+        self._plan: tuple[dict[str, str], set[tuple[str, int]], bool] | None = None
+        self._prefetched: list[Any] | None = None
 
     # -- collection --------------------------------------------------------------------
     def add(self, records: list[Any]) -> None:
@@ -149,7 +159,7 @@ class BatchWriter:
 
     def _load_groups(self, records: list[Any]) -> None:
         """Read the groups the batch names, creating new ones, and the live state of the
-        ranks it names: one round trip when the groups exist.
+        ranks it names: no round trip of its own when `group_read` went with the receipt's.
 
         A batch that changes group state (a transition or a checkpoint) locks the group rows
         FOR UPDATE (name order: no deadlocks), and so does creating a group. Steps, collectives and
@@ -158,29 +168,17 @@ class BatchWriter:
         for them and they for it, so fencing sees the generation that commits. They may
         only move `last_activity` forward (`_groups`).
         """
-        wanted: dict[str, str] = {}
-        ranks: set[tuple[str, int]] = set()
-        lock = False
-        for rec in records:
-            name = getattr(rec, "group", None)
-            if name is None:
-                continue
-            serving = isinstance(rec, p.Serving) or getattr(rec, "worker", None) is not None
-            kind = GroupKind.SERVING if serving else GroupKind.TRAINING
-            if isinstance(rec, p.Transition | p.Checkpoint):
-                lock = True
-                if isinstance(rec, p.Transition):
-                    kind = wanted.get(name, GroupKind.UNKNOWN)
-            wanted.setdefault(name, kind)
-            if wanted[name] == GroupKind.UNKNOWN:
-                wanted[name] = kind
-            rank = getattr(rec, "rank", None)
-            if rank is not None:
-                ranks.add((name, rank))
+        if self._plan is None:
+            self._plan = self._plan_groups(records)
+        wanted, ranks, lock = self._plan
         if not wanted:
             return
         names = sorted(wanted)
-        rows = self._select_groups(names, ranks, lock=lock)
+        if self._prefetched is None:
+            sql, params = self._groups_query(names, ranks, lock=lock)
+            with send(sql, params) as cur:
+                self._read_groups(cur, lock=lock)
+        rows = self._prefetched or []
         self.locked = set(names) if lock else set()
         new_names: set[str] = set()
         if len(rows) < len(names):
@@ -188,7 +186,9 @@ class BatchWriter:
             # holds FOR KEY SHARE could deadlock with another batch doing the same.
             found = {row[GROUP_NAME] for row in rows}
             missing = [
-                ConsistencyGroup(name=n, kind=wanted[n], state_since=self.now)
+                ConsistencyGroup(
+                    name=n, kind=wanted[n], state_since=self.now, created_by_id=self.node_id
+                )
                 for n in names
                 if n not in found
             ]
@@ -238,23 +238,71 @@ class BatchWriter:
         )  # fmt: skip
         return missing[:allowed]
 
+    def _plan_groups(self, records: list[Any]) -> tuple[dict[str, str], set[tuple[str, int]], bool]:
+        """The groups the batch names (with the kind its records imply), the (group, rank)
+        pairs, and whether the groups are to be locked FOR UPDATE."""
+        wanted: dict[str, str] = {}
+        ranks: set[tuple[str, int]] = set()
+        lock = False
+        for rec in records:
+            name = getattr(rec, "group", None)
+            if name is None:
+                continue
+            serving = isinstance(rec, p.Serving) or getattr(rec, "worker", None) is not None
+            kind = GroupKind.SERVING if serving else GroupKind.TRAINING
+            if isinstance(rec, p.Transition | p.Checkpoint):
+                lock = True
+                if isinstance(rec, p.Transition):
+                    kind = wanted.get(name, GroupKind.UNKNOWN)
+            wanted.setdefault(name, kind)
+            if wanted[name] == GroupKind.UNKNOWN:
+                wanted[name] = kind
+            rank = getattr(rec, "rank", None)
+            if rank is not None:
+                ranks.add((name, rank))
+        return wanted, ranks, lock
+
+    def group_read(
+        self, records: list[Any]
+    ) -> tuple[str, dict[str, Any], Callable[[Any], None]] | None:
+        """The groups' and ranks' read of `add(records)`, to send in the receipt's round
+        trip (ingest.store.receipts): its SQL, its parameters and the reader of its
+        results. None when the batch names no group."""
+        self._plan = self._plan_groups(records)
+        wanted, ranks, lock = self._plan
+        if not wanted:
+            return None
+        sql, params = self._groups_query(sorted(wanted), ranks, lock=lock)
+        return sql, params, lambda cur: self._read_groups(cur, lock=lock)
+
+    def _groups_query(
+        self, names: list[str], ranks: set[tuple[str, int]], *, lock: bool
+    ) -> tuple[str, dict[str, Any]]:
+        params = {"names": names, "ranks": sorted({r for _, r in ranks}), "node": self.node_id}
+        return GROUPS_AND_RANKS_LOCKED if lock else GROUPS_AND_RANKS, params
+
+    def _read_groups(self, cur: Any, *, lock: bool) -> None:
+        """Read `_groups_query`'s results from `cur`, positioned at its first."""
+        rows = cur.fetchall()
+        cur.nextset()
+        for gname, rank, *values in cur.fetchall():
+            self.existing_ranks[(gname, rank)] = dict(zip(RANK_STATE, values, strict=True))
+        if lock:  # who may transition: the groups this node hosts ranks of
+            cur.nextset()
+            for gname, hosted, ranked in cur.fetchall():
+                if hosted:
+                    self.hosted.add(gname)
+                if ranked:
+                    self.ranked.add(gname)
+        self._prefetched = rows
+
     def _select_groups(
         self, names: list[str], ranks: set[tuple[str, int]], *, lock: bool
     ) -> list[Any]:
-        params = {"names": names, "ranks": sorted({r for _, r in ranks}), "node": self.node_id}
-        with send(GROUPS_AND_RANKS_LOCKED if lock else GROUPS_AND_RANKS, params) as cur:
-            rows = cur.fetchall()
-            cur.nextset()
-            for gname, rank, *values in cur.fetchall():
-                self.existing_ranks[(gname, rank)] = dict(zip(RANK_STATE, values, strict=True))
-            if lock:  # who may transition: the groups this node hosts ranks of
-                cur.nextset()
-                for gname, hosted, ranked in cur.fetchall():
-                    if hosted:
-                        self.hosted.add(gname)
-                    if ranked:
-                        self.ranked.add(gname)
-        return rows
+        sql, params = self._groups_query(names, ranks, lock=lock)
+        with send(sql, params) as cur:
+            self._read_groups(cur, lock=lock)
+        return self._prefetched or []
 
     def _fence(self, rec: Any, ts: datetime, *, is_transition: bool = False) -> bool:
         """True when the record may move live state; flags stale writers."""
@@ -289,6 +337,11 @@ class BatchWriter:
         )
         # Only the newest sample per GPU becomes live state: turn it into a dict at flush.
         self.devices[rec.gpu] = {"index": rec.index, "rec": rec, "ts": ts}
+        if rec.throttle_reasons:  # and the newest throttled one, kept after clocks recover
+            self.throttled[rec.gpu] = {
+                "ts": ts.isoformat(), "throttle_reasons": list(rec.throttle_reasons),
+                "temp_c": rec.temp_c, "power_w": rec.power_w, "sm_clock_mhz": rec.sm_clock_mhz,
+            }  # fmt: skip
 
     def _on_device_event(self, rec: p.DeviceEvent, ts: datetime) -> None:
         self.rows["deviceevent"].append(
@@ -399,7 +452,8 @@ class BatchWriter:
         self.rows["checkpointrecord"].append(
             f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
             f"{text(rec.checkpoint_id)}\t{num(rec.step)}\t{text(rec.phase)}\t"
-            f"{cjson(rec.manifest)}\t{num(rec.duration_ms)}\t{text(scrub_text(rec.detail))}\n"
+            f"{cjson(rec.manifest)}\t{num(rec.duration_ms)}\t{text(scrub_text(rec.detail))}\t"
+            f"{num(rec.data_cursor)}\n"
         )
         if applied:
             violation = fencing.check_checkpoint_order(view, rec)
@@ -409,18 +463,24 @@ class BatchWriter:
                 view.last_checkpoint_step = rec.step
                 group.last_checkpoint_step = rec.step
 
-    def _transition_refused(self, rec: p.Transition, view: fencing.GroupView) -> bool:
+    def _transition_refused(
+        self, rec: p.Transition, group: ConsistencyGroup, view: fencing.GroupView
+    ) -> bool:
         """True (and a violation recorded) when this node may not make this transition.
 
-        Transitions come from a node that hosts ranks of the group, the batch that creates
-        it, or the group's launcher token; a group with no ranks yet (its first placement)
-        from any node. A generation moves at most INGEST_MAX_GENERATION_JUMP at once.
+        Transitions come from a node that hosts ranks of the group (or places one earlier in
+        this batch), the batch that creates it, or the group's launcher token; a group with
+        no ranks yet (a serving deployment, a job before its first placement) only from the
+        node whose batch created it. A generation moves at most INGEST_MAX_GENERATION_JUMP
+        at once.
         """
         name = rec.group
         if view.is_new or name == self.launcher_group:
             allowed = True
-        else:
-            allowed = name in self.hosted or name not in self.ranked
+        elif name in self.ranked:
+            allowed = name in self.hosted or self._places_here(name)
+        else:  # nothing placed to check against: the creator (none recorded: nobody)
+            allowed = group.created_by_id == self.node_id
         kind = "unauthorized_transition"
         if allowed and not view.is_new:
             jump = rec.generation - view.generation
@@ -440,9 +500,19 @@ class BatchWriter:
         )  # fmt: skip
         return True
 
+    def _places_here(self, name: str) -> bool:
+        """True when a record earlier in this batch placed a rank of group `name` on this
+        node, and not as a claim `_rank_move_refused` would refuse: a job's rank-0 node
+        starts its ranks and announces the job in one batch, while its peers' agents may
+        have delivered (and placed their ranks) first."""
+        return any(
+            gname == name and self._may_place(gname, rank, entry)
+            for (gname, rank), entry in self.ranks.items()
+        )
+
     def _on_transition(self, rec: p.Transition, ts: datetime) -> None:
         group, view = self.groups[rec.group]
-        if self._transition_refused(rec, view):
+        if self._transition_refused(rec, group, view):
             self.touched_groups.add(group.name)
             applied = False
         else:
@@ -461,6 +531,9 @@ class BatchWriter:
             view.generation = group.generation = rec.generation
             view.fenced_at = ts
             view.versions_seen = []
+            # Checkpoint order is judged within a generation: a restart may restore from
+            # an older checkpoint than the newest (poisoned ones skipped) and commit anew.
+            view.last_checkpoint_step = group.last_checkpoint_step = None
         group.state = rec.to_state
         group.state_since = ts
         if rec.restart_count is not None:
@@ -473,6 +546,11 @@ class BatchWriter:
             group.topology = _plain(rec.topology)
         if rec.data_cursor is not None:
             view.data_cursor = group.data_cursor = rec.data_cursor
+        if rec.objectives is not None:
+            # Issue 20: the launcher's declaration replaces its previous one key by key; an
+            # operator's (console.actions.groups) is kept beside it and wins when merged.
+            declared = {**(group.objectives or {}).get("launcher", {}), **_plain(rec.objectives)}
+            group.objectives = {**(group.objectives or {}), "launcher": declared}
         if rec.model_version:
             if view.model_version and view.model_version not in view.versions_seen:
                 view.versions_seen.append(view.model_version)
@@ -516,13 +594,19 @@ class BatchWriter:
         return self.ranks.setdefault((group.name, rank), {"generation": generation})
 
     # -- writing -------------------------------------------------------------------------
-    def flush(self) -> None:
-        copy_rows(self.rows)
+    def flush(self, *, copy: bool = True) -> None:
+        """Write the batch; with `copy=False` the caller COPYs `self.rows` later, in the
+        same transaction (group commit: one COPY per table for several batches)."""
+        if copy:
+            copy_rows(self.rows)
         sql: list[str] = []
         params: dict[str, Any] = {
             "node": self.node_id, "now": self.now, "live": list(ACTION_LIVE_STATES),
             **self.agent_update,
         }  # fmt: skip
+        if self.credential_id is not None:
+            sql.append(CREDENTIAL_LIVE)
+            params["credential"] = self.credential_id
         self._devices_and_node(sql, params)
         self._ranks(sql, params)
         self._groups(sql, params)
@@ -532,7 +616,7 @@ class BatchWriter:
         card = self.want_card or self.critical_events > 0
         if card:
             sql.append(NODE_CARD)
-        # The rows of the SELECTs, in order: actions pending, then the card.
+        # The rows of the SELECTs, in order: the credential, actions pending, the card.
         selected: list[Any] = []
         with send(";".join(sql), params) as cur:
             while True:
@@ -540,6 +624,11 @@ class BatchWriter:
                     selected.append(cur.fetchone())
                 if not cur.nextset():
                     break
+        if self.credential_id is not None:
+            live = selected.pop(0)
+            if live is None:
+                raise CredentialRevokedError
+            self.node_health = live[0]
         self.actions_pending = bool(selected[0][0])
         if card:
             self.card = node_card(selected[1])
@@ -556,6 +645,8 @@ class BatchWriter:
             sample = _plain(info["rec"])
             sample.pop("kind", None)
             sample["ts"] = info["ts"].isoformat()
+            if uuid in self.throttled:
+                sample["throttled"] = self.throttled[uuid]
             health = CRITICAL if uuid in self.device_events else sample_health(sample)
             devices.append(
                 {"uuid": uuid, "index": info["index"], "sample": sample, "seen": sample["ts"],
@@ -610,14 +701,22 @@ class BatchWriter:
                 )
             )  # fmt: skip
 
-    def _rank_move_refused(self, gname: str, rank: int, entry: dict[str, Any]) -> bool:
+    def _may_place(self, gname: str, rank: int, entry: dict[str, Any]) -> bool:
         """A rank placed on another node moves only with evidence: a new generation (its
         transition re-placed the ranks) or the rank's process exited on the old node."""
         old = self.existing_ranks.get((gname, rank))
-        if old is None or old["node_id"] == self.node_id:
+        return (
+            old is None
+            or old["node_id"] == self.node_id
+            or entry["generation"] != old["generation"]
+            or old["process_state"] == "exited"
+        )
+
+    def _rank_move_refused(self, gname: str, rank: int, entry: dict[str, Any]) -> bool:
+        """`_may_place`'s refusal, recorded as a `rank_claim`."""
+        if self._may_place(gname, rank, entry):
             return False
-        if entry["generation"] != old["generation"] or old["process_state"] == "exited":
-            return False
+        old = self.existing_ranks[(gname, rank)]
         self.violations.append(
             fencing.Violation(
                 "rank_claim",

@@ -22,8 +22,10 @@
     if (nodes.dataset.compact === "1" && w === "ok" && !n.quarantined && !n.cordoned && !latched) {
       const tile = el("div", "node compact health-ok");
       tile.dataset.node = n.name;
-      tile.dataset.gpus = n.devices.length;
-      tile.title = n.name + " · " + n.devices.length + " GPUs ok";
+      // A tile from the page's JSON carries its GPU count, not its GPUs; a live push, its GPUs.
+      const count = n.devices ? n.devices.length : n.gpus;
+      tile.dataset.gpus = count;
+      tile.title = n.name + " · " + count + " GPUs ok";
       tile.append(el("span", "node-name", n.name));
       return tile;
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import shutil
@@ -20,7 +21,9 @@ from agents.protocol import ContractError, decode_batch
 
 class StubIngest:
     """A tiny stand-in for the service: validates with the real contract, de-duplicates by
-    (agent id, seq), and can go away and come back on the same port."""
+    (agent id, seq), and can go away and come back on the same port. It keeps connections
+    alive (HTTP/1.1) as gunicorn does, counts them, and can close them like a server whose
+    keep-alive timeout ran out."""
 
     def __init__(self) -> None:
         self.port = _free_port()
@@ -36,6 +39,10 @@ class StubIngest:
         self.results: dict[str, dict[str, Any]] = {}
         self._server: ThreadingHTTPServer | None = None
         self.lock = threading.Lock()
+        self.connections = 0  # accepted since the fixture started
+        self.open_sockets: set[socket.socket] = set()
+        self.close_next_reused = False  # drop the next request on a kept-alive connection
+        self.paths: list[str] = []  # request targets of ingest POSTs
 
     @property
     def url(self) -> str:
@@ -45,10 +52,32 @@ class StubIngest:
         with self.lock:
             return [r for b in self.batches for r in b["records"]]
 
+    def close_idle(self) -> None:
+        """Close every open connection, as a server does when its keep-alive timeout ends."""
+        with self.lock:
+            sockets, self.open_sockets = list(self.open_sockets), set()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def start(self) -> None:
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as gunicorn's gthread workers
+
+            def setup(self) -> None:
+                super().setup()
+                self.requests = 0
+                with stub.lock:
+                    stub.connections += 1
+                    stub.open_sockets.add(self.connection)
+
+            def finish(self) -> None:
+                with stub.lock:
+                    stub.open_sockets.discard(self.connection)
+                super().finish()
+
             def log_message(self, *args: Any) -> None:
                 pass
 
@@ -70,8 +99,23 @@ class StubIngest:
                 else:
                     self._reply(404, {"error": "no such page"})
 
+            def _hang_up(self) -> None:
+                """Close the connection without an answer."""
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers["Content-Length"]))
+                self.requests += 1
+                with stub.lock:
+                    drop_unread = stub.close_next_reused and self.requests > 1
+                    if drop_unread:
+                        stub.close_next_reused = False
+                if drop_unread:
+                    # The keep-alive timeout ran out just as this request came in: closed,
+                    # never read (gunicorn's poller closing an idle connection).
+                    self._hang_up()
+                    return
                 if self.path.startswith("/api/v1/actions/"):
                     action_id = self.path.split("/")[4]
                     with stub.lock:
@@ -84,6 +128,7 @@ class StubIngest:
                 envelope = json.loads(body)
                 with stub.lock:
                     stub.attempts.append((envelope["seq"], dict(self.headers)))
+                    stub.paths.append(self.path)
                     forced = stub.script.pop(0) if stub.script else None
                 if forced is not None:
                     status, headers, payload = forced
@@ -115,8 +160,7 @@ class StubIngest:
                         stub.drop_response_once_for = None
                 if drop:
                     # Stored, but the ack is lost: the agent must retry the same seq.
-                    self.close_connection = True
-                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self._hang_up()
                     return
                 self._reply(
                     202, {"ack_seq": envelope["seq"], "duplicate": duplicate, "actions": actions}
@@ -131,6 +175,7 @@ class StubIngest:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        self.close_idle()  # a service that went away takes its connections with it
 
 
 def _free_port() -> int:

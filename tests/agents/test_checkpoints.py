@@ -72,6 +72,28 @@ def test_it_commits_a_manifest_checkpoint_only_with_the_marker(tmp_path: Path) -
     validate(got)
 
 
+def test_it_carries_the_data_cursor_the_launcher_wrote_beside_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Issue 20: `faultline.json`'s data_cursor rides on every phase; absent stays absent."""
+    root = tmp_path / "ckpts"
+    ckpt = _manifest_ckpt(root, "ckpt-9", {"model.bin": b"m" * 50})
+    (ckpt / "faultline.json").write_text(
+        json.dumps({"group": "g", "generation": 1, "step": 9, "data_cursor": 36864})
+    )
+    plain = _manifest_ckpt(root, "ckpt-10", {"model.bin": b"n" * 50})
+    for d in (ckpt, plain):
+        (d / "COMMITTED").touch()
+    watcher, got = _watcher(tmp_path, root, group="g", generation=1)
+    watcher.scan()
+    watcher.drain_verification()
+    mine = [r for r in got if r["checkpoint_id"] == "ckpt-9"]
+    assert {r["phase"] for r in mine} >= {"committed", "verified"}
+    assert all(r["data_cursor"] == 36864 for r in mine)
+    assert all("data_cursor" not in r for r in got if r["checkpoint_id"] == "ckpt-10")
+    validate(got)
+
+
 def test_it_names_the_corrupt_shard(tmp_path: Path) -> None:
     root = tmp_path / "ckpts"
     ckpt = _manifest_ckpt(root, "ckpt-8", {"a.bin": b"1" * 10, "b.bin": b"2" * 10}, lie="b.bin")
@@ -129,3 +151,21 @@ def test_it_skips_a_checkpoint_whose_group_is_unknown(tmp_path: Path) -> None:
     watcher, got = _watcher(tmp_path, root)
     watcher.scan()
     assert got == []
+
+
+def test_a_cursor_in_manifest_json_rides_on_the_record_not_in_the_manifest(
+    tmp_path: Path,
+) -> None:
+    """One place on the wire: the record's `data_cursor`, whichever file the writer used."""
+    root = tmp_path / "ckpts"
+    ckpt = _manifest_ckpt(root, "ckpt-12", {"model.bin": b"m" * 50})
+    listed = json.loads((ckpt / "manifest.json").read_text())
+    (ckpt / "manifest.json").write_text(json.dumps({**listed, "data_cursor": 4096}))
+    (ckpt / "COMMITTED").touch()
+    watcher, got = _watcher(tmp_path, root, group="g", generation=1)
+    watcher.scan()
+    watcher.drain_verification()
+    assert {r["phase"] for r in got} >= {"committed", "verified"}
+    assert all(r["data_cursor"] == 4096 for r in got)
+    assert all("data_cursor" not in r["manifest"] for r in got)
+    validate(got)

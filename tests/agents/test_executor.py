@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from agents import signing
@@ -96,3 +98,33 @@ def test_it_reports_results_and_polls_for_actions(tmp_path: Path, stub: StubInge
     executor.handle(executor._queue.get_nowait())
     assert stub.results["a9"]["status"] == "succeeded"
     assert stub.results["a9"]["exit_code"] == 0
+
+
+class _CutShort(BaseHTTPRequestHandler):
+    """Answers every poll with a body shorter than its Content-Length, then closes: what
+    an agent reads from a web worker killed mid-reply (http.client.IncompleteRead)."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _cut(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "100")
+        self.end_headers()
+        self.wfile.write(b'{"actions": [')
+        self.close_connection = True
+
+    do_GET = _cut
+
+
+def test_a_reply_cut_short_is_a_failed_poll_not_a_dead_poller(tmp_path: Path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _CutShort)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        executor = _executor(tmp_path, server=f"http://127.0.0.1:{server.server_port}")
+        # Raised IncompleteRead (not an OSError), which ended the poll thread for good.
+        assert executor.poll_once() == 0
+    finally:
+        server.shutdown()
+        server.server_close()

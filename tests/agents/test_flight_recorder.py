@@ -164,9 +164,19 @@ REAL_DUMP = textwrap.dedent("""
     dist.all_reduce(torch.ones(10))
     dist.all_reduce(torch.ones(5, dtype=torch.float64), group=tp)
     dist.all_gather_into_tensor(torch.empty(20), torch.ones(10))
-    time.sleep(1.0)  # the recorder retires finished work asynchronously
+    # The recorder retires finished work asynchronously (gloo never moves `state`; the
+    # watchdog sets `retired`): under load a fixed sleep was not
+    # enough, so poll until every entry is stamped.
+    import pickle
+    deadline = time.monotonic() + 60
+    while True:
+        dump = torch._C._distributed_c10d._dump_fr_trace()
+        done = [e.get("retired") for e in pickle.loads(dump)["entries"]]
+        if (done and all(done)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     with open(os.environ["DUMP"] + str(dist.get_rank()), "wb") as f:
-        f.write(torch._C._distributed_c10d._dump_fr_trace())
+        f.write(dump)
     dist.destroy_process_group()
 """)
 

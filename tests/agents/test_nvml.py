@@ -302,3 +302,14 @@ def test_it_delivers_xid_events_from_the_nvml_event_thread_at_once() -> None:
     assert events[0]["recovery_action"] == "gpu_reset"  # read for the GPU the event named
     assert read_for == [handles[1]]
     validate(events)
+
+
+def test_it_scripts_climbing_nvlink_errors_that_a_clear_repairs() -> None:
+    gpus = FakeNvml("n1", 2)
+    gpus.script(1, "nvlink_errors")
+    gpus.script(1, "nvlink_errors", count=5)
+    assert gpus.sample(1)["nvlink_errors"] == 55
+    assert gpus.sample(0)["nvlink_errors"] == 0
+    validate([gpus.sample(1)])
+    gpus.script(1, "clear")
+    assert gpus.sample(1)["nvlink_errors"] == 0

@@ -78,12 +78,13 @@ def test_it_delivers_every_workload_kind_as_valid_contract_records(short_dir: Pa
             }
         ]
     )
-    rep.checkpoint("ckpt-10", "committed", step=10)
+    rep.checkpoint("ckpt-10", "committed", step=10, data_cursor=40960)
     rep.transition(
         "running",
         from_state="initializing",
         world_size=8,
         topology={"dp": 2, "tp": 4, "pp": 1, "ep": 1},
+        objectives={"rpo_steps": 16, "rto_s": 120.0, "consistency": "allow_repeat"},
     )
     rep.serving_window("w0", {"seconds": 10.0, "requests": 0}, ready=True)
     rep.process("started")
@@ -93,6 +94,10 @@ def test_it_delivers_every_workload_kind_as_valid_contract_records(short_dir: Pa
     types = [type(r) for r in batch.records]
     assert types == [Step, CollectiveRecord, Checkpoint, Transition, Serving, Process]
     assert got[0]["loss"] == "NaN" and got[0]["rank"] == 5 and got[0]["generation"] == 3
+    assert batch.records[2].data_cursor == 40960  # issue 20: where a restore resumes
+    objectives = batch.records[3].objectives
+    assert objectives is not None and objectives.rpo_steps == 16
+    assert objectives.consistency == "allow_repeat"
     assert rep.dropped == 0
 
 
@@ -291,3 +296,25 @@ def test_it_swallows_a_probe_that_raises_and_counts_it(short_dir: Path) -> None:
     rep.step(1)
     rep.step(2)
     assert rep.probe_errors == 2
+
+
+def test_a_launcher_reports_a_serving_workers_exit_in_the_contract(short_dir: Path) -> None:
+    lis, got = _listen(short_dir)
+    rep = Reporter(socket_path=lis.socket_path, group="chat")
+    rep.serving_exit("w1", active=2, queued=1, exit_code=137)
+    _wait_for(got, 1)
+    lis.stop()
+    (rec,) = got
+    assert rec["kind"] == "serving" and rec["worker"] == "w1" and rec["ready"] is False
+    assert rec["window"] == {"seconds": 1.0, "active": 2, "queued": 1, "exited": True,
+                             "exit_code": 137}  # fmt: skip
+    assert rep.dropped == 0
+    validate(got)
+
+
+def test_a_socket_path_too_long_to_bind_says_which_path_and_what_to_do(short_dir: Path) -> None:
+    """The drill's agent under pytest's tmp_path died with "AF_UNIX path too long", which
+    named neither the path nor the fix, and the drill waited 30 s for its socket."""
+    deep = short_dir / ("d" * 120) / "reporter.sock"
+    with pytest.raises(ValueError, match=r"over the 107 a Unix socket allows: .*--state-dir"):
+        Listener(lambda rec: None, socket_path=deep).start()

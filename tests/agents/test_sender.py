@@ -214,3 +214,88 @@ def test_it_builds_batches_under_the_services_body_limit(tmp_path: Path, stub: S
     assert sum(len(b["records"]) for b in stub.batches) == 8 and len(sizes) >= 2
     assert all(size <= wire.MAX_BATCH_BYTES for size in sizes), sizes
     assert stub.invalid == []
+
+
+def test_it_sends_every_batch_on_one_kept_alive_connection(
+    tmp_path: Path, stub: StubIngest
+) -> None:
+    # The sender keeps one connection open between batches (docs/agent.md).
+    sender = _sender(tmp_path, stub)
+    for n in range(3):
+        sender.spool.append(_step(n))
+        assert sender.send_once()[0] == "acked"
+    assert stub.connections == 1
+    assert [seq for seq, _ in stub.attempts] == [1, 2, 3]
+
+
+def test_it_reconnects_at_once_when_the_server_closed_the_idle_connection(
+    tmp_path: Path, stub: StubIngest
+) -> None:
+    sender = _sender(tmp_path, stub)
+    sender.spool.append(_step(1))
+    assert sender.send_once()[0] == "acked"
+    stub.close_idle()  # the server's keep-alive timeout ran out between batches
+    time.sleep(0.1)
+    sender.spool.append(_step(2))
+    assert sender.send_once()[0] == "acked"  # no failure, no backoff
+    assert sender.failures == 0
+    assert stub.connections == 2
+    assert [r["step"] for r in stub.records()] == [1, 2]
+    assert [seq for seq, _ in stub.attempts] == [1, 2] and stub.duplicates == 0
+
+
+def test_it_resends_a_batch_the_server_dropped_as_it_closed_a_kept_alive_connection(
+    tmp_path: Path, stub: StubIngest
+) -> None:
+    # The race the idle check cannot see: the request went out on the kept-alive
+    # connection just as the server closed it, unread. One fresh try, same seq.
+    sender = _sender(tmp_path, stub)
+    sender.spool.append(_step(1))
+    assert sender.send_once()[0] == "acked"
+    stub.close_next_reused = True
+    sender.spool.append(_step(2))
+    assert sender.send_once()[0] == "acked"
+    assert sender.failures == 0
+    assert [r["step"] for r in stub.records()] == [1, 2]
+    assert [seq for seq, _ in stub.attempts] == [1, 2]  # the dropped one was never read
+    assert stub.connections == 2
+
+
+def test_a_batch_stored_but_unanswered_on_a_kept_alive_connection_is_stored_once(
+    tmp_path: Path, stub: StubIngest
+) -> None:
+    # The service stored the batch, then the connection broke before the answer: the
+    # fresh try carries the same seq and the service's receipt makes it a duplicate.
+    sender = _sender(tmp_path, stub)
+    sender.spool.append(_step(1))
+    assert sender.send_once()[0] == "acked"
+    stub.drop_response_once_for = 2
+    sender.spool.append(_step(2))
+    assert sender.send_once()[0] == "acked"
+    sender.spool.append(_step(3))
+    assert sender.send_once()[0] == "acked"
+    assert [r["step"] for r in stub.records()] == [1, 2, 3]
+    assert [seq for seq, _ in stub.attempts] == [1, 2, 2, 3]
+    assert stub.duplicates == 1
+    assert sender.spool.pending_batch() is None
+
+
+def test_it_sends_through_the_http_proxy_the_environment_names(
+    tmp_path: Path, stub: StubIngest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As urllib did: *_proxy variables apply to a non-loopback server; the stub plays the
+    # forward proxy and sees the absolute URL as the request target.
+    for name in ("no_proxy", "NO_PROXY", "HTTP_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", stub.url)
+    identity, spool = Identity(tmp_path), Spool(tmp_path)
+    sender = Sender(
+        spool, identity, AgentInfo(identity.agent_id, "node-1", "0.1.0"),
+        server="http://ingest.invalid:8000", token="tok-1", state_dir=tmp_path,
+    )  # fmt: skip
+    for n in range(2):
+        spool.append(_step(n))
+        assert sender.send_once()[0] == "acked"
+    assert [r["step"] for r in stub.records()] == [0, 1]
+    assert stub.paths == ["http://ingest.invalid:8000/api/v1/ingest"] * 2
+    assert stub.connections == 1

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from console.diagnosis import UNDETERMINED, diagnose
+from console.diagnosis import SYMPTOM, UNDETERMINED, diagnose
 from tests.diagnosis.factory import (
     T0,
     checkpoint,
@@ -160,3 +160,65 @@ def test_it_advises_against_auto_restart_while_a_stall_is_unexplained() -> None:
     d = diagnose(snap(training(ranks=8)), T0 + timedelta(minutes=5))
     assert d.recovery is not None and d.recovery.auto_restart_safe is False
     assert "cause undetermined" in d.recovery.reason
+
+
+# -- a group stall beside its located cause (docs/drills.md item 10) ----------------------
+
+
+def _waits_for_rank_1(ranks: int) -> list[dict]:
+    """Every rank's last step at T0; rank 0 then entered seq 121 at T0 + 0.5 s and waits
+    (its watchdog reported it); rank 1 never entered (hung in its compute phase)."""
+    recs = training(ranks=ranks)
+    recs.append(
+        collective(
+            0,
+            T0 + timedelta(seconds=2.5),
+            [entry(120, "completed", T0 - timedelta(seconds=0.5)),
+             entry(121, "started", T0 + timedelta(seconds=0.5))],
+        )
+    )  # fmt: skip
+    recs.append(collective(1, T0 + timedelta(seconds=0.2), [entry(120, "completed", T0)]))
+    return recs
+
+
+def test_it_waits_for_the_collective_verdict_instead_of_paging_a_stall_first() -> None:
+    # 4.3 s after the last step every rank is silent past the 4 s floor, but rank 0 has
+    # waited only 3.8 s in a call it entered after that step: not yet the collectives
+    # rule's timeout. The old rule paged an undetermined group_stall here, and the
+    # rank_hang a moment later opened beside it: two stories for one hang.
+    early = diagnose(snap(_waits_for_rank_1(2)), T0 + timedelta(seconds=4.3))
+    assert early.findings == ()
+    later = diagnose(snap(_waits_for_rank_1(2)), T0 + timedelta(seconds=4.8))
+    (hang,) = of_kind(later, "rank_hang")
+    assert hang.subject == "rank:llama-70b/1" and of_kind(later, "group_stall") == []
+
+
+def test_it_files_a_stall_as_a_symptom_of_the_rank_hang_that_explains_it() -> None:
+    # Rank 2 is in another process group and reports no wait: the stall still has a
+    # located cause (rank 1, which rank 0 waits for), so it is that cause's symptom.
+    recs = _waits_for_rank_1(3)
+    recs.append(collective(2, T0, [entry(50, "completed", T0 - timedelta(seconds=0.5), pg="1")]))
+    d = diagnose(snap(recs), T0 + timedelta(seconds=5))
+    (hang,) = of_kind(d, "rank_hang")
+    (stall,) = of_kind(d, "group_stall")
+    assert hang.subject == "rank:llama-70b/1"
+    assert (stall.role, stall.caused_by) == (SYMPTOM, (hang.id,))
+    assert [f.kind for f in d.findings if f.role != SYMPTOM] == ["rank_hang", "collective_timeout"]
+
+
+def test_ranks_that_keep_entering_calls_without_stepping_still_stall() -> None:
+    # A fresh `started` call every few seconds but no step for 9 s (> 2 x the 4 s floor):
+    # held back no longer; nothing locates it, so it is the honest undetermined stall.
+    recs = training(ranks=2)
+    fresh = T0 + timedelta(seconds=7)
+    for rk in (0, 1):
+        recs.append(collective(rk, fresh, [entry(130, "started", fresh)]))
+    d = diagnose(snap(recs), T0 + timedelta(seconds=9))
+    (stall,) = of_kind(d, "group_stall")
+    assert stall.role == UNDETERMINED
+
+
+def test_a_stall_with_no_collective_evidence_stays_undetermined() -> None:
+    d = diagnose(snap(training(ranks=2)), T0 + timedelta(seconds=4.3))
+    (stall,) = d.findings
+    assert (stall.kind, stall.role, stall.caused_by) == ("group_stall", UNDETERMINED, ())

@@ -45,3 +45,16 @@ def test_it_records_whether_a_channel_has_a_secret_but_not_the_secret() -> None:
         "url": f"https://hooks.slack.com/{REDACTED}",
         "secret_set": True,
     }
+
+
+def test_it_hides_a_url_quoted_inside_a_sentence_and_in_a_channel_verbs_extras() -> None:
+    assert redact({"reason": f"rotating: {SLACK} leaked"}) == {
+        "reason": f"rotating: https://hooks.slack.com/{REDACTED} leaked"
+    }
+    data = channel_audit_data(
+        name="ops", kind="slack", url=SLACK, secret_set=True, reason=f"see {SLACK}",
+        changed=["url"], secret="k",
+    )  # fmt: skip
+    assert data["reason"] == f"see https://hooks.slack.com/{REDACTED}"
+    assert data["secret"] == REDACTED and data["changed"] == ["url"]
+    assert "XXXXsecretXXXX" not in repr(data)

@@ -80,6 +80,8 @@ ACCESS: dict[tuple[str, str], str] = {
     ("GET", "/api/v1/groups/{name}/serving/"): "viewer",
     ("GET", "/api/v1/groups/{name}/slo/"): "viewer",
     ("PUT", "/api/v1/groups/{name}/slo/"): "operator",
+    ("GET", "/api/v1/groups/{name}/objectives/"): "viewer",  # issue 20
+    ("PUT", "/api/v1/groups/{name}/objectives/"): "operator",
     ("GET", "/api/v1/incidents/"): "viewer",
     ("GET", "/api/v1/incidents/{id}/"): "viewer",
     ("POST", "/api/v1/ingest"): "agent",
@@ -96,6 +98,7 @@ ACCESS: dict[tuple[str, str], str] = {
     ("GET", "/api/v1/pages/groups/{name}/"): "viewer",
     ("GET", "/api/v1/pages/groups/{name}/charts/"): "viewer",
     ("GET", "/api/v1/pages/incidents/{id}/"): "viewer",
+    ("GET", "/api/v1/reliability/"): "viewer",
     ("GET", "/api/v1/silences/"): "viewer",
     ("POST", "/api/v1/silences/"): "operator",
     ("GET", "/api/v1/silences/{id}/"): "viewer",

@@ -36,7 +36,9 @@ def test_it_updates_a_channel_and_audits_without_its_url_path(client, cast, chan
     assert response.status_code == 200, response.content
     assert NotificationChannel.objects.get(name=channel).url == HOOK
     row = AuditLog.objects.filter(verb="channel.updated").get()
-    assert row.data["changed"] == ["url"] and row.data["url_host"] == "hooks.example.com"
+    assert (
+        row.data["changed"] == ["url"] and row.data["url"] == "https://hooks.example.com/[redacted]"
+    )
     assert "s3cr3tPath" not in json.dumps(row.data)
 
 

@@ -339,3 +339,22 @@ def test_it_pushes_the_nodes_fleet_card_as_committed_at_most_once_a_second(post_
     assert len(pushed) == 2 and pushed[1]["health"] == "critical"
     assert pushed[1] == queries.node_payloads(names=["node-1"])[0]
     assert pushed[1]["devices"][0]["temp_c"] == 60.0  # the batch in between is in it
+
+
+def _committed(ckpt: str, at_step: int, gen: int) -> dict:
+    return {"kind": "checkpoint", "group": "job", "generation": gen, "checkpoint_id": ckpt,
+            "phase": "committed", "step": at_step}  # fmt: skip
+
+
+def test_it_judges_checkpoint_order_within_a_generation_not_across_a_rollback(post_batch):
+    """`faultline demo` after a NaN loss: the newest checkpoints (60-80) were poisoned, the
+    next generation restored step 50 and committed step 60 again, which was flagged as a
+    MAJOR `non_monotonic` page although it is what a rollback does."""
+    post_batch(make_batch([transition("running"), _committed("c60", 60, 1),
+                           _committed("c80", 80, 1)]))  # fmt: skip
+    post_batch(make_batch([transition("running", gen=2), _committed("c60b", 60, 2)]))
+    assert not ContractViolation.objects.exists()
+    post_batch(make_batch([_committed("c55", 55, 2)]))  # backwards within generation 2
+    violation = ContractViolation.objects.get()
+    assert violation.kind == "non_monotonic" and violation.generation == 2
+    assert violation.evidence == {"field": "checkpoint_step", "was": 60, "now": 55}

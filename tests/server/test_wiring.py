@@ -54,6 +54,21 @@ def test_it_reports_liveness_and_readiness_without_secrets(client):
     }
 
 
+@pytest.mark.django_db
+def test_readiness_sees_a_migration_unapplied_after_it_was_ready(client):
+    """The probe remembers a finished plan only while the applied count stays the same."""
+    from django.db import connection
+
+    assert client.get("/readyz").json()["checks"]["migrations"] is True
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DELETE FROM django_migrations WHERE id = (SELECT max(id) FROM django_migrations)"
+        )
+    ready = client.get("/readyz")
+    assert ready.status_code == 503
+    assert ready.json()["checks"] == {"database": True, "migrations": False, "broker": True}
+
+
 def test_it_ships_a_compose_file_with_every_role_and_healthchecks():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
@@ -67,6 +82,9 @@ def test_it_ships_a_compose_file_with_every_role_and_healthchecks():
         assert env["DATABASE_URL"].startswith("postgres://")
         assert env["REDIS_URL"].startswith("redis://")
         assert "${FAULTLINE_SECRET_KEY:?" in env["FAULTLINE_SECRET_KEY"]  # never in git
+    # Two beats behind the leader lock (faultline.beat): one dying leaves the sweeps running.
+    assert services["beat"]["deploy"]["replicas"] >= 2
+    assert "volumes" not in services["beat"]  # each replica its own schedule file
     assert (ROOT / "Dockerfile").exists()
 
 

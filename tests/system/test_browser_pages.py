@@ -139,3 +139,89 @@ def test_it_lets_an_admin_acknowledge_from_the_incident_page(browser, service): 
     page.wait_for_selector("#incident-state:text-is('acknowledged')", timeout=10_000)
     assert "acknowledged" in page.inner_text("#timeline")
     assert errors == []
+
+
+REL_GROUP, REL_NODE = "pw-rel", "node-rel"
+
+
+def _post_as(service: Any, token: str, node: str, records: list[dict[str, Any]]) -> None:
+    body = json.dumps(make_batch(records, node=node, sent_at=datetime.now(UTC))).encode()
+    request = urllib.request.Request(
+        service.url + "/api/v1/ingest", data=body, method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 202
+
+
+def _rel_step(gen: int, rank: int, step: int, ts: datetime) -> dict[str, Any]:
+    return {"kind": "step", "group": REL_GROUP, "generation": gen, "rank": rank, "step": step,
+            "tokens": 1000, "data_cursor": step * 2000, "loss": 2.0, "ts": iso(ts)}  # fmt: skip
+
+
+def _rel_transition(gen: int, frm: str, to: str, ts: datetime) -> dict[str, Any]:
+    return {"kind": "transition", "group": REL_GROUP, "generation": gen, "from_state": frm,
+            "to_state": to, "world_size": 2, "ts": iso(ts)}  # fmt: skip
+
+
+def test_it_draws_the_reliability_records_charts(browser, service):  # noqa: F811
+    """A killed rank, a restart from step 20 through ingest: one interruption, drawn."""
+    import time
+
+    token = service.token(REL_NODE)
+    start = datetime.now(UTC) - timedelta(seconds=60)
+    at = lambda s: start + timedelta(seconds=s)  # noqa: E731
+    history = [_rel_transition(1, "initializing", "running", start)]
+    history += [
+        {"kind": "process", "group": REL_GROUP, "generation": 1, "rank": r, "event": "started",
+         "pid": 200 + r, "gpu": f"GPU-rel-{r}", "ts": iso(start)}
+        for r in range(2)
+    ]  # fmt: skip
+    history += [_rel_step(1, r, s, at(s)) for s in range(1, 26) for r in range(2)]
+    history.append(
+        {"kind": "checkpoint", "group": REL_GROUP, "generation": 1, "checkpoint_id": "rel-20",
+         "step": 20, "phase": "committed", "ts": iso(at(20.5)),
+         "manifest": {"shards": [{"path": "s0.bin", "bytes": 10, "sha256": "0" * 64}],
+                      "total_bytes": 10, "format": "manifest"}, "data_cursor": 40000}
+    )  # fmt: skip
+    history.append(
+        {"kind": "process", "group": REL_GROUP, "generation": 1, "rank": 1, "event": "exited",
+         "pid": 201, "exit_code": 137, "signal": 9, "reason": "killed", "ts": iso(at(26))}
+    )  # fmt: skip
+    _post_as(service, token, REL_NODE, history)
+    deadline = time.monotonic() + 30
+    while not service.api(f"/api/v1/incidents/?group={REL_GROUP}")["results"]:
+        assert time.monotonic() < deadline, "the killed rank never opened an incident"
+        time.sleep(0.5)
+    now = datetime.now(UTC)
+    restart = [
+        _rel_transition(1, "running", "quiescing", now),
+        _rel_transition(1, "quiescing", "recovering", now + timedelta(milliseconds=100)),
+        _rel_transition(2, "recovering", "running", now + timedelta(milliseconds=200)),
+    ]
+    restart += [
+        _rel_step(2, r, s, now + timedelta(milliseconds=300 + 50 * (s - 21)))
+        for s in range(21, 31)
+        for r in range(2)
+    ]
+    time.sleep(1.0)  # every record above is in the past when it arrives
+    _post_as(service, token, REL_NODE, restart)
+    deadline = time.monotonic() + 30
+    while not service.api("/api/v1/reliability/?days=1")["interruptions"]:
+        assert time.monotonic() < deadline, "the restart never made an interruption"
+        time.sleep(0.5)
+
+    page = browser.new_page()
+    errors = _watch(page)
+    login(page, service)
+    page.goto(service.url + "/reliability/?days=1")
+    page.wait_for_selector('#reliability-page[data-drawn="1"]', timeout=15_000)
+    for chart in ("chart-layers", "chart-days"):
+        page.wait_for_selector(f"#{chart} .main-svg", timeout=10_000)
+    assert page.locator("#chart-layers .bars .point").count() >= 1  # a bar was drawn
+    assert page.locator('#by-layer tr[data-layer="software"]').count() == 1  # process_exit
+    assert page.locator("#interruptions tr[data-incident]").count() >= 1
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "reliability.png"), full_page=True)
+    assert errors == []
+    page.close()

@@ -185,10 +185,11 @@ def test_it_revives_its_embedded_valkey_and_keeps_serving(tmp_path: Path):
             with urllib.request.urlopen(svc.url + "/readyz", timeout=3) as r:
                 body = json.loads(r.read())
             new_pid = int((tmp_path / "valkey" / "valkey.pid").read_text() or 0)
-            return body["ready"] and new_pid != pid
+            said = "embedded Valkey exited; restarted it on its port" in svc.log.read_text()
+            return body["ready"] and new_pid != pid and said
 
-        wait_for(ready_again, 30, "a revived Valkey and /readyz")
-        assert "embedded Valkey exited; restarted it on its port" in svc.log.read_text()
+        # The supervisor says so once its PING succeeds, which can be just after /readyz does.
+        wait_for(ready_again, 30, "a revived Valkey, /readyz and the supervisor saying so")
         svc.start_agent("node-after-valkey")
         wait_for(
             lambda: len(svc.api("/api/v1/devices/?node=node-after-valkey")["results"]) == 8,
@@ -231,7 +232,8 @@ def test_it_writes_a_generated_admin_password_to_a_0600_file_and_not_to_up_log(
 ) -> None:
     env = service_env(tmp_path)
     del env["FAULTLINE_ADMIN_PASSWORD"]
-    port, ws_port = free_port(), free_port()
+    port = free_port()
+    ws_port = free_port(avoid=frozenset({port}))
     log = tmp_path / "up.log"
     proc = subprocess.Popen(
         [str(BIN / "faultline"), "up", "--port", str(port), "--ws-port", str(ws_port),
@@ -255,3 +257,59 @@ def test_it_writes_a_generated_admin_password_to_a_0600_file_and_not_to_up_log(
         assert stop_service(svc) == 0
     assert not (tmp_path / "runtime.json").exists()
     assert os.path.exists(tmp_path / ADMIN_PASSWORD_FILE)  # kept until the operator deletes it
+
+
+@slow
+def test_an_agent_keeps_one_connection_to_the_service_between_batches(service, tmp_path):
+    # faultline up's gunicorn keeps an idle connection longer than an agent's send
+    # interval (at most 5 s; gunicorn's own default is 2 s), so a fleet at rest pays no
+    # TCP accept and close per batch; every batch is still stored, once.
+    import time
+
+    from agents.sender import AgentInfo, Sender
+    from agents.spool import Identity, Spool
+    from agents.wire import record
+
+    identity = Identity(tmp_path)
+    spool = Spool(tmp_path)
+    sender = Sender(
+        spool, identity, AgentInfo(identity.agent_id, "node-keepalive", "test"),
+        server=service.url, token=service.token("node-keepalive"), state_dir=tmp_path,
+    )  # fmt: skip
+    try:
+        for n in range(3):
+            if n:
+                time.sleep(3.0)  # longer than gunicorn's default keep-alive
+            spool.append(record("heartbeat", uptime_s=float(n), spool_depth=0))
+            assert sender.send_once()[0] == "acked"
+    finally:
+        sender.close()
+        spool.close()
+    assert sender._connection.opened == 1
+    agents = service.api("/api/v1/agents/")["results"]
+    assert [a["batches"] for a in agents if a["node"] == "node-keepalive"] == [3]
+
+
+def test_every_shipped_web_server_keeps_agent_connections_longer_than_a_send_interval():
+    """`faultline up`, docker-compose and the image run gunicorn with the same connection
+    options, and its idle timeout outlasts the longest send interval an agent accepts."""
+    import json
+    import re
+
+    import yaml
+
+    from agents.cli import MAX_SEND_INTERVAL_S
+    from faultline.bootstrap import WEB_KEEPALIVE, service_commands
+
+    root = Path(__file__).parents[2]
+    web = service_commands(
+        host="127.0.0.1", port=1, ws_port=2, workers=1, worker_concurrency=1, directory=root
+    )["web"]
+    compose = yaml.safe_load((root / "docker-compose.yml").read_text())
+    match = re.search(r"^CMD (\[.*?\])$", (root / "Dockerfile").read_text(), re.M | re.S)
+    assert match is not None
+    image = json.loads(match.group(1).replace("\\\n", ""))
+    for command in (web, compose["services"]["web"]["command"], image):
+        joined = " ".join(command)
+        assert " ".join(WEB_KEEPALIVE) in joined, joined
+    assert float(WEB_KEEPALIVE[WEB_KEEPALIVE.index("--keep-alive") + 1]) > MAX_SEND_INTERVAL_S

@@ -8,10 +8,10 @@ statistics. Must not decide findings itself: each rule module does that.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from console.diagnosis.config import DiagnosisConfig
@@ -44,11 +44,38 @@ TERMINAL_STATES = frozenset({"completed", "finished", "stopped", "failed", "canc
 RECENT_STEPS = 32
 
 
+def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Element-wise identity (not equality: an equal but rebuilt state is not reused)."""
+    return a is b or (len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True)))
+
+
+def _current_steps(r: RankState) -> tuple[StepRecord, ...]:
+    return r.current_steps
+
+
 class Context:
     """Mutable working state of one `diagnose` call; rules append findings to it."""
 
-    def __init__(self, snap: GroupSnapshot, now: datetime, cfg: DiagnosisConfig) -> None:
+    def __init__(
+        self,
+        snap: GroupSnapshot,
+        now: datetime,
+        cfg: DiagnosisConfig,
+        memo: dict[str, Any] | None = None,
+    ) -> None:
         self.snap = snap
+        # Per-rank values that are functions of the RankState alone, kept by the caller
+        # between passes (console.diagnosis.live): a rank whose state is the very same
+        # object as last pass is not recomputed. Plain data; same result with or without.
+        self._memo: dict[str, Any] = {} if memo is None else memo
+        self.has_memo = memo is not None
+        # Every RankState the very object of last pass (an Xid- or sweep-triggered pass
+        # between steps): group-wide aggregates over the ranks are reused (`per_pass`).
+        prev = self._memo.get("_ranks")
+        self.ranks_unchanged = prev is not None and _same(prev, snap.ranks)
+        self._memo["_ranks"] = snap.ranks
+        if not self.ranks_unchanged:
+            self._memo.pop("_pass", None)
         self.now = now
         self.cfg = cfg
         self.findings: dict[str, Finding] = {}
@@ -56,7 +83,8 @@ class Context:
         self.ranks: dict[int, RankState] = {r.rank: r for r in snap.ranks}
         # Filtering steps by generation is the hot path at 4,096 ranks: do it once.
         self._steps: dict[int, tuple[StepRecord, ...]] = {
-            r.rank: r.current_steps for r in snap.ranks
+            r.rank: self.per_rank("current_steps", r, partial(_current_steps, r))
+            for r in snap.ranks
         }
         self.devices: dict[str, DeviceState] = {d.gpu: d for d in snap.devices}
         self.ranks_on_gpu: dict[str, list[int]] = defaultdict(list)
@@ -69,13 +97,20 @@ class Context:
         # Set by rules for the engine's recovery advice.
         self.valid_checkpoint: CheckpointState | None = None  # set by `checkpoints`
         self.unsafe_reasons: dict[str, str] = {}  # finding id -> why restart is unsafe
+        self.restart_unsafe: str | None = None  # set by `objectives`: any restart, why not
         self.tail_ratio: float | None = None  # set by `stragglers`
         self.phase_medians_ms: dict[str, float] = {}  # set by `stragglers`
 
     # -- emitting ------------------------------------------------------------------
-    def new(self, **kw: Any) -> Finding:
-        """`make_finding` with this group and generation filled in."""
-        return make_finding(group=self.snap.group, generation=self.snap.generation, **kw)
+    def new(self, *, generation: int | None = None, **kw: Any) -> Finding:
+        """`make_finding` with this group and generation filled in. A finding about a
+        thing of an older generation (a checkpoint it wrote, a violation raised then)
+        passes that generation: its fingerprint, so its incident, outlives the restart."""
+        return make_finding(
+            group=self.snap.group,
+            generation=self.snap.generation if generation is None else generation,
+            **kw,
+        )
 
     def put(self, finding: Finding) -> Finding:
         """Add or replace (same id) a finding; a replacement keeps the higher severity."""
@@ -122,7 +157,8 @@ class Context:
         if not node:
             return None
         for f in self.on(node_subject(node)):
-            if f.kind == "node_down":
+            # A node cut off the network stops its ranks as surely as a node that died.
+            if f.kind in ("node_down", "network_partition"):
                 return f
         return None
 
@@ -154,24 +190,89 @@ class Context:
         cur = self._steps[r.rank]
         return cur[-1] if cur else None
 
+    def per_rank(self, name: str, r: RankState, compute: Callable[[], Any]) -> Any:
+        """`compute()` for rank `r`, or its value from the last pass if `r` is unchanged."""
+        slot = self._memo.setdefault(name, {})
+        hit = slot.get(r.rank)
+        if hit is not None and hit[0] is r:
+            return hit[1]
+        value = compute()
+        slot[r.rank] = (r, value)
+        return value
+
+    def per_pass(self, name: str, key: Any, compute: Callable[[], Any]) -> Any:
+        """`compute()`, a function of every RankState (and of `key`, compared with ==),
+        or its value from the last pass when every RankState is the same object and `key`
+        is equal. The value is shared between passes: callers must not mutate it."""
+        slot = self._memo.setdefault("_pass", {})
+        hit = slot.get(name)
+        if hit is not None and self.ranks_unchanged and hit[0] == key:
+            return hit[1]
+        value = compute()
+        slot[name] = (key, value)
+        return value
+
+    def keyed(self, name: str, key: Any, compute: Callable[[], Any]) -> Any:
+        """`compute()`, a function of `key` alone (compared with ==, which short-cuts on
+        identical elements), or its value from the last pass when `key` is equal. Shared
+        between passes: callers must not mutate it."""
+        hit = self._memo.get(name)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        value = compute()
+        self._memo[name] = (key, value)
+        return value
+
+    def slot(self, name: str) -> dict[str, Any] | None:
+        """A named part of the caller's memo for state kept up to date between passes
+        (the rule's own incremental structure), or None without a memo: the rule then
+        computes from the snapshot alone, the reference the memo's result must equal."""
+        if not self.has_memo:
+            return None
+        out: dict[str, Any] = self._memo.setdefault(name, {})
+        return out
+
     # -- progress statistics ---------------------------------------------------------
     @cached_property
     def recent_durations_s(self) -> list[float]:
+        out: list[float] = self.per_pass("durations", None, self._all_durations)
+        return out
+
+    def _all_durations(self) -> list[float]:
         out: list[float] = []
         for r in self.snap.ranks:
-            steps = self.steps(r)[-RECENT_STEPS:]
-            out.extend(s.duration_ms / 1000.0 for s in steps if s.duration_ms is not None)
+            out.extend(self.per_rank("durations", r, partial(self._durations, r)))
         return out
+
+    @cached_property
+    def windows_key(self) -> tuple[tuple[int, Any, str | None, str | None], ...]:
+        """(rank, collective window, node, GPU) of every rank: what collective matching
+        reads. Compared with == against last pass's, a window that is the same object
+        costs nothing, so a pass in which no window changed reuses the matching."""
+        return tuple((r.rank, r.collective, r.node, r.gpu) for r in self.snap.ranks)
+
+    @cached_property
+    def median_duration_s(self) -> float | None:
+        """Median of `recent_durations_s` (None when there is none); sorted once a pass."""
+        d = self.recent_durations_s
+        m: float | None = self.per_pass("median_duration", None, lambda: median(d) if d else None)
+        return m
+
+    def _durations(self, r: RankState) -> list[float]:
+        steps = self.steps(r)[-RECENT_STEPS:]
+        return [s.duration_ms / 1000.0 for s in steps if s.duration_ms is not None]
 
     @cached_property
     def stall_threshold_s(self) -> float | None:
         """max(multiplier x (median + k*MAD), floor); None when there is no history."""
         d = self.recent_durations_s
-        if not d:
+        m = self.median_duration_s
+        if not d or m is None:
             return None
-        m = median(d)
-        expected = m + self.cfg.hang_mad_k * mad(d, m)
-        return max(self.cfg.hang_multiplier * expected, self.cfg.hang_floor_s)
+        cfg = self.cfg
+        spread: float = self.per_pass("duration_mad", None, lambda: mad(d, m))
+        expected = m + cfg.hang_mad_k * spread
+        return max(cfg.hang_multiplier * expected, cfg.hang_floor_s)
 
     def last_progress(self, r: RankState) -> datetime | None:
         """Newest step of the active generation, else the rank's start in it."""

@@ -158,6 +158,7 @@ def run(ctx: Context) -> None:
         for kind, sev, summary, ev in found[c.checkpoint_id]:
             f = ctx.put(
                 ctx.new(
+                    generation=c.events[0].generation,  # the one that wrote it
                     kind=kind,
                     subject=checkpoint_subject(ctx.snap.group, c.checkpoint_id),
                     role=ROOT_CAUSE,

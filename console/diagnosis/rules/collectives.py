@@ -19,6 +19,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from console.diagnosis.findings import (
@@ -38,7 +39,7 @@ from console.diagnosis.rules.base import Context
 from console.diagnosis.snapshot import CollectiveEntry, CollectiveWindow
 
 ENTERED = frozenset({"started", "completed"})
-LINK_KINDS = frozenset({"nvlink_errors", "network_slow"})
+LINK_KINDS = frozenset({"nvlink_errors", "network_slow", "network_partition"})
 DEFAULT_PG = "default"
 
 # Canonical op kinds: torch function names, c10d/flight-recorder names and their aliases.
@@ -533,6 +534,11 @@ def _link_cause(ctx: Context, ranks: list[int]) -> Finding | None:
             for f in ctx.on(s):
                 if f.kind in LINK_KINDS:
                     return f
+    # A partition anywhere in the group stalls every rank's collective, on both sides.
+    for node in sorted(ctx.ranks_on_node):
+        for f in ctx.on(node_subject(node)):
+            if f.kind == "network_partition":
+                return f
     return None
 
 
@@ -626,12 +632,39 @@ def _target(m: Matcher, rank: int, e: CollectiveEntry) -> tuple[str, str, list[i
     return (f"{e.pg}/{e.seq}", f"{e.op} on pg {e.pg} seq {e.seq}", missing)
 
 
+@dataclass(frozen=True, slots=True)
+class _Matched:
+    """What matching concluded from the windows alone (kept between passes)."""
+
+    matcher: Matcher
+    desyncs: list[Desync]
+    waits: list[tuple[int, CollectiveEntry, datetime]]  # each rank's oldest started call
+
+
+def _match(ctx: Context, windows: dict[int, CollectiveWindow]) -> _Matched:
+    m = Matcher(ctx, windows)
+    desyncs = m.run()
+    waits: list[tuple[int, CollectiveEntry, datetime]] = []
+    for rank, w in sorted(windows.items()):
+        started = [
+            (e, e.started_ts) for e in w.entries if e.state == "started" and e.started_ts
+        ]  # fmt: skip
+        if started:
+            e, since = min(started, key=lambda pair: _wait_order(pair[0]))
+            waits.append((rank, e, since))
+    return _Matched(m, desyncs, waits)
+
+
 def run(ctx: Context) -> None:
     windows = {r.rank: r.collective for r in ctx.snap.ranks if r.collective is not None}
     if not windows:
         return
-    m = Matcher(ctx, windows)
-    desyncs = m.run()
+    # Matching is a function of the windows, the membership (reported groups, the ranks)
+    # and the node/GPU a desync names: a pass in which no window changed (every pass
+    # between two flight-recorder dumps, however many steps) reuses last pass's.
+    match_key = (ctx.windows_key, ctx.snap.process_groups)
+    matched: _Matched = ctx.keyed("collectives", match_key, partial(_match, ctx, windows))
+    m, desyncs = matched.matcher, matched.desyncs
     found = _report(ctx, desyncs)
     if ctx.quiet:
         return  # ranks wait in barriers while a checkpoint is written: not a timeout
@@ -646,13 +679,9 @@ def run(ctx: Context) -> None:
             table[d.key] = (d.seq, f)
     pending: dict[str, list[Wait]] = defaultdict(list)
     targets: dict[str, tuple[str, list[int], Finding | None]] = {}
-    for rank, w in sorted(windows.items()):
-        waits = [
-            (e, e.started_ts) for e in w.entries if e.state == "started" and e.started_ts
-        ]  # fmt: skip
-        if not waits or ctx.covered(rank):
+    for rank, e, since in matched.waits:
+        if ctx.covered(rank):
             continue
-        e, since = min(waits, key=lambda pair: _wait_order(pair[0]))
         key = _target_key(rank, e)
         pending[key].append(Wait(rank, e, since))
         if key in targets:

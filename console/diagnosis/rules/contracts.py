@@ -25,6 +25,7 @@ def run(ctx: Context) -> None:
         template = SUMMARY.get(c.kind, "Contract violation {kind} in {group}")
         f = ctx.put(
             ctx.new(
+                generation=c.generation,  # one incident per violation, across restarts
                 kind=c.kind,
                 subject=c.subject,
                 role=ROOT_CAUSE,

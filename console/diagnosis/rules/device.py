@@ -119,6 +119,8 @@ def _hard_fault(ctx: Context, dev: DeviceState, judged: list[_Judged]) -> Findin
     lost = [e for e in dev.events if e.event == "gpu_lost"]
     dbe = [e for e in dev.events if e.event == "ecc_dbe"]
     sample = dev.sample
+    if not (hard or lost or dbe or (sample is not None and (sample.ecc_dbe or 0) > 0)):
+        return None  # the common case, checked before building any evidence
     ev: dict[str, object] = {
         "gpu": dev.gpu,
         "node": dev.node,
@@ -199,6 +201,8 @@ def _soft_xids(ctx: Context, dev: DeviceState, judged: list[_Judged], hard: Find
     for j in judged:
         if j.cls != catalog.HARDWARE:
             by_class.setdefault(j.cls, []).append(j)
+    if not by_class:
+        return  # the common case: nothing below has anything to say
     for group in by_class.values():
         group.sort(key=lambda j: j.event.ts)
     where = _where(ctx, dev)
@@ -260,6 +264,12 @@ def _soft_faults(ctx: Context, dev: DeviceState) -> None:
     s = dev.sample
     if s is None:
         return
+    # Only hardware slowdowns here; a software power cap alone is normal on a busy GPU and
+    # becomes a finding only when `stragglers` sees it inflate compute time.
+    kind = throttle_kind(r for r in s.throttle_reasons if r in WARNING_REASONS)
+    nvlink = (s.nvlink_errors or 0) > ctx.cfg.nvlink_errors_limit
+    if not (s.retired_or_remapped_pending or nvlink or kind is not None):
+        return  # the common case, checked before building any evidence
     subject = gpu_subject(dev.gpu)
     base = {"gpu": dev.gpu, "node": dev.node, "index": dev.index, "sample_ts": s.ts}
     where = _where(ctx, dev)
@@ -275,7 +285,7 @@ def _soft_faults(ctx: Context, dev: DeviceState) -> None:
                 evidence={**base, "pending": s.retired_or_remapped_pending},
             )
         )
-    if (s.nvlink_errors or 0) > ctx.cfg.nvlink_errors_limit:
+    if nvlink:
         ctx.put(
             ctx.new(
                 kind="nvlink_errors",
@@ -291,9 +301,6 @@ def _soft_faults(ctx: Context, dev: DeviceState) -> None:
                 },
             )
         )
-    # Only hardware slowdowns here; a software power cap alone is normal on a busy GPU and
-    # becomes a finding only when `stragglers` sees it inflate compute time.
-    kind = throttle_kind(r for r in s.throttle_reasons if r in WARNING_REASONS)
     if kind is not None:
         ctx.put(
             ctx.new(

@@ -7,6 +7,7 @@ a mixed-precision overflow step whose non-finite gradient the loss scaler skippe
 
 from __future__ import annotations
 
+from functools import partial
 from math import isfinite
 
 from console.diagnosis.findings import CRITICAL, MAJOR, ROOT_CAUSE, group_subject
@@ -55,23 +56,42 @@ def _exploded(x: float | None, limit: float) -> bool:
     return x is not None and (not isfinite(x) or x > limit)
 
 
+_Emission = tuple[str, str, str, list[tuple[int, StepRecord]], dict[str, object]]
+
+
 def run(ctx: Context) -> None:
+    cfg = ctx.cfg
+    key = (
+        cfg.grad_explosion_factor,
+        cfg.loss_scale_floor,
+        cfg.loss_scale_collapse_factor,
+        cfg.max_evidence_items,
+    )
+    # A function of the ranks' steps alone: a pass in which no rank changed reuses it.
+    for kind, severity, summary, bad, extra in ctx.per_pass("numerics", key, partial(_judge, ctx)):
+        _emit(ctx, kind, severity, summary, bad, extra)
+
+
+def _judge(ctx: Context) -> list[_Emission]:
+    """What `run` emits, as `_emit` arguments (plain data, kept between passes)."""
+    out: list[_Emission] = []
     # Plain loops over per-rank slices: at 4,096 ranks, building a (rank, step) tuple per
     # record costs more in garbage collection than the checks themselves.
     per_rank = [(r.rank, ctx.steps(r)[-RECENT_STEPS:]) for r in ctx.snap.ranks]
     per_rank = [(rk, ss) for rk, ss in per_rank if ss]
     if not per_rank:
-        return
+        return out
     nan = [(rk, s) for rk, ss in per_rank for s in ss if _bad(s.loss)]
     if nan:
         rk, s = min(nan, key=lambda x: (x[1].step, x[0]))
-        _emit(
-            ctx,
-            "nan_loss",
-            CRITICAL,
-            f"Non-finite loss ({s.loss}) in {ctx.snap.group} from step {s.step} (rank {rk})",
-            nan,
-            {"loss": s.loss, "steps": ctx.capped(sorted({x.step for _, x in nan}))},
+        out.append(
+            (
+                "nan_loss",
+                CRITICAL,
+                f"Non-finite loss ({s.loss}) in {ctx.snap.group} from step {s.step} (rank {rk})",
+                nan,
+                {"loss": s.loss, "steps": ctx.capped(sorted({x.step for _, x in nan}))},
+            )
         )
     # Explosion: the newest grad norm against the median of the group's earlier ones.
     last_step = max(ss[-1].step for _, ss in per_rank)
@@ -92,14 +112,15 @@ def run(ctx: Context) -> None:
         boom = [(rk, s) for rk, s in latest if not s.overflow and _exploded(s.grad_norm, limit)]
         if boom:
             worst = max(boom, key=lambda x: x[1].grad_norm or 0.0)[1].grad_norm
-            _emit(
-                ctx,
-                "grad_explosion",
-                MAJOR,
-                f"Gradient norm {worst} at step {last_step} is over "
-                f"{ctx.cfg.grad_explosion_factor:g}x the recent median {base:.3g}",
-                boom,
-                {"grad_norm": worst, "median_grad_norm": base, "limit": limit},
+            out.append(
+                (
+                    "grad_explosion",
+                    MAJOR,
+                    f"Gradient norm {worst} at step {last_step} is over "
+                    f"{ctx.cfg.grad_explosion_factor:g}x the recent median {base:.3g}",
+                    boom,
+                    {"grad_norm": worst, "median_grad_norm": base, "limit": limit},
+                )
             )
     peak = max(
         (s.loss_scale for _, ss in per_rank for s in ss if s.loss_scale is not None), default=None
@@ -107,24 +128,26 @@ def run(ctx: Context) -> None:
     newest = [(rk, ss[-1]) for rk, ss in per_rank if ss[-1].step == last_step]
     scales = [s.loss_scale for _, s in newest if s.loss_scale is not None]
     if peak is None or not scales:
-        return
+        return out
     now_scale = min(scales)
     floor = ctx.cfg.loss_scale_floor
     if now_scale < floor or (
         now_scale > 0 and peak / now_scale >= ctx.cfg.loss_scale_collapse_factor
     ):
         overflows = sum(1 for _, ss in per_rank for s in ss if s.overflow)
-        _emit(
-            ctx,
-            "loss_scale_collapse",
-            MAJOR,
-            f"Loss scale collapsed to {now_scale:g} (peak {peak:g}) after "
-            f"{overflows} overflow step(s)",
-            newest,
-            {
-                "loss_scale": now_scale,
-                "peak_loss_scale": peak,
-                "overflow_steps": overflows,
-                "floor": floor,
-            },
+        out.append(
+            (
+                "loss_scale_collapse",
+                MAJOR,
+                f"Loss scale collapsed to {now_scale:g} (peak {peak:g}) after "
+                f"{overflows} overflow step(s)",
+                newest,
+                {
+                    "loss_scale": now_scale,
+                    "peak_loss_scale": peak,
+                    "overflow_steps": overflows,
+                    "floor": floor,
+                },
+            )
         )
+    return out

@@ -5,13 +5,28 @@ Owns `rank_hang` and `group_stall`. A rank is hung after
 max(multiplier x (median + k*MAD of recent step durations), floor) without a step.
 Phase-aware: a checkpoint in progress or a quiescing group is not hung, for a grace
 relative to the checkpoint's own measured duration (Context.quiet_grace_s, capped);
-a group with no step history only stalls after the warm-up timeout. Must run after
-every evidence rule: a rank some finding already explains gets no second story.
+a group with no step history only stalls after the warm-up timeout. Silence is judged
+up to what the rank's node has delivered: a node whose newest record lags the clock by
+more than `DELIVERY_SLACK_S` (its agent replays a spool after a telemetry outage) has its
+ranks judged at that newest record, not now — the steps it has not delivered yet are not
+missing steps — until the heartbeat timeout, when the nodes rule speaks for it. Must run
+after every evidence rule: a rank some finding already explains gets no second story.
+
+A group stall is a symptom whenever something located explains it (a stopping root cause
+anywhere in the group, or a rank hang, device or node fault, or the cause of a collective
+wait on a stalled rank): it joins that cause's incident instead of paging a second,
+undetermined story (with every rank explained there is no stall finding at all).
+`undetermined` is kept for a stall nothing locates. While a stalled
+rank waits in a collective it entered after its last step, for less than the threshold,
+the undetermined verdict waits (for one threshold at most): the collectives rule names
+who it waits for once the wait outlasts the threshold (the wait began after the last
+step, so progress would otherwise always page first, then the located cause a moment
+later, beside it).
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from console.diagnosis.findings import (
     CRITICAL,
@@ -20,6 +35,7 @@ from console.diagnosis.findings import (
     SEVERITY_RANK,
     SYMPTOM,
     UNDETERMINED,
+    Finding,
     group_subject,
     rank_subject,
 )
@@ -42,6 +58,29 @@ STOPPING = frozenset(
 )
 
 
+ROLE_ORDER = {ROOT_CAUSE: 0, UNDETERMINED: 1, SYMPTOM: 2}
+
+# Besides the stopping root causes: what a finding on a stalled rank may blame for it.
+HOLDS_RANK = STOPPING | {"rank_hang"}
+
+
+# An agent delivers a batch every second or so; a lag beyond this is a backlog, not cadence.
+DELIVERY_SLACK_S = 3.0
+
+
+def _delivered(ctx: Context) -> dict[str, datetime]:
+    """node -> the newest record it delivered, for nodes that lag the clock (replaying)
+    but are not yet silent: past the heartbeat timeout the nodes rule judges them, and
+    their ranks are judged now again."""
+    slack = timedelta(seconds=DELIVERY_SLACK_S)
+    silent = timedelta(seconds=ctx.cfg.heartbeat_timeout_s)
+    return {
+        n.name: n.last_heartbeat
+        for n in ctx.snap.nodes
+        if n.last_heartbeat is not None and slack < ctx.now - n.last_heartbeat <= silent
+    }
+
+
 def _threshold(ctx: Context) -> float | None:
     thr = ctx.stall_threshold_s
     if thr is not None:
@@ -57,6 +96,48 @@ def _threshold(ctx: Context) -> float | None:
     return ctx.cfg.warmup_timeout_s
 
 
+def _located(ctx: Context, ranks: list[int]) -> list[Finding]:
+    """The causes located on the stalled `ranks`: a hard fault of their GPU or node, a
+    stopping finding or rank hang on the rank (its head), and the causes a collective
+    timeout on the rank was linked to. A wait that nothing locates is not a cause."""
+    out: dict[str, Finding] = {}
+    for rk in ranks:
+        r = ctx.ranks[rk]
+        for f in (ctx.device_cause(r.gpu), ctx.node_cause(r.node)):
+            if f is not None:
+                out[f.id] = f
+        for f in ctx.on(rank_subject(ctx.snap.group, rk)):
+            if f.kind == "collective_timeout":
+                for cid in f.caused_by:
+                    if (c := ctx.findings.get(cid)) is not None:
+                        head = ctx.root_of(c)
+                        out[head.id] = head
+            elif f.kind in HOLDS_RANK:
+                head = ctx.root_of(f)
+                out[head.id] = head
+    return list(out.values())
+
+
+def _young_wait(ctx: Context, ranks: list[int], thr: float) -> bool:
+    """True when a stalled rank waits in a collective it entered after its last step, for
+    less than `thr`: not yet a timeout the collectives rule would judge."""
+    for rk in ranks:
+        r = ctx.ranks[rk]
+        w = r.collective
+        if w is None or w.generation != ctx.snap.generation:
+            continue
+        for e in w.entries:
+            # Younger than `thr` while the rank has been silent for more: entered after
+            # its last step.
+            if (
+                e.state == "started"
+                and e.started_ts is not None
+                and ((ctx.now - e.started_ts).total_seconds() <= thr)
+            ):
+                return True
+    return False
+
+
 def run(ctx: Context) -> None:
     snap = ctx.snap
     if snap.kind != "training" or not snap.ranks or snap.state in TERMINAL_STATES:
@@ -68,13 +149,16 @@ def run(ctx: Context) -> None:
     if thr is None:
         return
     stalled: list[tuple[int, datetime | None]] = []
+    lagging = _delivered(ctx)
     for r in snap.ranks:
         last = ctx.last_progress(r)
-        if last is None or (ctx.age_s(last) or 0) > thr:
+        judged_at = lagging.get(r.node or "", ctx.now)
+        if last is None or (judged_at - last).total_seconds() > thr:
             stalled.append((r.rank, last))
     uncovered = [(rk, ts) for rk, ts in stalled if not ctx.covered(rk)]
     if not uncovered:
-        return
+        return  # every stalled rank is already explained: no second story
+    everyone = len(stalled) == len(snap.ranks)
     base = {
         "threshold_s": round(thr, 3),
         "history_steps": len(ctx.recent_durations_s),
@@ -88,11 +172,26 @@ def run(ctx: Context) -> None:
             }
         ),
     }
-    if len(stalled) == len(snap.ranks):
+    if everyone:
+        stopping = {
+            f.id: f for f in ctx.findings.values() if f.role == ROOT_CAUSE and f.kind in STOPPING
+        }
+        located = {f.id: f for f in _located(ctx, [rk for rk, _ in stalled])}
         roots = sorted(
-            (f for f in ctx.findings.values() if f.role == ROOT_CAUSE and f.kind in STOPPING),
-            key=lambda f: (SEVERITY_RANK[f.severity], f.id),
+            {**stopping, **located}.values(),
+            key=lambda f: (ROLE_ORDER.get(f.role, 9), SEVERITY_RANK[f.severity], f.id),
         )
+        newest = max((ts for _, ts in stalled if ts is not None), default=None)
+        silent = ctx.age_s(newest)
+        # Held back for one threshold at most: ranks that keep entering new calls without
+        # ever stepping (a loop of collectives) are still a stall.
+        if (
+            not roots
+            and silent is not None
+            and silent <= 2 * thr
+            and _young_wait(ctx, [rk for rk, _ in stalled], thr)
+        ):
+            return  # the collectives rule names who they wait for once it is a timeout
         last = max((ts for _, ts in stalled if ts is not None), default=None)
         age = ctx.age_s(last)
         ctx.put(

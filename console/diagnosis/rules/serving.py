@@ -2,8 +2,9 @@
 
 Owns `slo_breach` (with its likely cause: OOMs, KV pressure, a version canary, one slow
 worker, overload), `ready_before_loaded`, `drained_worker_traffic`, `stale_version`,
-`retry_storm` (per worker), `duplicate_finish` and `worker_lost` (a worker gone silent
-while holding requests: they are lost work). Must not treat a window with zero
+`retry_storm` (per worker), `duplicate_finish` and `worker_lost` (a worker whose exit
+its launcher reported, or gone silent for three of its own windows while holding requests:
+they are lost work). Must not treat a window with zero
 requests as a failure: a quiet period is not an outage.
 """
 
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from console.diagnosis.findings import CRITICAL, MAJOR, ROOT_CAUSE, worker_subject
 from console.diagnosis.records import ServingSlo
 from console.diagnosis.rules.base import Context
+from console.diagnosis.rules.progress import DELIVERY_SLACK_S
 from console.diagnosis.snapshot import ServingWindow
 
 
@@ -121,13 +123,56 @@ def _stale(w: ServingWindow, ready: list[ServingWindow], older_models: set[str])
     return n > len(peers) / 2 and n >= 2 and w.kv_schema != schema  # a clear majority only
 
 
+# A worker is silent after max(SILENCE_WINDOWS x its own window seconds, SILENCE_FLOOR_S):
+# its cadence, measured by the worker itself (a loop slowed by load reports longer windows,
+# so its threshold stretches with it), and a floor for scheduler hiccups and the agent's
+# batching (about a second). Judged at the node's newest delivered record while that node's
+# agent lags the clock (replaying a backlog), as the progress rule does: late telemetry is
+# not a lost worker.
+SILENCE_WINDOWS = 3.0
+SILENCE_FLOOR_S = 5.0
+LOST_UNSAFE = "requests in flight were lost with the worker's KV cache: replay only if idempotent"
+
+
+def silence_threshold_s(w: ServingWindow) -> float:
+    """Seconds without a window after which worker `w` is silent (see SILENCE_WINDOWS)."""
+    seconds = float(w.window.get("seconds") or 10.0)
+    return max(SILENCE_WINDOWS * seconds, SILENCE_FLOOR_S)
+
+
+def _judged_at(ctx: Context, w: ServingWindow) -> datetime:
+    slack = timedelta(seconds=DELIVERY_SLACK_S)
+    timeout = timedelta(seconds=ctx.cfg.heartbeat_timeout_s)
+    for n in ctx.snap.nodes:
+        seen = n.last_heartbeat
+        if n.name == w.node and seen is not None and slack < ctx.now - seen <= timeout:
+            return seen  # the node's agent is behind: judge what it has delivered so far
+    return ctx.now
+
+
 def _lost_workers(ctx: Context) -> None:
-    """A worker that stopped reporting while it held requests lost them (and their KV)."""
+    """A worker whose process exited (its launcher said so), or that stopped reporting
+    while it held requests, lost them (and their KV)."""
     for w in ctx.snap.serving:
-        seconds = float(w.window.get("seconds") or 10.0)
-        silent_s = (ctx.now - w.ts).total_seconds()
         in_flight = int(w.window.get("active") or 0) + int(w.window.get("queued") or 0)
-        if silent_s <= max(3 * seconds, 30.0) or in_flight == 0:
+        if w.window.get("exited"):
+            if w.draining and in_flight == 0:
+                continue  # a drained worker stopped on purpose: nothing was lost
+            code = w.window.get("exit_code")
+            _emit(
+                ctx,
+                w,
+                "worker_lost",
+                MAJOR,
+                f"exited{'' if code is None else f' (code {code})'} holding {in_flight} "
+                "in-flight request(s)",
+                {"lost_requests": in_flight, "exited": True, "exit_code": code},
+                LOST_UNSAFE,
+            )
+            continue
+        silent_s = (_judged_at(ctx, w) - w.ts).total_seconds()
+        threshold = silence_threshold_s(w)
+        if silent_s <= threshold or in_flight == 0:
             continue
         _emit(
             ctx,
@@ -135,8 +180,12 @@ def _lost_workers(ctx: Context) -> None:
             "worker_lost",
             MAJOR,
             f"stopped reporting {silent_s:.0f}s ago holding {in_flight} in-flight request(s)",
-            {"lost_requests": in_flight, "silent_s": round(silent_s, 1)},
-            "requests in flight were lost with the worker's KV cache: replay only if idempotent",
+            {
+                "lost_requests": in_flight,
+                "silent_s": round(silent_s, 1),
+                "threshold_s": round(threshold, 1),
+            },
+            LOST_UNSAFE,
         )
 
 
@@ -246,8 +295,8 @@ SERVING_STATES = (INITIALIZING, SERVING, DEGRADED, DOWN)
 
 
 def _silent(w: ServingWindow, now: datetime) -> bool:
-    seconds = float(w.window.get("seconds") or 10.0)
-    return (now - w.ts).total_seconds() > max(3 * seconds, 30.0)
+    """Exited, or no window for longer than the worker's silence threshold."""
+    return bool(w.window.get("exited")) or (now - w.ts).total_seconds() > silence_threshold_s(w)
 
 
 def serving_state(

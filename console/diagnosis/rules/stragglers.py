@@ -9,6 +9,8 @@ on the ranks of one node (`network_slow`). Must skip ranks another finding expla
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
+from functools import partial
 
 from agents.gpu_health import throttle_kind
 
@@ -23,9 +25,10 @@ from console.diagnosis.findings import (
     node_subject,
     rank_subject,
 )
-from console.diagnosis.records import PHASES
+from console.diagnosis.records import PHASES, DeviceSample, DeviceState
 from console.diagnosis.rules.base import RECENT_STEPS, Context
 from console.diagnosis.rules.host import net_evidence, net_missing
+from console.diagnosis.rules.network import sockets_seen
 from console.diagnosis.snapshot import RankState
 from console.diagnosis.stats import mad, median, percentile
 
@@ -34,19 +37,38 @@ def _means(ctx: Context, r: RankState) -> tuple[float, dict[str, float]] | None:
     steps = [s for s in ctx.steps(r)[-RECENT_STEPS:] if s.duration_ms is not None]
     if not steps:
         return None
-    total = sum(s.duration_ms or 0.0 for s in steps) / len(steps)  # None filtered above
-    phases = {p: sum(s.phases.get(p) or 0.0 for s in steps) / len(steps) for p in PHASES}
-    return total, phases
+    n = len(steps)
+    total = sum(s.duration_ms or 0.0 for s in steps) / n  # None filtered above
+    # One walk over the steps, adding in step order (the same floats as a sum() per phase).
+    acc = dict.fromkeys(PHASES, 0.0)
+    for s in steps:
+        ph = s.phases
+        for p in PHASES:
+            acc[p] += getattr(ph, p) or 0.0
+    return total, {p: acc[p] / n for p in PHASES}
+
+
+def _throttling(ctx: Context, r: RankState) -> tuple[DeviceState, DeviceSample, str] | None:
+    """The rank's GPU and the sample that shows it throttled while the judged steps ran:
+    the newest sample, or the newest throttled one if the clocks recovered after the
+    first step of the window (the slow steps it caused are still being averaged)."""
+    dev = ctx.devices.get(r.gpu or "")
+    if dev is None:
+        return None
+    for s in (dev.sample, dev.last_throttled):
+        if s is None or (kind := throttle_kind(s.throttle_reasons)) is None:
+            continue
+        if s is dev.sample or s.ts >= ctx.steps(r)[-RECENT_STEPS:][0].ts:
+            return dev, s, kind
+    return None
 
 
 def _throttle_cause(ctx: Context, r: RankState, ev: dict[str, object]) -> Finding | None:
-    dev = ctx.devices.get(r.gpu or "")
-    if dev is None or dev.sample is None:
+    seen = _throttling(ctx, r)
+    if seen is None:
         return None
-    s = dev.sample
-    kind = throttle_kind(s.throttle_reasons)
-    if kind is None:
-        return None
+    dev, s, kind = seen
+    ended = s is not dev.sample
     return ctx.put(
         ctx.new(
             kind=kind,
@@ -55,7 +77,8 @@ def _throttle_cause(ctx: Context, r: RankState, ev: dict[str, object]) -> Findin
             severity=MAJOR,
             summary=f"{kind.replace('_', ' ').capitalize()} on {ctx.gpu_label(dev.gpu)} "
             f"(rank {r.rank}) slows the whole group: compute {ev['compute_ms']:.0f} ms vs "
-            f"median {ev['median_compute_ms']:.0f} ms",
+            f"median {ev['median_compute_ms']:.0f} ms"
+            + (" (clocks recovered; its slow steps are still in the window)" if ended else ""),
             first_seen=s.ts,
             evidence={
                 "gpu": dev.gpu,
@@ -65,6 +88,7 @@ def _throttle_cause(ctx: Context, r: RankState, ev: dict[str, object]) -> Findin
                 "temp_c": s.temp_c,
                 "power_w": s.power_w,
                 "sm_clock_mhz": s.sm_clock_mhz,
+                **({"throttle_last_seen": s.ts} if ended else {}),
                 **ev,
             },
         )
@@ -75,18 +99,31 @@ def _limit(ratio: float, k: float, values: list[float], med: float) -> float:
     return max(med * ratio, med + k * mad(values, med))
 
 
-def run(ctx: Context) -> None:
+@dataclass(frozen=True, slots=True)
+class _Stats:
+    """The group's step statistics: a function of the ranks' steps and the config."""
+
+    stats: dict[int, tuple[float, dict[str, float]]]
+    busy: dict[int, float]
+    med: float
+    busy_med: float
+    tail_ratio: float
+    ph_med: dict[str, float]
+    over: list[int]  # ranks over either limit, sorted
+
+
+def _group_stats(ctx: Context) -> _Stats | None:
     cfg = ctx.cfg
     stats: dict[int, tuple[float, dict[str, float]]] = {}
     for r in ctx.snap.ranks:
         # Every rank with history counts toward the tail ratio; only unexplained ranks
         # may be called stragglers below.
         if len(ctx.steps(r)) >= cfg.straggler_min_steps:
-            m = _means(ctx, r)
+            m = ctx.per_rank("straggler_means", r, partial(_means, ctx, r))
             if m is not None:
                 stats[r.rank] = m
     if len(stats) < 2:
-        return
+        return None
     # In synchronous training every rank's step lasts as long as the slowest one's: the
     # straggler shows in its busy time (step minus collective wait), its peers in waiting.
     means = [m for m, _ in stats.values()]
@@ -94,22 +131,31 @@ def run(ctx: Context) -> None:
     med = median(means)
     busy_med = median(list(busy.values()))
     if med <= 0 or busy_med <= 0:
-        return
-    ctx.tail_ratio = max(
-        percentile(means, 99) / med, percentile(list(busy.values()), 99) / busy_med
-    )
+        return None
+    tail_ratio = max(percentile(means, 99) / med, percentile(list(busy.values()), 99) / busy_med)
     ph_med = {p: median([ph[p] for _, ph in stats.values()]) for p in PHASES}
-    ctx.phase_medians_ms = ph_med
     limit = _limit(cfg.straggler_ratio, cfg.straggler_mad_k, means, med)
     busy_limit = _limit(cfg.straggler_ratio, cfg.straggler_mad_k, list(busy.values()), busy_med)
-    slow = sorted(
-        rk
-        for rk, (m, _) in stats.items()
-        if (m > limit or busy[rk] > busy_limit) and not ctx.covered(rk)
-    )
+    over = sorted(rk for rk, (m, _) in stats.items() if m > limit or busy[rk] > busy_limit)
+    return _Stats(stats, busy, med, busy_med, tail_ratio, ph_med, over)
+
+
+def run(ctx: Context) -> None:
+    cfg = ctx.cfg
+    key = (cfg.straggler_min_steps, cfg.straggler_ratio, cfg.straggler_mad_k)
+    # Medians over every rank: a pass in which no rank changed reuses last pass's.
+    g = ctx.per_pass("stragglers", key, partial(_group_stats, ctx))
+    if g is None:
+        return
+    stats, busy, med, busy_med, ph_med = g.stats, g.busy, g.med, g.busy_med, g.ph_med
+    ctx.tail_ratio = g.tail_ratio
+    ctx.phase_medians_ms = dict(ph_med)
+    slow = [rk for rk in g.over if not ctx.covered(rk)]
     if not slow or any(f.kind == "group_stall" for f in ctx.findings.values()):
         return
     net_slow: dict[str, list[int]] = defaultdict(list)
+    socket_led: list[int] = []  # waiting in collectives where the sockets can locate it
+    tomography = sockets_seen(ctx)
     causes: dict[int, Finding | None] = {}
     for rk in slow:
         r = ctx.ranks[rk]
@@ -150,8 +196,35 @@ def run(ctx: Context) -> None:
                 )
             )
         elif dominant == "collective" and r.node:
-            net_slow[r.node].append(rk)
+            (socket_led if tomography else net_slow[r.node]).append(rk)
         causes[rk] = cause
+    # The network rule located a link from the nodes' own sockets: a synchronous
+    # collective inflates every rank's collective phase, so these waits are its symptoms
+    # and the node they run on is not a second suspect.
+    located = next(
+        (
+            f
+            for f in ctx.findings.values()
+            if f.role == ROOT_CAUSE and f.kind in ("network_slow", "network_partition")
+        ),
+        None,
+    )
+    if located is not None:
+        for ranks in [*net_slow.values(), socket_led]:
+            for rk in ranks:
+                causes[rk] = located
+        net_slow.clear()
+    # The sockets name no single node yet: hold the waiting ranks back while their slow
+    # steps are under half the window (the network rule needs a few rounds of reads),
+    # then call them undetermined; never name the node they wait on.
+    held = set()
+    if located is None:
+        for rk in socket_led:
+            r = ctx.ranks[rk]
+            recent = ctx.steps(r)[-RECENT_STEPS:]
+            over = sum(1 for s in recent if (s.duration_ms or 0.0) > med * cfg.straggler_ratio)
+            if 2 * over < RECENT_STEPS:
+                held.add(rk)
     # Collective time inflated only on the ranks of one node: that node's network.
     if len(net_slow) == 1:
         node, ranks = next(iter(net_slow.items()))
@@ -189,6 +262,8 @@ def run(ctx: Context) -> None:
         for rk in ranks:
             causes[rk] = c
     for rk in slow:
+        if rk in held:
+            continue
         r = ctx.ranks[rk]
         mean, ph = stats[rk]
         cause = causes.get(rk)
@@ -215,7 +290,10 @@ def run(ctx: Context) -> None:
                         {}
                         if cause
                         else {
-                            "missing_evidence": "no throttle, input or "
+                            "missing_evidence": "the nodes' sockets name no single node: "
+                            "check the links between the waiting ranks' nodes"
+                            if rk in socket_led
+                            else "no throttle, input or "
                             "single-node network signal; suspect shape skew or host contention"
                         }
                     ),
@@ -226,5 +304,5 @@ def run(ctx: Context) -> None:
 
 
 def _throttle_cause_kind(ctx: Context, r: RankState) -> str | None:
-    dev = ctx.devices.get(r.gpu or "")
-    return None if dev is None or dev.sample is None else throttle_kind(dev.sample.throttle_reasons)
+    seen = _throttling(ctx, r)
+    return None if seen is None else seen[2]

@@ -202,6 +202,27 @@ def test_it_never_puts_back_a_node_someone_else_took_out(post_batch, cast):
     assert any("taken out by the scheduler" in r for r in action.gate_reasons)
 
 
+def test_a_cordon_a_person_proposed_is_the_operators_and_returns_only_through_an_approver(
+    post_batch, cast
+):
+    _post(post_batch, [_sample(), _xid(79)])
+    out = actions.propose_action(
+        kind="cordon_node", target=f"node:{NODE}", reason="looks flaky", actor=cast["operator"],
+        now=timezone.now(),
+    )  # fmt: skip
+    Action.objects.filter(pk=out.action.pk).update(state="dispatched")
+    actions.record_action_result(
+        action_id=out.action.pk, node=_node(), status="succeeded", exit_code=0, output="",
+        now=timezone.now(), outcome={"state": "applied", "taken_out_by": "faultline"},
+    )  # fmt: skip
+    assert (_node().lifecycle, _node().taken_out_by) == ("out_of_service", "operator")
+    _post(post_batch, [_sample()], boot="boot-b")
+    (aid,) = actions.propose_returns(now=timezone.now() + timedelta(minutes=11))
+    action = Action.objects.get(pk=aid)
+    assert action.state == "proposed"
+    assert any("taken out by the operator" in r for r in action.gate_reasons)
+
+
 def test_it_links_a_group_incident_to_the_node_incident_and_resolves_them_apart(post_batch):
     from tests.server.scenarios.timeline import Timeline
 

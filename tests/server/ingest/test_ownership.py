@@ -5,7 +5,9 @@ Every test posts real batches with real agent tokens through POST /api/v1/ingest
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 
@@ -118,6 +120,42 @@ def test_it_refuses_a_transition_from_a_node_hosting_none_of_the_groups_ranks(po
     assert Rank.objects.get(group__name="job", rank=0).last_step == 2
 
 
+def test_only_its_creator_may_transition_a_group_with_no_ranks_placed(post_batch):
+    """Finding 3's hole: a group with no placement to check (a serving deployment, a job
+    before its first rank) accepted a fence from any node."""
+    created = make_batch([transition("running", group="svc")], node="creator")
+    assert post_batch(created).status_code == 202
+    assert ConsistencyGroup.objects.get(name="svc").created_by.name == "creator"
+    fence = make_batch([transition("completed", group="svc", gen=900)], node="evil")
+    assert post_batch(fence).status_code == 202
+    group = ConsistencyGroup.objects.get(name="svc")
+    assert (group.generation, group.state) == (1, "running")
+    assert kinds() == ["unauthorized_transition"]
+    # A group that only saw telemetry so far (a serving window, no rank) likewise.
+    window = {"kind": "serving", "group": "svc2", "worker": "w0", "window": {"seconds": 10}}
+    assert post_batch(make_batch([window], node="creator")).status_code == 202
+    assert post_batch(make_batch([transition("stopped", group="svc2", gen=5)],
+                                 node="evil")).status_code == 202  # fmt: skip
+    assert ConsistencyGroup.objects.get(name="svc2").state != "stopped"
+    # The creator may, and so may the group's launcher token.
+    assert post_batch(make_batch([transition("recovering", group="svc", gen=2)],
+                                 node="creator")).status_code == 202  # fmt: skip
+    token = issue_token(node_name="launch-svc", launcher_group="svc")
+    batch = make_batch([transition("running", group="svc", gen=3)], node="launch-svc")
+    assert post_batch(batch, token=token).status_code == 202
+    assert ConsistencyGroup.objects.get(name="svc").generation == 3
+
+
+def test_a_group_with_no_creator_recorded_and_no_ranks_refuses_every_nodes_transition(
+    post_batch,
+):
+    ConsistencyGroup.objects.create(name="legacy", generation=1, state="running")
+    fence = make_batch([transition("completed", group="legacy", gen=2)], node="evil")
+    assert post_batch(fence).status_code == 202
+    assert ConsistencyGroup.objects.get(name="legacy").state == "running"
+    assert kinds() == ["unauthorized_transition"]
+
+
 def test_it_bounds_how_far_a_hosts_transition_may_move_the_generation(post_batch, settings):
     settings.INGEST_MAX_GENERATION_JUMP = 1000
     setup = make_batch([transition("running"), process(0, "started")], node="host")
@@ -220,6 +258,116 @@ def test_it_diagnoses_established_groups_ahead_of_a_flood_of_new_ones(
     assert post_batch(make_batch(flood, node="evil")).status_code == 202
     assert post_batch(make_batch([step(0, 1, group="real")], node="good")).status_code == 202
     young = [c for g, c in queued if g.startswith("new-")]
-    assert len(young) == 3  # the fleet-wide budget a second; the sweep catches up on the rest
+    assert len(young) == 3  # evil's budget a second; the next batch or the sweep retries
     assert all(c == settings.DIAGNOSIS_YOUNG_DEBOUNCE_MS / 1000 for c in young)
     assert ("real", settings.DIAGNOSIS_DEBOUNCE_MS / 1000) in queued
+
+
+def test_a_flood_of_new_groups_leaves_another_nodes_new_job_its_own_budget(
+    post_batch, settings, monkeypatch
+):
+    """A real job created after a flood is young too: one node's invented groups must not
+    spend its diagnosis budget (a shared one left its first Xid to the sweep, 8.6 s)."""
+    from django.core.cache import cache
+
+    from console import live, scheduling
+
+    live.forget_recent()
+    settings.INGEST_NEW_GROUPS_PER_HOUR = 100
+    settings.DIAGNOSIS_YOUNG_PER_S = 3
+    queued: list[str] = []
+    monkeypatch.setattr(
+        scheduling, "enqueue", lambda name, group, countdown=None: queued.append(group)
+    )
+    # Within one budget second: the flood spends evil's budget, then the new job arrives.
+    clock = SimpleNamespace(time=lambda: 1_000_000.0, monotonic=time.monotonic)
+    monkeypatch.setattr(scheduling, "time", clock)
+    flood = [step(0, 1, group=f"new-{i:03d}") for i in range(30)]
+    assert post_batch(make_batch(flood, node="evil")).status_code == 202
+    assert len([g for g in queued if g.startswith("new-")]) == 3
+    job = [transition("running", group="newjob"), process(0, "started", group="newjob")]
+    assert post_batch(make_batch(job, node="good")).status_code == 202
+    assert "newjob" in queued
+    # A group refused by its node's budget is not held off until its debounce key expires:
+    # the next batch (or the sweep) may queue it once the budget is back.
+    refused = sorted({f"new-{i:03d}" for i in range(30)} - set(queued))
+    assert refused and all(cache.get(scheduling.pending_key(g)) is None for g in refused)
+
+
+class _Captured:
+    """The demo's fleet as seen by ingest: every record a rank's reporter sends, in order,
+    with the node whose agent would ship it."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict]] = []
+        self.spares = ["spare-1"]
+
+    def reporter(self, node: str, **kwargs):
+        from agents.reporter import Reporter
+
+        sent = self.sent
+
+        class Capture(Reporter):
+            def _send(self, rec: dict) -> None:
+                sent.append((node, dict(rec)))
+
+        return Capture(socket_path="/nonexistent", **kwargs)
+
+    def drain(self, post_batch) -> None:
+        """Post what was sent, one batch per run of records from the same node."""
+        while self.sent:
+            node = self.sent[0][0]
+            run = []
+            while self.sent and self.sent[0][0] == node:
+                run.append(self.sent.pop(0)[1])
+            assert post_batch(make_batch(run, node=node)).status_code == 202
+
+
+def test_the_demos_node_replacement_announces_its_new_generation_from_a_surviving_host(
+    post_batch, monkeypatch
+):
+    """`faultline demo` replaced rank 0's node with a spare and announced the new
+    generation from the spare, which hosted nothing yet: a false `unauthorized_transition`
+    incident, and the new generation never started."""
+    import random
+
+    from faultline.demo import training
+    from faultline.demo.scenario import Slot
+
+    monkeypatch.setattr(training.time, "sleep", lambda s: None)
+    fleet = _Captured()
+    slots = [Slot("host-a", 0), Slot("host-a", 1), Slot("host-b", 0), Slot("host-b", 1)]
+    job = training.TrainGroup("train-x", slots, fleet, random.Random(7))  # type: ignore[arg-type]  # the capture stands in for Fleet
+    job.tick(0.0)
+    fleet.drain(post_batch)
+    assert ConsistencyGroup.objects.get(name="train-x").generation == 1
+    job.restart("xid", without="host-a")  # rank 0's node
+    job.tick(0.0)
+    fleet.drain(post_batch)
+    group = ConsistencyGroup.objects.get(name="train-x")
+    assert (group.generation, group.state) == (2, "running")
+    assert kinds() == []
+    assert Rank.objects.get(group=group, rank=0).node.name == "spare-1"
+    # Its next restart is announced by the spare, which now hosts rank 0.
+    job.restart("again")
+    fleet.drain(post_batch)
+    assert ConsistencyGroup.objects.get(name="train-x").generation == 3
+    assert kinds() == []
+
+
+def test_a_job_announced_by_rank_0s_node_after_its_peers_placed_their_ranks_starts(post_batch):
+    """`faultline demo` at every job start: the peers' agents delivered their ranks'
+    `started` first, so rank 0's node (which starts rank 0 and announces the job in one
+    batch) hosted nothing yet and its `running` (world size, job id, objectives) was
+    refused as an `unauthorized_transition`."""
+    assert post_batch(make_batch([process(1, "started")], node="peer")).status_code == 202
+    announce = make_batch([process(0, "started"), transition("running")], node="rank0")
+    assert post_batch(announce).status_code == 202
+    assert ConsistencyGroup.objects.get(name="job").state == "running"
+    assert kinds() == []
+    # A stranger may not do the same by claiming a rank whose process still lives.
+    fence = make_batch([process(1, "started"), transition("completed", gen=2)], node="evil")
+    assert post_batch(fence).status_code == 202
+    group = ConsistencyGroup.objects.get(name="job")
+    assert (group.generation, group.state) == (1, "running")
+    assert kinds() == ["rank_claim", "unauthorized_transition"]

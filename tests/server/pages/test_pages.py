@@ -73,7 +73,9 @@ def test_it_shows_advice_checkpoint_and_state_on_the_group_page(viewer_client, t
 def test_it_renders_the_group_page_in_a_fixed_number_of_queries(
     viewer_client, training_group, django_assert_max_num_queries
 ):
-    with django_assert_max_num_queries(7):
+    # 7 + 4 for the recovery objectives and their advice (issue 20: nodes, checkpoints,
+    # transitions, failures), none of which grows with the group.
+    with django_assert_max_num_queries(11):
         assert viewer_client.get("/groups/llm-pages/").status_code == 200
 
 
@@ -147,6 +149,87 @@ def test_it_draws_healthy_nodes_as_compact_tiles_in_a_big_fleet(viewer_client, t
     assert 'class="node compact health-ok" data-node="big-0000"' in html
     assert 'class="node health-critical" data-node="node-p1"' in html
     assert html.count('data-gpu="GPU-p-') == RANKS  # the broken node keeps its GPU cells
+
+
+def _big_fleet(gpus_each: int = 2) -> None:
+    """More nodes than COMPACT_ABOVE, all healthy, `gpus_each` ok GPUs on the first one."""
+    from console.api.pages import COMPACT_ABOVE
+    from console.models import Device
+
+    Node.objects.bulk_create(
+        [Node(name=f"big-{i:04d}", health="ok") for i in range(COMPACT_ABOVE + 1)]
+    )
+    first = Node.objects.get(name="big-0000")
+    Device.objects.bulk_create(
+        [Device(uuid=f"GPU-big-{i}", node=first, index=i, health="ok") for i in range(gpus_each)]
+    )
+
+
+def test_it_sends_a_big_fleets_healthy_nodes_as_tiles_without_their_gpus(
+    viewer_client, training_group
+):
+    """Issue 19: a tile shows no GPU, so the page's JSON (every open fleet page refetches
+    it) carries a tile's GPU count, not 8 GPU dicts; a sick node keeps its whole card."""
+    from console.models import Device
+
+    _big_fleet(gpus_each=2)
+    Device.objects.filter(uuid="GPU-p-2").update(health="critical")
+    data = viewer_client.get("/api/v1/pages/fleet/").json()
+    nodes = {n["name"]: n for n in data["nodes"]}
+    assert data["compact"] is True
+    assert nodes["big-0000"] == {"name": "big-0000", "gpus": 2, "worst": "ok", "compact": True}
+    assert nodes["big-0001"]["gpus"] == 0 and "devices" not in nodes["big-0001"]
+    sick = nodes["node-p1"]
+    assert sick["compact"] is False and sick["worst"] == "critical" and sick["gpus"] == RANKS
+    assert [d["uuid"] for d in sick["devices"]] == [f"GPU-p-{i}" for i in range(RANKS)]
+    assert data["gpu_total"] == RANKS + 2 == Device.objects.count()
+    assert data["node_counts"]["ok"] == len(nodes) - 1 and data["node_counts"]["critical"] == 1
+    html = viewer_client.get("/").content.decode()
+    assert 'data-node="big-0000" data-gpus="2" title="big-0000 · 2 GPUs ok"' in html
+    assert f'id="kpi-gpus" data-total="{RANKS + 2}"' in html
+
+
+@pytest.mark.parametrize(
+    "sickness",
+    [{"health": "warning"}, {"quarantined": True}, {"cordoned": True},
+     {"lifecycle": "faulted", "lifecycle_reason": "Xid 79"}],
+)  # fmt: skip
+def test_it_never_shrinks_a_sick_or_marked_node_to_a_tile(viewer_client, training_group, sickness):
+    _big_fleet()
+    Node.objects.filter(name="node-p1").update(**sickness)
+    nodes = {n["name"]: n for n in viewer_client.get("/api/v1/pages/fleet/").json()["nodes"]}
+    assert nodes["node-p1"]["compact"] is False and len(nodes["node-p1"]["devices"]) == RANKS
+    assert nodes["big-0000"]["compact"] is True
+
+
+def test_it_keeps_every_gpu_of_a_small_fleet(viewer_client, training_group):
+    data = viewer_client.get("/api/v1/pages/fleet/").json()
+    (node,) = data["nodes"]
+    assert data["compact"] is False and node["compact"] is False and node["worst"] == "ok"
+    assert len(node["devices"]) == node["gpus"] == data["gpu_total"] == RANKS
+
+
+def test_it_escapes_what_a_node_card_shows(viewer_client, training_group):
+    from datetime import UTC, datetime
+
+    Node.objects.filter(name="node-p1").update(
+        lifecycle="out_of_service", lifecycle_reason='<script>alert("x")</script>',
+        lifecycle_since=datetime(2026, 11, 29, tzinfo=UTC), taken_out_by="<b>ops</b>",
+        replace_flagged=True,
+    )  # fmt: skip
+    html = viewer_client.get("/").content.decode()
+    assert "<script>alert" not in html and "<b>ops</b>" not in html
+    assert 'title="&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; · out by &lt;b&gt;ops' in html
+    assert '<time class="since" datetime="2026-11-29T00:00:00+00:00">' in html
+    assert '<span class="flag flag-replace">replace</span>' in html
+    assert '<a href="/nodes/node-p1/">node-p1</a>' in html
+
+
+def test_it_counts_a_group_without_ranks_or_incidents_as_zero(viewer_client, training_group):
+    ConsistencyGroup.objects.create(name="empty")
+    row = next(g for g in viewer_client.get("/api/v1/pages/fleet/").json()["groups"]
+               if g["name"] == "empty")  # fmt: skip
+    assert row["ranks"] == 0 and row["open_incidents"] == 0
 
 
 def test_it_counts_each_open_incident_once_however_many_ranks(viewer_client, training_group):

@@ -259,3 +259,67 @@ def test_a_stall_longer_than_the_step_window_stays_open(post_batch):
     later = only(tl.diagnose(at=HEALTHY_S + 20 * 60))
     assert later.pk == first.pk
     assert later.kind == "group_stall"
+
+
+def _throttled_then_clean(t: Timeline, *, throttled_at: float) -> None:
+    t.boot(at=0)
+    t.sample(1, at=throttled_at, temp_c=92.0, sm_clock_mhz=1100.0,
+             throttle_reasons=["hw_thermal_slowdown", "sw_thermal_slowdown"])  # fmt: skip
+    t.sample(1, at=15, temp_c=60.0, sm_clock_mhz=1980.0, throttle_reasons=[])
+
+    def phases(rank: int, step: int) -> dict[str, float]:
+        compute = 1400.0 if rank == 1 else 650.0
+        return {"compute": compute, "collective": 250.0, "input": 40.0, "optimizer": 60.0}
+
+    t.steps(first=0, count=20, at=1, phases=phases)
+    t.heartbeats(until=25)
+
+
+def test_a_throttle_that_just_ended_still_explains_the_slow_steps_it_caused(post_batch):
+    """`faultline demo`: the GPU's clocks recovered, its newest sample was clean, and the
+    rank's slow steps, still in the straggler window, paged a second, undetermined
+    `straggler` incident beside the `thermal_throttle` one."""
+    t = Timeline(post=post_batch)
+    _throttled_then_clean(t, throttled_at=5)
+    incident = only(t.diagnose(at=20.5))
+    assert (incident.kind, incident.subject) == ("thermal_throttle", f"gpu:{t.gpu(1)}")
+    assert "straggler" in symptoms(incident)
+    assert "clocks recovered" in incident.summary
+
+
+def test_a_throttle_older_than_the_judged_steps_explains_nothing(post_batch):
+    t = Timeline(post=post_batch)
+    _throttled_then_clean(t, throttled_at=0.5)  # before the window's first step
+    incident = only(t.diagnose(at=20.5))
+    assert (incident.kind, incident.role) == ("straggler", "undetermined")
+
+
+def _restart(t: Timeline, *, at: float, from_step: int) -> None:
+    t.generation += 1
+    t.boot(at=at)
+    t.steps(first=from_step, count=5, at=at + 1)
+    t.heartbeats(until=at + 8)
+
+
+def test_a_corrupt_checkpoint_keeps_one_incident_across_the_restart_that_skipped_it(tl):
+    """`faultline demo`: the corrupt checkpoint of generation 4 was paged again, as a new
+    incident, at each of generations 5 and 6 (its finding was fingerprinted on the
+    group's generation, not on the checkpoint's)."""
+    tl.good_checkpoint("ckpt-20", at=20.5, step=20)
+    tl.checkpoint("ckpt-20", at=25, step=20, phase="corrupt", detail="shard1.distcp sha256")
+    first = only(tl.diagnose(at=26))
+    assert first.kind == "checkpoint_corrupt"
+    _restart(tl, at=30, from_step=10)  # restored the older valid ckpt-10
+    after = [i for i in tl.diagnose(at=37) if i.kind == "checkpoint_corrupt"]
+    assert [i.id for i in after] == [first.id]
+
+
+def test_a_contract_violation_keeps_one_incident_across_the_next_restart(tl):
+    _restart(tl, at=HEALTHY_S + 1, from_step=10)
+    # A rank of generation 1 writes after generation 2's fence: split brain.
+    tl.steps(first=40, count=1, at=HEALTHY_S + 4, ranks=[3])
+    tl.records[tl.node(3)][-1]["generation"] = 1
+    (first,) = [i for i in tl.diagnose(at=HEALTHY_S + 5) if i.kind == "split_brain"]
+    _restart(tl, at=HEALTHY_S + 10, from_step=15)
+    after = [i for i in tl.diagnose(at=HEALTHY_S + 17) if i.kind == "split_brain"]
+    assert [i.id for i in after] == [first.id]

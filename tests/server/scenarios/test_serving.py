@@ -142,3 +142,37 @@ def test_it_refuses_anonymous_callers_on_serving_endpoints(fleet, client):
     fleet.send()
     assert client.get(f"/api/v1/groups/{GROUP}/serving/").status_code == 401
     assert client.get(f"/api/v1/groups/{GROUP}/slo/").status_code == 401
+
+
+def test_a_launcher_reported_exit_names_the_worker_within_a_second(post_batch):
+    from agents import protocol
+
+    t = Timeline(post=post_batch, group=GROUP)
+    for i in range(0, 20):
+        for w in ("w0", "w1"):
+            serving(t, i, w, seconds=1)
+    # The launcher saw w1's process exit at 19.5 s: a serving window with `exited`.
+    exit_window = {"seconds": 1.0, "active": 2, "queued": 1, "exited": True, "exit_code": 137}
+    protocol.ServingWindowStats(**exit_window)  # the contract carries it
+    t.add("node-1", t.at(19.5), {"kind": "serving", "group": GROUP, "worker": "w1",
+                                 "ready": False, "window": exit_window})  # fmt: skip
+    t.heartbeats(until=20)
+    incident = only(t.diagnose(at=20))  # 0.5 s after the exit; w0 is not blamed
+    assert (incident.kind, incident.subject) == ("worker_lost", f"worker:{GROUP}/w1")
+    assert incident.root_cause["evidence"]["lost_requests"] == 3
+    assert incident.root_cause["evidence"]["exit_code"] == 137
+
+
+def test_a_rolled_back_workers_stale_version_clears_on_its_next_window(fleet):
+    serving(fleet, 60, "w0")
+    serving(fleet, 60, "w1")
+    serving(fleet, 60, "w2", kv_schema="kv-2")  # its same-model peers serve kv-3
+    incident = only(fleet.diagnose(at=61))
+    assert incident.kind == "stale_version"
+    for w in ("w0", "w1", "w2"):
+        serving(fleet, 62, w)  # rolled back: the next window shows kv-3
+    assert fleet.diagnose(at=62.5) == [incident]  # the incident settles (flap damping)...
+    assert not incident.alerts.filter(active=True).exists()  # ...its finding is gone now
+    serving(fleet, 63, "w2", kv_schema="kv-2")  # and comes back if the mismatch does
+    assert fleet.diagnose(at=63.5) == [incident]
+    assert incident.alerts.filter(active=True, kind="stale_version").exists()

@@ -1,0 +1,231 @@
+"""A group's live judgement state, updated from the records since the last pass.
+
+A diagnosis pass used to rebuild its snapshot from every retained record (at 16k ranks
+~200k step rows, re-parsed each pass). `LiveGroup` keeps the per-rank part of the snapshot
+(steps, processes, newest collective window and process-groups report per rank) as plain
+data and folds in only the records that arrived since the last pass (`apply`); `snapshot`
+then rebuilds the `RankState` of the ranks those records touched, or whose retained window
+moved with the clock, and reuses every other one as is. The non-rank evidence (devices,
+checkpoints, transitions, host, serving: sized by nodes and events, not steps x ranks) is
+passed in whole each pass and goes through `build_snapshot` as before.
+
+The result equals `build_snapshot` over the same records (tests/diagnosis/test_live.py
+proves it over random timelines), with the retention the database adapter applies to a
+full read (`Retention`) done here in memory. Pure: no I/O, no clock; the caller passes `now`,
+and the database cursors it keeps in `cursors` are opaque here.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from console.diagnosis.snapshot import (
+    RANK_KINDS,
+    CollectiveWindow,
+    GroupSnapshot,
+    ProcessGroup,
+    ProcessRecord,
+    RankState,
+    StepRecord,
+    _process,
+    _process_groups,
+    _step,
+    _window,
+    build_snapshot,
+)
+
+__all__ = ["LiveGroup", "Retention"]
+
+# (ts, arrival order, record): the order a stable sort of every record by ts gives.
+_Keyed = tuple[datetime, int, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """What a full read retains per rank, so the live state keeps exactly that.
+
+    Steps: those newer than `step_window`, the newest `step_cap` of them; a rank with none
+    keeps its newest step of the last `history` (a hung rank must stay in the snapshot).
+    Processes and the collective window: those of the last `history`. None: keep
+    everything (the tests' reference).
+    """
+
+    step_window: timedelta | None = None
+    step_cap: int | None = None
+    history: timedelta | None = None
+
+
+@dataclass(slots=True)
+class _Rank:
+    gen: int
+    node: tuple[datetime, int, str] | None = None  # newest rank-kind record naming a node
+    steps: list[_Keyed] = field(default_factory=list)
+    procs: list[_Keyed] = field(default_factory=list)
+    window: _Keyed | None = None  # newest collective window of the group's generation
+    report: _Keyed | None = None  # newest process_groups report of the group's generation
+    state: RankState | None = None  # cached; None when the records changed
+    expires: datetime | None = None  # when the retained view next changes with the clock
+
+
+@dataclass(slots=True)
+class LiveGroup:
+    """One group's per-rank evidence as plain data; see the module docstring."""
+
+    group: str
+    generation: int
+    retention: Retention = field(default_factory=Retention)
+    cursors: dict[str, Any] = field(default_factory=dict)  # the adapter's; opaque here
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    last_now: datetime | None = None
+    _order: int = 0
+    _active: list[int] | None = None  # sorted ranks of the generation; None: recompute
+    _groups: tuple[ProcessGroup, ...] | None = None  # None: recompute
+    touched: int = 0  # ranks rebuilt by the last `snapshot` (for the benchmark)
+    memo: dict[str, Any] = field(default_factory=dict)  # `diagnose(..., memo=)` between passes
+
+    def apply(self, records: Iterable[Mapping[str, Any]]) -> int:
+        """Fold newly arrived records in (oldest first within the call, as read); records of
+        kinds not per-rank are ignored (they are passed to `snapshot`). Returns how many."""
+        n = 0
+        for r in records:
+            kind = r.get("kind")
+            if kind not in RANK_KINDS or r.get("rank") is None:
+                continue
+            if r.get("group") not in (None, self.group):
+                continue
+            n += 1
+            self._order += 1
+            order, ts, rank = self._order, r["ts"], int(r["rank"])
+            gen = int(r.get("generation") or 0)
+            st = self.ranks.get(rank)
+            if st is None:
+                st = self.ranks[rank] = _Rank(gen=gen)
+                self._active = None
+            elif gen > st.gen:
+                st.gen = gen
+                self._active = None
+            if r.get("node") and (st.node is None or (ts, order) >= st.node[:2]):
+                st.node = (ts, order, r["node"])
+            if kind == "step":
+                insort(st.steps, (ts, order, _step(r)), key=_key)
+            elif kind == "process":
+                insort(st.procs, (ts, order, _process(r)), key=_key)
+            elif gen == self.generation:
+                item = (ts, order, _window(r) if kind == "collective" else r)
+                slot = "window" if kind == "collective" else "report"
+                old = getattr(st, slot)
+                if old is None or (ts, order) >= old[:2]:
+                    setattr(st, slot, item)
+                    if slot == "report":
+                        self._groups = None
+            st.state = None
+        return n
+
+    def snapshot(
+        self,
+        *,
+        state: str,
+        records: list[dict[str, Any]],
+        nodes: dict[str, datetime | None],
+        contract_findings: list[dict[str, Any]],
+        now: datetime,
+        slo: Mapping[str, Any] | None = None,
+        objectives: Mapping[str, Any] | None = None,
+    ) -> GroupSnapshot:
+        """The group's snapshot at `now`: `records` are the non-rank evidence of this pass
+        (a full read of them, as `build_snapshot` takes). `now` must not go back."""
+        if self.last_now is not None and now < self.last_now:
+            raise ValueError("LiveGroup.snapshot: now went back; rebuild the state")
+        self.last_now = now
+        base = build_snapshot(
+            group=self.group,
+            generation=self.generation,
+            state=state,
+            records=[r for r in records if r.get("kind") not in RANK_KINDS],
+            nodes=nodes,
+            contract_findings=contract_findings,
+            now=now,
+            slo=slo,
+            objectives=objectives,
+        )
+        dev_node = {d.gpu: d.node for d in base.devices}
+        if self._active is None:
+            self._active = sorted(rk for rk, st in self.ranks.items() if st.gen == self.generation)
+            self._groups = None
+        out: list[RankState] = []
+        touched = 0
+        for rk in self._active:
+            st = self.ranks[rk]
+            cached = st.state
+            if cached is None or (st.expires is not None and now > st.expires):
+                touched += 1
+                cached = st.state = self._rank_state(rk, st, now, dev_node)
+            elif st.node is None and cached.node != dev_node.get(cached.gpu or ""):
+                cached = st.state = replace(cached, node=dev_node.get(cached.gpu or ""))
+            if st.report is None and not (cached.steps or cached.processes or cached.collective):
+                continue  # everything it reported aged out: a full read would not see it
+            out.append(cached)
+        self.touched = touched
+        if self._groups is None:
+            reports = {rk: self.ranks[rk].report for rk in self._active}
+            self._groups = _process_groups({rk: r[2] for rk, r in reports.items() if r})
+        ranks = tuple(out)
+        return replace(
+            base,
+            kind="serving" if base.serving and not ranks else "training",
+            ranks=ranks,
+            process_groups=self._groups,
+        )
+
+    def _rank_state(
+        self, rk: int, st: _Rank, now: datetime, dev_node: Mapping[str, str | None]
+    ) -> RankState:
+        """Trim the rank's records to the retention at `now` and freeze them."""
+        ret = self.retention
+        expires: list[datetime] = []
+        if ret.step_window is not None and st.steps:
+            recent = [s for s in st.steps if s[0] >= now - ret.step_window]
+            if ret.step_cap is not None:
+                recent = recent[-ret.step_cap :]
+            if recent:
+                expires.append(recent[0][0] + ret.step_window)
+            else:
+                newest = st.steps[-1]
+                keep = ret.history is None or newest[0] >= now - ret.history
+                recent = [newest] if keep else []
+                if keep and ret.history is not None:
+                    expires.append(newest[0] + ret.history)
+            st.steps = recent
+        elif ret.step_cap is not None:
+            st.steps = st.steps[-ret.step_cap :]
+        if ret.history is not None and st.procs:
+            st.procs = [p for p in st.procs if p[0] >= now - ret.history]
+            if st.procs:
+                expires.append(st.procs[0][0] + ret.history)
+        if ret.history is not None and st.window is not None:
+            if st.window[0] < now - ret.history:
+                st.window = None
+            else:
+                expires.append(st.window[0] + ret.history)
+        st.expires = min(expires) if expires else None
+        gpu = next((p[2].gpu for p in reversed(st.procs) if p[2].gpu), None)
+        steps: tuple[StepRecord, ...] = tuple(s[2] for s in st.steps)
+        procs: tuple[ProcessRecord, ...] = tuple(p[2] for p in st.procs)
+        window: CollectiveWindow | None = st.window[2] if st.window else None
+        return RankState(
+            rank=rk,
+            node=(st.node[2] if st.node else None) or dev_node.get(gpu or ""),
+            gpu=gpu,
+            steps=steps,
+            processes=procs,
+            collective=window,
+            generation=self.generation,
+        )
+
+
+def _key(item: _Keyed) -> tuple[datetime, int]:
+    return item[0], item[1]

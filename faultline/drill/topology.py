@@ -1,0 +1,106 @@
+"""The topology-change row: recovery onto a different world size, checked not assumed.
+
+Owns the `topology_change` drill: generation 1 is a 2-rank data-parallel job of
+faultline.drill.resize_trainer (global batch 64, global data cursor in the checkpoint
+manifest); rank 1's node is lost (SIGKILL, reported by the launcher as torchrun would);
+Faultline must name it (`process_exit`, restart advised); the drill quiesces and restores
+generation 2 onto ONE rank (the node is gone: DP 2 -> 1) from the checkpoint the console
+calls newest valid, announcing world size 1 in the `running` transition. Then it runs on
+past the step generation 1 reached while Faultline watches the new generation, and checks
+(faultline.drill.invariants.resized): the shards the two old ranks wrote load into the one
+new rank with the weights that were saved, the cursor came from the manifest (and the DCP
+state agrees), every global sample is consumed once per generation with only the steps
+since the checkpoint replayed (the declared consistency), each step still consumes the
+global batch, the replayed steps' global losses equal generation 1's (same samples, same
+weights: the resize changed nothing the model sees), and no finding is raised for the
+ranks that no longer exist. Must not judge faults itself.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+from faultline.drill import invariants
+from faultline.drill.util import all_alive
+from faultline.drill.util import step_of as _step_of
+from faultline.drill.util import wait as _wait
+
+Drill = Any  # faultline.drill.runner.Drill (runner imports this module: no cycle)
+
+MODULE = "faultline.drill.resize_trainer"
+OLD_WORLD, NEW_WORLD = 2, 1
+DETECT_TIMEOUT_S = 25.0
+WATCH_NEW_GENERATION_S = 12.0  # the new world runs this long past catch-up under watch
+CONVERGE_S = 10.0
+
+
+def topology_change(drill: Drill) -> None:
+    r, spec = drill.result, drill.spec
+    job = drill.launch(1, ["--ckpt-every", "5"], world=OLD_WORLD, module=MODULE)
+    if not _wait(lambda: job.step() >= 8 or not all_alive(job), 90) or job.step() < 8:
+        raise RuntimeError(f"generation 1 never reached step 8: {job.why()}")
+    if not _wait(lambda: drill.agent_phase(5) == "verified", 30, 0.2):
+        raise RuntimeError("the agent never verified the step-5 checkpoint")
+    job.procs[1].send_signal(signal.SIGKILL)  # the node is lost with its rank
+    t0 = time.time()
+    found: list[dict[str, Any]] = []
+    detected = None
+    deadline = time.monotonic() + DETECT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        found = drill.new_incidents(t0) or found
+        if any(i["kind"] == spec.expected_root_cause for i in found):
+            detected = time.time()
+            break
+        time.sleep(0.1)
+    r.other_root_causes = sorted({i["kind"] for i in found} - {spec.expected_root_cause})
+    if detected is None:
+        r.found_root_cause = found[0]["kind"] if found else None
+        raise RuntimeError(f"{spec.expected_root_cause} not named within {DETECT_TIMEOUT_S:.0f}s")
+    head = next(i for i in found if i["kind"] == spec.expected_root_cause)
+    r.found_root_cause = spec.expected_root_cause
+    r.detection_s = round(detected - t0, 2)
+    r.auto_restart_safe = (head.get("recovery") or {}).get("auto_restart_safe")
+    r.faultline_lost_steps = (head.get("recovery") or {}).get("lost_steps")
+    r.advice_correct = r.auto_restart_safe == spec.expected_auto_restart_safe
+    drill.quiesce(job, detected)
+    # -- restore onto the new world ------------------------------------------------------
+    last = job.step()
+    expected = invariants.newest_valid_step(drill)
+    began = time.monotonic()
+    info = drill.group_info() or {}
+    while _step_of(info.get("newest_valid_checkpoint")) != expected:
+        if time.monotonic() - began > CONVERGE_S:
+            break
+        time.sleep(0.5)
+        info = drill.group_info() or {}
+        expected = invariants.newest_valid_step(drill)
+    ckpt = info.get("newest_valid_checkpoint")
+    resume = _step_of(ckpt)
+    r.checkpoint = ckpt
+    r.lost_steps = last - resume
+    r.lost_tokens = r.lost_steps * 64 * 64  # global batch x width
+    r.measured.update(last_step=last, resume_step=resume, expected_resume=expected,
+                      old_world=OLD_WORLD, new_world=NEW_WORLD, global_batch=64)  # fmt: skip
+    drill._transition("recovering", 1, from_state="quiescing")
+    drill.restart_count += 1
+    extra = ["--ckpt-every", "5"] + (["--resume", str(drill.ckpt_root / ckpt)] if ckpt else [])
+    launched = time.time()
+    new = drill.launch(2, extra, world=NEW_WORLD, module=MODULE)
+    if not _wait(lambda: new.step() > resume, 90):
+        raise RuntimeError(f"generation 2 (world {NEW_WORLD}) never stepped: {new.why()}")
+    r.restore_s = round(time.time() - launched, 2)
+    _wait(lambda: new.step() >= last or not new.alive(), 60)
+    r.repeated_steps = max(0, min(new.step(), last) - resume)
+    # Faultline watches the smaller generation run: no finding for the ranks that left.
+    time.sleep(WATCH_NEW_GENERATION_S)
+    false = [f"{i['kind']}@{i['subject']}" for i in drill.new_incidents(launched)]
+    info = drill.group_info() or {}
+    r.measured.update(
+        findings_after_resize=false,
+        console_world_size=info.get("world_size"),
+        console_generation=info.get("generation"),
+        console_topology=info.get("topology"),
+    )
+    r.invariants = invariants.resized(drill, job, new, false_findings=false)

@@ -1,0 +1,183 @@
+"""Incremental diagnosis passes on the real database: ingest over HTTP, then the live
+state (console.snapshots) against a full read of the same rows, and through to incidents."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from console import pipeline, snapshots
+from console.models import Incident
+from tests.conftest import iso, make_batch
+from tests.server.test_pipeline import GROUP, _history
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fresh_states():
+    snapshots.forget()
+    yield
+    snapshots.forget()
+
+
+def _step(rank: int, step: int, ts: datetime, ms: float = 1000.0, gen: int = 1) -> dict:
+    return {
+        "kind": "step",
+        "group": GROUP,
+        "generation": gen,
+        "rank": rank,
+        "step": step,
+        "tokens": 2048,
+        "duration_ms": ms,
+        "loss": 2.5,
+        "ts": iso(ts),
+        "phases": {"compute": ms * 0.7, "collective": ms * 0.25, "input": ms * 0.05},
+    }
+
+
+def test_a_live_pass_reads_only_new_rows_and_equals_a_full_read(post_batch):
+    start = datetime.now(UTC) - timedelta(seconds=30)
+    _history(post_batch, ranks=8, per_node=4, start=start, steps=10)
+    now = start + timedelta(seconds=11)
+    first = snapshots.load(group_name=GROUP, now=now)
+    assert snapshots.last_pass["mode"] == "full"
+    assert first == snapshots.load(group_name=GROUP, now=now, incremental=False)
+
+    # Two ranks step on; one exits; rank 3 reports a collective window.
+    t = start + timedelta(seconds=10)
+    news = [
+        _step(0, 10, t),
+        _step(1, 10, t),
+        {
+            "kind": "process",
+            "group": GROUP,
+            "generation": 1,
+            "rank": 2,
+            "event": "exited",
+            "exit_code": 1,
+            "reason": "exception",
+            "ts": iso(t),
+        },
+        {
+            "kind": "collective",
+            "group": GROUP,
+            "generation": 1,
+            "rank": 3,
+            "ts": iso(t),
+            "entries": [
+                {
+                    "seq": 9,
+                    "pg": "0",
+                    "op": "all_reduce",
+                    "numel": 8,
+                    "dtype": "bfloat16",
+                    "state": "started",
+                    "started_ts": iso(t),
+                }
+            ],
+        },
+    ]
+    assert post_batch(make_batch(news, node="node-0", sent_at=t)).status_code == 202
+    later = now + timedelta(seconds=1)
+    live = snapshots.load(group_name=GROUP, now=later)
+    assert snapshots.last_pass == {"mode": "incremental", "rows": 4, "touched": 4}
+    assert live == snapshots.load(group_name=GROUP, now=later, incremental=False)
+    # Nothing new: nothing read, nothing rebuilt, the same snapshot.
+    again = snapshots.load(group_name=GROUP, now=later)
+    assert snapshots.last_pass == {"mode": "incremental", "rows": 0, "touched": 0}
+    assert again == live
+    # A worker restart loses the state: the next pass rebuilds it from a full read.
+    snapshots.forget()
+    assert snapshots.load(group_name=GROUP, now=later) == live
+    assert snapshots.last_pass["mode"] == "full"
+
+
+def test_an_earlier_now_or_a_new_generation_rebuilds(post_batch):
+    start = datetime.now(UTC) - timedelta(seconds=30)
+    _history(post_batch, ranks=4, per_node=4, start=start, steps=5)
+    now = start + timedelta(seconds=6)
+    snapshots.load(group_name=GROUP, now=now)
+    snapshots.load(group_name=GROUP, now=now - timedelta(seconds=1))
+    assert snapshots.last_pass["mode"] == "full"
+    restart = {
+        "kind": "transition",
+        "group": GROUP,
+        "generation": 2,
+        "to_state": "recovering",
+        "restart_count": 1,
+        "ts": iso(now),
+    }
+    batch = make_batch([restart, _step(0, 1, now, gen=2)], node="node-0", sent_at=now)
+    assert post_batch(batch).status_code == 202, post_batch
+    snap = snapshots.load(group_name=GROUP, now=now + timedelta(seconds=1))
+    assert snapshots.last_pass["mode"] == "full"
+    assert snap is not None and snap.generation == 2
+    assert [r.rank for r in snap.ranks] == [0]
+
+
+def test_a_silent_hang_is_found_by_live_passes(post_batch):
+    """Ranks keep stepping, one stops: passes on the live state open its hang incident."""
+    start = datetime.now(UTC) - timedelta(seconds=60)
+    # sent_at is the real clock (no skew to correct): the records keep their ts.
+    started = [
+        {
+            "kind": "process",
+            "group": GROUP,
+            "generation": 1,
+            "rank": rk,
+            "event": "started",
+            "pid": 100 + rk,
+            "ts": iso(start),
+        }
+        for rk in range(4)
+    ]
+    post_batch(make_batch(started, node="node-0"))
+    for s in range(22):
+        t = start + timedelta(seconds=s + 1)
+        batch = [_step(rk, s, t) for rk in range(4) if rk != 2 or s < 10]
+        post_batch(make_batch(batch, node="node-0"))
+        pipeline.diagnose(group_name=GROUP, now=t + timedelta(milliseconds=500))
+        assert snapshots.last_pass["mode"] == ("full" if s == 0 else "incremental")
+        assert snapshots.last_pass["rows"] == (len(batch) + 4 if s == 0 else len(batch))
+    (incident,) = Incident.objects.filter(group__name=GROUP)
+    assert incident.kind in {"rank_hang", "group_stall"}
+    assert incident.subject in {f"rank:{GROUP}/2", f"group:{GROUP}"}
+
+
+def test_a_pipeline_pass_freezes_the_live_state_and_a_rebuild_releases_it(post_batch):
+    """console.collector wired into the worker's path: a pass leaves what it kept frozen
+    (no gen-2 walk of it later), and the next full rebuild collects what was frozen."""
+    import gc
+
+    start = datetime.now(UTC) - timedelta(seconds=30)
+    _history(post_batch, ranks=4, per_node=4, start=start, steps=5)
+    gc.unfreeze()
+    try:
+        pipeline.diagnose(group_name=GROUP, now=start + timedelta(seconds=6))
+        assert snapshots.last_pass["mode"] == "full"
+        assert gc.isenabled()
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        pipeline.diagnose(group_name=GROUP, now=start + timedelta(seconds=7))
+        assert snapshots.last_pass["mode"] == "incremental"
+        assert gc.get_freeze_count() >= frozen  # frozen again, not released
+        snapshots.forget()
+        released: list[int] = []
+        real = gc.unfreeze
+
+        def unfreeze() -> None:
+            released.append(gc.get_freeze_count())
+            real()
+
+        gc_mod = pytest.MonkeyPatch()
+        gc_mod.setattr(gc, "unfreeze", unfreeze)
+        try:
+            pipeline.diagnose(group_name=GROUP, now=start + timedelta(seconds=8))
+        finally:
+            gc_mod.undo()
+        assert snapshots.last_pass["mode"] == "full"
+        assert released and released[0] > 0  # the rebuild released the frozen heap
+    finally:
+        gc.unfreeze()
