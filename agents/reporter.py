@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable
 from types import FrameType, TracebackType
 from typing import Any
 
-from agents.wire import iso_ts, real
+from agents.wire import iso_ts, real, step_id
 
 DEFAULT_SOCKET = "/var/lib/faultline-agent/reporter.sock"
 MAX_DATAGRAM = 60 * 1024
@@ -99,12 +99,6 @@ def _env_int(name: str, *fallbacks: str) -> int | None:
 
 def _maybe_real(value: Any) -> Any:
     return real(value) if isinstance(value, float) else value
-
-
-def step_id(generation: int, step: int) -> str:
-    """The logical step's stable correlation id: the same on every rank of a generation,
-    different when a later generation re-runs the step."""
-    return f"g{generation}:s{step}"
 
 
 def checksum(data: bytes | str | Iterable[float | int]) -> str:

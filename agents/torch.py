@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from agents import reporter as _reporter
-from agents.wire import iso_ts
+from agents.wire import iso_ts, step_id
 
 OPS = (
     "all_reduce",
@@ -257,7 +257,7 @@ class Recorder:
                     batch["seq"][pg] = entry["seq"]
         if self._next_step is not None:
             gen = self.reporter.generation
-            entry["step_id"] = _reporter.step_id(gen, self._next_step)
+            entry["step_id"] = step_id(gen, self._next_step)
         if self._coalescing is not None:
             entry["coalesced"] = self._coalescing["id"]
             self._coalescing["entries"].append(entry)

@@ -7,6 +7,7 @@ know about transports, spools or the service.
 from __future__ import annotations
 
 import math
+import re
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -19,6 +20,24 @@ MAX_BATCH_BYTES = 8 * 1024 * 1024
 
 
 _second_cache: tuple[int, str] = (-1, "")
+
+_STEP_ID = re.compile(r"g([0-9]{1,10}):s([0-9]{1,19})")
+
+
+def step_id(generation: int, step: int) -> str:
+    """The logical step's stable correlation id, `g<generation>:s<step>`: the same on every
+    rank of a generation (its step, collective and probe records carry it), different when
+    a later generation re-runs the step."""
+    return f"g{generation}:s{step}"
+
+
+def parse_step_id(value: object) -> tuple[int, int] | None:
+    """(generation, step) of a `step_id`; None for anything else (an older agent's or a
+    foreign id is no correlation, not an error)."""
+    if not isinstance(value, str):
+        return None
+    m = _STEP_ID.fullmatch(value)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def iso_ts(epoch: float | None = None) -> str:

@@ -27,6 +27,7 @@ from rest_framework.views import APIView
 from agents.gpu_health import HEALTH_ORDER
 from console import charts, queries
 from console.choices import GroupState
+from console.diagnosis.findings import culprit_of
 from console.models import ConsistencyGroup, Incident
 from console.queries import recovery, telemetry
 from console.serving import serving_state_of
@@ -265,7 +266,28 @@ def incident_data(incident: Incident) -> dict[str, Any]:
         ),
         "timeline": charts.timeline(incident.timeline or {}, comments),
         "comments": comments,
+        "trace": incident_trace(incident),
     }
+
+
+def incident_trace(incident: Incident) -> dict[str, Any] | None:
+    """The one step (a rank's incident) or request window (a worker's) the incident is
+    about, end to end (`telemetry.step_trace`, `request_trace`); None for the others."""
+    root = incident.root_cause or {}
+    culprit = culprit_of(incident.subject, root.get("evidence") or {})
+    if incident.group is None or culprit is None:
+        return None
+    around = incident.opened_at
+    with contextlib.suppress(TypeError, ValueError):
+        around = datetime.fromisoformat(root["first_seen"]) if root.get("first_seen") else around
+    kind, who = culprit
+    if kind == "worker":
+        trace = telemetry.request_trace(incident.group, worker=str(who), around=around)
+    else:
+        trace = telemetry.step_trace(
+            incident.group, generation=incident.generation, rank=int(who), around=around
+        )
+    return {"kind": kind, **trace} if trace else None
 
 
 def incident_with_related(pk: int) -> Incident:

@@ -57,6 +57,26 @@ def checkpoint_subject(group: str, checkpoint_id: str) -> str:
     return f"checkpoint:{group}/{checkpoint_id}"
 
 
+def culprit_of(subject: str, evidence: Mapping[str, Any]) -> tuple[str, int | str] | None:
+    """("rank", n) or ("worker", name) a finding is about: its subject when it is a rank or
+    a worker, else the one rank its evidence names (`rank`, or `ranks` with one entry: an
+    Xid names the ranks on its GPU). None: the finding is about no one rank or worker (a
+    node, a checkpoint, the group, a GPU shared by several ranks)."""
+    kind, _, rest = subject.partition(":")
+    _group, _, name = rest.rpartition("/")
+    if kind == "rank" and name.isascii() and name.isdigit():
+        return ("rank", int(name))
+    if kind == "worker" and name:
+        return ("worker", name)
+    rank = evidence.get("rank")
+    ranks = evidence.get("ranks")
+    if rank is None and isinstance(ranks, list) and len(ranks) == 1:
+        rank = ranks[0]
+    if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0:
+        return ("rank", rank)
+    return None
+
+
 @lru_cache(maxsize=1 << 17)  # pure; a 16k-rank pass re-derives the same 16k ids each pass
 def fingerprint_of(group: str, generation: int, kind: str, subject: str, key: str = "") -> str:
     """Stable across re-diagnosis of the same group and generation (incident dedup)."""
