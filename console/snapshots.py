@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import Max
+
 from console import collector
 from console.diagnosis import GroupSnapshot, build_snapshot
 from console.diagnosis.live import LiveGroup, Retention
-from console.models import ConsistencyGroup, Device, Node
+from console.models import ConsistencyGroup, Device, HealthEvent, Node
 from console.queries import objectives as group_objectives
 from console.queries import telemetry
 
@@ -208,6 +210,21 @@ def _advance(entry: _Entry, group: ConsistencyGroup, names: dict[int, str]) -> b
     return True
 
 
+def _repaired_at(
+    node_ids: set[int], names: dict[int, str]
+) -> dict[tuple[str | None, str], datetime]:
+    """(node, GPU uuid, or "" for the whole node) -> its newest repair (a reboot, a GPU
+    reset: fleet health's `repair` events). A device event from before its hardware's
+    repair is history: it must not be the root cause of a job placed on the repaired GPU
+    (it would be paged again and the node drained again)."""
+    rows = (
+        HealthEvent.objects.filter(node_id__in=node_ids, kind="repair")
+        .values("node_id", "gpu")
+        .annotate(newest=Max("at"))
+    )
+    return {(names.get(r["node_id"]), r["gpu"]): r["newest"] for r in rows}
+
+
 def _device_records(node_ids: set[int], names: dict[int, str], now: datetime) -> list[dict]:
     """Newest sample per GPU comes from Device.last_sample (kept live by ingest)."""
     out: list[dict[str, Any]] = []
@@ -228,6 +245,11 @@ def _device_records(node_ids: set[int], names: dict[int, str], now: datetime) ->
             gpu=dev.uuid,
         )
         out.append(sample)
-    out += telemetry.device_events(node_ids, node_names=names, now=now)
+    repaired = _repaired_at(node_ids, names)
+    for event in telemetry.device_events(node_ids, node_names=names, now=now):
+        node = event["node"]
+        since = [t for t in (repaired.get((node, "")), repaired.get((node, event["gpu"]))) if t]
+        if not since or event["ts"] >= max(since):
+            out.append(event)
     out += telemetry.host_records(node_ids, node_names=names, now=now)
     return out

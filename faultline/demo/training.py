@@ -19,6 +19,7 @@ from typing import Any
 
 from agents.fake_nvml import fake_uuid
 from agents.reporter import Reporter
+from agents.wire import step_id
 from faultline.demo.fleet import Fleet, OutOfMemoryError, say
 from faultline.demo.scenario import CKPT_EVERY, OBJECTIVES, Fault, Slot
 
@@ -109,7 +110,8 @@ class TrainGroup:
             f"({lost} steps lost)"
         )
 
-    def _collective(self, rank: int, *, state: str, numel: int = 4_194_304) -> None:
+    def _collective(self, rank: int, *, state: str, step: int, numel: int = 4_194_304) -> None:
+        """One all_reduce of `step` (tagged with its step_id, as agents.torch tags them)."""
         window = self.windows[rank]
         entry = {
             "seq": self.coll_seq,
@@ -119,6 +121,7 @@ class TrainGroup:
             "dtype": "bfloat16",
             "state": state,
             "started_ts": _iso(),
+            "step_id": step_id(self.generation, step),
         }
         window.append(entry)
         del window[:-8]
@@ -163,7 +166,7 @@ class TrainGroup:
                 loss_scale=65536.0,
                 overflow=False,
             )
-            self._collective(rank, state="completed")
+            self._collective(rank, state="completed", step=self.step)
             time.sleep(0.002)
         self.last_step_at = time.monotonic()
         if self.step % CKPT_EVERY == 0:
@@ -242,11 +245,13 @@ class TrainGroup:
         return where
 
     def _stuck(self, *, missing: int | None = None, odd: int | None = None) -> None:
+        """Every rank but `missing` enters the next step's all_reduce, which never ends."""
         self.coll_seq += 1
         for rank in self.reporters:
             if rank == missing:
                 continue
-            self._collective(rank, state="started", numel=1024 if rank == odd else 4_194_304)
+            numel = 1024 if rank == odd else 4_194_304
+            self._collective(rank, state="started", step=self.step + 1, numel=numel)
             time.sleep(0.002)
 
     def recover(self) -> None:

@@ -236,6 +236,18 @@ def test_it_plays_a_fleet_whose_faults_open_incidents_and_stops_cleanly(tmp_path
         refused = [i["summary"] for i in every if i["kind"] in ("unauthorized_transition",
                    "rank_claim", "generation_jump", "device_claim")]  # fmt: skip
         assert refused == [], refused
+        # The Xid's incident is about one rank: its page shows the step that rank stopped
+        # in, end to end: its peers entered that step's all_reduce (joined by step_id),
+        # the rank on the dead GPU never did.
+        xid = min((i for i in every if i["kind"] == "xid" and i["group"] == "train-a"),
+                  key=lambda i: i["id"])  # the first: the fault the demo injected  # fmt: skip
+        trace = svc.api(f"/api/v1/pages/incidents/{xid['id']}/")["trace"]
+        assert trace["kind"] == "rank", trace
+        assert trace["step_id"] == f"g{xid['generation']}:s{trace['step']}", trace
+        culprit = next(r for r in trace["ranks"] if r["culprit"])
+        assert culprit["calls"] == [] and culprit["committed"] is False, trace
+        calls = [c for r in trace["ranks"] if not r["culprit"] for c in r["calls"]]
+        assert calls and {c["state"] for c in calls} == {"started"}, trace
         children = _descendants(proc.pid)
         assert len(children) >= 3 + 5  # agents, workload, web, ws, worker, beat
     finally:

@@ -280,3 +280,48 @@ def test_it_reads_a_recorded_gpu_reset_as_repair_of_a_reset_need_but_not_of_a_re
     _post(post_batch, [_xid(79)])  # a fault that needs a reboot: a reset is not enough
     _post(post_batch, [reset])
     assert (_gpu().lifecycle, _gpu().repair_needed) == ("faulted", "node_reboot")
+
+
+def test_a_repaired_nodes_old_xid_is_not_the_root_cause_of_the_next_generation_on_it(post_batch):
+    """After the repair (a reboot: new boot_id) the Xid before it is history: a generation
+    placed on the repaired GPU must not be paged for it, nor the node taken out again."""
+    from tests.server.scenarios.timeline import Timeline
+
+    boots: dict[str, str] = {}
+
+    def post(batch: dict[str, Any]) -> Any:  # every node's agent says which boot it runs
+        batch["agent"]["boot_id"] = boots.setdefault(batch["agent"]["node"], "boot-1")
+        return post_batch(batch)
+
+    t = Timeline(post=post)
+    t.boot(at=0)
+    t.good_checkpoint("ckpt-10", at=10.5, step=10)
+    t.steps(first=0, count=30, at=1)
+    t.heartbeats(until=120)
+    t.add(t.node(5), t.at(30.5), {"kind": "device_event", "gpu": t.gpu(5), "event": "xid",
+                                  "code": 79, "detail": "fell off the bus"})  # fmt: skip
+    t.collectives(seq=30, at=31, entered=[r for r in range(t.ranks) if r != 5])
+    (xid,) = [i for i in t.diagnose(at=31.5) if i.kind == "xid"]
+    assert xid.generation == 1
+    # The node reboots (its agent reports a new boot id): the repair.
+    boots[t.node(5)] = "boot-2"
+    assert (
+        post(make_batch([{"kind": "heartbeat", "uptime_s": 3.0}], node=t.node(5))).status_code
+        == 202
+    )
+    assert HealthEvent.objects.filter(node__name=t.node(5), kind="repair").exists()
+    # Generation 2 starts on the same GPUs, the repaired one included, and steps cleanly.
+    t.generation = 2
+    t.boot(at=40, from_state="recovering", restart_count=1)
+    t.steps(first=10, count=30, at=41)
+    later = t.diagnose(at=70)
+    assert [i for i in later if i.kind == "xid" and i.generation == 2] == []
+    xid.refresh_from_db()
+    assert xid.clear_since is not None  # its finding is gone: the incident settles
+    # A fault after the repair is news: the same GPU's next Xid is generation 2's root cause.
+    now = (timezone.now() - t.start).total_seconds()  # the repair was seen before this
+    t.add(t.node(5), t.at(now + 0.2), {"kind": "device_event", "gpu": t.gpu(5), "event": "xid",
+                                       "code": 79, "detail": "fell off the bus again"})  # fmt: skip
+    t.collectives(seq=40, at=now + 0.4, entered=[r for r in range(t.ranks) if r != 5])
+    (again,) = [i for i in t.diagnose(at=now + 1.5) if i.kind == "xid" and i.generation == 2]
+    assert (again.subject, again.clear_since) == (f"gpu:{t.gpu(5)}", None)
