@@ -124,6 +124,12 @@ if env_bool("FAULTLINE_DB_POOL", True):
         "max_size": env_int("FAULTLINE_DB_POOL_MAX", 8, minimum=1),
         "timeout": 10,
     }
+# A connection idle across a Postgres restart is broken. With health checks Django has the
+# pool check each one at checkout (psycopg_pool's check_connection: one empty round trip)
+# and replace a broken one, instead of failing the request that draws it with a 503 (seen
+# in CI: an ingest batch right after a restart). Without the pool, the same check runs
+# before a persistent connection is reused.
+_db["CONN_HEALTH_CHECKS"] = env_bool("FAULTLINE_DB_HEALTH_CHECKS", True)
 _db["CONN_MAX_AGE"] = 0
 _db["TEST"] = {"NAME": env_str("FAULTLINE_TEST_DB_NAME") or None}
 DATABASES = {"default": _db}

@@ -185,6 +185,16 @@ def test_it_answers_503_with_retry_after_while_postgres_is_down_and_loses_nothin
     assert ready_s < 5, ready_s  # inside a probe's timeout, not the pool's 10 s
     t0 = time.monotonic()
     h.wait_ready(svc)
+    # Once ready, no request draws a pooled connection the restart broke (each web process
+    # kept idle ones across it): every batch is stored, none answered 503.
+    after = svc.token("node-pg-after")
+    codes = [
+        h.post_batch(svc, after, make_batch([{"kind": "heartbeat", "uptime_s": float(i)}],
+                                            node="node-pg-after", agent_id="agent-pg-after",
+                                            seq=i + 1)).status
+        for i in range(24)
+    ]  # fmt: skip
+    assert codes == [202] * 24, codes
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "chaos-postgres.json").write_text(
         json.dumps({"ingest_while_down": statuses, "readyz_while_down_s": round(ready_s, 2),
