@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -147,8 +148,9 @@ def resized(drill: Drill, old: Job, new: Job, *, false_findings: list[str]) -> d
     """After recovery onto a different world size (faultline.drill.resize_trainer).
 
     Declared consistency: a fixed global batch (each step consumes GLOBAL samples, split
-    evenly over the ranks), a global data cursor, replay from the checkpoint. So: every
-    generation consumes contiguous global samples with no overlap between its ranks; the
+    evenly over the DP replicas; a replica's TP ranks share its slice), a global data
+    cursor, replay from the checkpoint. So: every generation consumes contiguous global
+    samples with no overlap between its replicas, each slice read by exactly TP ranks; the
     new one starts at the manifest's cursor; only the steps since the checkpoint repeat;
     the weights loaded on every new rank are the ones saved by the old world; the replayed
     steps' global losses equal the old generation's.
@@ -176,16 +178,21 @@ def resized(drill: Drill, old: Job, new: Job, *, false_findings: list[str]) -> d
     covered = True
     for steps, world in ((old_steps, old.world), (new_steps, new.world)):
         for step, lines in steps.items():
-            ranges = sorted(tuple(ln["samples"]) for ln in lines)
+            # A DP replica's TP ranks share its slice: each slice once per TP rank.
+            tp = max(int(ln.get("tp") or 1) for ln in lines)
+            shared = Counter(tuple(ln["samples"]) for ln in lines)
+            ranges = sorted(shared)
             # The steps a rank finished before the kill may lack its peer's line: a full
-            # step has every rank's slice, adjacent, exactly the global batch.
-            if len(ranges) < world and steps is old_steps and step >= max(steps):
+            # step has every replica's slice, adjacent, exactly the global batch.
+            if len(lines) < world and steps is old_steps and step >= max(steps):
                 continue
             want_lo = (step - 1) * batch
             if (
                 ranges[0][0] != want_lo
                 or ranges[-1][1] != want_lo + batch
                 or any(a[1] != b[0] for a, b in itertools.pairwise(ranges))
+                or any(n != tp for n in shared.values())
+                or len(ranges) * tp != world
             ):
                 covered = False
     out["global_batch_per_step_kept"] = covered and bool(new_steps)
@@ -202,6 +209,7 @@ def resized(drill: Drill, old: Job, new: Job, *, false_findings: list[str]) -> d
         x
         and x["saved_param_sha"] == x["loaded_param_sha"]
         and x["manifest_world"] == old.world
+        and int(x.get("manifest_tp") or 1) == int(r.measured.get("old_tp", 1))
         and x["world"] == new.world
         for x in restored
     )

@@ -294,6 +294,15 @@ MATRIX: tuple[Spec, ...] = (
         quick=False,
         layer="control",
     ),
+    Spec(
+        "topology_change_tp",
+        "rank 1's node lost; recover a TP 2 job onto 1 rank (TP 2 -> 1: each weight's two "
+        "halves merged from DCP shards)",
+        "process_exit",
+        True,
+        quick=False,
+        layer="control",
+    ),
     # -- serving (faultline.drill.serving_drill: real workers of serving_loop) ------------
     Spec(
         "serving_worker_exit",

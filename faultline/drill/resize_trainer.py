@@ -14,6 +14,16 @@ loads the DCP shards written by the old world into the new one and writes
 `<status-dir>/restored-rank<r>.json` (the loaded weights' checksum) for the invariants.
 Each step logs the sample range this rank consumed. It must not talk to the service:
 everything goes through the reporter to the agent.
+
+`--tp T` runs the same model tensor-parallel (world = DP x T, Megatron's MLP split): the
+first linear layer column-parallel (rank t holds output features [t*H/T, (t+1)*H/T) and
+their biases), the ReLU local, the second linear layer row-parallel (its matching input
+columns), the partial outputs SUM-reduced across the TP group (backward: identity) and the
+output bias replicated. The TP ranks of a DP replica consume the same slice of the global
+batch; gradients are SUM-reduced across the DP replicas of each TP shard. The shards go
+into the checkpoint as DTensors, so a world of another shape (TP 2 -> 1) loads them
+resharded by DCP; the manifest's checksum is of the whole (gathered) weights, in the
+unsharded model's state-dict names, so the same check holds for any TP.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from agents import reporter
 
 GLOBAL_BATCH = 64
 WIDTH = 64
+HIDDEN = 64
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
@@ -43,10 +54,99 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 def param_sha(model: Any) -> str:
     """sha256 of the weights' bytes, in state-dict order (what must survive the resize)."""
+    return _sha(model.state_dict())
+
+
+def _sha(state: dict[str, Any]) -> str:
     h = hashlib.sha256()
-    for _, t in sorted(model.state_dict().items()):
+    for _, t in sorted(state.items()):
         h.update(t.detach().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+class _TensorParallelMLP:
+    """Rank `t` of `tp`'s shards of the unsharded `Sequential(Linear, ReLU, Linear)`."""
+
+    # name in the unsharded state dict -> the dimension it is split on (None: replicated)
+    SPLIT = {"0.weight": 0, "0.bias": 0, "2.weight": 1, "2.bias": None}
+
+    def __init__(self, full: Any, t: int, tp: int, group: Any, torch: Any, dist: Any) -> None:
+        self.t, self.tp, self.group, self.torch, self.dist = t, tp, group, torch, dist
+        state = full.state_dict()
+        self.params: dict[str, Any] = {}
+        for name, dim in self.SPLIT.items():
+            whole = state[name].detach()
+            part = whole if dim is None else whole.chunk(tp, dim)[t]
+            self.params[name] = torch.nn.Parameter(part.clone().contiguous())
+
+    def parameters(self) -> list[Any]:
+        return list(self.params.values())
+
+    def __call__(self, x: Any) -> Any:
+        p, torch = self.params, self.torch
+        h = torch.relu(x @ p["0.weight"].T + p["0.bias"])  # column-parallel: local
+        partial = h @ p["2.weight"].T  # row-parallel: this shard's share of the output
+        return _all_reduce_sum(partial, self.group, torch, self.dist) + p["2.bias"]
+
+    def full_state(self) -> dict[str, Any]:
+        """The whole weights (a collective: every TP rank must call it)."""
+        out = {}
+        for name, dim in self.SPLIT.items():
+            local = self.params[name].detach()
+            if dim is None:
+                out[name] = local.clone()
+                continue
+            parts = [self.torch.empty_like(local) for _ in range(self.tp)]
+            self.dist.all_gather(parts, local.contiguous(), group=self.group)
+            out[name] = self.torch.cat(parts, dim)
+        return out
+
+    def dcp_state(self, mesh: Any) -> dict[str, Any]:
+        """The shards as DTensors over the TP mesh, so DCP saves each rank's slice."""
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        return {
+            name: DTensor.from_local(
+                self.params[name].detach(), mesh, [Replicate() if dim is None else Shard(dim)]
+            )
+            for name, dim in self.SPLIT.items()
+        }
+
+
+_MESH: list[Any] = []  # the TP mesh, built once (building one creates process groups)
+
+
+def _mesh(world: int, tp: int) -> Any:
+    """This rank's TP sub-mesh of the (dp, tp) device mesh."""
+    if not _MESH:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+        _MESH.append(mesh["tp"])
+    return _MESH[0]
+
+
+_SUM: dict[Any, Any] = {}  # TP group -> its autograd function (built once, torch imported late)
+
+
+def _all_reduce_sum(x: Any, group: Any, torch: Any, dist: Any) -> Any:
+    """Megatron's `g`: SUM across the TP group forward, identity backward."""
+    fn = _SUM.get(group)
+    if fn is None:
+
+        class _Sum(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, t: Any) -> Any:
+                out = t.clone()
+                dist.all_reduce(out, group=group)
+                return out
+
+            @staticmethod
+            def backward(ctx: Any, grad: Any) -> Any:
+                return grad
+
+        fn = _SUM[group] = _Sum
+    return fn.apply(x)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,11 +159,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", type=Path, default=None)
     parser.add_argument("--status-dir", type=Path, required=True)
     parser.add_argument("--step-sleep", type=float, default=0.15)
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     args = parser.parse_args(argv)
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if GLOBAL_BATCH % world:
-        print(f"error: world size {world} does not divide the global batch {GLOBAL_BATCH}")
+    tp = args.tp
+    if tp < 1 or world % tp or HIDDEN % tp:
+        print(f"error: TP {tp} must divide the world size {world} and the hidden width {HIDDEN}")
+        return 2
+    dp, t, replica = world // tp, rank % tp, rank // tp
+    if GLOBAL_BATCH % dp:
+        print(f"error: DP {dp} does not divide the global batch {GLOBAL_BATCH}")
         return 2
     reporter.init(group=args.group, generation=args.generation, rank=rank)
     warnings.filterwarnings("ignore", message=".*NumPy.*")
@@ -77,12 +183,31 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     fl_torch.install()
-    model = torch.nn.Sequential(torch.nn.Linear(WIDTH, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    full = torch.nn.Sequential(
+        torch.nn.Linear(WIDTH, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1)
+    )
+    # Process groups: the TP group of this rank (same replica) and the DP group of its shard
+    # (same t). Every rank creates every group, in the same order (new_group is collective).
+    tp_group = dp_group = None
+    if tp > 1:
+        for g in range(dp):
+            ranks = list(range(g * tp, (g + 1) * tp))
+            grp = dist.new_group(ranks) if dp > 1 else dist.group.WORLD
+            if g == replica:
+                tp_group = grp
+        for k in range(tp):
+            ranks = list(range(k, world, tp))
+            grp = dist.new_group(ranks) if tp < world else None
+            if k == t:
+                dp_group = grp
+    model: Any = full if tp == 1 else _TensorParallelMLP(full, t, tp, tp_group, torch, dist)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    per_rank = GLOBAL_BATCH // world
+    per_rank = GLOBAL_BATCH // dp  # per DP replica: its TP ranks share the slice
     cursor, start = 0, 0
     if args.resume is not None:
         manifest = json.loads((args.resume / "faultline.json").read_text())
+        if tp > 1:
+            raise SystemExit("error: --resume restores onto TP 1 only (the drill's new world)")
         state: dict[str, Any] = {
             "model": model.state_dict(),
             "step": torch.tensor(0),
@@ -98,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                 "manifest_cursor": cursor,
                 "state_cursor": int(state["cursor"]),
                 "manifest_world": manifest.get("world_size"),
+                "manifest_tp": manifest.get("tp", 1),
                 "manifest_global_batch": manifest.get("global_batch"),
                 "saved_param_sha": manifest.get("param_sha"),
                 "loaded_param_sha": param_sha(model),
@@ -111,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     status = args.status_dir / f"rank{rank}.json"
     steps_log = open(args.status_dir / f"rank{rank}.steps", "a")  # noqa: SIM115
     for step in range(start + 1, args.steps + 1):
-        lo = cursor + rank * per_rank
+        lo = cursor + replica * per_rank
         with fl_torch.phase("input"):
             xs = [
                 torch.randn(WIDTH, generator=torch.Generator().manual_seed(i))
@@ -126,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             loss.backward()
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1)])
-        dist.all_reduce(flat)  # SUM: the global batch's gradient and loss, any world size
+        if dp > 1:  # SUM over the replicas: the global batch's gradient and loss, any DP
+            dist.all_reduce(flat, group=dp_group)
         offset = 0
         for g in grads:
             n = g.numel()
@@ -138,13 +265,13 @@ def main(argv: list[str] | None = None) -> int:
         cursor += GLOBAL_BATCH
         fl_torch.report_step(step, loss=global_loss, tokens=per_rank * WIDTH, data_cursor=cursor)
         line = {"step": step, "ts": time.time(), "samples": [lo, lo + per_rank],
-                "loss": global_loss, "world": world, "cursor": cursor}  # fmt: skip
+                "loss": global_loss, "world": world, "tp": tp, "cursor": cursor}  # fmt: skip
         steps_log.write(json.dumps(line) + "\n")
         steps_log.flush()
         _write(status, {"step": step, "pid": os.getpid(), "ts": time.time()})
         if step % args.ckpt_every == 0:
             with fl_torch.phase("checkpoint"):
-                _save(args, dcp, dist, torch, model, step, rank, world, cursor)
+                _save(args, dcp, dist, torch, model, step, rank, world, tp, cursor)
     dist.destroy_process_group()
     return 0
 
@@ -158,9 +285,16 @@ def _save(
     step: int,
     rank: int,
     world: int,
+    tp: int,
     cursor: int,
 ) -> None:
     directory = args.ckpt_root / f"{args.group}-step_{step:06d}"
+    if tp == 1:
+        weights, sha = model.state_dict(), param_sha(model)
+    else:
+        whole = model.full_state()  # a collective: every rank gathers, rank 0 writes the sum
+        sha = _sha(whole)
+        weights = model.dcp_state(_mesh(world, tp))
     if rank == 0:
         directory.mkdir(parents=True, exist_ok=True)
         meta = {
@@ -170,15 +304,13 @@ def _save(
             "checkpoint_id": directory.name,
             "data_cursor": cursor,
             "world_size": world,
+            "tp": tp,
+            "dp": world // tp,
             "global_batch": GLOBAL_BATCH,
-            "param_sha": param_sha(model),
+            "param_sha": sha,
         }
         (directory / "faultline.json").write_text(json.dumps(meta))
-    state = {
-        "model": model.state_dict(),
-        "step": torch.tensor(step),
-        "cursor": torch.tensor(cursor),
-    }
+    state = {"model": weights, "step": torch.tensor(step), "cursor": torch.tensor(cursor)}
     dcp.save(state, checkpoint_id=str(directory))
     dist.barrier()
     if rank == 0:

@@ -322,7 +322,10 @@ class Drill:
         extra: list[str],
         world: int | None = None,
         module: str = "faultline.drill.trainer",
+        tp: int = 1,
     ) -> Job:
+        """Start a generation; its `running` transition carries the world's shape (the
+        trainer's own `--tp` must agree: the caller passes both)."""
         job = Job(self, generation, extra, world, module)
         self.jobs.append(job)
         self._transition(
@@ -332,7 +335,7 @@ class Drill:
             reason="launch" if generation == 1 else "restore",
             restart_count=self.restart_count,
             world_size=job.world,
-            topology={"dp": job.world, "tp": 1, "pp": 1, "ep": 1},
+            topology={"dp": job.world // tp, "tp": tp, "pp": 1, "ep": 1},
         )
         return job
 
@@ -414,7 +417,7 @@ class Drill:
                 from faultline.drill import fake_device
 
                 fake_device.run(self)
-            elif self.spec.name == "topology_change":
+            elif self.spec.name in ("topology_change", "topology_change_tp"):
                 from faultline.drill.topology import topology_change
 
                 topology_change(self)

@@ -14,6 +14,12 @@ since the checkpoint replayed (the declared consistency), each step still consum
 global batch, the replayed steps' global losses equal generation 1's (same samples, same
 weights: the resize changed nothing the model sees), and no finding is raised for the
 ranks that no longer exist. Must not judge faults itself.
+
+`topology_change_tp` is the same row for a tensor-parallel job: generation 1 is TP 2 (each
+rank holds half of every split weight, saved as DTensor shards), generation 2 one rank
+with TP 1, so the restore must merge two ranks' halves of each weight (DCP reshards them),
+not pick one rank's copy; the same invariants hold (the TP ranks of a replica share its
+slice of the global batch), and the console must record the new shape (`tp` 1).
 """
 
 from __future__ import annotations
@@ -38,11 +44,17 @@ CONVERGE_S = 10.0
 
 def topology_change(drill: Drill) -> None:
     r, spec = drill.result, drill.spec
-    job = drill.launch(1, ["--ckpt-every", "5"], world=OLD_WORLD, module=MODULE)
+    old_tp = OLD_WORLD if spec.name == "topology_change_tp" else 1
+    job = drill.launch(
+        1, ["--ckpt-every", "5", "--tp", str(old_tp)], world=OLD_WORLD, module=MODULE, tp=old_tp
+    )
     if not _wait(lambda: job.step() >= 8 or not all_alive(job), 90) or job.step() < 8:
         raise RuntimeError(f"generation 1 never reached step 8: {job.why()}")
     if not _wait(lambda: drill.agent_phase(5) == "verified", 30, 0.2):
         raise RuntimeError("the agent never verified the step-5 checkpoint")
+    # Kill between checkpoints (1-2 steps past one), so the restore replays steps whose
+    # losses can be compared: a kill right at a checkpoint step leaves nothing to replay.
+    _wait(lambda: job.step() % 5 in (1, 2) or not all_alive(job), 20, 0.02)
     job.procs[1].send_signal(signal.SIGKILL)  # the node is lost with its rank
     t0 = time.time()
     found: list[dict[str, Any]] = []
@@ -64,6 +76,7 @@ def topology_change(drill: Drill) -> None:
     r.auto_restart_safe = (head.get("recovery") or {}).get("auto_restart_safe")
     r.faultline_lost_steps = (head.get("recovery") or {}).get("lost_steps")
     r.advice_correct = r.auto_restart_safe == spec.expected_auto_restart_safe
+    r.measured["console_topology_before"] = (drill.group_info() or {}).get("topology")
     drill.quiesce(job, detected)
     # -- restore onto the new world ------------------------------------------------------
     last = job.step()
@@ -82,7 +95,8 @@ def topology_change(drill: Drill) -> None:
     r.lost_steps = last - resume
     r.lost_tokens = r.lost_steps * 64 * 64  # global batch x width
     r.measured.update(last_step=last, resume_step=resume, expected_resume=expected,
-                      old_world=OLD_WORLD, new_world=NEW_WORLD, global_batch=64)  # fmt: skip
+                      old_world=OLD_WORLD, new_world=NEW_WORLD, global_batch=64,
+                      old_tp=old_tp, new_tp=1)  # fmt: skip
     drill._transition("recovering", 1, from_state="quiescing")
     drill.restart_count += 1
     extra = ["--ckpt-every", "5"] + (["--resume", str(drill.ckpt_root / ckpt)] if ckpt else [])
@@ -97,6 +111,9 @@ def topology_change(drill: Drill) -> None:
     time.sleep(WATCH_NEW_GENERATION_S)
     false = [f"{i['kind']}@{i['subject']}" for i in drill.new_incidents(launched)]
     info = drill.group_info() or {}
+    shape = info.get("topology") or {}
+    if shape.get("tp") != 1 or shape.get("dp") != NEW_WORLD:
+        false.append(f"console topology {shape} is not the new world's (DP {NEW_WORLD}, TP 1)")
     r.measured.update(
         findings_after_resize=false,
         console_world_size=info.get("world_size"),

@@ -77,6 +77,12 @@ def _plain(struct: Any) -> Any:
     return msgspec.to_builtins(struct) if struct is not None else None
 
 
+def _shape(topology: Any) -> dict[str, int] | None:
+    """A world's whole shape, defaults included: `to_builtins` omits a degree of 1 (the
+    wire's `omit_defaults`), and `{}` for DP 1 x TP 1 reads as "not reported"."""
+    return msgspec.structs.asdict(topology) if topology is not None else None
+
+
 class BatchWriter:
     """Collects rows and live-state changes for one batch, then writes them in bulk."""
 
@@ -522,7 +528,7 @@ class BatchWriter:
             f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
             f"{text(rec.from_state)}\t{text(rec.to_state)}\t"
             f"{text(scrub_text(rec.reason, limit=64))}\t{num(rec.restart_count)}\t"
-            f"{num(rec.world_size)}\t{cjson(rec.topology)}\t{num(rec.data_cursor)}\t"
+            f"{num(rec.world_size)}\t{cjson(_shape(rec.topology))}\t{num(rec.data_cursor)}\t"
             f"{text(rec.model_version)}\n"
         )
         if not applied:
@@ -543,7 +549,7 @@ class BatchWriter:
         if rec.job:
             group.scheduler_job = rec.job
         if rec.topology is not None:
-            group.topology = _plain(rec.topology)
+            group.topology = _shape(rec.topology)
         if rec.data_cursor is not None:
             view.data_cursor = group.data_cursor = rec.data_cursor
         if rec.objectives is not None:

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,7 +45,7 @@ def test_serving_invariants_fail_on_a_duplicate_a_double_finish_or_a_wrong_token
 
 def test_the_serving_and_topology_rows_run_here_for_real() -> None:
     rows = {s.name: s for s in MATRIX}
-    for name in ("serving_worker_exit", "canary_switch", "topology_change"):
+    for name in ("serving_worker_exit", "canary_switch", "topology_change", "topology_change_tp"):
         assert rows[name].runs == REAL
     assert sum(1 for s in MATRIX if s.quick and s.layer == "serving") <= 1
     for spec in MATRIX:
@@ -113,26 +117,35 @@ class _Job:
     def alive(self) -> bool:
         return False
 
-    def log(self, step: int, rank: int, lo: int, n: int, loss: float) -> None:
+    def log(self, step: int, rank: int, lo: int, n: int, loss: float, tp: int = 1) -> None:
+        line = {"step": step, "samples": [lo, lo + n], "loss": loss, "tp": tp}
         with open(self.status / f"rank{rank}.steps", "a") as fh:
-            fh.write(json.dumps({"step": step, "samples": [lo, lo + n], "loss": loss}) + "\n")
+            fh.write(json.dumps(line) + "\n")
 
 
-def _resize_case(tmp_path: Path, *, shift: int = 0, loaded: str = "abc") -> dict[str, bool]:
-    """Generation 1: 2 ranks to step 8 (checkpoint at 5); generation 2: 1 rank from 5."""
+def _resize_case(
+    tmp_path: Path, *, shift: int = 0, loaded: str = "abc", tp: int = 1, split: bool = False
+) -> dict[str, bool]:
+    """Generation 1: 2 ranks to step 8 (checkpoint at 5); generation 2: 1 rank from 5.
+    `tp` 2: generation 1 is one TP-2 replica (both ranks read the whole slice; `split`:
+    they wrongly read halves, as if DP)."""
     old, new = _Job(tmp_path, 1, 2), _Job(tmp_path, 2, 1)
     for step in range(1, 9):
         for rank in range(2):
-            old.log(step, rank, (step - 1) * 64 + rank * 32, 32, 1.0 / step)
+            if tp == 1 or split:
+                old.log(step, rank, (step - 1) * 64 + rank * 32, 32, 1.0 / step, tp=tp)
+            else:
+                old.log(step, rank, (step - 1) * 64, 64, 1.0 / step, tp=tp)
     for step in range(6, 12):
         new.log(step, 0, (step - 1) * 64 + shift, 64, 1.0 / step)
     (new.status / "restored-rank0.json").write_text(json.dumps({
         "manifest_cursor": 5 * 64, "state_cursor": 5 * 64, "manifest_world": 2, "world": 1,
-        "saved_param_sha": "abc", "loaded_param_sha": loaded,
+        "manifest_tp": tp, "saved_param_sha": "abc", "loaded_param_sha": loaded,
     }))  # fmt: skip
     result = SimpleNamespace(
-        measured={"resume_step": 5, "last_step": 8, "expected_resume": 5, "global_batch": 64}
-    )
+        measured={"resume_step": 5, "last_step": 8, "expected_resume": 5, "global_batch": 64,
+                  "old_tp": tp}
+    )  # fmt: skip
     drill = SimpleNamespace(
         result=result,
         restart_count=1,
@@ -152,3 +165,70 @@ def test_resize_invariants_catch_a_shifted_cursor_and_a_wrong_load(tmp_path: Pat
     assert shifted["replayed_losses_match"] is True  # (the fake losses do not see data)
     wrong = _resize_case(tmp_path / "b", loaded="def")
     assert wrong["checkpoint_maps_onto_new_world"] is False
+
+
+def test_resize_invariants_hold_for_a_tensor_parallel_job_and_catch_a_split_slice(
+    tmp_path: Path,
+) -> None:
+    held = _resize_case(tmp_path / "tp", tp=2)
+    assert held == dict.fromkeys(held, True), held
+    # TP ranks that read halves of the batch (a DP split under a TP label): caught.
+    split = _resize_case(tmp_path / "split", tp=2, split=True)
+    assert split["global_batch_per_step_kept"] is False
+
+
+def _torchrun(args: list[str], nproc: int, cwd: Path) -> None:
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--master-port", str(_free_port())]  # fmt: skip
+    cmd = [*run, "-m", "faultline.drill.resize_trainer", *args]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env.pop("FAULTLINE_SOCKET", None)  # no agent: the reporter drops its records
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _losses(path: Path) -> dict[int, float]:
+    return {
+        int(d["step"]): float(d["loss"]) for d in map(json.loads, path.read_text().splitlines())
+    }
+
+
+@needs_torch
+@pytest.mark.slow
+@pytest.mark.torch
+def test_a_tensor_parallel_checkpoint_restores_onto_one_rank_with_its_halves_merged(
+    tmp_path: Path,
+) -> None:
+    """Real gloo, real DCP: TP 2 saves each rank's halves as DTensor shards; one rank with
+    TP 1 loads the whole weights (the checksum saved over the gathered weights), replays
+    the same losses, and TP 2 computes what the unsharded model computes (DP 2)."""
+    ck, tp_s, dp_s, new_s = (tmp_path / d for d in ("ck", "tp", "dp", "new"))
+    for d in (ck, tp_s, dp_s, new_s):
+        d.mkdir()
+    common = ["--group", "g", "--steps", "8", "--step-sleep", "0", "--ckpt-every", "4"]
+    _torchrun([*common, "--generation", "1", "--tp", "2", "--ckpt-root", str(ck),
+               "--status-dir", str(tp_s)], 2, tmp_path)  # fmt: skip
+    manifest = json.loads((ck / "g-step_000004" / "faultline.json").read_text())
+    assert (manifest["world_size"], manifest["tp"], manifest["dp"]) == (2, 2, 1)
+    assert len(list((ck / "g-step_000004").glob("*.distcp"))) == 2  # one shard file per rank
+    tp_rank0, tp_rank1 = _losses(tp_s / "rank0.steps"), _losses(tp_s / "rank1.steps")
+    assert tp_rank0 == tp_rank1  # the TP ranks agree on the global loss
+    _torchrun([*common, "--generation", "1", "--ckpt-root", str(tmp_path / "ck-dp"),
+               "--status-dir", str(dp_s)], 2, tmp_path)  # fmt: skip
+    dp = _losses(dp_s / "rank0.steps")
+    assert max(abs(tp_rank0[s] - dp[s]) / dp[s] for s in dp) < 1e-4
+    resume = ["--resume", str(ck / "g-step_000004")]
+    _torchrun([*common, "--generation", "2", "--ckpt-root", str(tmp_path / "ck-new"), *resume,
+               "--status-dir", str(new_s)], 1, tmp_path)  # fmt: skip
+    restored = json.loads((new_s / "restored-rank0.json").read_text())
+    assert restored["saved_param_sha"] == restored["loaded_param_sha"]
+    assert restored["manifest_tp"] == 2 and restored["world"] == 1
+    replayed = _losses(new_s / "rank0.steps")
+    assert min(replayed) == 5
+    assert max(abs(replayed[s] - tp_rank0[s]) / tp_rank0[s] for s in range(5, 9)) < 1e-4

@@ -52,3 +52,23 @@ def test_it_stores_only_health_values_the_one_health_ordering_knows():
     from console.choices import Health
 
     assert set(Health.values) == set(HEALTH_ORDER)
+
+
+def test_a_groups_topology_is_kept_whole_even_when_every_degree_is_one(post_batch):
+    """The wire omits a degree of 1; stored, `{}` would read as "no shape reported" after a
+    resize onto one rank (the topology-change drill's TP 2 -> 1)."""
+    from console.models import ConsistencyGroup
+    from ingest.models import TransitionRecord
+
+    def running(generation: int, topology: dict) -> dict:
+        return {"kind": "transition", "group": "tp-job", "generation": generation,
+                "to_state": "running", "world_size": 2, "topology": topology}  # fmt: skip
+
+    post_batch(make_batch([running(1, {"dp": 1, "tp": 2, "pp": 1, "ep": 1})]))
+    assert ConsistencyGroup.objects.get(name="tp-job").topology == {
+        "dp": 1, "tp": 2, "pp": 1, "ep": 1
+    }  # fmt: skip
+    post_batch(make_batch([running(2, {"dp": 1, "tp": 1, "pp": 1, "ep": 1})]))
+    whole = {"dp": 1, "tp": 1, "pp": 1, "ep": 1}
+    assert ConsistencyGroup.objects.get(name="tp-job").topology == whole
+    assert TransitionRecord.objects.filter(generation=2).get().topology == whole
