@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from agents import reporter
+from faultline.drill.trainer import commit_checkpoint
 
 GLOBAL_BATCH = 64
 WIDTH = 64
@@ -288,33 +289,16 @@ def _save(
     tp: int,
     cursor: int,
 ) -> None:
-    directory = args.ckpt_root / f"{args.group}-step_{step:06d}"
     if tp == 1:
         weights, sha = model.state_dict(), param_sha(model)
     else:
-        whole = model.full_state()  # a collective: every rank gathers, rank 0 writes the sum
+        whole = model.full_state()  # a collective: every rank gathers the whole weights
         sha = _sha(whole)
         weights = model.dcp_state(_mesh(world, tp))
-    if rank == 0:
-        directory.mkdir(parents=True, exist_ok=True)
-        meta = {
-            "group": args.group,
-            "generation": args.generation,
-            "step": step,
-            "checkpoint_id": directory.name,
-            "data_cursor": cursor,
-            "world_size": world,
-            "tp": tp,
-            "dp": world // tp,
-            "global_batch": GLOBAL_BATCH,
-            "param_sha": sha,
-        }
-        (directory / "faultline.json").write_text(json.dumps(meta))
+    meta = {"data_cursor": cursor, "world_size": world, "tp": tp, "dp": world // tp,
+            "global_batch": GLOBAL_BATCH, "param_sha": sha}  # fmt: skip
     state = {"model": weights, "step": torch.tensor(step), "cursor": torch.tensor(cursor)}
-    dcp.save(state, checkpoint_id=str(directory))
-    dist.barrier()
-    if rank == 0:
-        (directory / "COMMITTED").write_text("")
+    commit_checkpoint(args, dcp, dist, rank, step, state, meta)
 
 
 if __name__ == "__main__":

@@ -206,19 +206,34 @@ def main(argv: list[str] | None = None) -> int:
 def _save(
     args: argparse.Namespace, dcp: Any, dist: Any, torch: Any, model: Any, step: int, rank: int
 ) -> None:
+    state = {"model": model.state_dict(), "step": torch.tensor(step)}
+    commit_checkpoint(args, dcp, dist, rank, step, state)
+
+
+def commit_checkpoint(
+    args: argparse.Namespace,
+    dcp: Any,
+    dist: Any,
+    rank: int,
+    step: int,
+    state: dict[str, Any],
+    meta: dict[str, Any] | None = None,
+) -> None:
+    """Save `state` with DCP as the drill's checkpoint of `step`: rank 0 writes the manifest
+    (`faultline.json`: identity plus `meta`) first and `COMMITTED` last, after every rank's
+    shard and DCP's `.metadata` are down (the barrier). The one save path of both trainers."""
     directory = args.ckpt_root / f"{args.group}-step_{step:06d}"
     if rank == 0:
         directory.mkdir(parents=True, exist_ok=True)
-        meta = {
+        manifest = {
             "group": args.group,
             "generation": args.generation,
             "step": step,
             "checkpoint_id": directory.name,
+            **(meta or {}),
         }
-        (directory / "faultline.json").write_text(json.dumps(meta))
-    dcp.save(
-        {"model": model.state_dict(), "step": torch.tensor(step)}, checkpoint_id=str(directory)
-    )
+        (directory / "faultline.json").write_text(json.dumps(manifest))
+    dcp.save(state, checkpoint_id=str(directory))
     dist.barrier()
     if rank == 0:
         (directory / "COMMITTED").write_text("")  # every rank's shard and .metadata are down
