@@ -189,6 +189,7 @@ def run_size(
     step_diag_ms: list[float] = []
     xid_ms: list[float] = []
     xid_diag_ms: list[float] = []
+    cold_ms: list[float] = []
     result = None
     for k in range(1, runs + 1):
         batch = tick(ranks, k)
@@ -212,6 +213,12 @@ def run_size(
         t2 = time.process_time()
         xid_ms.append((t1 - t0) * 1000)
         xid_diag_ms.append((t2 - t1) * 1000)
+        # Baseline: the same idle snapshot parsing every GPU's sample again (no memo).
+        live.samples.clear()
+        t0 = time.process_time()
+        with pause():
+            live.snapshot(records=other, now=now + timedelta(milliseconds=1), **kw)
+        cold_ms.append((time.process_time() - t0) * 1000)
         assert live.touched == 0
     assert result is not None
     roots = result.root_causes
@@ -226,6 +233,7 @@ def run_size(
         "step_diag": statistics.median(step_diag_ms),
         "xid_build": statistics.median(xid_ms),
         "xid_diag": statistics.median(xid_diag_ms),
+        "xid_cold": statistics.median(cold_ms),
     }
     print(
         f"ranks {ranks} full rebuild: build_snapshot p50 {out['full_build']:.1f} ms "
@@ -238,7 +246,8 @@ def run_size(
     )
     print(
         f"ranks {ranks} live, nothing per-rank changed: snapshot p50 {out['xid_build']:.1f} ms, "
-        f"diagnose p50 {out['xid_diag']:.1f} ms"
+        f"diagnose p50 {out['xid_diag']:.1f} ms; the same snapshot parsing every GPU's sample "
+        f"again {out['xid_cold']:.1f} ms (baseline; ratio {out['xid_build'] / out['xid_cold']:.2f})"
     )
     return out
 

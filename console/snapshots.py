@@ -20,9 +20,10 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.db import connection
 from django.db.models import Max
 
 from console import collector
@@ -41,6 +42,7 @@ REBUILD_AFTER = timedelta(minutes=10)
 MAX_GROUPS = 16  # live states kept per worker process (LRU); a 16k-rank one is ~100 MB
 WRITERS_WAIT_S = 2.0  # a full read waits this long at most for writers in flight
 MAX_PENDING = 600  # reads whose writers are still in flight; past it, rebuild
+_US = timedelta(microseconds=1)
 
 
 @dataclass
@@ -73,6 +75,7 @@ def forget(group_name: str | None = None) -> None:
     with _lock:
         if group_name is None:
             _states.clear()
+            _device_cache.clear()
         else:
             _states.pop(group_name, None)
 
@@ -225,26 +228,61 @@ def _repaired_at(
     return {(names.get(r["node_id"]), r["gpu"]): r["newest"] for r in rows}
 
 
+# Newest-sample records of GPUs, shared by every group's passes in this worker: id ->
+# ((node id, last_seen in microseconds, node name), the record, {} without a sample). A
+# GPU's row is re-read only when that key changed: ingest sets last_sample and last_seen
+# together in one upsert (ingest/store/live_state.py), so an unchanged key means an
+# unchanged sample. Comparing per row (not a time cursor) misses no late commit and no
+# replayed spool.
+_DeviceKey = tuple[int, int, str | None, str]
+_device_cache: dict[int, tuple[_DeviceKey, dict[str, Any]]] = {}
+MAX_CACHED_DEVICES = 262_144  # past it (a fleet bigger than planned) start over
+DEVICE_VERSIONS = (
+    "SELECT id, node_id, (extract(epoch FROM last_seen) * 1000000)::bigint, uuid"
+    " FROM console_device WHERE node_id = ANY(%s)"
+)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _device_records(node_ids: set[int], names: dict[int, str], now: datetime) -> list[dict]:
-    """Newest sample per GPU comes from Device.last_sample (kept live by ingest)."""
-    out: list[dict[str, Any]] = []
-    for dev in Device.objects.filter(node_id__in=node_ids):
-        if not dev.last_sample:
-            continue
-        sample = {k: v for k, v in dev.last_sample.items() if k != "ts"}
-        seen = sample.get("throttled")
-        if isinstance(seen, dict) and isinstance(seen.get("ts"), str):
-            try:
-                sample["throttled"] = {**seen, "ts": datetime.fromisoformat(seen["ts"])}
-            except ValueError:
-                sample.pop("throttled")
-        sample.update(
-            kind="device_sample",
-            ts=dev.last_seen or now,
-            node=names.get(dev.node_id),
-            gpu=dev.uuid,
+    """Newest sample per GPU comes from Device.last_sample (kept live by ingest).
+
+    At 16k GPUs decoding every `last_sample` each pass cost ~0.5-1 s (docs/performance.md);
+    this reads (id, node, last_seen) of each GPU and decodes only the rows that changed."""
+    versions: list[tuple[int, int, int | None, str]] = []
+    if node_ids:
+        with connection.cursor() as cur:
+            cur.execute(DEVICE_VERSIONS, [sorted(node_ids)])
+            versions = cur.fetchall()
+    with _lock:
+        if len(_device_cache) > MAX_CACHED_DEVICES:
+            _device_cache.clear()
+        cached = dict(_device_cache)  # a consistent view; other threads may add rows
+    stale = []
+    for pk, node, seen, uuid in versions:
+        hit = cached.get(pk)
+        if seen is None or hit is None or hit[0] != (node, seen, names.get(node), uuid):
+            stale.append(pk)
+    if stale:
+        fresh: dict[int, tuple[_DeviceKey, dict[str, Any]]] = {}
+        rows = Device.objects.filter(pk__in=stale, node_id__in=node_ids).values_list(
+            "pk", "node_id", "uuid", "last_sample", "last_seen"
         )
-        out.append(sample)
+        for pk, node, uuid, last_sample, last_seen in rows:
+            record = _sample_record(uuid, names.get(node), last_sample, last_seen or now)
+            if last_seen is None:  # its ts is `now`: good for this pass only
+                cached[pk] = ((node, -1, names.get(node), uuid), record)
+                continue
+            key = (node, (last_seen - _EPOCH) // _US, names.get(node), uuid)
+            fresh[pk] = (key, record)
+        with _lock:
+            _device_cache.update(fresh)
+        cached.update(fresh)
+    out: list[dict[str, Any]] = []
+    for pk, *_ in versions:
+        hit = cached.get(pk)
+        if hit is not None and hit[1]:
+            out.append(hit[1])
     repaired = _repaired_at(node_ids, names)
     for event in telemetry.device_events(node_ids, node_names=names, now=now):
         node = event["node"]
@@ -253,3 +291,20 @@ def _device_records(node_ids: set[int], names: dict[int, str], now: datetime) ->
             out.append(event)
     out += telemetry.host_records(node_ids, node_names=names, now=now)
     return out
+
+
+def _sample_record(
+    uuid: str, node: str | None, last_sample: dict[str, Any], seen: datetime
+) -> dict[str, Any]:
+    """A `device_sample` record from a GPU's live row ({} when it has no sample yet)."""
+    if not last_sample:
+        return {}
+    sample = {k: v for k, v in last_sample.items() if k != "ts"}
+    throttled = sample.get("throttled")
+    if isinstance(throttled, dict) and isinstance(throttled.get("ts"), str):
+        try:
+            sample["throttled"] = {**throttled, "ts": datetime.fromisoformat(throttled["ts"])}
+        except ValueError:
+            sample.pop("throttled")
+    sample.update(kind="device_sample", ts=seen, node=node, gpu=uuid)
+    return sample

@@ -86,6 +86,7 @@ class LiveGroup:
     _groups: tuple[ProcessGroup, ...] | None = None  # None: recompute
     touched: int = 0  # ranks rebuilt by the last `snapshot` (for the benchmark)
     memo: dict[str, Any] = field(default_factory=dict)  # `diagnose(..., memo=)` between passes
+    samples: dict[int, Any] = field(default_factory=dict)  # `build_snapshot(samples_memo=)`
 
     def apply(self, records: Iterable[Mapping[str, Any]]) -> int:
         """Fold newly arrived records in (oldest first within the call, as read); records of
@@ -151,6 +152,7 @@ class LiveGroup:
             now=now,
             slo=slo,
             objectives=objectives,
+            samples_memo=self.samples,
         )
         dev_node = {d.gpu: d.node for d in base.devices}
         if self._active is None:

@@ -272,11 +272,16 @@ def build_snapshot(
     now: datetime,
     slo: Mapping[str, Any] | None = None,
     objectives: Mapping[str, Any] | None = None,
+    samples_memo: dict[int, tuple[Mapping[str, Any], DeviceSample]] | None = None,
 ) -> GroupSnapshot:
     """Build a `GroupSnapshot` from contract-shaped record dicts (DESIGN §3 names).
 
     Records of other groups are ignored; device records are kept (the caller passes
     the devices of the group's nodes). Unknown kinds are ignored: names may gain fields.
+    `samples_memo` (kept by the caller between passes, e.g. `LiveGroup`) maps a
+    device-sample dict's id to it and its parsed sample: a caller that passes the same,
+    unmodified dict objects again (console.snapshots caches unchanged GPUs' records) has
+    them parsed once, not per pass. It is left holding this call's samples only.
     """
     recs = sorted(records, key=lambda r: r["ts"])
     steps: dict[int, list[StepRecord]] = defaultdict(list)
@@ -300,6 +305,14 @@ def build_snapshot(
     net_events: list[NetEvent] = []
     net_ports: dict[tuple[str | None, str], NetPort] = {}
     hosts: dict[str | None, HostState] = {}
+    parsed: dict[int, tuple[Mapping[str, Any], DeviceSample]] = {}
+
+    def parse(r: Mapping[str, Any]) -> DeviceSample:
+        hit = None if samples_memo is None else samples_memo.get(id(r))
+        sample = hit[1] if hit is not None and hit[0] is r else _sample(r)
+        parsed[id(r)] = (r, sample)  # holding `r` keeps its id from being reused
+        return sample
+
     for r in recs:
         kind = r.get("kind")
         if kind in HOST_KINDS:
@@ -311,11 +324,11 @@ def build_snapshot(
                 dev_node[gpu] = r.get("node")
             if kind == "device_sample":
                 dev_index[gpu] = r.get("index")
-                samples[gpu] = _sample(r)
+                samples[gpu] = parse(r)
                 if r.get("throttle_reasons"):
                     throttled[gpu] = samples[gpu]
                 elif (seen := r.get("throttled")) and isinstance(seen.get("ts"), datetime):
-                    throttled[gpu] = _sample(seen)
+                    throttled[gpu] = parse(seen)
             else:
                 dev_index.setdefault(gpu, r.get("index"))
                 events[gpu].append(
@@ -421,6 +434,9 @@ def build_snapshot(
         )
         for rk in active
     )
+    if samples_memo is not None:
+        samples_memo.clear()
+        samples_memo.update(parsed)
     devices = tuple(
         DeviceState(
             gpu=g,

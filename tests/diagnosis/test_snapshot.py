@@ -73,3 +73,29 @@ def test_it_takes_the_latest_process_gpu_for_a_rank() -> None:
     recs = [process(0, T0, "started"), step(0, 1, T0)]
     recs[0]["gpu"] = "GPU-x"
     assert snap(recs).ranks[0].gpu == "GPU-x"
+
+
+def test_a_samples_memo_parses_an_unchanged_record_once_and_a_new_one_again() -> None:
+    """console.snapshots passes an unchanged GPU's record as the same dict each pass; the
+    memo must give what parsing gives, and a new dict for the GPU must be parsed anew."""
+    from console.diagnosis import GroupSnapshot, build_snapshot
+    from tests.diagnosis.factory import sample
+
+    def built(records: list[dict], memo: dict | None) -> GroupSnapshot:
+        kw = {"nodes": {}, "contract_findings": [], "now": T0, "samples_memo": memo}
+        return build_snapshot(group=GROUP, generation=1, state="running", records=records, **kw)
+
+    hot = sample(1, T0, throttle_reasons=["hw_thermal_slowdown"], temp_c=91.0)
+    cool = sample(2, T0, temp_c=40.0)
+    memo: dict = {}
+    first = built([hot, cool], memo)
+    assert first == built([hot, cool], None)
+    assert len(memo) == 2
+    kept = {d.gpu: d.sample for d in first.devices}
+    again = built([hot, cool], memo)
+    assert all(d.sample is kept[d.gpu] for d in again.devices)  # not parsed again
+    hotter = {**hot, "temp_c": 99.0}
+    third = built([hotter, cool], memo)
+    assert third == built([hotter, cool], None)
+    assert {d.gpu: d.sample.temp_c for d in third.devices if d.sample}[hot["gpu"]] == 99.0
+    assert len(memo) == 2  # the old record's entry went with it

@@ -181,3 +181,55 @@ def test_a_pipeline_pass_freezes_the_live_state_and_a_rebuild_releases_it(post_b
         assert released and released[0] > 0  # the rebuild released the frozen heap
     finally:
         gc.unfreeze()
+
+
+def _gpu(gpu: str, ts: datetime, **fields: object) -> dict:
+    return {"kind": "device_sample", "gpu": gpu, "index": 0, "temp_c": 50.0, "ts": iso(ts),
+            **fields}  # fmt: skip
+
+
+def _device_read(node_ids: set[int], names: dict[int, str], now: datetime) -> list[dict]:
+    return sorted(snapshots._device_records(node_ids, names, now), key=lambda r: r["gpu"])
+
+
+def test_gpu_samples_are_decoded_again_only_when_their_row_changed(post_batch):
+    """The per-GPU cache (issue 19: decoding 16k last_samples each pass cost up to 1 s)
+    gives what a cold read gives, after every kind of change ingest makes."""
+    from console.models import Node
+
+    t = datetime.now(UTC) - timedelta(seconds=20)
+    post_batch(make_batch([_gpu("GPU-a", t), _gpu("GPU-b", t)], node="node-1"))
+    post_batch(make_batch([_gpu("GPU-c", t)], node="node-2"))
+    nodes = {n.pk: n.name for n in Node.objects.filter(name__in=["node-1", "node-2"])}
+    ids, now = set(nodes), t + timedelta(seconds=30)
+
+    def cold() -> list[dict]:
+        snapshots.forget()
+        return _device_read(ids, nodes, now)
+
+    first = _device_read(ids, nodes, now)
+    assert [r["gpu"] for r in first] == ["GPU-a", "GPU-b", "GPU-c"]
+    assert _device_read(ids, nodes, now) == first
+    again = {r["gpu"]: r for r in _device_read(ids, nodes, now)}
+    by_gpu = {r["gpu"]: r for r in first}
+    assert all(again[g] is by_gpu[g] for g in by_gpu)  # nothing changed: nothing decoded
+
+    # A throttled sample on GPU-a, then a clean one (ingest carries `throttled` over).
+    hot = _gpu("GPU-a", t + timedelta(seconds=5), temp_c=91.0,
+               throttle_reasons=["hw_thermal_slowdown"])  # fmt: skip
+    post_batch(make_batch([hot], node="node-1"))
+    warm = _device_read(ids, nodes, now)
+    assert warm[0]["temp_c"] == 91.0 and warm[0]["throttle_reasons"] == ["hw_thermal_slowdown"]
+    assert warm[1] is by_gpu["GPU-b"]  # only the changed row was read again
+    assert warm == cold()
+    post_batch(make_batch([_gpu("GPU-a", t + timedelta(seconds=6), temp_c=70.0)], node="node-1"))
+    warm = _device_read(ids, nodes, now)
+    assert warm[0]["temp_c"] == 70.0
+    assert isinstance(warm[0]["throttled"]["ts"], datetime)  # the last throttle, kept
+    assert warm == cold()
+
+    # A GPU of another node is not this group's; a node renamed is read again.
+    node_2 = next(pk for pk, name in nodes.items() if name == "node-2")
+    assert [r["gpu"] for r in _device_read({node_2}, nodes, now)] == ["GPU-c"]
+    renamed = {pk: f"{name}-x" for pk, name in nodes.items()}
+    assert {r["node"] for r in _device_read(ids, renamed, now)} == {"node-1-x", "node-2-x"}
