@@ -117,13 +117,20 @@ TEMPLATES = [
 ]
 
 _db = database_from_url(DATABASE_URL)
+# The psycopg pool's options (tests/system/test_db_pool_recovery.py measures these).
+DB_POOL = {
+    "min_size": 1,
+    "max_size": env_int("FAULTLINE_DB_POOL_MAX", 8, minimum=1),
+    "timeout": 10,
+    # A refill that keeps failing (Postgres down) backs off 1, 2, 4, 8, 16 s...; after a
+    # 30 s outage the next try was many seconds away, and requests waiting `timeout` for a
+    # connection got 503 after Postgres was back (seen in CI). Giving a refill up after
+    # this long lets the next request start a fresh one at once.
+    "reconnect_timeout": env_int("FAULTLINE_DB_RECONNECT_S", 5, minimum=1),
+}
 if env_bool("FAULTLINE_DB_POOL", True):
     # Under ASGI, CONN_MAX_AGE leaks a connection per thread; the psycopg pool does not.
-    _db["OPTIONS"]["pool"] = {  # type: ignore[index]  # OPTIONS is a dict[str, Any] the env reader built
-        "min_size": 1,
-        "max_size": env_int("FAULTLINE_DB_POOL_MAX", 8, minimum=1),
-        "timeout": 10,
-    }
+    _db["OPTIONS"]["pool"] = dict(DB_POOL)  # type: ignore[index]  # OPTIONS is a dict[str, Any] the env reader built
 # A connection idle across a Postgres restart is broken. With health checks Django has the
 # pool check each one at checkout (psycopg_pool's check_connection: one empty round trip)
 # and replace a broken one, instead of failing the request that draws it with a 503 (seen
