@@ -178,8 +178,9 @@ def resized(drill: Drill, old: Job, new: Job, *, false_findings: list[str]) -> d
     covered = True
     for steps, world in ((old_steps, old.world), (new_steps, new.world)):
         for step, lines in steps.items():
-            # A DP replica's TP ranks share its slice: each slice once per TP rank.
-            tp = max(int(ln.get("tp") or 1) for ln in lines)
+            # A DP replica's TP ranks (or PP stages) share its slice: each slice once per
+            # rank of the copy; EP ranks read their own.
+            tp = max(int(ln.get("tp") or 1) * int(ln.get("pp") or 1) for ln in lines)
             shared = Counter(tuple(ln["samples"]) for ln in lines)
             ranges = sorted(shared)
             # The steps a rank finished before the kill may lack its peer's line: a full
@@ -196,6 +197,14 @@ def resized(drill: Drill, old: Job, new: Job, *, false_findings: list[str]) -> d
             ):
                 covered = False
     out["global_batch_per_step_kept"] = covered and bool(new_steps)
+    if int(r.measured.get("old_ep", 1)) > 1:  # an MoE: every expert must have had tokens
+        routed: Counter[str] = Counter()
+        for lines in old_steps.values():
+            for ln in lines:
+                routed.update(ln.get("routed") or {})
+        experts = int(r.measured.get("experts", 0))
+        r.measured["old_tokens_per_expert"] = dict(sorted(routed.items()))
+        out["every_expert_took_tokens"] = len(routed) == experts and min(routed.values()) > 0
     new_first = min(new_steps, default=0)
     out["no_sample_skipped"] = new_first == resume + 1 and _contiguous(sorted(new_steps))
     replayed = [s for s in new_steps if s <= last]
@@ -209,7 +218,10 @@ def resized(drill: Drill, old: Job, new: Job, *, false_findings: list[str]) -> d
         x
         and x["saved_param_sha"] == x["loaded_param_sha"]
         and x["manifest_world"] == old.world
-        and int(x.get("manifest_tp") or 1) == int(r.measured.get("old_tp", 1))
+        and all(
+            int(x.get(f"manifest_{d}") or 1) == int(r.measured.get(f"old_{d}", 1))
+            for d in ("tp", "pp", "ep")
+        )
         and x["world"] == new.world
         for x in restored
     )

@@ -303,6 +303,24 @@ MATRIX: tuple[Spec, ...] = (
         quick=False,
         layer="control",
     ),
+    Spec(
+        "topology_change_pp",
+        "rank 1's node lost; recover a 2-stage pipeline onto 1 rank (PP 2 -> 1: each "
+        "stage's layers joined from its rank's DCP shard)",
+        "process_exit",
+        True,
+        quick=False,
+        layer="control",
+    ),
+    Spec(
+        "topology_change_ep",
+        "rank 1's node lost; recover a 2-expert MoE onto 1 rank (EP 2 -> 1: each rank's "
+        "expert and the shared gate loaded together)",
+        "process_exit",
+        True,
+        quick=False,
+        layer="control",
+    ),
     # -- serving (faultline.drill.serving_drill: real workers of serving_loop) ------------
     Spec(
         "serving_worker_exit",

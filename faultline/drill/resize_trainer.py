@@ -24,6 +24,23 @@ batch; gradients are SUM-reduced across the DP replicas of each TP shard. The sh
 into the checkpoint as DTensors, so a world of another shape (TP 2 -> 1) loads them
 resharded by DCP; the manifest's checksum is of the whole (gathered) weights, in the
 unsharded model's state-dict names, so the same check holds for any TP.
+
+`--pp 2` runs it as a two-stage pipeline (world = DP x 2): stage 0 holds the first linear
+layer and the ReLU, stage 1 the second; each step is one micro-batch (GPipe with one
+micro-batch): stage 0 sends its activations to stage 1 (`dist.send`/`recv`, traced as p2p
+by agents.torch), stage 1 computes the loss and sends the activations' gradient back.
+Both stages read the replica's slice (stage 0 the inputs, stage 1 the labels).
+
+`--experts E` makes the model a top-1 mixture of E such MLPs behind a replicated gate, and
+`--ep N` splits the experts over N ranks (expert parallel, world = DP x N ... each EP rank
+is also a data-parallel rank of the dense gate and reads its own slice): an EP group's
+inputs are all-gathered (the dispatch an all_to_all does, without the routing-dependent
+splits), each rank runs the tokens the gate routed to its experts, and the per-token
+losses are SUM-reduced, so the update equals the unsplit MoE's. Gate gradients are summed
+over the world, an expert's over the DP replicas that hold it.
+
+PP and EP shards are plain tensors under the unsharded names (each rank saves the ones it
+holds; DCP keeps one copy of the replicated gate), so one rank loads the whole model.
 """
 
 from __future__ import annotations
@@ -114,6 +131,122 @@ class _TensorParallelMLP:
         }
 
 
+class _Partial:
+    """A model whose ranks each hold a subset of the unsharded state dict's entries (PP
+    stages, EP experts): the whole weights are the union of every rank's subset."""
+
+    params: dict[str, Any]
+    group: Any
+    dist: Any
+
+    def parameters(self) -> list[Any]:
+        return list(self.params.values())
+
+    def full_state(self) -> dict[str, Any]:
+        """The whole weights (a collective over the model-parallel group)."""
+        mine = {k: v.detach().clone() for k, v in self.params.items()}
+        parts: list[Any] = [None] * self.dist.get_world_size(self.group)
+        self.dist.all_gather_object(parts, mine, group=self.group)
+        out: dict[str, Any] = {}
+        for part in parts:
+            out.update(part)
+        return out
+
+    def dcp_state(self, mesh: Any = None) -> dict[str, Any]:
+        return {k: v.detach() for k, v in self.params.items()}
+
+
+class _PipelineStage(_Partial):
+    """Stage `s` of the unsharded Sequential split in two: (Linear, ReLU) | (Linear)."""
+
+    STAGES = (("0.weight", "0.bias"), ("2.weight", "2.bias"))
+
+    def __init__(self, full: Any, s: int, rank: int, group: Any, torch: Any, dist: Any) -> None:
+        self.s, self.rank, self.group, self.torch, self.dist = s, rank, group, torch, dist
+        state = full.state_dict()
+        self.params = {n: torch.nn.Parameter(state[n].detach().clone()) for n in self.STAGES[s]}
+
+    def forward_backward(self, x: Any, y: Any) -> Any:
+        """One micro-batch through both stages; returns this stage's share of the loss."""
+        p, torch, dist = self.params, self.torch, self.dist
+        if self.s == 0:
+            h = torch.relu(x @ p["0.weight"].T + p["0.bias"])
+            dist.send(h.detach().contiguous(), dst=self.rank + 1)
+            grad = torch.empty_like(h)
+            dist.recv(grad, src=self.rank + 1)
+            h.backward(grad)
+            return torch.zeros(())
+        h = torch.empty(x.shape[0], HIDDEN)
+        dist.recv(h, src=self.rank - 1)
+        h.requires_grad_()
+        loss = ((h @ p["2.weight"].T + p["2.bias"] - y) ** 2).sum() / GLOBAL_BATCH
+        loss.backward()
+        dist.send(h.grad.contiguous(), dst=self.rank - 1)
+        return loss.detach()
+
+
+def moe(torch: Any, experts: int) -> Any:
+    """The unsharded mixture: a gate Linear(WIDTH, E) and E MLPs of the dense model."""
+    mlp = [
+        torch.nn.Sequential(
+            torch.nn.Linear(WIDTH, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1)
+        )
+        for _ in range(experts)
+    ]
+    return torch.nn.ModuleDict(
+        {"gate": torch.nn.Linear(WIDTH, experts), "experts": torch.nn.ModuleList(mlp)}
+    )
+
+
+class _ExpertParallelMoE(_Partial):
+    """Rank `t` of `ep`'s experts (and the replicated gate) of the unsharded mixture."""
+
+    def __init__(self, full: Any, t: int, ep: int, group: Any, torch: Any, dist: Any) -> None:
+        self.t, self.ep, self.group, self.torch, self.dist = t, ep, group, torch, dist
+        self.experts = len(full["experts"])
+        per = self.experts // ep
+        self.local = list(range(t * per, (t + 1) * per))
+        self.routed: dict[int, int] = {}  # tokens each local expert took in the last step
+        mine = ("gate.", *(f"experts.{e}." for e in self.local))
+        self.params = {
+            n: torch.nn.Parameter(v.detach().clone())
+            for n, v in full.state_dict().items()
+            if n.startswith(mine)
+        }
+
+    def gate_params(self) -> list[Any]:
+        return [v for k, v in self.params.items() if k.startswith("gate.")]
+
+    def expert_params(self) -> list[Any]:
+        return [v for k, v in self.params.items() if not k.startswith("gate.")]
+
+    def forward_backward(self, x: Any, y: Any) -> Any:
+        """The EP group's tokens through the gate; this rank's experts take theirs."""
+        p, torch, dist = self.params, self.torch, self.dist
+        if self.ep > 1:  # dispatch: every rank sees the group's tokens (inputs need no grad)
+            xs = [torch.empty_like(x) for _ in range(self.ep)]
+            ys = [torch.empty_like(y) for _ in range(self.ep)]
+            dist.all_gather(xs, x.contiguous(), group=self.group)
+            dist.all_gather(ys, y.contiguous(), group=self.group)
+            x, y = torch.cat(xs), torch.cat(ys)
+        probs = torch.softmax(x @ p["gate.weight"].T + p["gate.bias"], dim=1)
+        choice = probs.argmax(dim=1)  # top-1 routing
+        self.routed = {e: int((choice == e).sum()) for e in self.local}
+        loss = torch.zeros(())
+        for e in self.local:
+            mask = choice == e
+            if not bool(mask.any()):
+                continue
+            k = f"experts.{e}."
+            h = torch.relu(x[mask] @ p[k + "0.weight"].T + p[k + "0.bias"])
+            out = probs[mask, e : e + 1] * (h @ p[k + "2.weight"].T + p[k + "2.bias"])
+            loss = loss + ((out - y[mask]) ** 2).sum()
+        loss = loss / GLOBAL_BATCH
+        if loss.requires_grad:
+            loss.backward()
+        return loss.detach()
+
+
 _MESH: list[Any] = []  # the TP mesh, built once (building one creates process groups)
 
 
@@ -150,6 +283,35 @@ def _all_reduce_sum(x: Any, group: Any, torch: Any, dist: Any) -> Any:
     return fn.apply(x)
 
 
+def _shape_error(world: int, tp: int, pp: int, ep: int, experts: int) -> str | None:
+    """Why this world cannot run the requested shape (None: it can)."""
+    if min(tp, pp, ep) < 1 or sum(d > 1 for d in (tp, pp, ep)) > 1:
+        return f"TP {tp}, PP {pp}, EP {ep}: each >= 1, at most one of them > 1"
+    if tp > 1 and (world % tp or HIDDEN % tp):
+        return f"TP {tp} must divide the world size {world} and the hidden width {HIDDEN}"
+    if pp not in (1, 2) or world % pp:
+        return f"PP {pp}: the model has two stages (PP 1 or 2, dividing the world {world})"
+    if ep > 1 and (not experts or experts % ep or world % ep):
+        return f"EP {ep} needs --experts divisible by it and a world ({world}) divisible by it"
+    dp = world // (tp * pp)  # EP ranks are DP ranks of the dense part
+    if GLOBAL_BATCH % dp:
+        return f"DP {dp} does not divide the global batch {GLOBAL_BATCH}"
+    return None
+
+
+def _sum(tensors: list[Any], group: Any, torch: Any, dist: Any) -> None:
+    """SUM-reduce `tensors` in place in one flat all_reduce over `group` (None: alone)."""
+    if group is None or not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].reshape(t.shape))
+        offset += n
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m faultline.drill.resize_trainer")
     parser.add_argument("--group", required=True)
@@ -161,17 +323,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status-dir", type=Path, required=True)
     parser.add_argument("--step-sleep", type=float, default=0.15)
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages (1 or 2)")
+    parser.add_argument("--experts", type=int, default=0, help="MoE experts (0: dense)")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree")
     args = parser.parse_args(argv)
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    tp = args.tp
-    if tp < 1 or world % tp or HIDDEN % tp:
-        print(f"error: TP {tp} must divide the world size {world} and the hidden width {HIDDEN}")
+    tp, pp, ep = args.tp, args.pp, args.ep
+    why = _shape_error(world, tp, pp, ep, args.experts)
+    if why:
+        print(f"error: {why}")
         return 2
-    dp, t, replica = world // tp, rank % tp, rank // tp
-    if GLOBAL_BATCH % dp:
-        print(f"error: DP {dp} does not divide the global batch {GLOBAL_BATCH}")
-        return 2
+    # The model-parallel group of a rank: the ranks that split one copy of the model
+    # (consecutive ranks); its DP group: the ranks at the same place in every copy.
+    mp = tp * pp * ep
+    t = rank % mp
+    # A TP or PP copy reads one slice per copy; EP ranks each read their own.
+    dp, replica = (world, rank) if ep > 1 else (world // mp, rank // mp)
     reporter.init(group=args.group, generation=args.generation, rank=rank)
     warnings.filterwarnings("ignore", message=".*NumPy.*")
     import torch
@@ -184,38 +352,39 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     fl_torch.install()
-    full = torch.nn.Sequential(
-        torch.nn.Linear(WIDTH, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1)
+    full = (
+        moe(torch, args.experts)
+        if args.experts
+        else torch.nn.Sequential(
+            torch.nn.Linear(WIDTH, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1)
+        )
     )
-    # Process groups: the TP group of this rank (same replica) and the DP group of its shard
-    # (same t). Every rank creates every group, in the same order (new_group is collective).
-    tp_group = dp_group = None
-    if tp > 1:
-        for g in range(dp):
-            ranks = list(range(g * tp, (g + 1) * tp))
-            grp = dist.new_group(ranks) if dp > 1 else dist.group.WORLD
-            if g == replica:
-                tp_group = grp
-        for k in range(tp):
-            ranks = list(range(k, world, tp))
-            grp = dist.new_group(ranks) if tp < world else None
+    # Every rank creates every group, in the same order (new_group is collective).
+    world_group = dist.group.WORLD if world > 1 else None
+    mp_group = dp_group = None
+    if mp > 1:
+        for g in range(world // mp):
+            grp = dist.new_group(list(range(g * mp, (g + 1) * mp))) if mp < world else world_group
+            if g == rank // mp:
+                mp_group = grp
+        for k in range(mp):
+            grp = dist.new_group(list(range(k, world, mp))) if mp < world else None
             if k == t:
                 dp_group = grp
-    model: Any = full if tp == 1 else _TensorParallelMLP(full, t, tp, tp_group, torch, dist)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    per_rank = GLOBAL_BATCH // dp  # per DP replica: its TP ranks share the slice
+    else:
+        dp_group = world_group
     cursor, start = 0, 0
     if args.resume is not None:
         manifest = json.loads((args.resume / "faultline.json").read_text())
-        if tp > 1:
-            raise SystemExit("error: --resume restores onto TP 1 only (the drill's new world)")
+        if mp > 1:
+            raise SystemExit("error: --resume restores onto one rank's whole model only")
         state: dict[str, Any] = {
-            "model": model.state_dict(),
+            "model": full.state_dict(),
             "step": torch.tensor(0),
             "cursor": torch.tensor(0),
         }
         dcp.load(state, checkpoint_id=str(args.resume))  # the old world's shards, resharded
-        model.load_state_dict(state["model"])
+        full.load_state_dict(state["model"])
         start, cursor = int(state["step"]), int(manifest["data_cursor"])
         _write(
             args.status_dir / f"restored-rank{rank}.json",
@@ -225,9 +394,11 @@ def main(argv: list[str] | None = None) -> int:
                 "state_cursor": int(state["cursor"]),
                 "manifest_world": manifest.get("world_size"),
                 "manifest_tp": manifest.get("tp", 1),
+                "manifest_pp": manifest.get("pp", 1),
+                "manifest_ep": manifest.get("ep", 1),
                 "manifest_global_batch": manifest.get("global_batch"),
                 "saved_param_sha": manifest.get("param_sha"),
-                "loaded_param_sha": param_sha(model),
+                "loaded_param_sha": param_sha(full),
                 "world": world,
                 "shards_on_disk": sorted(p.name for p in args.resume.glob("*.distcp")),
             },
@@ -235,6 +406,15 @@ def main(argv: list[str] | None = None) -> int:
         if int(state["cursor"]) != cursor:
             print(f"error: manifest cursor {cursor} != checkpoint cursor {int(state['cursor'])}")
             return 3
+    model: Any = full
+    if tp > 1:
+        model = _TensorParallelMLP(full, t, tp, mp_group, torch, dist)
+    elif pp > 1:
+        model = _PipelineStage(full, t, rank, mp_group, torch, dist)
+    elif args.experts:
+        model = _ExpertParallelMoE(full, t, ep, mp_group, torch, dist)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    per_rank = GLOBAL_BATCH // dp  # per DP replica: its TP ranks and PP stages share it
     status = args.status_dir / f"rank{rank}.json"
     steps_log = open(args.status_dir / f"rank{rank}.steps", "a")  # noqa: SIM115
     for step in range(start + 1, args.steps + 1):
@@ -248,31 +428,41 @@ def main(argv: list[str] | None = None) -> int:
             y = x.sum(dim=1, keepdim=True) * 0.1
             time.sleep(args.step_sleep)
         with fl_torch.phase("compute"):
-            loss = ((model(x) - y) ** 2).sum() / GLOBAL_BATCH  # this rank's share
             opt.zero_grad()
-            loss.backward()
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1)])
-        if dp > 1:  # SUM over the replicas: the global batch's gradient and loss, any DP
-            dist.all_reduce(flat, group=dp_group)
-        offset = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[offset : offset + n].reshape(g.shape))
-            offset += n
-        global_loss = float(flat[-1])
+            if hasattr(model, "forward_backward"):
+                loss = model.forward_backward(x, y)
+            else:
+                loss = ((model(x) - y) ** 2).sum() / GLOBAL_BATCH  # this rank's share
+                loss.backward()
+                loss = loss.detach()
+        loss = loss.reshape(1).clone()
+        # SUM over the replicas: the global batch's gradient and loss, for any shape.
+        if isinstance(model, _ExpertParallelMoE):
+            _sum([q.grad for q in model.expert_params() if q.grad is not None], dp_group,
+                 torch, dist)  # fmt: skip
+            _sum([q.grad for q in model.gate_params() if q.grad is not None] + [loss],
+                 world_group, torch, dist)  # fmt: skip
+        else:
+            _sum([q.grad for q in model.parameters() if q.grad is not None] + [loss],
+                 dp_group, torch, dist)  # fmt: skip
+            if pp > 1:  # only the last stage computed a loss
+                _sum([loss], mp_group, torch, dist)
+        global_loss = float(loss[0])
         with fl_torch.phase("optimizer"):
             opt.step()
         cursor += GLOBAL_BATCH
         fl_torch.report_step(step, loss=global_loss, tokens=per_rank * WIDTH, data_cursor=cursor)
         line = {"step": step, "ts": time.time(), "samples": [lo, lo + per_rank],
-                "loss": global_loss, "world": world, "tp": tp, "cursor": cursor}  # fmt: skip
+                "loss": global_loss, "world": world, "tp": tp, "pp": pp, "ep": ep,
+                "cursor": cursor}  # fmt: skip
+        if isinstance(model, _ExpertParallelMoE):
+            line["routed"] = model.routed  # the drill checks every expert took tokens
         steps_log.write(json.dumps(line) + "\n")
         steps_log.flush()
         _write(status, {"step": step, "pid": os.getpid(), "ts": time.time()})
         if step % args.ckpt_every == 0:
             with fl_torch.phase("checkpoint"):
-                _save(args, dcp, dist, torch, model, step, rank, world, tp, cursor)
+                _save(args, dcp, dist, torch, model, step, rank, world, (tp, pp, ep), cursor)
     dist.destroy_process_group()
     return 0
 
@@ -286,17 +476,19 @@ def _save(
     step: int,
     rank: int,
     world: int,
-    tp: int,
+    shape: tuple[int, int, int],
     cursor: int,
 ) -> None:
-    if tp == 1:
+    tp, pp, ep = shape
+    if not hasattr(model, "full_state"):
         weights, sha = model.state_dict(), param_sha(model)
     else:
         whole = model.full_state()  # a collective: every rank gathers the whole weights
         sha = _sha(whole)
-        weights = model.dcp_state(_mesh(world, tp))
-    meta = {"data_cursor": cursor, "world_size": world, "tp": tp, "dp": world // tp,
-            "global_batch": GLOBAL_BATCH, "param_sha": sha}  # fmt: skip
+        weights = model.dcp_state(_mesh(world, tp) if tp > 1 else None)
+    meta = {"data_cursor": cursor, "world_size": world, "tp": tp, "pp": pp, "ep": ep,
+            "dp": world // (tp * pp), "experts": args.experts, "global_batch": GLOBAL_BATCH,
+            "param_sha": sha}  # fmt: skip
     state = {"model": weights, "step": torch.tensor(step), "cursor": torch.tensor(cursor)}
     commit_checkpoint(args, dcp, dist, rank, step, state, meta)
 

@@ -30,7 +30,7 @@ from console.diagnosis.rules.base import RECENT_STEPS
 from faultline.drill import invariants, network
 from faultline.drill.matrix import FAULT_RANK, MATRIX, NOT_HERE, Spec
 from faultline.drill.netns import DrillNet
-from faultline.drill.util import all_alive, first_error
+from faultline.drill.util import all_alive, first_error, world_shape
 from faultline.drill.util import step_of as _step_of
 from faultline.drill.util import wait as _wait
 from faultline.embedded import free_port
@@ -322,10 +322,11 @@ class Drill:
         extra: list[str],
         world: int | None = None,
         module: str = "faultline.drill.trainer",
-        tp: int = 1,
+        shape: dict[str, int] | None = None,
     ) -> Job:
-        """Start a generation; its `running` transition carries the world's shape (the
-        trainer's own `--tp` must agree: the caller passes both)."""
+        """Start a generation; its `running` transition carries the world's shape (`shape`
+        with DP filled in; the trainer's own `--tp`/`--pp`/`--ep` must agree: the caller
+        passes both)."""
         job = Job(self, generation, extra, world, module)
         self.jobs.append(job)
         self._transition(
@@ -335,7 +336,7 @@ class Drill:
             reason="launch" if generation == 1 else "restore",
             restart_count=self.restart_count,
             world_size=job.world,
-            topology={"dp": job.world // tp, "tp": tp, "pp": 1, "ep": 1},
+            topology=world_shape(job.world, shape),
         )
         return job
 
@@ -417,7 +418,7 @@ class Drill:
                 from faultline.drill import fake_device
 
                 fake_device.run(self)
-            elif self.spec.name in ("topology_change", "topology_change_tp"):
+            elif self.spec.name.startswith("topology_change"):
                 from faultline.drill.topology import topology_change
 
                 topology_change(self)

@@ -20,6 +20,13 @@ rank holds half of every split weight, saved as DTensor shards), generation 2 on
 with TP 1, so the restore must merge two ranks' halves of each weight (DCP reshards them),
 not pick one rank's copy; the same invariants hold (the TP ranks of a replica share its
 slice of the global batch), and the console must record the new shape (`tp` 1).
+
+`topology_change_pp` is a two-stage pipeline (PP 2 -> 1: each stage's layers, saved by
+the rank that holds them, join on one rank), `topology_change_ep` a two-expert MoE whose
+experts live on different ranks (EP 2 -> 1: both experts and the replicated gate load onto
+one rank); both run through the same checks, with the stages sharing a slice as TP ranks
+do and every expert required to have taken tokens (an EP row whose gate routed everything
+to one expert would test nothing).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import time
 from typing import Any
 
 from faultline.drill import invariants
-from faultline.drill.util import all_alive
+from faultline.drill.util import all_alive, world_shape
 from faultline.drill.util import step_of as _step_of
 from faultline.drill.util import wait as _wait
 
@@ -40,13 +47,25 @@ OLD_WORLD, NEW_WORLD = 2, 1
 DETECT_TIMEOUT_S = 25.0
 WATCH_NEW_GENERATION_S = 12.0  # the new world runs this long past catch-up under watch
 CONVERGE_S = 10.0
+# row -> (the trainer's flags for generation 1, for generation 2, generation 1's shape)
+SHAPES: dict[str, tuple[list[str], list[str], dict[str, int]]] = {
+    "topology_change": ([], [], {}),
+    "topology_change_tp": (["--tp", "2"], [], {"tp": 2}),
+    "topology_change_pp": (["--pp", "2"], [], {"pp": 2}),
+    "topology_change_ep": (["--experts", "2", "--ep", "2"], ["--experts", "2"], {"ep": 2}),
+}
+
+
+def _flag(flags: list[str], name: str) -> int:
+    return int(flags[flags.index(name) + 1]) if name in flags else 0
 
 
 def topology_change(drill: Drill) -> None:
     r, spec = drill.result, drill.spec
-    old_tp = OLD_WORLD if spec.name == "topology_change_tp" else 1
+    old_flags, new_flags, old_shape = SHAPES[spec.name]
+    old = world_shape(OLD_WORLD, old_shape)
     job = drill.launch(
-        1, ["--ckpt-every", "5", "--tp", str(old_tp)], world=OLD_WORLD, module=MODULE, tp=old_tp
+        1, ["--ckpt-every", "5", *old_flags], world=OLD_WORLD, module=MODULE, shape=old_shape
     )
     if not _wait(lambda: job.step() >= 8 or not all_alive(job), 90) or job.step() < 8:
         raise RuntimeError(f"generation 1 never reached step 8: {job.why()}")
@@ -77,6 +96,7 @@ def topology_change(drill: Drill) -> None:
     r.faultline_lost_steps = (head.get("recovery") or {}).get("lost_steps")
     r.advice_correct = r.auto_restart_safe == spec.expected_auto_restart_safe
     r.measured["console_topology_before"] = (drill.group_info() or {}).get("topology")
+    drill.marks.update(first_evidence=t0, detected=detected)  # quiesce_s is measured from it
     drill.quiesce(job, detected)
     # -- restore onto the new world ------------------------------------------------------
     last = job.step()
@@ -96,10 +116,12 @@ def topology_change(drill: Drill) -> None:
     r.lost_tokens = r.lost_steps * 64 * 64  # global batch x width
     r.measured.update(last_step=last, resume_step=resume, expected_resume=expected,
                       old_world=OLD_WORLD, new_world=NEW_WORLD, global_batch=64,
-                      old_tp=old_tp, new_tp=1)  # fmt: skip
+                      old_tp=old["tp"], old_pp=old["pp"], old_ep=old["ep"],
+                      new_tp=1, experts=_flag(old_flags, "--experts"))  # fmt: skip
     drill._transition("recovering", 1, from_state="quiescing")
     drill.restart_count += 1
-    extra = ["--ckpt-every", "5"] + (["--resume", str(drill.ckpt_root / ckpt)] if ckpt else [])
+    extra = ["--ckpt-every", "5", *new_flags]
+    extra += ["--resume", str(drill.ckpt_root / ckpt)] if ckpt else []
     launched = time.time()
     new = drill.launch(2, extra, world=NEW_WORLD, module=MODULE)
     if not _wait(lambda: new.step() > resume, 90):
@@ -112,8 +134,8 @@ def topology_change(drill: Drill) -> None:
     false = [f"{i['kind']}@{i['subject']}" for i in drill.new_incidents(launched)]
     info = drill.group_info() or {}
     shape = info.get("topology") or {}
-    if shape.get("tp") != 1 or shape.get("dp") != NEW_WORLD:
-        false.append(f"console topology {shape} is not the new world's (DP {NEW_WORLD}, TP 1)")
+    if shape != world_shape(NEW_WORLD):
+        false.append(f"console topology {shape} is not the new world's {world_shape(NEW_WORLD)}")
     r.measured.update(
         findings_after_resize=false,
         console_world_size=info.get("world_size"),

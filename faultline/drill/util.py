@@ -46,3 +46,12 @@ def step_of(checkpoint_id: str | None) -> int:
         return 0
     digits = "".join(ch if ch.isdigit() else " " for ch in checkpoint_id).split()
     return int(digits[-1]) if digits else 0
+
+
+def world_shape(world: int, shape: dict[str, int] | None = None) -> dict[str, int]:
+    """The whole topology of a world of `world` ranks with these TP/PP/EP degrees: DP is
+    what is left once TP and PP split the model (EP ranks are DP ranks of the dense
+    part), as Megatron counts it."""
+    out = {"tp": 1, "pp": 1, "ep": 1, **(shape or {})}
+    return {"dp": world // (out["tp"] * out["pp"]), "tp": out["tp"], "pp": out["pp"],
+            "ep": out["ep"]}  # fmt: skip

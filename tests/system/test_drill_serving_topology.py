@@ -45,7 +45,8 @@ def test_serving_invariants_fail_on_a_duplicate_a_double_finish_or_a_wrong_token
 
 def test_the_serving_and_topology_rows_run_here_for_real() -> None:
     rows = {s.name: s for s in MATRIX}
-    for name in ("serving_worker_exit", "canary_switch", "topology_change", "topology_change_tp"):
+    topology = [f"topology_change{x}" for x in ("", "_tp", "_pp", "_ep")]
+    for name in ("serving_worker_exit", "canary_switch", *topology):
         assert rows[name].runs == REAL
     assert sum(1 for s in MATRIX if s.quick and s.layer == "serving") <= 1
     for spec in MATRIX:
@@ -117,34 +118,50 @@ class _Job:
     def alive(self) -> bool:
         return False
 
-    def log(self, step: int, rank: int, lo: int, n: int, loss: float, tp: int = 1) -> None:
-        line = {"step": step, "samples": [lo, lo + n], "loss": loss, "tp": tp}
+    def log(self, step: int, rank: int, lo: int, n: int, loss: float, **shape: Any) -> None:
+        line = {"step": step, "samples": [lo, lo + n], "loss": loss, **shape}
         with open(self.status / f"rank{rank}.steps", "a") as fh:
             fh.write(json.dumps(line) + "\n")
 
 
 def _resize_case(
-    tmp_path: Path, *, shift: int = 0, loaded: str = "abc", tp: int = 1, split: bool = False
+    tmp_path: Path,
+    *,
+    shift: int = 0,
+    loaded: str = "abc",
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    split: bool = False,
+    idle_expert: bool = False,
+    manifest: dict[str, Any] | None = None,
 ) -> dict[str, bool]:
     """Generation 1: 2 ranks to step 8 (checkpoint at 5); generation 2: 1 rank from 5.
-    `tp` 2: generation 1 is one TP-2 replica (both ranks read the whole slice; `split`:
-    they wrongly read halves, as if DP)."""
+    `tp` or `pp` 2: generation 1 is one TP-2 replica or 2-stage pipeline (both ranks read
+    the whole slice; `split`: they wrongly read halves, as if DP); `ep` 2: two EP ranks,
+    each its own half, each logging the tokens its expert took (`idle_expert`: the gate
+    sent rank 1's expert none)."""
     old, new = _Job(tmp_path, 1, 2), _Job(tmp_path, 2, 1)
+    shared = tp * pp > 1 and not split
     for step in range(1, 9):
         for rank in range(2):
-            if tp == 1 or split:
-                old.log(step, rank, (step - 1) * 64 + rank * 32, 32, 1.0 / step, tp=tp)
+            extra: dict[str, Any] = {"tp": tp, "pp": pp, "ep": ep}
+            if ep > 1:
+                extra["routed"] = {str(rank): 0 if idle_expert and rank == 1 else 30 + rank}
+            if shared:
+                old.log(step, rank, (step - 1) * 64, 64, 1.0 / step, **extra)
             else:
-                old.log(step, rank, (step - 1) * 64, 64, 1.0 / step, tp=tp)
+                old.log(step, rank, (step - 1) * 64 + rank * 32, 32, 1.0 / step, **extra)
     for step in range(6, 12):
         new.log(step, 0, (step - 1) * 64 + shift, 64, 1.0 / step)
     (new.status / "restored-rank0.json").write_text(json.dumps({
         "manifest_cursor": 5 * 64, "state_cursor": 5 * 64, "manifest_world": 2, "world": 1,
-        "manifest_tp": tp, "saved_param_sha": "abc", "loaded_param_sha": loaded,
+        "manifest_tp": tp, "manifest_pp": pp, "manifest_ep": ep,
+        "saved_param_sha": "abc", "loaded_param_sha": loaded, **(manifest or {}),
     }))  # fmt: skip
     result = SimpleNamespace(
         measured={"resume_step": 5, "last_step": 8, "expected_resume": 5, "global_batch": 64,
-                  "old_tp": tp}
+                  "old_tp": tp, "old_pp": pp, "old_ep": ep, "experts": 2 if ep > 1 else 0}
     )  # fmt: skip
     drill = SimpleNamespace(
         result=result,
@@ -175,6 +192,35 @@ def test_resize_invariants_hold_for_a_tensor_parallel_job_and_catch_a_split_slic
     # TP ranks that read halves of the batch (a DP split under a TP label): caught.
     split = _resize_case(tmp_path / "split", tp=2, split=True)
     assert split["global_batch_per_step_kept"] is False
+
+
+def test_resize_invariants_hold_for_pipeline_and_expert_parallel_jobs(tmp_path: Path) -> None:
+    for name, shape in (("pp", {"pp": 2}), ("ep", {"ep": 2})):
+        held = _resize_case(tmp_path / name, **shape)
+        assert held == dict.fromkeys(held, True), (name, held)
+    assert "every_expert_took_tokens" in _resize_case(tmp_path / "ep2", ep=2)
+    # Pipeline stages that read halves of the batch: caught, as for TP.
+    split = _resize_case(tmp_path / "pp-split", pp=2, split=True)
+    assert split["global_batch_per_step_kept"] is False
+    # An MoE whose gate sent one expert nothing tested nothing of EP: not a pass.
+    idle = _resize_case(tmp_path / "idle", ep=2, idle_expert=True)
+    assert idle["every_expert_took_tokens"] is False
+    # A manifest that names another shape than the world that wrote it: not a faithful map.
+    mislabelled = _resize_case(tmp_path / "pp-bad", pp=2, manifest={"manifest_pp": 1})
+    assert mislabelled["checkpoint_maps_onto_new_world"] is False
+
+
+def test_the_resize_trainer_refuses_a_shape_it_cannot_run() -> None:
+    from faultline.drill.resize_trainer import _shape_error
+
+    assert _shape_error(2, 1, 1, 1, 0) is None
+    assert _shape_error(2, 1, 2, 1, 0) is None
+    assert _shape_error(2, 1, 1, 2, 2) is None
+    assert "at most one" in (_shape_error(4, 2, 2, 1, 0) or "")
+    assert "two stages" in (_shape_error(4, 1, 4, 1, 0) or "")
+    assert "--experts" in (_shape_error(2, 1, 1, 2, 0) or "")  # EP without experts
+    assert "--experts" in (_shape_error(4, 1, 1, 4, 2) or "")  # more EP ranks than experts
+    assert "global batch" in (_shape_error(3, 1, 1, 1, 0) or "")
 
 
 def _torchrun(args: list[str], nproc: int, cwd: Path) -> None:
@@ -232,3 +278,54 @@ def test_a_tensor_parallel_checkpoint_restores_onto_one_rank_with_its_halves_mer
     replayed = _losses(new_s / "rank0.steps")
     assert min(replayed) == 5
     assert max(abs(replayed[s] - tp_rank0[s]) / tp_rank0[s] for s in range(5, 9)) < 1e-4
+
+
+@needs_torch
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    ("flags", "reference", "restore"),
+    [
+        # a 2-stage pipeline computes what the unsplit model computes on DP 2
+        (["--pp", "2"], ([], 2), []),
+        # a 2-expert MoE with one expert per rank computes what one rank's MoE computes
+        (["--experts", "2", "--ep", "2"], (["--experts", "2"], 1), ["--experts", "2"]),
+    ],
+    ids=["pp", "ep"],
+)
+def test_a_pipeline_or_expert_parallel_checkpoint_restores_onto_one_rank(
+    tmp_path: Path, flags: list[str], reference: tuple[list[str], int], restore: list[str]
+) -> None:
+    """Real gloo, real DCP: each rank saves the stage or expert it holds (the EP gate on
+    both); one rank loads the whole model with the checksum saved over the gathered
+    weights and replays the same losses; split, the job computes the unsplit model's."""
+    ck, old_s, ref_s, new_s = (tmp_path / d for d in ("ck", "old", "ref", "new"))
+    for d in (ck, old_s, ref_s, new_s):
+        d.mkdir()
+    common = ["--group", "g", "--steps", "8", "--step-sleep", "0", "--ckpt-every", "4"]
+    _torchrun([*common, "--generation", "1", *flags, "--ckpt-root", str(ck),
+               "--status-dir", str(old_s)], 2, tmp_path)  # fmt: skip
+    manifest = json.loads((ck / "g-step_000004" / "faultline.json").read_text())
+    assert manifest["world_size"] == 2
+    assert (manifest["pp"], manifest["ep"]) == ((2, 1) if "--pp" in flags else (1, 2))
+    assert len(list((ck / "g-step_000004").glob("*.distcp"))) == 2  # one shard file per rank
+    rank0, rank1 = _losses(old_s / "rank0.steps"), _losses(old_s / "rank1.steps")
+    assert rank0 == rank1  # both ranks report the global loss
+    if "--ep" in flags:  # the gate sent each rank's expert tokens: EP was exercised
+        lines = [json.loads(ln) for r in (0, 1) for ln in (old_s / f"rank{r}.steps").open()]
+        assert all(v > 0 for ln in lines for v in ln["routed"].values())
+        assert {k for ln in lines for k in ln["routed"]} == {"0", "1"}
+    ref_flags, ref_world = reference
+    _torchrun([*common, "--generation", "1", *ref_flags, "--ckpt-root", str(tmp_path / "ck-r"),
+               "--status-dir", str(ref_s)], ref_world, tmp_path)  # fmt: skip
+    ref = _losses(ref_s / "rank0.steps")
+    assert max(abs(rank0[s] - ref[s]) / ref[s] for s in ref) < 1e-4
+    resume = ["--resume", str(ck / "g-step_000004")]
+    _torchrun([*common, "--generation", "2", *restore, "--ckpt-root", str(tmp_path / "ck-n"),
+               *resume, "--status-dir", str(new_s)], 1, tmp_path)  # fmt: skip
+    restored = json.loads((new_s / "restored-rank0.json").read_text())
+    assert restored["saved_param_sha"] == restored["loaded_param_sha"]
+    assert restored["world"] == 1
+    replayed = _losses(new_s / "rank0.steps")
+    assert min(replayed) == 5
+    assert max(abs(replayed[s] - rank0[s]) / rank0[s] for s in range(5, 9)) < 1e-4
