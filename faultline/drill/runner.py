@@ -309,6 +309,11 @@ class Drill:
             env["GLOO_SOCKET_IFNAME"] = "eth0"  # gloo's traffic on the drill's own link
         if rank in self.gpus:
             env["FAULTLINE_GPU"] = self.gpus[rank]
+        elif self.net is None:
+            # Every rank on the drill node says its (fake) GPU, as agents.torch does on a
+            # GPU box: a rank whose GPU is unknown is judged against every GPU of its node
+            # (rules/device.py), so the xid row's unrepaired GPU 7 paged each later row.
+            env["FAULTLINE_GPU"] = fake_uuid("drill-node", rank)
         return env
 
     # -- the launcher's records ------------------------------------------------------
@@ -425,7 +430,11 @@ class Drill:
             else:
                 self._run()
         except Exception as exc:  # noqa: BLE001 - one broken drill must not stop the rest
-            self.result.error = f"{type(exc).__name__}: {exc}"[:300]
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            if self.group_info() is None:  # say why nothing could be named, not just that
+                error += (f" (the console has no group {self.group}: ingest never created it;"
+                          " a refused group is recorded as a violation)")  # fmt: skip
+            self.result.error = error
         finally:
             for job in self.jobs:
                 job.stop(timeout=3)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from faultline.drill import markdown, not_run_row, table
+from faultline.drill import markdown, not_run_row, service_env, table
 from faultline.drill.matrix import MATRIX, NOT_HERE, Spec
 from faultline.drill.netns import DrillNet
 from faultline.drill.prereqs import network_missing
@@ -221,6 +221,26 @@ def test_it_gives_every_row_a_way_to_run_or_a_reason_not_to() -> None:
             assert f'"{spec.inside}"' in trainer, spec.name  # the trainer knows the fault
     quick = [s for s in MATRIX if s.quick and s.runs == "real"]
     assert 5 <= len(quick) <= 9  # a few minutes on 2 cores
+
+
+def test_its_service_lets_the_one_drill_node_start_every_rows_job() -> None:
+    """Each row is a new group from the drill's one node: under the fleet's default cap
+    (20 new groups per node an hour) a whole-matrix run lost every row past the 20th."""
+    from faultline import settings
+
+    cap = int(service_env(len(MATRIX))["FAULTLINE_INGEST_NEW_GROUPS_PER_HOUR"])
+    assert len(MATRIX) > settings.INGEST_NEW_GROUPS_PER_HOUR  # the matrix outgrew the default
+    assert cap >= 2 * len(MATRIX)  # a row's group, and room for a rerun within the hour
+    assert int(service_env(3)["FAULTLINE_INGEST_NEW_GROUPS_PER_HOUR"]) >= 20
+
+
+def test_every_rank_on_the_drill_node_has_a_fake_gpu_no_fault_row_breaks() -> None:
+    """Ranks get fake GPU `rank` (so the device rule judges only the GPUs they use); the
+    fault rows break GPUs 5-7, which no rank's default may reach."""
+    from faultline.drill.fake_device import GPU_INDEX
+    from faultline.drill.runner import XID_GPU_INDEX
+
+    assert max(s.world for s in MATRIX) <= min(XID_GPU_INDEX, *GPU_INDEX.values())
 
 
 def test_it_labels_a_row_that_did_not_run_and_says_why() -> None:
