@@ -96,3 +96,27 @@ def test_it_finds_a_straggler_in_a_synchronous_group_by_its_busy_time() -> None:
     (slow,) = of_kind(d, "straggler")
     assert slow.subject == rank_subject(5) and slow.role == SYMPTOM
     assert d.tail_ratio is not None and d.tail_ratio > 1.5
+
+
+def test_a_step_that_did_not_report_a_phase_counts_it_as_zero_in_the_means() -> None:
+    """Per-phase means over the recent steps: a phase missing from some steps (an agent
+    that reports no checkpoint phase) counts 0 there, and the other phases are exact."""
+    from console.diagnosis.config import DiagnosisConfig
+    from console.diagnosis.rules.base import Context
+    from console.diagnosis.rules.stragglers import _means
+
+    recs = training(ranks=2, steps=4)
+    for r in recs:
+        if r["kind"] == "step" and r["rank"] == 1 and r["step"] % 2:
+            r["phases"] = {k: v for k, v in r["phases"].items() if k != "compute"}
+    s = snap(recs, now=NOW)
+    ctx = Context(s, NOW, DiagnosisConfig())
+    for rank in s.ranks:
+        steps = ctx.steps(rank)[-16:]
+        total, phases = _means(ctx, rank)
+        assert total == sum(x.duration_ms for x in steps) / len(steps)
+        for p in ("compute", "collective", "input", "optimizer"):
+            want = sum((getattr(x.phases, p) or 0.0) for x in steps) / len(steps)
+            assert phases[p] == want, (rank.rank, p)
+    full, missing = (_means(ctx, r)[1]["compute"] for r in s.ranks)
+    assert 0 < missing < full  # half of rank 1's steps said no compute
