@@ -81,6 +81,7 @@ class Config:
     # The network view when it is not the agent's own namespace (docs/agent.md [host]).
     net_sys_root: Path | None = None
     net_dir: Path | None = None
+    net_ns: Path | None = None
     interfaces: list[str] = field(default_factory=list)
     # The boot id the agent reports (None: the kernel's). A test or the demo simulates a
     # reboot by restarting the agent with a new one (the service's repair evidence).
@@ -177,7 +178,7 @@ class Agent:
             return HostPaths(
                 sys_root, proc_root, ckpt,
                 net_sys_root=config.net_sys_root, net_dir=config.net_dir,
-                interfaces=tuple(config.interfaces),
+                interfaces=tuple(config.interfaces), net_ns=config.net_ns,
             )  # fmt: skip
 
         # A configured network view is real even beside fake GPUs (the drill's namespaces).
@@ -185,7 +186,7 @@ class Agent:
         if config.host_evidence and config.fake_gpus > 0:
             self.fake_host = FakeHost(config.node)
             self.host = self.fake_host.monitor(roots)
-            if config.net_sys_root or config.net_dir:
+            if config.net_sys_root or config.net_dir or config.net_ns:
                 self.net = HostMonitor(paths(config.sys_root, config.proc_root, []))
         elif config.host_evidence:
             self.host = HostMonitor(

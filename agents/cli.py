@@ -229,6 +229,8 @@ def build_config(args: argparse.Namespace) -> Config:
         cfg.net_sys_root = Path(host["net_sys_root"])
     if host.get("net_dir"):
         cfg.net_dir = Path(host["net_dir"])
+    if host.get("net_ns"):
+        cfg.net_ns = Path(host["net_ns"])
     interfaces = host.get("interfaces", [])
     if not (isinstance(interfaces, list) and all(isinstance(i, str) for i in interfaces)):
         raise ConfigError(f"[host] interfaces must be a list of names, got {interfaces!r}")

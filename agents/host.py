@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.sockdiag import SockDiag, TcpSocket
 from agents.wire import Record, record
 
 log = logging.getLogger("faultline.agent.host")
@@ -199,9 +200,9 @@ class TcpPeers:
     peers: dict[str, dict[str, int]]  # remote address -> sockets, backed_up, tx_queue_bytes...
 
 
-def read_tcp_peers(net_dir: str | Path, limit: int = 16) -> TcpPeers | None:
+def read_tcp_peers(net_dir: str | Path, limit: int | None = 16) -> TcpPeers | None:
     """Established IPv4 sockets of `<net_dir>/tcp` (loopback left out), grouped by peer;
-    the `limit` most backed-up peers. None where the file is absent."""
+    the `limit` most backed-up peers (None: all). None where the file is absent."""
     raw = _read(Path(net_dir) / "tcp")
     if raw is None:
         return None
@@ -228,7 +229,7 @@ def read_tcp_peers(net_dir: str | Path, limit: int = 16) -> TcpPeers | None:
         p["backed_up"] += 1 if tx_queue > 0 or retrans > 0 else 0
         p["retransmitting"] += 1 if retrans > 0 else 0
     top = sorted(peers.items(), key=lambda kv: (-kv[1]["backed_up"], -kv[1]["tx_queue_bytes"]))
-    return TcpPeers(local=local, peers=dict(top[:limit]))
+    return TcpPeers(local=local, peers=dict(top if limit is None else top[:limit]))
 
 
 def read_psi(proc_root: str | Path, resource: str) -> dict[str, float]:
@@ -318,6 +319,24 @@ class HostPaths:
     net_sys_root: Path | None = None
     net_dir: Path | None = None  # a `net` directory (/proc/<pid>/net); default <proc>/net
     interfaces: tuple[str, ...] = ()  # read exactly these interfaces (default: physical)
+    # The namespace whose per-socket TCP counters to read (sock_diag): a namespace file
+    # (/run/netns/NAME, /proc/<pid>/ns/net; joining it needs CAP_SYS_ADMIN). Unset: the
+    # agent's own namespace when it reads its own /proc/net, else none.
+    net_ns: Path | None = None
+
+    def own_network(self) -> bool:
+        """The network read is the agent's own namespace's (no other view configured)."""
+        return self.net_ns is None and self.net_dir is None and self.proc_root == Path("/proc")
+
+
+PEERS_SENT = 16  # peers reported per round: the most lossy and backed-up first
+
+
+def open_sock_diag(paths: HostPaths) -> SockDiag | None:
+    """The network's per-socket TCP counters, where they can be read."""
+    if paths.net_ns is None and not paths.own_network():
+        return None
+    return SockDiag.open(paths.net_ns)
 
 
 class HostMonitor:
@@ -335,8 +354,15 @@ class HostMonitor:
         *,
         statvfs: Callable[[str | Path], tuple[int, int] | None] = disk_free,
         io_errors: Callable[[str], int] | None = None,
+        tcp_sockets: Callable[[], list[TcpSocket]] | None = None,
     ) -> None:
         self.paths = paths or HostPaths()
+        # The kernel's per-socket counters (agents/sockdiag.py): opened on first use.
+        self._tcp_sockets = self._injected = tcp_sockets
+        self._diag_opened = tcp_sockets is not None
+        self._diag: SockDiag | None = None
+        self._ns_ino: int | None = None
+        self._sock_seen: dict[bytes, tuple[int, int | None]] | None = None  # cookie -> counts
         self._statvfs = statvfs
         self._io_errors = io_errors or (lambda device: 0)
         self._last: dict[str, PortReading] = {}
@@ -455,18 +481,82 @@ class HostMonitor:
             if counters["retransmitting"]:
                 self._retrans_reads[ip] = self._retrans_reads.get(ip, 0) + 1
 
+    def socket_deltas(self) -> dict[str, dict[str, int]] | None:
+        """Per peer, the segments its sockets retransmitted and the data segments they sent
+        since the previous call (`retrans_segs`, `data_segs_out`), from the kernel's
+        cumulative per-socket counters. The first call sets the baseline (every peer 0); a
+        socket opened since counts from zero. None where the counters cannot be read."""
+        if self.paths.net_ns is not None and self._injected is None:
+            # A namespace file may come to name another namespace (a drill's next row, a
+            # restarted container): a socket bound to the old one would read nothing new.
+            try:
+                ns = os.stat(self.paths.net_ns).st_ino
+            except OSError:
+                return None
+            if ns != self._ns_ino:
+                self._ns_ino, self._diag_opened, self._sock_seen = ns, False, None
+        if not self._diag_opened:
+            self._diag_opened = True
+            if self._diag is not None:
+                self._diag.close()
+            self._diag = open_sock_diag(self.paths)
+            self._tcp_sockets = self._diag.dump if self._diag else None
+        if self._tcp_sockets is None:
+            return None
+        try:
+            sockets = self._tcp_sockets()
+        except OSError as e:
+            log.warning("per-socket TCP counters unreadable (%s): reading /proc only", e)
+            self._tcp_sockets = None
+            if self._diag is not None:
+                self._diag.close()
+                self._diag = None
+            return None
+        first, seen = self._sock_seen is None, self._sock_seen or {}
+        now: dict[bytes, tuple[int, int | None]] = {}
+        out: dict[str, dict[str, int]] = {}
+        for s in sockets:
+            if s.peer.startswith("127.") or s.local.startswith("127."):
+                continue
+            now[s.cookie] = (s.total_retrans, s.data_segs_out)
+            retrans0, segs0 = (
+                (s.total_retrans, s.data_segs_out) if first else seen.get(s.cookie, (0, 0))
+            )
+            p = out.setdefault(s.peer, {"retrans_segs": 0, "data_segs_out": 0})
+            p["retrans_segs"] += max(0, s.total_retrans - retrans0)
+            if s.data_segs_out is not None:
+                p["data_segs_out"] += max(0, s.data_segs_out - (segs0 or 0))
+        self._sock_seen = now
+        return out
+
     def peer_records(self) -> list[Record]:
         """Now-values, not deltas: one `net_sample` per local address (`tcp-local@<ip>`)
         and per peer (`tcp@<ip>`: sockets, how many are backed up, queued bytes, and of
         this round's `reads` of the table the `stuck_reads` that found it backed up and the
-        `retrans_reads` that found a retransmission timer running), so
-        the service can tell which link of which node the stuck bytes share."""
+        `retrans_reads` that found a retransmission timer running; where the kernel's
+        per-socket counters can be read, also the round's `retrans_segs` and
+        `data_segs_out` towards that peer), so the service can tell which link of which
+        node the stuck or lost bytes share."""
         self.sample_peers()
-        view = read_tcp_peers(self.paths.net_dir or self.paths.proc_root / "net")
+        view = read_tcp_peers(self.paths.net_dir or self.paths.proc_root / "net", limit=None)
         reads, stuck, retrans = self._peer_reads, self._stuck_reads, self._retrans_reads
         self._peer_reads, self._stuck_reads, self._retrans_reads = 0, {}, {}
+        lost = self.socket_deltas()
         if view is None:
             return []
+        peers = {ip: {**c, **(lost or {}).get(ip, {})} for ip, c in view.peers.items()}
+        if lost is not None:
+            for c in peers.values():
+                c.setdefault("retrans_segs", 0)
+                c.setdefault("data_segs_out", 0)
+        ranked = sorted(
+            peers.items(),
+            key=lambda kv: (
+                -kv[1].get("retrans_segs", 0),
+                -kv[1]["backed_up"],
+                -kv[1]["tx_queue_bytes"],
+            ),
+        )[:PEERS_SENT]
         out = [
             record("net_sample", port=f"tcp-local@{ip}", link="tcp", counters={"sockets": n})
             for ip, n in sorted(view.local.items())[:4]
@@ -483,7 +573,7 @@ class HostMonitor:
                     "retrans_reads": retrans.get(ip, 0),
                 },
             )
-            for ip, counters in view.peers.items()
+            for ip, counters in ranked
         ]
         return out
 

@@ -8,9 +8,9 @@ a node's veth), packet loss (an nftables `numgen random` drop in the node's name
 a partition (the node's link down). `netem` is not in this machine's kernel; no delay is
 added. It also gives each node's agent (which runs in the host's namespace, where the
 service is) a view of its node's network: the namespace's sysfs mounted under
-`<view>/<i>/sys` and `<view>/<i>/net` linked to a sleeper's /proc/<pid>/net, which the
-agent reads as its `[host] net_sys_root` / `net_dir`. Must not touch any namespace,
-address, mount or rule it did not create.
+`<view>/<i>/sys`, `<view>/<i>/net` linked to a sleeper's /proc/<pid>/net and `<view>/<i>/ns`
+to its /proc/<pid>/ns/net, which the agent reads as its `[host] net_sys_root` / `net_dir`
+/ `net_ns`. Must not touch any namespace, address, mount or rule it did not create.
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ class DrillNet:
 
     def expose(self, view: Path) -> None:
         """Each node's network as its agent reads it: <view>/<i>/sys (the namespace's own
-        sysfs: mounted from inside it, it lists the namespace's interfaces) and
-        <view>/<i>/net (its /proc/net: the TCP MIB)."""
+        sysfs: mounted from inside it, it lists the namespace's interfaces),
+        <view>/<i>/net (its /proc/net: the TCP MIB and socket table) and <view>/<i>/ns
+        (the namespace itself: the agent joins it for the kernel's per-socket counters)."""
         for i in range(self.nodes):
             base = view / str(i)
             (base / "sys").mkdir(parents=True, exist_ok=True)
@@ -78,11 +79,12 @@ class DrillNet:
             self.mounts.append(base / "sys")
             sleeper = subprocess.Popen([*self.prefix(i), "sleep", "infinity"])
             self.sleepers.append(sleeper)
-            link = base / "net"
-            with contextlib.suppress(FileNotFoundError):
-                link.unlink()
-            os.symlink(f"/proc/{sleeper.pid}/net", link)
-            self.links.append(link)
+            for name, target in (("net", "net"), ("ns", "ns/net")):
+                link = base / name
+                with contextlib.suppress(FileNotFoundError):
+                    link.unlink()
+                os.symlink(f"/proc/{sleeper.pid}/{target}", link)
+                self.links.append(link)
 
     def prefix(self, node: int) -> list[str]:
         """Run a command inside the node's namespace (ip netns exec execs it: same pid)."""

@@ -252,6 +252,7 @@ def node_agents(service: Service, count: int) -> list[Path]:
             config.write_text(
                 "[host]\ninterval = 1.0\n"
                 f'net_sys_root = "{view / "sys"}"\nnet_dir = "{view / "net"}"\n'
+                f'net_ns = "{view / "ns"}"\n'
                 'interfaces = ["eth0"]\n'
             )
             # 0.25 s ticks: four reads of the socket table per 1 s round (a stuck link is

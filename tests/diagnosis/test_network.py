@@ -190,6 +190,48 @@ def test_a_retransmission_timer_seen_once_is_a_stuck_link() -> None:
     assert _named_nodes(d) == {node_subject(node_of(1, 1))}
 
 
+def _lost(tcp: list[dict[str, Any]], towards: int, resent: int, sent: int) -> None:
+    """Every other node's sockets to `towards` resent `resent` of `sent` data segments this
+    round (the kernel's per-socket counters), none of them caught stuck or in RTO."""
+    for r in tcp:
+        port = r["port"]
+        if port.startswith("tcp@"):
+            lossy = r["node"] != node_of(towards, 1) and port == f"tcp@{_ip(towards)}"
+            r["counters"] = {**r["counters"], "retrans_segs": resent if lossy else 0,
+                             "data_segs_out": sent}  # fmt: skip
+
+
+def test_segments_resent_over_the_round_name_the_lossy_node_though_no_read_caught_it() -> None:
+    # 20 % random loss on node 1: no read of the socket table landed on a queue or an RTO
+    # timer, but its peers' sockets resent 30 of 150 segments to it over the round.
+    tcp = [*_tcp(0), *_tcp(1), *_tcp(2)]
+    _lost(tcp, towards=1, resent=30, sent=150)
+    d = _diag([*_job(collective_share=0.7), *tcp])
+    (f,) = of_kind(d, "network_slow")
+    assert f.subject == node_subject(node_of(1, 1))
+    assert _named_nodes(d) == {node_subject(node_of(1, 1))}
+    assert f.evidence["counter"] == "retrans_segs"
+    assert (f.evidence["resent_segs"], f.evidence["sent_segs"]) == (60, 600)
+    assert "60 of 600 segments on them resent (10%)" in f.summary
+
+
+def test_a_busy_links_stray_retransmits_are_no_lossy_link() -> None:
+    # Two segments resent, or 40 of 100,000 (0.04 %): a healthy link's noise, nobody named.
+    for resent, sent in ((2, 10), (40, 100_000)):
+        tcp = [*_tcp(0), *_tcp(1), *_tcp(2)]
+        _lost(tcp, towards=1, resent=resent, sent=sent)
+        assert not _named_nodes(_diag([*_job(collective_share=0.7), *tcp])), (resent, sent)
+
+
+def test_loss_on_one_link_alone_names_neither_end() -> None:
+    tcp = [*_tcp(0), *_tcp(1), *_tcp(2)]
+    _lost(tcp, towards=1, resent=30, sent=150)
+    for r in tcp:  # only node 0 -> node 1 lost anything
+        if r["node"] == node_of(2, 1) and r["port"].startswith("tcp@"):
+            r["counters"]["retrans_segs"] = 0
+    assert not _named_nodes(_diag([*_job(collective_share=0.7), *tcp]))
+
+
 def _waiting_rank_0(recs: list[dict[str, Any]], last: int | None = None) -> list[dict[str, Any]]:
     """Rank 0 waits 700 ms more in collectives (in its `last` steps, or all)."""
     steps = sorted(r["step"] for r in recs if r["kind"] == "step" and r["rank"] == 0)

@@ -206,15 +206,13 @@ def _check_network_rows(tmp_path: Path) -> None:
     rows = {r["drill"]: r for r in json.loads(out.read_text())}
     assert set(rows) == set(rows_run), proc.stdout[-2000:]
     for name, row in rows.items():
-        if name == "lossy_link" and not row["passed"]:
-            # The least settled row (docs/drills.md): 20 % random loss was named in 8-23 s
-            # when it passed, and missed its 25 s in one clean CI run (both tries). A miss
-            # is an honest "no finding"; what must never happen is a healthy node named.
-            assert "not named within" in (row["error"] or ""), (name, row["error"])
-            assert "active findings: none" in row["error"], (name, row["error"])
-            continue
         assert row["passed"], (name, row["error"], row["invariants"], row["measured"])
         assert row["invariants"]["healthy_nodes_not_named"]
+    # 20 % random loss is named from the kernel's per-socket counters (segments resent over
+    # the round), not from catching a retransmit timer in one of four socket-table reads:
+    # they came the whole way, agent -> ingest -> the finding's evidence.
+    lossy = rows["lossy_link"]["measured"]["evidence"]["counters"]
+    assert lossy and all("data_segs_out" in c for c in lossy.values()), lossy
     # The slow link is a real fault: one step's bytes take SLOW_FACTOR healthy steps.
     slow = rows["slow_link"]["measured"]
     assert slow["link_bytes_per_step"] > 0 and slow["shaped_rate_kbit"] > 0

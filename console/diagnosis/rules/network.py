@@ -31,6 +31,8 @@ PEER_PREFIX = "tcp@"
 FRESH_S = 30.0  # a sample older than this says nothing about now
 ROUND_S = 2.0  # samples this close to a node's newest are of the same agent round
 COLLECTIVE_SHARE = 0.5  # of the median step: the group waits on the network
+LOSS_MIN_SEGS = 3  # segments retransmitted towards one peer in a round: a lossy link ...
+LOSS_SHARE = 0.01  # ... when they are also this share of the data segments sent
 
 
 def _waiting(ctx: Context) -> list[int]:
@@ -168,34 +170,58 @@ def _fresh_ports(ctx: Context) -> dict[str, list[NetPort]]:
     return out
 
 
+def lossy(counters: Mapping[str, int]) -> bool:
+    """The kernel's per-socket counters say the round lost segments towards this peer: at
+    least `LOSS_MIN_SEGS` retransmitted, and at least `LOSS_SHARE` of the data segments
+    sent (a healthy data-centre link resends far under 0.1 %; one lone retransmit of a
+    busy link is noise, not a lossy link)."""
+    retrans = counters.get("retrans_segs", 0)
+    return retrans >= LOSS_MIN_SEGS and retrans >= LOSS_SHARE * counters.get("data_segs_out", 0)
+
+
 def _stuck(counters: Mapping[str, int]) -> bool:
-    """A retransmission timer running in any of the round's reads of the socket table (a
-    segment was lost), or bytes backed up in most of them (a healthy link caught once
-    with bytes in flight is traffic, not a stuck link); one read: that read."""
+    """Segments lost over the round (`lossy`), a retransmission timer running in any of
+    the round's reads of the socket table, or bytes backed up in most of them (a healthy
+    link caught once with bytes in flight is traffic, not a stuck link); one read: that
+    read."""
     reads = counters.get("reads", 1)
-    if counters.get("retrans_reads", 0) > 0:
+    if lossy(counters) or counters.get("retrans_reads", 0) > 0:
         return True
     if reads <= 1:
         return counters.get("backed_up", 0) > 0
     return 2 * counters.get("stuck_reads", 0) > reads
 
 
-def _stuck_links(ports: dict[str, list[NetPort]]) -> set[frozenset[str]]:
-    """Node pairs with bytes stuck between them (a backed-up socket seen from either end)."""
+def _peer_ports(ports: dict[str, list[NetPort]]) -> list[tuple[frozenset[str], NetPort]]:
+    """Each node's per-peer socket sample with the link (node pair) it describes."""
     owner = {
         p.port.removeprefix(LOCAL_PREFIX): node
         for node, ps in ports.items()
         for p in ps
         if p.port.startswith(LOCAL_PREFIX)
     }
-    links: set[frozenset[str]] = set()
+    out = []
     for node, ps in ports.items():
         for p in ps:
             peer = owner.get(p.port.removeprefix(PEER_PREFIX))
-            stuck = _stuck(p.counters)
-            if p.port.startswith(PEER_PREFIX) and peer and peer != node and stuck:
-                links.add(frozenset((node, peer)))
-    return links
+            if p.port.startswith(PEER_PREFIX) and peer and peer != node:
+                out.append((frozenset((node, peer)), p))
+    return out
+
+
+def _stuck_links(ports: dict[str, list[NetPort]]) -> set[frozenset[str]]:
+    """Node pairs with bytes stuck or lost between them (seen from either end)."""
+    return {link for link, p in _peer_ports(ports) if _stuck(p.counters)}
+
+
+def _loss(ports: dict[str, list[NetPort]], links: set[frozenset[str]]) -> tuple[int, int]:
+    """Segments retransmitted and data segments sent this round on `links`, both ends."""
+    resent = sent = 0
+    for link, p in _peer_ports(ports):
+        if link in links:
+            resent += p.counters.get("retrans_segs", 0)
+            sent += p.counters.get("data_segs_out", 0)
+    return resent, sent
 
 
 def _slow_links(ctx: Context) -> None:
@@ -218,17 +244,21 @@ def _slow_links(ctx: Context) -> None:
     peers = sorted(n for link in links for n in link if n != node)
     ranks = sorted(ctx.ranks_on_node[node])
     retrans = dict(mib.counters) if mib else {}
-    cited = (
-        f", {retrans['retrans_segs']} segments retransmitted" if retrans.get("retrans_segs") else ""
-    )
+    resent, sent = _loss(ports, links)
+    if resent and sent:
+        cited = f", {resent} of {sent} segments on them resent ({resent / sent:.0%})"
+    elif retrans.get("retrans_segs"):
+        cited = f", {retrans['retrans_segs']} segments retransmitted"
+    else:
+        cited = ""
     ctx.put(
         ctx.new(
             kind="network_slow",
             subject=node_subject(node),
             role=ROOT_CAUSE,
             severity=MAJOR,
-            summary=f"Slow or lossy network on {node}: bytes stuck on its links to "
-            f"{', '.join(peers[:4])} (every backed-up link of the group touches {node}{cited}); "
+            summary=f"Slow or lossy network on {node}: bytes stuck or lost on its links to "
+            f"{', '.join(peers[:4])} (every such link of the group touches {node}{cited}); "
             f"collectives take {share:.0%} of the median step",
             first_seen=ctx.now,
             last_seen=ctx.now,
@@ -236,7 +266,9 @@ def _slow_links(ctx: Context) -> None:
                 "node": node,
                 "ranks": ctx.capped(ranks),
                 "port": TCP_PORT,
-                "counter": "backed_up",
+                "counter": "retrans_segs" if resent else "backed_up",
+                "resent_segs": resent,
+                "sent_segs": sent,
                 "stuck_links": sorted(sorted(link) for link in links),
                 "peers": peers[: ctx.cfg.max_evidence_items],
                 "counters": {
