@@ -3,18 +3,19 @@
 Owns `clock_throttle` and `intra_node_link`: a real gloo job whose rank 1 is bound to a
 fake GPU of the drill agent (agents/fake_nvml.py, scripted through the drill's control
 directory) and the hardware signal written there. For `clock_throttle` the slowdown is
-real too: every rank does the same real arithmetic in its compute phase
-(`--compute-work`), and from the moment the fake GPU reports the thermal slowdown (SM
-clock x 0.5) the drill duty-cycles rank 1's process (SIGSTOP half of every 100 ms,
-SIGCONT the other half: `DutyCycle`), so its compute really takes about twice as long
-and the group waits for it. The console must tie the straggler to the throttled GPU (the
-`straggler` on rank 1 a symptom in the `thermal_throttle` incident) and name no healthy
-rank, GPU or node: the fake NVML signal alone (a minor throttle) does not pass. Detection
-is judged through the REST API like every other row; no restart is needed for either,
-so the job keeps its one generation and the row checks it skipped nothing. The fake GPU
-is cleared and the process resumed afterwards (another row must not inherit them). Must
-not judge faults itself. (`long_kernel` needs no fake GPU: the trainer's `long_kernel` fault
-blocks rank 1 in its compute phase, the generic inside-fault path runs it.)
+real too: every rank does the same real arithmetic in its compute phase (`--compute-ms`:
+matmuls sized to ~150 ms of this box's core), and from the moment the fake GPU reports
+the thermal slowdown (SM clock x 0.5) the drill duty-cycles rank 1's process (SIGSTOP
+half of every 100 ms, SIGCONT the other half: `DutyCycle`), so its compute really takes
+about twice as long and the group waits for it. The console must tie the straggler to
+the throttled GPU (the `straggler` on rank 1 a symptom in the `thermal_throttle`
+incident) and name no healthy rank, GPU or node: the fake NVML signal alone (a minor
+throttle) does not pass. Detection is judged through the REST API like every other row;
+no restart is needed for either, so the job keeps its one generation and the row checks
+it skipped nothing. The fake GPU is cleared and the process resumed afterwards (another
+row must not inherit them). Must not judge faults itself. (`long_kernel` needs no fake
+GPU: the trainer's `long_kernel` fault blocks rank 1 in its compute phase, the generic
+inside-fault path runs it.)
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ SCRIPT = {"clock_throttle": "thermal_throttle", "intra_node_link": "nvlink_error
 FAULT_STEP = 12
 DETECT_TIMEOUT_S = 25.0
 ROWS = frozenset(GPU_INDEX)
-COMPUTE_WORK = 96  # 256x256 matmuls per compute phase: ~80 ms of one core here
+# The compute phase's real work, sized on the box at start (trainer --compute-ms): a fixed
+# 96 matmuls was ~80 ms on one box and too little on a faster one, where a rank whose
+# compute doubled stayed under the straggler ratio (busy = the 150 ms input sleep + it).
+COMPUTE_MS = 150.0
 # Stopped half of every 100 ms: the share it runs matches fake NVML's SM clock x 0.5. The
 # stops are shorter than the 150 ms input sleep, so they stretch compute, not input (a
 # throttled rank whose input phase dominated would be an undetermined straggler).
@@ -103,7 +107,7 @@ def run(drill: Drill) -> None:
     drill.gpus[FAULT_RANK] = fake_uuid("drill-node", index)
     extra = ["--ckpt-every", "5"]
     if throttle:
-        extra += ["--compute-work", str(COMPUTE_WORK)]
+        extra += ["--compute-ms", str(COMPUTE_MS)]
     slowed: DutyCycle | None = None
     straggler = f"rank:{drill.group}/{FAULT_RANK}"
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -40,6 +41,21 @@ def _fault_mark(args: argparse.Namespace, rank: int, step: int) -> None:
         _write_status(mark, {"rank": rank, "step": step, "ts": time.time()})
 
 
+def _calibrate(ms: float, work: tuple[Any, Any], torch: Any, dist: Any) -> int:
+    """Matmuls that take about `ms` of this box's core, the world's largest estimate (every
+    rank must do the same work: a fixed count was too little compute on a fast box for a
+    halved rank to be a straggler, too much on a slow one)."""
+    z, rounds = work[0], 16
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        z = torch.tanh(z @ work[1])
+    per_s = max(1e-6, (time.perf_counter() - t0) / rounds)
+    n = torch.tensor([max(1, math.ceil(ms / 1000.0 / per_s))])
+    if dist.get_world_size() > 1:
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+    return int(n[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m faultline.drill.trainer")
     parser.add_argument("--group", required=True)
@@ -59,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compute-work", type=int, default=0, help="256x256 matmuls per step's compute phase"
     )
+    parser.add_argument(
+        "--compute-ms", type=float, default=0.0,
+        help="size --compute-work to about this many ms of this box's core (the world agrees)",
+    )  # fmt: skip
     parser.add_argument("--probe-every", type=int, default=5, help="fixed-batch probe period")
     args = parser.parse_args(argv)
 
@@ -87,9 +107,12 @@ def main(argv: list[str] | None = None) -> int:
             return float(torch.nn.functional.mse_loss(model(probe_x), probe_y))
 
     work = None
-    if args.compute_work:
+    if args.compute_work or args.compute_ms:
         wg = torch.Generator().manual_seed(7)
         work = (torch.randn(256, 256, generator=wg), torch.randn(256, 256, generator=wg) / 16)
+    if work is not None and args.compute_ms:
+        args.compute_work = _calibrate(args.compute_ms, work, torch, dist)
+        print(f"rank {rank}: {args.compute_work} matmuls a step (~{args.compute_ms:g} ms)")
     reporter.get().set_probe(fixed_batch_loss, every=args.probe_every, name="fixed_batch_loss")
     start = 0
     if args.resume is not None:
