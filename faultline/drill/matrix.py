@@ -321,6 +321,15 @@ MATRIX: tuple[Spec, ...] = (
         quick=False,
         layer="control",
     ),
+    Spec(
+        "topology_change_ep4",
+        "rank 1's node lost; recover a 4-expert MoE on 4 ranks onto 2 (EP 4 -> 2: each new "
+        "rank joins two old ranks' experts with the gate)",
+        "process_exit",
+        True,
+        quick=False,
+        layer="control",
+    ),
     # -- serving (faultline.drill.serving_drill: real workers of serving_loop) ------------
     Spec(
         "serving_worker_exit",

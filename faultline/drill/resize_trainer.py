@@ -376,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     cursor, start = 0, 0
     if args.resume is not None:
         manifest = json.loads((args.resume / "faultline.json").read_text())
-        if mp > 1:
-            raise SystemExit("error: --resume restores onto one rank's whole model only")
+        # Every new rank loads the whole model (DCP reads each tensor from whichever old
+        # ranks' shards hold it), then keeps its own part below: any old split onto any new.
         state: dict[str, Any] = {
             "model": full.state_dict(),
             "step": torch.tensor(0),

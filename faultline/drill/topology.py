@@ -26,14 +26,16 @@ the rank that holds them, join on one rank), `topology_change_ep` a two-expert M
 experts live on different ranks (EP 2 -> 1: both experts and the replicated gate load onto
 one rank); both run through the same checks, with the stages sharing a slice as TP ranks
 do and every expert required to have taken tokens (an EP row whose gate routed everything
-to one expert would test nothing).
+to one expert would test nothing). `topology_change_ep4` restores a split onto another
+split of the same kind: four experts on four ranks (EP 4), then on two ranks with two
+experts each (EP 2), so each new rank joins two old ranks' experts with the gate.
 """
 
 from __future__ import annotations
 
 import signal
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from faultline.drill import invariants
 from faultline.drill.util import all_alive, world_shape
@@ -43,16 +45,38 @@ from faultline.drill.util import wait as _wait
 Drill = Any  # faultline.drill.runner.Drill (runner imports this module: no cycle)
 
 MODULE = "faultline.drill.resize_trainer"
-OLD_WORLD, NEW_WORLD = 2, 1
 DETECT_TIMEOUT_S = 25.0
 WATCH_NEW_GENERATION_S = 12.0  # the new world runs this long past catch-up under watch
 CONVERGE_S = 10.0
-# row -> (the trainer's flags for generation 1, for generation 2, generation 1's shape)
-SHAPES: dict[str, tuple[list[str], list[str], dict[str, int]]] = {
-    "topology_change": ([], [], {}),
-    "topology_change_tp": (["--tp", "2"], [], {"tp": 2}),
-    "topology_change_pp": (["--pp", "2"], [], {"pp": 2}),
-    "topology_change_ep": (["--experts", "2", "--ep", "2"], ["--experts", "2"], {"ep": 2}),
+
+
+class Resize(NamedTuple):
+    """One row's worlds: the trainer's flags, world size and TP/PP/EP degrees of
+    generation 1 (old) and of the generation restored onto the smaller world (new)."""
+
+    old_flags: list[str]
+    new_flags: list[str]
+    old_shape: dict[str, int]
+    old_world: int = 2
+    new_world: int = 1
+    new_shape: dict[str, int] | None = None
+
+
+SHAPES: dict[str, Resize] = {
+    "topology_change": Resize([], [], {}),
+    "topology_change_tp": Resize(["--tp", "2"], [], {"tp": 2}),
+    "topology_change_pp": Resize(["--pp", "2"], [], {"pp": 2}),
+    "topology_change_ep": Resize(["--experts", "2", "--ep", "2"], ["--experts", "2"], {"ep": 2}),
+    # A split restored onto another split of the same kind: four experts on four ranks,
+    # then two on each of two (each new rank loads two old ranks' experts and the gate).
+    "topology_change_ep4": Resize(
+        ["--experts", "4", "--ep", "4"],
+        ["--experts", "4", "--ep", "2"],
+        {"ep": 4},
+        old_world=4,
+        new_world=2,
+        new_shape={"ep": 2},
+    ),
 }
 
 
@@ -60,13 +84,23 @@ def _flag(flags: list[str], name: str) -> int:
     return int(flags[flags.index(name) + 1]) if name in flags else 0
 
 
+def findings_after(drill: Drill, launched: float, before: set[int]) -> list[str]:
+    """Incidents the new world opened (`kind@subject`): those opened since its launch that
+    were not open before it (the fault's own incident may be a moment younger than the
+    launch's clock slack)."""
+    fresh = drill.new_incidents(launched)
+    return [f"{i['kind']}@{i['subject']}" for i in fresh if i["id"] not in before]
+
+
 def topology_change(drill: Drill) -> None:
     r, spec = drill.result, drill.spec
-    old_flags, new_flags, old_shape = SHAPES[spec.name]
-    old = world_shape(OLD_WORLD, old_shape)
+    row = SHAPES[spec.name]
+    old_world, new_world = row.old_world, row.new_world
+    old = world_shape(old_world, row.old_shape)
     job = drill.launch(
-        1, ["--ckpt-every", "5", *old_flags], world=OLD_WORLD, module=MODULE, shape=old_shape
-    )
+        1, ["--ckpt-every", "5", *row.old_flags], world=old_world, module=MODULE,
+        shape=row.old_shape,
+    )  # fmt: skip
     if not _wait(lambda: job.step() >= 8 or not all_alive(job), 90) or job.step() < 8:
         raise RuntimeError(f"generation 1 never reached step 8: {job.why()}")
     if not _wait(lambda: drill.agent_phase(5) == "verified", 30, 0.2):
@@ -114,28 +148,33 @@ def topology_change(drill: Drill) -> None:
     r.checkpoint = ckpt
     r.lost_steps = last - resume
     r.lost_tokens = r.lost_steps * 64 * 64  # global batch x width
+    new_shape = world_shape(new_world, row.new_shape)
     r.measured.update(last_step=last, resume_step=resume, expected_resume=expected,
-                      old_world=OLD_WORLD, new_world=NEW_WORLD, global_batch=64,
+                      old_world=old_world, new_world=new_world, global_batch=64,
                       old_tp=old["tp"], old_pp=old["pp"], old_ep=old["ep"],
-                      new_tp=1, experts=_flag(old_flags, "--experts"))  # fmt: skip
+                      new_tp=new_shape["tp"], new_pp=new_shape["pp"], new_ep=new_shape["ep"],
+                      experts=_flag(row.old_flags, "--experts"))  # fmt: skip
     drill._transition("recovering", 1, from_state="quiescing")
     drill.restart_count += 1
-    extra = ["--ckpt-every", "5", *new_flags]
+    extra = ["--ckpt-every", "5", *row.new_flags]
     extra += ["--resume", str(drill.ckpt_root / ckpt)] if ckpt else []
+    # The fault's own incidents may have opened under a second before the launch (a fast
+    # detection and restore): new_incidents' clock slack would credit them to the resize.
+    before = {i["id"] for i in drill.incidents()}
     launched = time.time()
-    new = drill.launch(2, extra, world=NEW_WORLD, module=MODULE)
+    new = drill.launch(2, extra, world=new_world, module=MODULE, shape=row.new_shape)
     if not _wait(lambda: new.step() > resume, 90):
-        raise RuntimeError(f"generation 2 (world {NEW_WORLD}) never stepped: {new.why()}")
+        raise RuntimeError(f"generation 2 (world {new_world}) never stepped: {new.why()}")
     r.restore_s = round(time.time() - launched, 2)
     _wait(lambda: new.step() >= last or not new.alive(), 60)
     r.repeated_steps = max(0, min(new.step(), last) - resume)
     # Faultline watches the smaller generation run: no finding for the ranks that left.
     time.sleep(WATCH_NEW_GENERATION_S)
-    false = [f"{i['kind']}@{i['subject']}" for i in drill.new_incidents(launched)]
+    false = findings_after(drill, launched, before)
     info = drill.group_info() or {}
     shape = info.get("topology") or {}
-    if shape != world_shape(NEW_WORLD):
-        false.append(f"console topology {shape} is not the new world's {world_shape(NEW_WORLD)}")
+    if shape != new_shape:
+        false.append(f"console topology {shape} is not the new world's {new_shape}")
     r.measured.update(
         findings_after_resize=false,
         console_world_size=info.get("world_size"),

@@ -45,13 +45,41 @@ def test_serving_invariants_fail_on_a_duplicate_a_double_finish_or_a_wrong_token
 
 def test_the_serving_and_topology_rows_run_here_for_real() -> None:
     rows = {s.name: s for s in MATRIX}
-    topology = [f"topology_change{x}" for x in ("", "_tp", "_pp", "_ep")]
+    topology = [f"topology_change{x}" for x in ("", "_tp", "_pp", "_ep", "_ep4")]
     for name in ("serving_worker_exit", "canary_switch", *topology):
         assert rows[name].runs == REAL
     assert sum(1 for s in MATRIX if s.quick and s.layer == "serving") <= 1
     for spec in MATRIX:
         if spec.runs == NOT_HERE:
             assert spec.why, spec.name
+
+
+def test_the_faults_own_incident_is_no_finding_of_the_resized_world() -> None:
+    """A fast box: process_exit opened 0.4 s after the kill and the new world launched
+    0.5 s later, inside new_incidents' 1 s clock slack; the fault's own incident was
+    reported as a false finding of the resized world (3 of 4 topology rows failed)."""
+    from datetime import UTC, datetime
+
+    from faultline.drill.runner import Drill
+    from faultline.drill.topology import findings_after
+
+    launched = time.time()
+
+    def opened(at: float) -> str:
+        return datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
+
+    incidents = [
+        {"id": 7, "kind": "process_exit", "subject": "rank:g/1", "state": "open",
+         "role": "root_cause", "opened_at": opened(launched - 0.5)},
+        {"id": 8, "kind": "rank_missing", "subject": "rank:g/1", "state": "open",
+         "role": "root_cause", "opened_at": opened(launched + 3.0)},
+    ]  # fmt: skip
+    drill = SimpleNamespace(incidents=lambda: incidents)
+    drill.new_incidents = lambda t0: Drill.new_incidents(drill, t0)  # type: ignore[arg-type]
+    assert findings_after(drill, launched, before={7}) == ["rank_missing@rank:g/1"]
+    assert findings_after(drill, launched, before=set()) == [
+        "process_exit@rank:g/1", "rank_missing@rank:g/1",
+    ]  # fmt: skip
 
 
 @needs_torch
@@ -329,3 +357,38 @@ def test_a_pipeline_or_expert_parallel_checkpoint_restores_onto_one_rank(
     replayed = _losses(new_s / "rank0.steps")
     assert min(replayed) == 5
     assert max(abs(replayed[s] - rank0[s]) / rank0[s] for s in range(5, 9)) < 1e-4
+
+
+@needs_torch
+@pytest.mark.slow
+@pytest.mark.torch
+def test_an_ep4_checkpoint_restores_onto_an_ep2_world(tmp_path: Path) -> None:
+    """A split restored onto another split of the same kind (real gloo, real DCP): four
+    experts on four ranks, then two on each of two ranks. Each new rank loads two old
+    ranks' experts and the gate with the checksum saved over the gathered weights, replays
+    the same global losses, and routes tokens to both of its experts."""
+    ck, old_s, new_s = (tmp_path / d for d in ("ck", "old", "new"))
+    for d in (ck, old_s, new_s):
+        d.mkdir()
+    common = ["--group", "g", "--steps", "8", "--step-sleep", "0", "--ckpt-every", "4",
+              "--experts", "4"]  # fmt: skip
+    _torchrun([*common, "--generation", "1", "--ep", "4", "--ckpt-root", str(ck),
+               "--status-dir", str(old_s)], 4, tmp_path)  # fmt: skip
+    manifest = json.loads((ck / "g-step_000004" / "faultline.json").read_text())
+    assert (manifest["world_size"], manifest["ep"]) == (4, 4)
+    assert len(list((ck / "g-step_000004").glob("*.distcp"))) == 4  # one shard file per rank
+    old = _losses(old_s / "rank0.steps")
+    assert all(_losses(old_s / f"rank{r}.steps") == old for r in (1, 2, 3))
+    resume = ["--resume", str(ck / "g-step_000004")]
+    _torchrun([*common, "--generation", "2", "--ep", "2", "--ckpt-root", str(tmp_path / "ck-n"),
+               *resume, "--status-dir", str(new_s)], 2, tmp_path)  # fmt: skip
+    for r in (0, 1):
+        restored = json.loads((new_s / f"restored-rank{r}.json").read_text())
+        assert restored["saved_param_sha"] == restored["loaded_param_sha"]
+        assert (restored["manifest_ep"], restored["manifest_world"], restored["world"]) == (4, 4, 2)
+        replayed = _losses(new_s / f"rank{r}.steps")
+        assert min(replayed) == 5
+        assert max(abs(replayed[s] - old[s]) / old[s] for s in range(5, 9)) < 1e-4
+    lines = [json.loads(ln) for r in (0, 1) for ln in (new_s / f"rank{r}.steps").open()]
+    # rank 0 of EP 2 holds experts 0 and 1, rank 1 experts 2 and 3
+    assert {tuple(sorted(ln["routed"])) for ln in lines} == {("0", "1"), ("2", "3")}
