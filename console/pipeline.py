@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import Q
+from django.db.models import F, Q
 
 from console import actions, collector, snapshots
 from console.actions.audit import SYSTEM
@@ -62,12 +62,16 @@ def mark_silent_nodes(*, now: datetime) -> list[str]:
 
 
 def groups_to_sweep(*, now: datetime, window: timedelta) -> list[str]:
+    """Groups whose silence may mean something, the most recently active first: the
+    sweep's young-group budget is spent in this order, and in table order a node's long
+    idle jobs spent it every second before its newest job's hang was ever judged."""
     return list(
         ConsistencyGroup.objects.filter(
             Q(last_activity__gte=now - window)
             | Q(incidents__state__in=[IncidentState.OPEN, IncidentState.ACKNOWLEDGED])
         )
         .exclude(state__in=[GroupState.COMPLETED, GroupState.STOPPED])
+        .order_by(F("last_activity").desc(nulls_last=True), "name")
         .distinct()
         .values_list("name", flat=True)
     )

@@ -6,13 +6,15 @@ and the per-group debounce of diagnosis, which keeps established groups ahead of
 ones (created in the last DIAGNOSIS_YOUNG_GROUP_S: an optional longer debounce and a
 budget a second per node that created them, so one node's flood of invented groups
 spends only its own budget and queues behind real jobs, young or old, never in front of
-them; docs/security.md). An established group's urgent diagnosis (a batch with a device
-event) also goes, without countdown, to a queue of its own that a worker process of its
-own drains (URGENT_QUEUE; `faultline up` and docker-compose run it), so a saturated
-ordinary worker's backlog, which it holds in memory in countdown order, cannot sit in
-front of it. Only Celery's autodiscovery imports
-`console.tasks`, `console.notify_tasks` and `ingest.tasks`. It must not decide *what*
-to run: callers do, on commit. Scheduling a diagnosis never raises (the sweep catches up).
+them; the sweep's runs of young groups have a budget of their own, so a node's idle
+young groups cannot starve its newest job's batches; docs/security.md). An established
+group's urgent diagnosis (a batch with a device event) also goes, without countdown, to
+a queue of its own that a worker process of its own drains (URGENT_QUEUE; `faultline up`
+and docker-compose run it), so a saturated ordinary worker's backlog, which it holds in
+memory in countdown order, cannot sit in front of it. Only Celery's autodiscovery
+imports `console.tasks`, `console.notify_tasks` and `ingest.tasks`. It must not decide
+*what* to run: callers do, on commit. Scheduling a diagnosis never raises (the sweep
+catches up).
 """
 
 from __future__ import annotations
@@ -105,8 +107,14 @@ def _budget_spent(kind: str, node: str, limit: int) -> bool:
     return int(cache.incr(key)) > limit
 
 
-def _young_budget_spent(creator: str) -> bool:
-    """Count one young group's diagnosis in the budget of the node that created it."""
+def _young_budget_spent(creator: str, *, sweep: bool = False) -> bool:
+    """Count one young group's diagnosis in the budget of the node that created it. The
+    sweep's runs (silence: no new records) spend a budget of their own, half as large:
+    sharing one let a node's idle young groups, swept every second, spend all of it at the
+    top of each second, so its newest job's batches were never diagnosed (a drill's 20th
+    job on one node: its fault not named in 25 s)."""
+    if sweep:
+        return _budget_spent("young-sweep", creator, max(1, settings.DIAGNOSIS_YOUNG_PER_S // 2))
     return _budget_spent("young", creator, settings.DIAGNOSIS_YOUNG_PER_S)
 
 
@@ -158,15 +166,17 @@ def _schedule_urgent(group: str, node: str | None) -> None:
     enqueue(DIAGNOSE_GROUP, group, URGENT, queue=URGENT_QUEUE, expires=URGENT_EXPIRES_S)
 
 
-def schedule_diagnosis(group: str, *, urgent: bool = False, node: str | None = None) -> None:
+def schedule_diagnosis(
+    group: str, *, urgent: bool = False, node: str | None = None, sweep: bool = False
+) -> None:
     """Debounce: at most one pending diagnosis per group per debounce window; a young
-    group's spends its creator node's budget (over it: the next batch or the sweep, within
-    a second, comes back through here). Not `urgent` (no device event), a batch within
-    the debounce window of finding a run pending skips even the check (ingest's hot path:
-    two Redis round trips a batch otherwise). `urgent` (a device event reported by `node`)
-    an established group also gets a run on the urgent lane; the ordinary one is
-    scheduled as always (it covers what arrives after the urgent run read, and a lane
-    worker that is down)."""
+    group's spends its creator node's budget (over it: the next batch or the sweep,
+    within a second, comes back through here; `sweep`, the sweep's own, smaller budget).
+    Not `urgent` (no device event), a batch within the debounce window of finding a run
+    pending skips even the check (ingest's hot path: two Redis round trips a batch
+    otherwise). `urgent` (a device event reported by `node`) an established group also
+    gets a run on the urgent lane; the ordinary one is scheduled as always (it covers
+    what arrives after the urgent run read, and a lane worker that is down)."""
     if urgent and settings.DIAGNOSIS_URGENT_LANE:
         try:
             _schedule_urgent(group, node)
@@ -193,7 +203,7 @@ def schedule_diagnosis(group: str, *, urgent: bool = False, node: str | None = N
             _covered_at[group] = now
             return
         # Who created it is read only when a run is due (once per window, not per batch).
-        if young and _young_budget_spent(str(cache.get(young_key(group)))):
+        if young and _young_budget_spent(str(cache.get(young_key(group))), sweep=sweep):
             # Release the debounce key: holding it (until its timeout, 5 s) left a young
             # group over budget undiagnosed for seconds after the budget came back.
             cache.delete(pending_key(group))

@@ -43,4 +43,4 @@ def sweep() -> None:
     # Queue, don't run inline: workers diagnose groups in parallel, and the debounce key
     # keeps at most one pending diagnosis per group however often the sweep fires.
     for name in pipeline.groups_to_sweep(now=now, window=timedelta(minutes=30)):
-        scheduling.schedule_diagnosis(name)
+        scheduling.schedule_diagnosis(name, sweep=True)

@@ -359,8 +359,10 @@ EVENT_RETENTION_DAYS = env_int("FAULTLINE_EVENT_RETENTION_DAYS", 90, minimum=1)
 DIAGNOSIS_DEBOUNCE_MS = env_int("FAULTLINE_DIAGNOSIS_DEBOUNCE_MS", 200, minimum=0)
 # Groups younger than DIAGNOSIS_YOUNG_GROUP_S wait behind established ones: at most
 # DIAGNOSIS_YOUNG_PER_S of their diagnoses are queued a second per node that created them
-# (the next batch or the sweep catches up on the rest), so one token's invented groups
-# cannot delay a real job's incident, nor spend a real new job's budget. Their debounce is
+# (the next batch or the sweep catches up on the rest; the sweep's own runs of them have
+# a budget of half that, so idle young groups never starve a new job's batches), so one
+# token's invented groups cannot delay a real job's incident, nor spend a real new job's
+# budget. Their debounce is
 # the ordinary one unless DIAGNOSIS_YOUNG_DEBOUNCE_MS says more: jobs often fail in their
 # first minutes, and a new job's Xid must page as fast as an old one's.
 DIAGNOSIS_YOUNG_GROUP_S = env_int("FAULTLINE_DIAGNOSIS_YOUNG_GROUP_S", 600, minimum=0)
