@@ -267,6 +267,25 @@ def test_it_diagnoses_established_groups_ahead_of_a_flood_of_new_ones(
     assert ("real", settings.DIAGNOSIS_DEBOUNCE_MS / 1000) in queued
 
 
+def _budget_second(settings, monkeypatch, *, per_s: int) -> tuple[list[str], SimpleNamespace]:
+    """Young groups' diagnoses at `per_s` a node, queued groups recorded, and the budget's
+    clock held in one second (`clock.time` moves it on): under CI load a batch crossed a
+    second boundary and got a fresh budget."""
+    from console import live, scheduling
+
+    live.forget_recent()
+    scheduling.forget_recent()
+    settings.INGEST_NEW_GROUPS_PER_HOUR = 100
+    settings.DIAGNOSIS_YOUNG_PER_S = per_s
+    queued: list[str] = []
+    monkeypatch.setattr(
+        scheduling, "enqueue", lambda name, group, countdown=None: queued.append(group)
+    )
+    clock = SimpleNamespace(time=lambda: 1_000_000.0, monotonic=time.monotonic)
+    monkeypatch.setattr(scheduling, "time", clock)
+    return queued, clock
+
+
 def test_a_flood_of_new_groups_leaves_another_nodes_new_job_its_own_budget(
     post_batch, settings, monkeypatch
 ):
@@ -274,18 +293,10 @@ def test_a_flood_of_new_groups_leaves_another_nodes_new_job_its_own_budget(
     spend its diagnosis budget (a shared one left its first Xid to the sweep, 8.6 s)."""
     from django.core.cache import cache
 
-    from console import live, scheduling
+    from console import scheduling
 
-    live.forget_recent()
-    settings.INGEST_NEW_GROUPS_PER_HOUR = 100
-    settings.DIAGNOSIS_YOUNG_PER_S = 3
-    queued: list[str] = []
-    monkeypatch.setattr(
-        scheduling, "enqueue", lambda name, group, countdown=None: queued.append(group)
-    )
     # Within one budget second: the flood spends evil's budget, then the new job arrives.
-    clock = SimpleNamespace(time=lambda: 1_000_000.0, monotonic=time.monotonic)
-    monkeypatch.setattr(scheduling, "time", clock)
+    queued, _ = _budget_second(settings, monkeypatch, per_s=3)
     flood = [step(0, 1, group=f"new-{i:03d}") for i in range(30)]
     assert post_batch(make_batch(flood, node="evil")).status_code == 202
     assert len([g for g in queued if g.startswith("new-")]) == 3
@@ -305,19 +316,10 @@ def test_a_nodes_idle_young_groups_swept_every_second_leave_its_new_job_its_budg
     scheduler said they ended), are swept every second. Sharing one budget, the sweep spent
     all of it at the top of each second and the node's newest job was never diagnosed
     (the drill's 22nd row: its partition not named in 25 s, "active findings: none")."""
-    from console import live, scheduling
+    from console import scheduling
     from console.tasks import sweep
 
-    live.forget_recent()
-    scheduling.forget_recent()
-    settings.INGEST_NEW_GROUPS_PER_HOUR = 100
-    settings.DIAGNOSIS_YOUNG_PER_S = 10
-    queued: list[str] = []
-    monkeypatch.setattr(
-        scheduling, "enqueue", lambda name, group, countdown=None: queued.append(group)
-    )
-    clock = SimpleNamespace(time=lambda: 1_000_000.0, monotonic=time.monotonic)
-    monkeypatch.setattr(scheduling, "time", clock)
+    queued, clock = _budget_second(settings, monkeypatch, per_s=10)
     old = [transition("running", group=f"old-{i:02d}") for i in range(12)]
     assert post_batch(make_batch(old, node="busy")).status_code == 202
     from django.core.cache import cache
