@@ -326,10 +326,11 @@ class HostPaths:
 
     def own_network(self) -> bool:
         """The network read is the agent's own namespace's (no other view configured)."""
-        return self.net_ns is None and self.net_dir is None and self.proc_root == Path("/proc")
+        return self.net_dir is None and self.proc_root == Path("/proc")
 
 
 PEERS_SENT = 16  # peers reported per round: the most lossy and backed-up first
+_UNOPENED = object()  # HostMonitor: no sock_diag socket opened yet
 
 
 def open_sock_diag(paths: HostPaths) -> SockDiag | None:
@@ -357,11 +358,12 @@ class HostMonitor:
         tcp_sockets: Callable[[], list[TcpSocket]] | None = None,
     ) -> None:
         self.paths = paths or HostPaths()
-        # The kernel's per-socket counters (agents/sockdiag.py): opened on first use.
-        self._tcp_sockets = self._injected = tcp_sockets
-        self._diag_opened = tcp_sockets is not None
+        # The kernel's per-socket counters (agents/sockdiag.py): `tcp_sockets` (tests), or
+        # a SockDiag opened on first use for the namespace `_diag_for` names (reopened
+        # when the namespace file comes to name another).
+        self._injected = tcp_sockets
         self._diag: SockDiag | None = None
-        self._ns_ino: int | None = None
+        self._diag_for: object = _UNOPENED
         self._sock_seen: dict[bytes, tuple[int, int | None]] | None = None  # cookie -> counts
         self._statvfs = statvfs
         self._io_errors = io_errors or (lambda device: 0)
@@ -481,36 +483,40 @@ class HostMonitor:
             if counters["retransmitting"]:
                 self._retrans_reads[ip] = self._retrans_reads.get(ip, 0) + 1
 
+    def _sock_dump(self) -> Callable[[], list[TcpSocket]] | None:
+        """The dump of this round's namespace: a namespace file may come to name another
+        namespace (a drill's next row, a restarted container), and a socket bound to the
+        old one would read nothing new."""
+        ns: object = None
+        if self.paths.net_ns is not None:
+            try:
+                ns = os.stat(self.paths.net_ns).st_ino
+            except OSError:
+                return None
+        if ns != self._diag_for:
+            self._close_diag()
+            self._diag_for, self._sock_seen = ns, None
+            self._diag = open_sock_diag(self.paths)
+        return self._diag.dump if self._diag else None
+
+    def _close_diag(self) -> None:
+        if self._diag is not None:
+            self._diag.close()
+            self._diag = None
+
     def socket_deltas(self) -> dict[str, dict[str, int]] | None:
         """Per peer, the segments its sockets retransmitted and the data segments they sent
         since the previous call (`retrans_segs`, `data_segs_out`), from the kernel's
         cumulative per-socket counters. The first call sets the baseline (every peer 0); a
         socket opened since counts from zero. None where the counters cannot be read."""
-        if self.paths.net_ns is not None and self._injected is None:
-            # A namespace file may come to name another namespace (a drill's next row, a
-            # restarted container): a socket bound to the old one would read nothing new.
-            try:
-                ns = os.stat(self.paths.net_ns).st_ino
-            except OSError:
-                return None
-            if ns != self._ns_ino:
-                self._ns_ino, self._diag_opened, self._sock_seen = ns, False, None
-        if not self._diag_opened:
-            self._diag_opened = True
-            if self._diag is not None:
-                self._diag.close()
-            self._diag = open_sock_diag(self.paths)
-            self._tcp_sockets = self._diag.dump if self._diag else None
-        if self._tcp_sockets is None:
+        dump = self._injected or self._sock_dump()
+        if dump is None:
             return None
         try:
-            sockets = self._tcp_sockets()
+            sockets = dump()
         except OSError as e:
             log.warning("per-socket TCP counters unreadable (%s): reading /proc only", e)
-            self._tcp_sockets = None
-            if self._diag is not None:
-                self._diag.close()
-                self._diag = None
+            self._close_diag()  # not reopened until the namespace changes
             return None
         first, seen = self._sock_seen is None, self._sock_seen or {}
         now: dict[bytes, tuple[int, int | None]] = {}
@@ -544,11 +550,8 @@ class HostMonitor:
         lost = self.socket_deltas()
         if view is None:
             return []
-        peers = {ip: {**c, **(lost or {}).get(ip, {})} for ip, c in view.peers.items()}
-        if lost is not None:
-            for c in peers.values():
-                c.setdefault("retrans_segs", 0)
-                c.setdefault("data_segs_out", 0)
+        none_lost = {} if lost is None else {"retrans_segs": 0, "data_segs_out": 0}
+        peers = {ip: {**c, **(lost or {}).get(ip, none_lost)} for ip, c in view.peers.items()}
         ranked = sorted(
             peers.items(),
             key=lambda kv: (

@@ -209,15 +209,12 @@ def _peer_ports(ports: dict[str, list[NetPort]]) -> list[tuple[frozenset[str], N
     return out
 
 
-def _stuck_links(ports: dict[str, list[NetPort]]) -> set[frozenset[str]]:
-    """Node pairs with bytes stuck or lost between them (seen from either end)."""
-    return {link for link, p in _peer_ports(ports) if _stuck(p.counters)}
-
-
-def _loss(ports: dict[str, list[NetPort]], links: set[frozenset[str]]) -> tuple[int, int]:
+def _loss(
+    pairs: list[tuple[frozenset[str], NetPort]], links: set[frozenset[str]]
+) -> tuple[int, int]:
     """Segments retransmitted and data segments sent this round on `links`, both ends."""
     resent = sent = 0
-    for link, p in _peer_ports(ports):
+    for link, p in pairs:
         if link in links:
             resent += p.counters.get("retrans_segs", 0)
             sent += p.counters.get("data_segs_out", 0)
@@ -228,7 +225,9 @@ def _slow_links(ctx: Context) -> None:
     """The one node every stuck link of the group touches (network tomography over the
     nodes' sockets). One stuck link alone has two suspects: nobody is named."""
     ports = _fresh_ports(ctx)
-    links = _stuck_links(ports)
+    pairs = _peer_ports(ports)
+    # Node pairs with bytes stuck or lost between them (seen from either end).
+    links = {link for link, p in pairs if _stuck(p.counters)}
     if len(links) < 2:
         return
     common = frozenset.intersection(*links)
@@ -244,7 +243,7 @@ def _slow_links(ctx: Context) -> None:
     peers = sorted(n for link in links for n in link if n != node)
     ranks = sorted(ctx.ranks_on_node[node])
     retrans = dict(mib.counters) if mib else {}
-    resent, sent = _loss(ports, links)
+    resent, sent = _loss(pairs, links)
     if resent and sent:
         cited = f", {resent} of {sent} segments on them resent ({resent / sent:.0%})"
     elif retrans.get("retrans_segs"):
