@@ -330,6 +330,15 @@ MATRIX: tuple[Spec, ...] = (
         quick=False,
         layer="control",
     ),
+    Spec(
+        "topology_change_pp4",
+        "rank 1's node lost; recover a 4-stage pipeline on 4 ranks onto 2 (PP 4 -> 2: each "
+        "new stage joins two old ranks' layers)",
+        "process_exit",
+        True,
+        quick=False,
+        layer="control",
+    ),
     # -- serving (faultline.drill.serving_drill: real workers of serving_loop) ------------
     Spec(
         "serving_worker_exit",

@@ -25,19 +25,26 @@ into the checkpoint as DTensors, so a world of another shape (TP 2 -> 1) loads t
 resharded by DCP; the manifest's checksum is of the whole (gathered) weights, in the
 unsharded model's state-dict names, so the same check holds for any TP.
 
-`--pp 2` runs it as a two-stage pipeline (world = DP x 2): stage 0 holds the first linear
-layer and the ReLU, stage 1 the second; each step is one micro-batch (GPipe with one
-micro-batch): stage 0 sends its activations to stage 1 (`dist.send`/`recv`, traced as p2p
-by agents.torch), stage 1 computes the loss and sends the activations' gradient back.
-Both stages read the replica's slice (stage 0 the inputs, stage 1 the labels).
+`--layers L` makes the dense model deeper (L linear layers, a ReLU after each but the
+last; default 2). `--pp P` runs it as a P-stage pipeline (world = DP x P; P divides L):
+stage s holds layers [s*L/P, (s+1)*L/P); each step is one micro-batch (GPipe with one
+micro-batch): each stage receives its input activations from the stage before
+(`dist.recv`), sends its output to the next (`dist.send`, traced as p2p by agents.torch),
+the last stage computes the loss, and the gradients travel back stage by stage. Every
+stage reads the replica's slice (stage 0 the inputs, the last stage the labels).
 
 `--experts E` makes the model a top-1 mixture of E such MLPs behind a replicated gate, and
 `--ep N` splits the experts over N ranks (expert parallel, world = DP x N ... each EP rank
-is also a data-parallel rank of the dense gate and reads its own slice): an EP group's
-inputs are all-gathered (the dispatch an all_to_all does, without the routing-dependent
-splits), each rank runs the tokens the gate routed to its experts, and the per-token
-losses are SUM-reduced, so the update equals the unsplit MoE's. Gate gradients are summed
-over the world, an expert's over the DP replicas that hold it.
+is also a data-parallel rank of the dense gate and reads its own slice). The dispatch is
+a routing-dependent `all_to_all`, as real MoE layers do: each rank routes its own tokens,
+exchanges per-expert counts (`all_to_all_single` of the counts), sends each token to the
+rank that holds its expert (`all_to_all_single` with split sizes that change every step
+with the routing, so the collectives rule's split-matrix check sees real uneven splits),
+the expert rank runs them, and a second `all_to_all_single` (the combine, differentiable:
+its backward is the reverse exchange) returns the outputs, which the token's own rank
+weighs by its gate probability. The per-token losses are SUM-reduced, so the update
+equals the unsplit MoE's. Gate gradients are summed over the world, an expert's over the
+DP replicas that hold it.
 
 PP and EP shards are plain tensors under the unsharded names (each rank saves the ones it
 holds; DCP keeps one copy of the replicated gate), so one rank loads the whole model.
@@ -156,32 +163,73 @@ class _Partial:
         return {k: v.detach() for k, v in self.params.items()}
 
 
+def dense(torch: Any, layers: int = 2) -> Any:
+    """The unsharded dense model: `layers` Linear layers (WIDTH -> HIDDEN ... -> 1), a
+    ReLU after each but the last (layers=2 is the original two-layer MLP, same weights)."""
+    dims = [WIDTH] + [HIDDEN] * (layers - 1) + [1]
+    mods: list[Any] = []
+    for i in range(layers):
+        mods.append(torch.nn.Linear(dims[i], dims[i + 1]))
+        if i < layers - 1:
+            mods.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*mods)
+
+
 class _PipelineStage(_Partial):
-    """Stage `s` of the unsharded Sequential split in two: (Linear, ReLU) | (Linear)."""
+    """Stage `s` of `pp` of the unsharded dense Sequential: its run of consecutive Linear
+    layers (state-dict names `2i.weight`/`2i.bias` for layer i)."""
 
-    STAGES = (("0.weight", "0.bias"), ("2.weight", "2.bias"))
-
-    def __init__(self, full: Any, s: int, rank: int, group: Any, torch: Any, dist: Any) -> None:
-        self.s, self.rank, self.group, self.torch, self.dist = s, rank, group, torch, dist
+    def __init__(
+        self, full: Any, s: int, pp: int, rank: int, group: Any, torch: Any, dist: Any
+    ) -> None:
+        self.s, self.pp, self.rank, self.group, self.torch, self.dist = (
+            s,
+            pp,
+            rank,
+            group,
+            torch,
+            dist,
+        )
+        layers = sum(isinstance(m, torch.nn.Linear) for m in full)
+        per = layers // pp
+        self.layers = list(range(s * per, (s + 1) * per))
+        self.last_layer = layers - 1
         state = full.state_dict()
-        self.params = {n: torch.nn.Parameter(state[n].detach().clone()) for n in self.STAGES[s]}
+        self.params = {
+            f"{2 * i}.{k}": torch.nn.Parameter(state[f"{2 * i}.{k}"].detach().clone())
+            for i in self.layers
+            for k in ("weight", "bias")
+        }
+
+    def _run(self, h: Any) -> Any:
+        for i in self.layers:
+            h = h @ self.params[f"{2 * i}.weight"].T + self.params[f"{2 * i}.bias"]
+            if i < self.last_layer:
+                h = self.torch.relu(h)
+        return h
 
     def forward_backward(self, x: Any, y: Any) -> Any:
-        """One micro-batch through both stages; returns this stage's share of the loss."""
-        p, torch, dist = self.params, self.torch, self.dist
-        if self.s == 0:
-            h = torch.relu(x @ p["0.weight"].T + p["0.bias"])
-            dist.send(h.detach().contiguous(), dst=self.rank + 1)
-            grad = torch.empty_like(h)
+        """One micro-batch through every stage; returns this stage's share of the loss
+        (the last stage's: the others return 0)."""
+        torch, dist = self.torch, self.dist
+        first, last = self.s == 0, self.s == self.pp - 1
+        inp = x
+        if not first:
+            inp = torch.empty(x.shape[0], HIDDEN)
+            dist.recv(inp, src=self.rank - 1)
+            inp.requires_grad_()
+        out = self._run(inp)
+        if last:
+            loss = ((out - y) ** 2).sum() / GLOBAL_BATCH
+            loss.backward()
+        else:
+            dist.send(out.detach().contiguous(), dst=self.rank + 1)
+            grad = torch.empty_like(out)
             dist.recv(grad, src=self.rank + 1)
-            h.backward(grad)
-            return torch.zeros(())
-        h = torch.empty(x.shape[0], HIDDEN)
-        dist.recv(h, src=self.rank - 1)
-        h.requires_grad_()
-        loss = ((h @ p["2.weight"].T + p["2.bias"] - y) ** 2).sum() / GLOBAL_BATCH
-        loss.backward()
-        dist.send(h.grad.contiguous(), dst=self.rank - 1)
+            out.backward(grad)
+            loss = torch.zeros(())
+        if not first:
+            dist.send(inp.grad.contiguous(), dst=self.rank - 1)
         return loss.detach()
 
 
@@ -207,6 +255,7 @@ class _ExpertParallelMoE(_Partial):
         per = self.experts // ep
         self.local = list(range(t * per, (t + 1) * per))
         self.routed: dict[int, int] = {}  # tokens each local expert took in the last step
+        self.sent: list[int] = []  # tokens this rank sent to each EP rank in the last step
         mine = ("gate.", *(f"experts.{e}." for e in self.local))
         self.params = {
             n: torch.nn.Parameter(v.detach().clone())
@@ -221,30 +270,81 @@ class _ExpertParallelMoE(_Partial):
         return [v for k, v in self.params.items() if not k.startswith("gate.")]
 
     def forward_backward(self, x: Any, y: Any) -> Any:
-        """The EP group's tokens through the gate; this rank's experts take theirs."""
-        p, torch, dist = self.params, self.torch, self.dist
-        if self.ep > 1:  # dispatch: every rank sees the group's tokens (inputs need no grad)
-            xs = [torch.empty_like(x) for _ in range(self.ep)]
-            ys = [torch.empty_like(y) for _ in range(self.ep)]
-            dist.all_gather(xs, x.contiguous(), group=self.group)
-            dist.all_gather(ys, y.contiguous(), group=self.group)
-            x, y = torch.cat(xs), torch.cat(ys)
+        """This rank's tokens through the gate, each to the rank holding its expert and its
+        output back (a routing-dependent all_to_all each way); this rank's experts run the
+        tokens every rank routed to them."""
+        p, torch = self.params, self.torch
         probs = torch.softmax(x @ p["gate.weight"].T + p["gate.bias"], dim=1)
         choice = probs.argmax(dim=1)  # top-1 routing
-        self.routed = {e: int((choice == e).sum()) for e in self.local}
-        loss = torch.zeros(())
-        for e in self.local:
-            mask = choice == e
-            if not bool(mask.any()):
-                continue
-            k = f"experts.{e}."
-            h = torch.relu(x[mask] @ p[k + "0.weight"].T + p[k + "0.bias"])
-            out = probs[mask, e : e + 1] * (h @ p[k + "2.weight"].T + p[k + "2.bias"])
-            loss = loss + ((out - y[mask]) ** 2).sum()
-        loss = loss / GLOBAL_BATCH
-        if loss.requires_grad:
-            loss.backward()
+        order = torch.argsort(choice, stable=True)  # grouped by expert, so by its rank
+        counts = torch.bincount(choice, minlength=self.experts)  # my tokens per expert
+        per = self.experts // self.ep
+        if self.ep > 1:
+            # recv[j, k]: rank j's tokens for my k-th local expert
+            recv = _exchange(counts, [per] * self.ep, [per] * self.ep, self.group, self.dist)
+            recv = recv.reshape(self.ep, per)
+            send_splits = counts.reshape(self.ep, per).sum(dim=1).tolist()
+            recv_splits = recv.sum(dim=1).tolist()
+            tokens = _exchange(x[order], send_splits, recv_splits, self.group, self.dist)
+            self.sent = send_splits
+        else:
+            recv, tokens = counts.reshape(1, per), x[order]
+            send_splits = recv_splits = [int(x.shape[0])]
+        self.routed = {e: int(recv[:, k].sum()) for k, e in enumerate(self.local)}
+        # Run the local experts over what each source sent (source-major, expert-minor).
+        pieces = [p[f"experts.{self.local[0]}.2.bias"][:0].reshape(0, 1)]  # keeps a grad
+        at = 0
+        for j in range(recv.shape[0]):
+            for k, e in enumerate(self.local):
+                n = int(recv[j, k])
+                if n:
+                    q = f"experts.{e}."
+                    h = torch.relu(tokens[at : at + n] @ p[q + "0.weight"].T + p[q + "0.bias"])
+                    pieces.append(h @ p[q + "2.weight"].T + p[q + "2.bias"])
+                at += n
+        outs = torch.cat(pieces)
+        if self.ep > 1:  # combine: the outputs go back to their tokens' ranks
+            outs = _Combine.get(torch).apply(outs, recv_splits, send_splits, self.group, self.dist)
+        back = torch.empty_like(outs)
+        back[order] = outs  # the token order this rank's x had
+        weighted = probs.gather(1, choice.reshape(-1, 1)) * back
+        loss = ((weighted - y) ** 2).sum() / GLOBAL_BATCH
+        loss.backward()
         return loss.detach()
+
+
+def _exchange(t: Any, send: list[int], recv: list[int], group: Any, dist: Any) -> Any:
+    """all_to_all_single of `t`'s rows: `send[j]` rows to rank j, `recv[j]` from it."""
+    out = t.new_empty((sum(recv), *t.shape[1:]))
+    dist.all_to_all_single(
+        out, t.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group
+    )
+    return out
+
+
+class _Combine:
+    """The MoE combine as an autograd function: forward returns each token's expert
+    output to the rank it came from, backward sends the gradients the reverse way."""
+
+    _fn: Any = None
+
+    @classmethod
+    def get(cls, torch: Any) -> Any:
+        if cls._fn is None:
+
+            class _Fn(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx: Any, t: Any, send: Any, recv: Any, group: Any, dist: Any) -> Any:
+                    ctx.args = (send, recv, group, dist)
+                    return _exchange(t, send, recv, group, dist)
+
+                @staticmethod
+                def backward(ctx: Any, grad: Any) -> Any:
+                    send, recv, group, dist = ctx.args
+                    return _exchange(grad, recv, send, group, dist), None, None, None, None
+
+            cls._fn = _Fn
+        return cls._fn
 
 
 _MESH: list[Any] = []  # the TP mesh, built once (building one creates process groups)
@@ -283,19 +383,31 @@ def _all_reduce_sum(x: Any, group: Any, torch: Any, dist: Any) -> Any:
     return fn.apply(x)
 
 
-def _shape_error(world: int, tp: int, pp: int, ep: int, experts: int) -> str | None:
+def _shape_error(
+    world: int, tp: int, pp: int, ep: int, experts: int, layers: int = 2
+) -> str | None:
     """Why this world cannot run the requested shape (None: it can)."""
     if min(tp, pp, ep) < 1 or sum(d > 1 for d in (tp, pp, ep)) > 1:
         return f"TP {tp}, PP {pp}, EP {ep}: each >= 1, at most one of them > 1"
+    if layers < 2 or (layers != 2 and (tp > 1 or experts)):
+        return f"--layers {layers}: >= 2, and TP and MoE split the two-layer MLP only"
     if tp > 1 and (world % tp or HIDDEN % tp):
         return f"TP {tp} must divide the world size {world} and the hidden width {HIDDEN}"
-    if pp not in (1, 2) or world % pp:
-        return f"PP {pp}: the model has two stages (PP 1 or 2, dividing the world {world})"
+    if layers % pp or world % pp:
+        return f"PP {pp}: the model has {layers} layers (PP must divide them and the world {world})"
     if ep > 1 and (not experts or experts % ep or world % ep):
         return f"EP {ep} needs --experts divisible by it and a world ({world}) divisible by it"
     dp = world // (tp * pp)  # EP ranks are DP ranks of the dense part
     if GLOBAL_BATCH % dp:
         return f"DP {dp} does not divide the global batch {GLOBAL_BATCH}"
+    return None
+
+
+def _depth_error(manifest: Path, experts: int, layers: int) -> str | None:
+    """Why a checkpoint cannot load into this depth (before any process group forms)."""
+    saved = int(json.loads(manifest.read_text()).get("layers", 2))
+    if not experts and saved != layers:
+        return f"the checkpoint is of a {saved}-layer model, not --layers {layers}"
     return None
 
 
@@ -323,14 +435,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status-dir", type=Path, required=True)
     parser.add_argument("--step-sleep", type=float, default=0.15)
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline stages (1 or 2)")
+    parser.add_argument("--layers", type=int, default=2, help="dense model depth (Linear layers)")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages (dividing --layers)")
     parser.add_argument("--experts", type=int, default=0, help="MoE experts (0: dense)")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree")
     args = parser.parse_args(argv)
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     tp, pp, ep = args.tp, args.pp, args.ep
-    why = _shape_error(world, tp, pp, ep, args.experts)
+    why = _shape_error(world, tp, pp, ep, args.experts, args.layers)
+    if why is None and args.resume is not None:
+        why = _depth_error(args.resume / "faultline.json", args.experts, args.layers)
     if why:
         print(f"error: {why}")
         return 2
@@ -352,13 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     fl_torch.install()
-    full = (
-        moe(torch, args.experts)
-        if args.experts
-        else torch.nn.Sequential(
-            torch.nn.Linear(WIDTH, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1)
-        )
-    )
+    full = moe(torch, args.experts) if args.experts else dense(torch, args.layers)
     # Every rank creates every group, in the same order (new_group is collective).
     world_group = dist.group.WORLD if world > 1 else None
     mp_group = dp_group = None
@@ -396,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
                 "manifest_tp": manifest.get("tp", 1),
                 "manifest_pp": manifest.get("pp", 1),
                 "manifest_ep": manifest.get("ep", 1),
+                "manifest_layers": manifest.get("layers", 2),
                 "manifest_global_batch": manifest.get("global_batch"),
                 "saved_param_sha": manifest.get("param_sha"),
                 "loaded_param_sha": param_sha(full),
@@ -410,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     if tp > 1:
         model = _TensorParallelMLP(full, t, tp, mp_group, torch, dist)
     elif pp > 1:
-        model = _PipelineStage(full, t, rank, mp_group, torch, dist)
+        model = _PipelineStage(full, t, pp, rank, mp_group, torch, dist)
     elif args.experts:
         model = _ExpertParallelMoE(full, t, ep, mp_group, torch, dist)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -457,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
                 "cursor": cursor}  # fmt: skip
         if isinstance(model, _ExpertParallelMoE):
             line["routed"] = model.routed  # the drill checks every expert took tokens
+            line["sent"] = model.sent  # the dispatch's split sizes: routing-dependent
         steps_log.write(json.dumps(line) + "\n")
         steps_log.flush()
         _write(status, {"step": step, "pid": os.getpid(), "ts": time.time()})
@@ -487,7 +598,8 @@ def _save(
         sha = _sha(whole)
         weights = model.dcp_state(_mesh(world, tp) if tp > 1 else None)
     meta = {"data_cursor": cursor, "world_size": world, "tp": tp, "pp": pp, "ep": ep,
-            "dp": world // (tp * pp), "experts": args.experts, "global_batch": GLOBAL_BATCH,
+            "dp": world // (tp * pp), "experts": args.experts, "layers": args.layers,
+            "global_batch": GLOBAL_BATCH,
             "param_sha": sha}  # fmt: skip
     state = {"model": weights, "step": torch.tensor(step), "cursor": torch.tensor(cursor)}
     commit_checkpoint(args, dcp, dist, rank, step, state, meta)

@@ -28,7 +28,9 @@ one rank); both run through the same checks, with the stages sharing a slice as 
 do and every expert required to have taken tokens (an EP row whose gate routed everything
 to one expert would test nothing). `topology_change_ep4` restores a split onto another
 split of the same kind: four experts on four ranks (EP 4), then on two ranks with two
-experts each (EP 2), so each new rank joins two old ranks' experts with the gate.
+experts each (EP 2), so each new rank joins two old ranks' experts with the gate, and
+`topology_change_pp4` a four-stage pipeline of a 4-layer model (PP 4, one layer per rank)
+onto two stages (PP 2), each new stage joining two old ranks' layers.
 """
 
 from __future__ import annotations
@@ -76,6 +78,16 @@ SHAPES: dict[str, Resize] = {
         old_world=4,
         new_world=2,
         new_shape={"ep": 2},
+    ),
+    # A four-stage pipeline of a 4-layer model onto two stages: each new stage loads the
+    # layers two old ranks held and passes activations to one peer instead of three.
+    "topology_change_pp4": Resize(
+        ["--layers", "4", "--pp", "4"],
+        ["--layers", "4", "--pp", "2"],
+        {"pp": 4},
+        old_world=4,
+        new_world=2,
+        new_shape={"pp": 2},
     ),
 }
 

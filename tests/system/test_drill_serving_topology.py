@@ -45,7 +45,7 @@ def test_serving_invariants_fail_on_a_duplicate_a_double_finish_or_a_wrong_token
 
 def test_the_serving_and_topology_rows_run_here_for_real() -> None:
     rows = {s.name: s for s in MATRIX}
-    topology = [f"topology_change{x}" for x in ("", "_tp", "_pp", "_ep", "_ep4")]
+    topology = [f"topology_change{x}" for x in ("", "_tp", "_pp", "_ep", "_ep4", "_pp4")]
     for name in ("serving_worker_exit", "canary_switch", *topology):
         assert rows[name].runs == REAL
     assert sum(1 for s in MATRIX if s.quick and s.layer == "serving") <= 1
@@ -253,7 +253,11 @@ def test_the_resize_trainer_refuses_a_shape_it_cannot_run() -> None:
     assert _shape_error(2, 1, 2, 1, 0) is None
     assert _shape_error(2, 1, 1, 2, 2) is None
     assert "at most one" in (_shape_error(4, 2, 2, 1, 0) or "")
-    assert "two stages" in (_shape_error(4, 1, 4, 1, 0) or "")
+    assert "2 layers" in (_shape_error(4, 1, 4, 1, 0) or "")  # 4 stages of a 2-layer MLP
+    assert _shape_error(4, 1, 4, 1, 0, layers=4) is None
+    assert "2 layers" not in (_shape_error(2, 1, 2, 1, 0, layers=4) or "")
+    assert "4 layers" in (_shape_error(4, 1, 3, 1, 0, layers=4) or "")  # 3 does not divide 4
+    assert "two-layer" in (_shape_error(2, 2, 1, 1, 0, layers=4) or "")  # TP splits 2 layers
     assert "--experts" in (_shape_error(2, 1, 1, 2, 0) or "")  # EP without experts
     assert "--experts" in (_shape_error(4, 1, 1, 4, 2) or "")  # more EP ranks than experts
     assert "global batch" in (_shape_error(3, 1, 1, 1, 0) or "")
@@ -351,6 +355,11 @@ def test_a_pipeline_or_expert_parallel_checkpoint_restores_onto_one_rank(
         lines = [json.loads(ln) for r in (0, 1) for ln in (old_s / f"rank{r}.steps").open()]
         assert all(v > 0 for ln in lines for v in ln["routed"].values())
         assert {k for ln in lines for k in ln["routed"]} == {"0", "1"}
+        # The dispatch is an all_to_all whose splits follow the routing: each rank sends
+        # all of its 32 tokens, and the splits are uneven and change from step to step.
+        assert all(sum(ln["sent"]) == 32 for ln in lines)
+        assert len({tuple(ln["sent"]) for ln in lines}) > 1
+        assert any(a != b for ln in lines for a, b in [ln["sent"]])
     ref_flags, ref_world = reference
     _torchrun([*common, "--generation", "1", *ref_flags, "--ckpt-root", str(tmp_path / "ck-r"),
                "--status-dir", str(ref_s)], ref_world, tmp_path)  # fmt: skip
@@ -365,6 +374,56 @@ def test_a_pipeline_or_expert_parallel_checkpoint_restores_onto_one_rank(
     replayed = _losses(new_s / "rank0.steps")
     assert min(replayed) == 5
     assert max(abs(replayed[s] - rank0[s]) / rank0[s] for s in range(5, 9)) < 1e-4
+
+
+@needs_torch
+@pytest.mark.slow
+@pytest.mark.torch
+def test_a_four_stage_pipeline_restores_onto_two_stages(tmp_path: Path) -> None:
+    """PP 4 -> PP 2 of a 4-layer model (real gloo, real DCP): four ranks each hold one
+    layer and compute the unsplit model's losses; each of the two new stages loads two old
+    ranks' layers with the checksum saved over the gathered weights and replays the same
+    losses. A checkpoint of another depth is refused with a clear error."""
+    ck, old_s, ref_s, new_s = (tmp_path / d for d in ("ck", "old", "ref", "new"))
+    for d in (ck, old_s, ref_s, new_s):
+        d.mkdir()
+    common = ["--group", "g", "--steps", "8", "--step-sleep", "0", "--ckpt-every", "4",
+              "--layers", "4"]  # fmt: skip
+    _torchrun([*common, "--generation", "1", "--pp", "4", "--ckpt-root", str(ck),
+               "--status-dir", str(old_s)], 4, tmp_path)  # fmt: skip
+    manifest = json.loads((ck / "g-step_000004" / "faultline.json").read_text())
+    assert (manifest["world_size"], manifest["pp"], manifest["layers"]) == (4, 4, 4)
+    assert len(list((ck / "g-step_000004").glob("*.distcp"))) == 4  # one shard file per rank
+    old = _losses(old_s / "rank0.steps")
+    assert all(_losses(old_s / f"rank{r}.steps") == old for r in (1, 2, 3))
+    _torchrun([*common, "--generation", "1", "--ckpt-root", str(tmp_path / "ck-r"),
+               "--status-dir", str(ref_s)], 1, tmp_path)  # fmt: skip
+    ref = _losses(ref_s / "rank0.steps")
+    assert max(abs(old[s] - ref[s]) / ref[s] for s in ref) < 1e-4
+    resume = ["--resume", str(ck / "g-step_000004")]
+    _torchrun([*common, "--generation", "2", "--pp", "2", "--ckpt-root", str(tmp_path / "ck-n"),
+               *resume, "--status-dir", str(new_s)], 2, tmp_path)  # fmt: skip
+    for r in (0, 1):
+        restored = json.loads((new_s / f"restored-rank{r}.json").read_text())
+        assert restored["saved_param_sha"] == restored["loaded_param_sha"]
+        assert (restored["manifest_pp"], restored["manifest_world"], restored["world"]) == (4, 4, 2)
+        assert restored["manifest_layers"] == 4
+        replayed = _losses(new_s / f"rank{r}.steps")
+        assert min(replayed) == 5
+        assert max(abs(replayed[s] - old[s]) / old[s] for s in range(5, 9)) < 1e-4
+    # The same checkpoint into a two-layer model: refused before anything loads.
+    cmd = [sys.executable, "-m", "faultline.drill.resize_trainer", "--group", "g",
+           "--generation", "3", "--ckpt-root", str(tmp_path / "ck-x"), *resume,
+           "--status-dir", str(tmp_path)]  # fmt: skip
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    env.pop("FAULTLINE_SOCKET", None)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "4-layer model, not --layers 2" in done.stdout
 
 
 @needs_torch
@@ -387,6 +446,9 @@ def test_an_ep4_checkpoint_restores_onto_an_ep2_world(tmp_path: Path) -> None:
     assert len(list((ck / "g-step_000004").glob("*.distcp"))) == 4  # one shard file per rank
     old = _losses(old_s / "rank0.steps")
     assert all(_losses(old_s / f"rank{r}.steps") == old for r in (1, 2, 3))
+    sent = [json.loads(ln)["sent"] for r in range(4) for ln in (old_s / f"rank{r}.steps").open()]
+    assert all(len(x) == 4 and sum(x) == 16 for x in sent)  # each rank's 16 tokens, 4 ways
+    assert len({tuple(x) for x in sent}) > 1  # the splits follow the routing
     resume = ["--resume", str(ck / "g-step_000004")]
     _torchrun([*common, "--generation", "2", "--ep", "2", "--ckpt-root", str(tmp_path / "ck-n"),
                *resume, "--status-dir", str(new_s)], 2, tmp_path)  # fmt: skip
