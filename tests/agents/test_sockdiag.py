@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -128,12 +129,22 @@ def _traffic(net: DrillNet, frm: int, to: int) -> list[subprocess.Popen[bytes]]:
     return [srv, cli]
 
 
-def _loss_towards(mon: HostMonitor, ip: str, seconds: float) -> dict[str, int]:
+def _loss_towards(
+    mon: HostMonitor, ip: str, enough: Callable[[dict[str, int]], bool], limit_s: float = 8.0
+) -> dict[str, int]:
+    """The peer's counters summed over agent rounds of 1 s until `enough` holds (or
+    `limit_s`): under 20 % loss TCP backs off, and a loaded box sent only 13 segments in
+    one 2 s round (CI), so a fixed window made the test a measure of the box."""
     mon.socket_deltas()  # the baseline
-    time.sleep(seconds)
-    deltas = mon.socket_deltas()
-    assert deltas is not None, "root joins a drill namespace"
-    return deltas.get(ip, {"retrans_segs": 0, "data_segs_out": 0})
+    got = {"retrans_segs": 0, "data_segs_out": 0}
+    deadline = time.monotonic() + limit_s
+    while not enough(got) and time.monotonic() < deadline:
+        time.sleep(1.0)
+        deltas = mon.socket_deltas()
+        assert deltas is not None, "root joins a drill namespace"
+        for k, v in deltas.get(ip, {}).items():
+            got[k] = got.get(k, 0) + v
+    return got
 
 
 @needs_netns
@@ -149,13 +160,15 @@ def test_a_lossy_drill_node_shows_as_resent_segments_on_its_peers_sockets(tmp_pa
                 net.lossy(1, percent=20)
             procs = _traffic(net, 0, 1)
             time.sleep(1.0)
-            got = _loss_towards(mon, net.ip(1), 2.0)
-            assert got["data_segs_out"] > 100, got
             if lossy:
-                # 20 % of the segments and of their acks dropped: far over the 1 % the rule
-                # calls lossy (console/diagnosis/rules/network.py LOSS_SHARE).
+                # 20 % of the segments and of their acks dropped: far over the 1 % (and the
+                # 3 segments) the rule calls lossy (console/diagnosis/rules/network.py).
+                got = _loss_towards(mon, net.ip(1), lambda g: g["retrans_segs"] >= 10)
+                assert got["retrans_segs"] >= 10, got
                 assert got["retrans_segs"] > 0.05 * got["data_segs_out"], got
-            else:
+            else:  # enough traffic that no resend means a clean link
+                got = _loss_towards(mon, net.ip(1), lambda g: g["data_segs_out"] > 100)
+                assert got["data_segs_out"] > 100, got
                 assert got["retrans_segs"] == 0, got
         finally:
             for p in procs:
