@@ -160,10 +160,11 @@ def _slid(
     old: tuple[StepRecord, ...],
     old_parts: dict[tuple[int, int], _Partial],
     new: tuple[StepRecord, ...],
-) -> tuple[list[tuple[int, int]], dict[tuple[int, int], _Partial]] | None:
+) -> tuple[list[tuple[int, int]], dict[tuple[int, int], _Partial], list[tuple[int, int]]] | None:
     """`new` as `old` with its oldest steps dropped and newer ones appended (the live
     state's shape), each (generation, step) once: (keys dropped, the new parts), from the
-    changed steps alone. None when `new` is not such a slide (recompute the rank)."""
+    changed steps alone, and the keys appended. None when `new` is not such a slide
+    (recompute the rank)."""
     if len(old_parts) != len(old):  # a (generation, step) seen twice: not single parts
         return None
     first = new[0]
@@ -177,12 +178,14 @@ def _slid(
     parts = dict(old_parts)
     for key in dropped:
         del parts[key]
+    added: list[tuple[int, int]] = []
     for s in new[kept:]:
         key = (s.generation, s.step)
         if key in parts:
             return None
         parts[key] = _single(s)
-    return dropped, parts
+        added.append(key)
+    return dropped, parts, added
 
 
 def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> _Table:
@@ -224,14 +227,13 @@ def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> 
             if had is not None and had[3] and inside:
                 got = _slid(had[1], old_parts, steps)
             if got is not None:
-                dropped, parts = got
+                dropped, parts, added = got
                 for key in dropped:
                     contrib[key].pop(r.rank, None)
                     dirty.add(key)
-                for key, part in parts.items():
-                    if key not in old_parts:
-                        contrib.setdefault(key, {})[r.rank] = part
-                        dirty.add(key)
+                for key in added:
+                    contrib.setdefault(key, {})[r.rank] = parts[key]
+                    dirty.add(key)
             else:
                 parts = _partials(steps, start)
                 for key in old_parts:

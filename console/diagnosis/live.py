@@ -17,10 +17,11 @@ and the database cursors it keeps in `cursors` are opaque here.
 
 from __future__ import annotations
 
-from bisect import insort
+from bisect import bisect_left, insort
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from operator import itemgetter
 from typing import Any
 
 from console.diagnosis.snapshot import (
@@ -112,9 +113,9 @@ class LiveGroup:
             if r.get("node") and (st.node is None or (ts, order) >= st.node[:2]):
                 st.node = (ts, order, r["node"])
             if kind == "step":
-                insort(st.steps, (ts, order, _step(r)), key=_key)
+                _add(st.steps, (ts, order, _step(r)))
             elif kind == "process":
-                insort(st.procs, (ts, order, _process(r)), key=_key)
+                _add(st.procs, (ts, order, _process(r)))
             elif gen == self.generation:
                 item = (ts, order, _window(r) if kind == "collective" else r)
                 slot = "window" if kind == "collective" else "report"
@@ -190,7 +191,8 @@ class LiveGroup:
         ret = self.retention
         expires: list[datetime] = []
         if ret.step_window is not None and st.steps:
-            recent = [s for s in st.steps if s[0] >= now - ret.step_window]
+            # Steps are kept in (ts, order) order: the window's start is one bisection.
+            recent = st.steps[bisect_left(st.steps, now - ret.step_window, key=_ts) :]
             if ret.step_cap is not None:
                 recent = recent[-ret.step_cap :]
             if recent:
@@ -215,8 +217,8 @@ class LiveGroup:
                 expires.append(st.window[0] + ret.history)
         st.expires = min(expires) if expires else None
         gpu = next((p[2].gpu for p in reversed(st.procs) if p[2].gpu), None)
-        steps: tuple[StepRecord, ...] = tuple(s[2] for s in st.steps)
-        procs: tuple[ProcessRecord, ...] = tuple(p[2] for p in st.procs)
+        steps: tuple[StepRecord, ...] = tuple(map(_item, st.steps))
+        procs: tuple[ProcessRecord, ...] = tuple(map(_item, st.procs))
         window: CollectiveWindow | None = st.window[2] if st.window else None
         return RankState(
             rank=rk,
@@ -231,3 +233,16 @@ class LiveGroup:
 
 def _key(item: _Keyed) -> tuple[datetime, int]:
     return item[0], item[1]
+
+
+def _add(kept: list[_Keyed], item: _Keyed) -> None:
+    """Insert in (ts, order) order; a record newer than the newest kept (almost every
+    one: agents send in time order) is appended without a bisection."""
+    if not kept or item[0] > kept[-1][0]:  # a newer ts; `order` only breaks ties
+        kept.append(item)
+    else:
+        insort(kept, item, key=_key)
+
+
+_ts = itemgetter(0)  # a kept record's timestamp
+_item = itemgetter(2)  # a kept record itself

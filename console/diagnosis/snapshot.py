@@ -88,7 +88,8 @@ class RankState:
 
     @property
     def current_steps(self) -> tuple[StepRecord, ...]:
-        return tuple(s for s in self.steps if s.generation == self.generation)
+        g = self.generation
+        return tuple([s for s in self.steps if s.generation == g])  # a list: C-speed build
 
     @property
     def last_step(self) -> StepRecord | None:

@@ -207,7 +207,9 @@ def test_a_broken_memo_fails_the_check(layer: str, monkeypatch: pytest.MonkeyPat
 
         def slid(old: Any, parts: Any, new: Any) -> Any:  # the appended steps left out
             got = real(old, parts, new)
-            return None if got is None else (got[0], {k: parts[k] for k in got[1] if k in parts})
+            if got is None:
+                return None
+            return got[0], {k: parts[k] for k in got[1] if k in parts}, []
 
         monkeypatch.setattr(goodput, "_slid", slid)
     with pytest.raises(AssertionError):

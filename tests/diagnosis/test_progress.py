@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from console.diagnosis import SYMPTOM, UNDETERMINED, diagnose
 from tests.diagnosis.factory import (
@@ -222,3 +223,22 @@ def test_a_stall_with_no_collective_evidence_stays_undetermined() -> None:
     d = diagnose(snap(training(ranks=2)), T0 + timedelta(seconds=4.3))
     (stall,) = d.findings
     assert (stall.kind, stall.role, stall.caused_by) == ("group_stall", UNDETERMINED, ())
+
+
+def test_a_big_groups_step_time_is_read_from_every_kth_rank(monkeypatch: Any) -> None:
+    """Past DURATION_RANKS ranks the stall threshold's median and MAD come from every k-th
+    rank (issue 19: a 16k-rank pass sorted 520k durations); a group at or under the cap
+    reads every rank. Ranks 1 and 3 are slow here so the two readings differ."""
+    from console.diagnosis.config import DiagnosisConfig
+    from console.diagnosis.rules import base
+
+    recs = []
+    for rk in range(4):
+        d = 9000.0 if rk % 2 else 1000.0
+        recs += [step(rk, i, T0 - timedelta(seconds=30 - i), duration_ms=d) for i in range(5)]
+    s = snap(recs)
+    assert base.Context(s, T0, DiagnosisConfig()).median_duration_s == 5.0  # all four
+    monkeypatch.setattr(base, "DURATION_RANKS", 2)
+    ctx = base.Context(s, T0, DiagnosisConfig())
+    assert ctx.median_duration_s == 1.0  # ranks 0 and 2
+    assert len(ctx.recent_durations_s) == 10

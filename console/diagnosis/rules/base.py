@@ -33,7 +33,7 @@ from console.diagnosis.snapshot import (
     RankState,
     StepRecord,
 )
-from console.diagnosis.stats import mad, median
+from console.diagnosis.stats import mad_sorted, median_sorted
 
 # Device faults that stop a rank outright (as opposed to slowing it down).
 HARD_DEVICE_KINDS = frozenset({"xid", "gpu_lost", "ecc_dbe"})
@@ -42,6 +42,11 @@ QUIET_STATES = frozenset({"checkpointing", "quiescing"})
 IN_PROGRESS_PHASES = frozenset({"staging", "written"})
 TERMINAL_STATES = frozenset({"completed", "finished", "stopped", "failed", "cancelled"})
 RECENT_STEPS = 32
+# The group's typical step (the stall threshold's median and MAD) is read from at most
+# this many ranks, every k-th in rank order: a synchronous job's ranks share one step
+# time, and 4,096 ranks' recent steps (~130k durations) pin it down as well as 16k ranks'
+# 520k, which cost a 16k-rank pass ~0.1 s to collect and sort. Smaller groups: all.
+DURATION_RANKS = 4096
 
 
 def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
@@ -240,7 +245,8 @@ class Context:
 
     def _all_durations(self) -> list[float]:
         out: list[float] = []
-        for r in self.snap.ranks:
+        ranks = self.snap.ranks
+        for r in ranks[:: -(-len(ranks) // DURATION_RANKS) or 1]:  # every k-th (above)
             out.extend(self.per_rank("durations", r, partial(self._durations, r)))
         return out
 
@@ -252,10 +258,19 @@ class Context:
         return tuple((r.rank, r.collective, r.node, r.gpu) for r in self.snap.ranks)
 
     @cached_property
-    def median_duration_s(self) -> float | None:
-        """Median of `recent_durations_s` (None when there is none); sorted once a pass."""
+    def _sorted_durations_s(self) -> list[float]:
+        """`recent_durations_s` ascending: sorted once a pass for the median and the MAD."""
         d = self.recent_durations_s
-        m: float | None = self.per_pass("median_duration", None, lambda: median(d) if d else None)
+        out: list[float] = self.per_pass("durations_sorted", None, lambda: sorted(d))
+        return out
+
+    @cached_property
+    def median_duration_s(self) -> float | None:
+        """Median of `recent_durations_s` (None when there is none)."""
+        d = self._sorted_durations_s
+        m: float | None = self.per_pass(
+            "median_duration", None, lambda: median_sorted(d) if d else None
+        )
         return m
 
     def _durations(self, r: RankState) -> list[float]:
@@ -270,7 +285,8 @@ class Context:
         if not d or m is None:
             return None
         cfg = self.cfg
-        spread: float = self.per_pass("duration_mad", None, lambda: mad(d, m))
+        ordered = self._sorted_durations_s
+        spread: float = self.per_pass("duration_mad", None, lambda: mad_sorted(ordered, m))
         expected = m + cfg.hang_mad_k * spread
         return max(cfg.hang_multiplier * expected, cfg.hang_floor_s)
 

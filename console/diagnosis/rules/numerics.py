@@ -48,10 +48,6 @@ def _emit(
     )
 
 
-def _bad(x: float | None) -> bool:
-    return x is not None and not isfinite(x)
-
-
 def _exploded(x: float | None, limit: float) -> bool:
     return x is not None and (not isfinite(x) or x > limit)
 
@@ -81,7 +77,22 @@ def _judge(ctx: Context) -> list[_Emission]:
     per_rank = [(rk, ss) for rk, ss in per_rank if ss]
     if not per_rank:
         return out
-    nan = [(rk, s) for rk, ss in per_rank for s in ss if _bad(s.loss)]
+    # One walk over every recent step for the three group-wide reads below (non-finite
+    # losses, earlier finite grad norms, the peak loss scale): at 16k ranks a walk each
+    # was ~0.1 s of the pass.
+    last_step = max(ss[-1].step for _, ss in per_rank)
+    nan: list[tuple[int, StepRecord]] = []
+    earlier: list[float] = []
+    peak: float | None = None
+    for rk, ss in per_rank:
+        for s in ss:
+            loss, gn, scale = s.loss, s.grad_norm, s.loss_scale
+            if loss is not None and not isfinite(loss):
+                nan.append((rk, s))
+            if gn is not None and s.step < last_step and isfinite(gn):
+                earlier.append(gn)
+            if scale is not None and (peak is None or scale > peak):
+                peak = scale
     if nan:
         rk, s = min(nan, key=lambda x: (x[1].step, x[0]))
         out.append(
@@ -94,13 +105,6 @@ def _judge(ctx: Context) -> list[_Emission]:
             )
         )
     # Explosion: the newest grad norm against the median of the group's earlier ones.
-    last_step = max(ss[-1].step for _, ss in per_rank)
-    earlier = [
-        s.grad_norm
-        for _, ss in per_rank
-        for s in ss
-        if s.step < last_step and s.grad_norm is not None and isfinite(s.grad_norm)
-    ]
     latest = [
         (rk, ss[-1])
         for rk, ss in per_rank
@@ -122,9 +126,6 @@ def _judge(ctx: Context) -> list[_Emission]:
                     {"grad_norm": worst, "median_grad_norm": base, "limit": limit},
                 )
             )
-    peak = max(
-        (s.loss_scale for _, ss in per_rank for s in ss if s.loss_scale is not None), default=None
-    )
     newest = [(rk, ss[-1]) for rk, ss in per_rank if ss[-1].step == last_step]
     scales = [s.loss_scale for _, s in newest if s.loss_scale is not None]
     if peak is None or not scales:
