@@ -376,6 +376,23 @@ def test_a_pipeline_or_expert_parallel_checkpoint_restores_onto_one_rank(
     assert max(abs(replayed[s] - rank0[s]) / rank0[s] for s in range(5, 9)) < 1e-4
 
 
+def _four_onto_two(new_s: Path, old: dict[int, float], dim: str) -> list[dict[str, Any]]:
+    """Both ranks of a 2-rank world restored from a 4-rank `dim`-split checkpoint loaded
+    the saved checksum and replayed the old world's losses from step 5; their records."""
+    out = []
+    for r in (0, 1):
+        restored = json.loads((new_s / f"restored-rank{r}.json").read_text())
+        assert restored["saved_param_sha"] == restored["loaded_param_sha"]
+        assert (restored[f"manifest_{dim}"], restored["manifest_world"], restored["world"]) == (
+            4, 4, 2,
+        )  # fmt: skip
+        replayed = _losses(new_s / f"rank{r}.steps")
+        assert min(replayed) == 5
+        assert max(abs(replayed[s] - old[s]) / old[s] for s in range(5, 9)) < 1e-4
+        out.append(restored)
+    return out
+
+
 @needs_torch
 @pytest.mark.slow
 @pytest.mark.torch
@@ -403,14 +420,7 @@ def test_a_four_stage_pipeline_restores_onto_two_stages(tmp_path: Path) -> None:
     resume = ["--resume", str(ck / "g-step_000004")]
     _torchrun([*common, "--generation", "2", "--pp", "2", "--ckpt-root", str(tmp_path / "ck-n"),
                *resume, "--status-dir", str(new_s)], 2, tmp_path)  # fmt: skip
-    for r in (0, 1):
-        restored = json.loads((new_s / f"restored-rank{r}.json").read_text())
-        assert restored["saved_param_sha"] == restored["loaded_param_sha"]
-        assert (restored["manifest_pp"], restored["manifest_world"], restored["world"]) == (4, 4, 2)
-        assert restored["manifest_layers"] == 4
-        replayed = _losses(new_s / f"rank{r}.steps")
-        assert min(replayed) == 5
-        assert max(abs(replayed[s] - old[s]) / old[s] for s in range(5, 9)) < 1e-4
+    assert all(x["manifest_layers"] == 4 for x in _four_onto_two(new_s, old, "pp"))
     # The same checkpoint into a two-layer model: refused before anything loads.
     cmd = [sys.executable, "-m", "faultline.drill.resize_trainer", "--group", "g",
            "--generation", "3", "--ckpt-root", str(tmp_path / "ck-x"), *resume,
@@ -452,13 +462,7 @@ def test_an_ep4_checkpoint_restores_onto_an_ep2_world(tmp_path: Path) -> None:
     resume = ["--resume", str(ck / "g-step_000004")]
     _torchrun([*common, "--generation", "2", "--ep", "2", "--ckpt-root", str(tmp_path / "ck-n"),
                *resume, "--status-dir", str(new_s)], 2, tmp_path)  # fmt: skip
-    for r in (0, 1):
-        restored = json.loads((new_s / f"restored-rank{r}.json").read_text())
-        assert restored["saved_param_sha"] == restored["loaded_param_sha"]
-        assert (restored["manifest_ep"], restored["manifest_world"], restored["world"]) == (4, 4, 2)
-        replayed = _losses(new_s / f"rank{r}.steps")
-        assert min(replayed) == 5
-        assert max(abs(replayed[s] - old[s]) / old[s] for s in range(5, 9)) < 1e-4
+    _four_onto_two(new_s, old, "ep")
     lines = [json.loads(ln) for r in (0, 1) for ln in (new_s / f"rank{r}.steps").open()]
     # rank 0 of EP 2 holds experts 0 and 1, rank 1 experts 2 and 3
     assert {tuple(sorted(ln["routed"])) for ln in lines} == {("0", "1"), ("2", "3")}
