@@ -182,14 +182,8 @@ class _PipelineStage(_Partial):
     def __init__(
         self, full: Any, s: int, pp: int, rank: int, group: Any, torch: Any, dist: Any
     ) -> None:
-        self.s, self.pp, self.rank, self.group, self.torch, self.dist = (
-            s,
-            pp,
-            rank,
-            group,
-            torch,
-            dist,
-        )
+        self.s, self.pp, self.rank = s, pp, rank
+        self.group, self.torch, self.dist = group, torch, dist
         layers = sum(isinstance(m, torch.nn.Linear) for m in full)
         per = layers // pp
         self.layers = list(range(s * per, (s + 1) * per))
@@ -289,7 +283,6 @@ class _ExpertParallelMoE(_Partial):
             self.sent = send_splits
         else:
             recv, tokens = counts.reshape(1, per), x[order]
-            send_splits = recv_splits = [int(x.shape[0])]
         self.routed = {e: int(recv[:, k].sum()) for k, e in enumerate(self.local)}
         # Run the local experts over what each source sent (source-major, expert-minor).
         pieces = [p[f"experts.{self.local[0]}.2.bias"][:0].reshape(0, 1)]  # keeps a grad
@@ -304,7 +297,7 @@ class _ExpertParallelMoE(_Partial):
                 at += n
         outs = torch.cat(pieces)
         if self.ep > 1:  # combine: the outputs go back to their tokens' ranks
-            outs = _Combine.get(torch).apply(outs, recv_splits, send_splits, self.group, self.dist)
+            outs = _combine(outs, recv_splits, send_splits, self.group, torch, self.dist)
         back = torch.empty_like(outs)
         back[order] = outs  # the token order this rank's x had
         weighted = probs.gather(1, choice.reshape(-1, 1)) * back
@@ -322,29 +315,27 @@ def _exchange(t: Any, send: list[int], recv: list[int], group: Any, dist: Any) -
     return out
 
 
-class _Combine:
-    """The MoE combine as an autograd function: forward returns each token's expert
-    output to the rank it came from, backward sends the gradients the reverse way."""
+_COMBINE: list[Any] = []  # the combine's autograd function (built once, torch imported late)
 
-    _fn: Any = None
 
-    @classmethod
-    def get(cls, torch: Any) -> Any:
-        if cls._fn is None:
+def _combine(t: Any, send: list[int], recv: list[int], group: Any, torch: Any, dist: Any) -> Any:
+    """The MoE combine: each token's expert output back to the rank it came from
+    (`_exchange`), differentiable: backward sends the gradients the reverse way."""
+    if not _COMBINE:
 
-            class _Fn(torch.autograd.Function):
-                @staticmethod
-                def forward(ctx: Any, t: Any, send: Any, recv: Any, group: Any, dist: Any) -> Any:
-                    ctx.args = (send, recv, group, dist)
-                    return _exchange(t, send, recv, group, dist)
+        class _Fn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, t: Any, send: Any, recv: Any, group: Any) -> Any:
+                ctx.args = (send, recv, group)
+                return _exchange(t, send, recv, group, dist)
 
-                @staticmethod
-                def backward(ctx: Any, grad: Any) -> Any:
-                    send, recv, group, dist = ctx.args
-                    return _exchange(grad, recv, send, group, dist), None, None, None, None
+            @staticmethod
+            def backward(ctx: Any, grad: Any) -> Any:
+                send, recv, group = ctx.args
+                return _exchange(grad, recv, send, group, dist), None, None, None
 
-            cls._fn = _Fn
-        return cls._fn
+        _COMBINE.append(_Fn)
+    return _COMBINE[0].apply(t, send, recv, group)
 
 
 _MESH: list[Any] = []  # the TP mesh, built once (building one creates process groups)

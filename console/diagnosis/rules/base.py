@@ -268,10 +268,7 @@ class Context:
     def median_duration_s(self) -> float | None:
         """Median of `recent_durations_s` (None when there is none)."""
         d = self._sorted_durations_s
-        m: float | None = self.per_pass(
-            "median_duration", None, lambda: median_sorted(d) if d else None
-        )
-        return m
+        return median_sorted(d) if d else None
 
     def _durations(self, r: RankState) -> list[float]:
         steps = self.steps(r)[-RECENT_STEPS:]
@@ -285,9 +282,7 @@ class Context:
         if not d or m is None:
             return None
         cfg = self.cfg
-        ordered = self._sorted_durations_s
-        spread: float = self.per_pass("duration_mad", None, lambda: mad_sorted(ordered, m))
-        expected = m + cfg.hang_mad_k * spread
+        expected = m + cfg.hang_mad_k * mad_sorted(self._sorted_durations_s, m)
         return max(cfg.hang_multiplier * expected, cfg.hang_floor_s)
 
     def last_progress(self, r: RankState) -> datetime | None:
