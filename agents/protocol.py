@@ -377,6 +377,9 @@ HostEventCode = Literal[
     "io_error",
 ]
 HOST_EVENT_CODES: tuple[str, ...] = get_args(HostEventCode)
+# Host events that are diagnosed at once, like a GPU's critical device events (an OOM kill,
+# a machine check, a fatal PCIe error): ingest schedules the urgent diagnosis lane for them.
+URGENT_HOST_EVENTS = frozenset({"oom_kill", "mce", "aer_fatal"})
 NetEventCode = Literal["link_down", "link_up", "rate_drop", "errors"]
 NET_EVENT_CODES: tuple[str, ...] = get_args(NetEventCode)
 # Counters a port reports (deltas since the agent's previous read): at most 32 per record.

@@ -7,6 +7,8 @@ itself or enqueue tasks by importing them (console.scheduling enqueues by name).
 
 from __future__ import annotations
 
+import logging
+import time
 from datetime import datetime, timedelta
 
 from django.db.models import F, Q
@@ -19,20 +21,59 @@ from console.models import ConsistencyGroup, Node
 from console.queries import recovery
 
 NODE_SILENT_AFTER = timedelta(seconds=10)
+# A pass slower than this is logged (WARNING) with where its time went: at fleet scale a
+# slow pass delays every incident of its group, and a full rebuild is the usual reason.
+SLOW_PASS_S = 1.0
+# The urgent lane also judges the group's other nodes with an urgent event this recent.
+URGENT_SCOPE = timedelta(minutes=1)
+
+log = logging.getLogger(__name__)
 
 
 def diagnose(*, group_name: str, now: datetime) -> None:
+    t0 = time.perf_counter()
     # The live state is millions of long-lived objects at 16k ranks: no gen-2 walk of
     # them inside a pass (console.collector; a full rebuild releases and collects).
     with collector.paused():
         snapshot = snapshots.load(group_name=group_name, now=now)
         if snapshot is None:
             return
+        t1 = time.perf_counter()
         result = run_engine(snapshot, now, memo=snapshots.memo(group_name))
+    t2 = time.perf_counter()
     actions.record_diagnosis(group_name=group_name, diagnosis=result, now=now)
     measure_recovery(group_name=group_name, now=now)
     # The remediation policy reads the incidents just recorded (console.actions.proposals).
     actions.remediate_group(group_name=group_name, now=now)
+    t3 = time.perf_counter()
+    if t3 - t0 > SLOW_PASS_S:
+        p = snapshots.last_pass
+        log.warning(
+            "diagnosis %s: slow pass %.2f s (%s read of %s rows, %s ranks rebuilt; snapshot "
+            "%.2f s, engine %.2f s, write %.2f s; %d ranks, %d findings)",
+            group_name, t3 - t0, p.get("mode"), p.get("rows"), p.get("touched"), t1 - t0,
+            t2 - t1, t3 - t2, len(snapshot.ranks), len(result.findings),
+        )  # fmt: skip
+
+
+def diagnose_urgent(*, group_name: str, node: str | None, now: datetime) -> None:
+    """The urgent lane's run after a device or host event: the same engine over the nodes
+    that reported one (`node`, and any other node of the group with such an event in the
+    last URGENT_SCOPE), their GPUs and ranks, and the group's own evidence (checkpoints,
+    transitions): the cost of a node, not of the world (a 16k-rank group's full pass is
+    seconds, its first on this lane's process a full read). It opens or updates only the
+    root causes located on those nodes (console.actions.record_located): the ordinary
+    pass, scheduled for the same batch, folds the symptoms, settles the rest, writes the
+    restart advice and runs the remediation policy. Without a node to judge: a full pass."""
+    snapshot = snapshots.load_located(
+        group_name=group_name, nodes={node} if node else set(), since=now - URGENT_SCOPE, now=now
+    )
+    if snapshot is None:
+        diagnose(group_name=group_name, now=now)
+        return
+    snap, subjects = snapshot
+    result = run_engine(snap, now)
+    actions.record_located(group_name=group_name, diagnosis=result, subjects=subjects, now=now)
 
 
 def measure_recovery(*, group_name: str, now: datetime) -> None:

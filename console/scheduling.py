@@ -163,7 +163,7 @@ def _schedule_urgent(group: str, node: str | None) -> None:
     ):
         cache.delete(urgent_key(group))
         return
-    enqueue(DIAGNOSE_GROUP, group, URGENT, queue=URGENT_QUEUE, expires=URGENT_EXPIRES_S)
+    enqueue(DIAGNOSE_GROUP, group, URGENT, node or "", queue=URGENT_QUEUE, expires=URGENT_EXPIRES_S)
 
 
 def schedule_diagnosis(

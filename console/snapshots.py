@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection
 from django.db.models import Max
 
 from console import collector
 from console.diagnosis import GroupSnapshot, build_snapshot
+from console.diagnosis.findings import gpu_subject, node_subject
 from console.diagnosis.live import LiveGroup, Retention
-from console.models import ConsistencyGroup, Device, HealthEvent, Node
+from console.models import ConsistencyGroup, HealthEvent, Node
+from console.queries import binary, telemetry
 from console.queries import objectives as group_objectives
-from console.queries import telemetry
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,12 @@ log = logging.getLogger(__name__)
 # a read and took its transaction id after it: a microsecond race) and re-fits the per-rank
 # step cap to the group's size.
 REBUILD_AFTER = timedelta(minutes=10)
-MAX_GROUPS = 16  # live states kept per worker process (LRU); a 16k-rank one is ~100 MB
+MAX_GROUPS = 16  # live states kept per worker process (LRU)
+# ...and at most this many ranks in all (the least recently used go first, never the one
+# just used): a 16k-rank state is ~400 MB of RSS (bench/detect.py --ranks 16384), so the
+# worker's memory cap (FAULTLINE_WORKER_MAX_MEMORY_MB) must hold this many ranks' worth,
+# or the pool process is replaced after every pass and each pass is a full read.
+MAX_LIVE_RANKS = 32_768
 WRITERS_WAIT_S = 2.0  # a full read waits this long at most for writers in flight
 MAX_PENDING = 600  # reads whose writers are still in flight; past it, rebuild
 _US = timedelta(microseconds=1)
@@ -87,16 +92,19 @@ def memo(group_name: str) -> dict[str, Any] | None:
     return None if entry is None else entry.live.memo
 
 
-def load(*, group_name: str, now: datetime, incremental: bool = True) -> GroupSnapshot | None:
-    group = ConsistencyGroup.objects.filter(name=group_name).first()
-    if group is None:
-        forget(group_name)
-        return None
-    node_ids = set(group.ranks.values_list("node_id", flat=True)) - {None}
-    nodes = {n.pk: n for n in Node.objects.filter(pk__in=node_ids)}
+def _node_ids(group: ConsistencyGroup) -> set[int]:
+    """The nodes the group's ranks run on (distinct in SQL: 16k rank rows, ~2k nodes)."""
+    ids = group.ranks.order_by().values_list("node_id", flat=True).distinct()
+    return set(ids) - {None}
+
+
+def _inputs(
+    group: ConsistencyGroup, nodes: dict[int, Node], now: datetime
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The non-rank records of `nodes` and the group, and build_snapshot's other arguments."""
     names = {pk: n.name for pk, n in nodes.items()}
     records = telemetry.evidence_records(group, node_names=names, now=now)
-    records += _device_records(node_ids, names, now)
+    records += _device_records(set(nodes), names, now)
     objectives = group_objectives.effective(group, list(nodes.values()))
     # A launcher's or pool's goodput SLO applies to the serving SLO too (an operator's
     # group.slo wins: effective() reads it first).
@@ -110,6 +118,49 @@ def load(*, group_name: str, now: datetime, incremental: bool = True) -> GroupSn
         "slo": slo,
         "objectives": objectives,
     }
+    return records, kwargs
+
+
+def load_located(
+    *, group_name: str, nodes: set[str], since: datetime, now: datetime
+) -> tuple[GroupSnapshot, frozenset[str]] | None:
+    """The group's snapshot restricted to `nodes` and its other nodes with an urgent event
+    since `since` (their GPUs, host evidence and ranks; the group's own evidence whole), and
+    the subjects located there (those GPUs and nodes). None: no such node, or no group.
+
+    A full read of just those ranks, no live state: the urgent lane's process keeps none
+    (its runs are rare), and at 16k ranks its first full read took seconds."""
+    group = ConsistencyGroup.objects.filter(name=group_name).first()
+    if group is None:
+        return None
+    all_ids = _node_ids(group)
+    scope = telemetry.nodes_with_urgent_events(all_ids, since=since)
+    if nodes:
+        named = Node.objects.filter(name__in=nodes, pk__in=all_ids).values_list("pk", flat=True)
+        scope |= set(named)
+    if not scope:
+        return None
+    located = {n.pk: n for n in Node.objects.filter(pk__in=scope)}
+    names = {pk: n.name for pk, n in located.items()}
+    records, kwargs = _inputs(group, located, now)
+    ranks = sorted(group.ranks.filter(node_id__in=scope).values_list("rank", flat=True))
+    records += telemetry.rank_records(group, node_names=names, now=now, ranks=ranks)
+    last_pass.update(mode="located", rows=len(records), touched=len(ranks))
+    snap = build_snapshot(group=group.name, generation=group.generation, **kwargs, records=records)
+    subjects = frozenset(
+        {gpu_subject(d.gpu) for d in snap.devices} | {node_subject(n) for n in names.values()}
+    )
+    return snap, subjects
+
+
+def load(*, group_name: str, now: datetime, incremental: bool = True) -> GroupSnapshot | None:
+    group = ConsistencyGroup.objects.filter(name=group_name).first()
+    if group is None:
+        forget(group_name)
+        return None
+    nodes = {n.pk: n for n in Node.objects.filter(pk__in=_node_ids(group))}
+    names = {pk: n.name for pk, n in nodes.items()}
+    records, kwargs = _inputs(group, nodes, now)
     if not incremental:
         records += telemetry.rank_records(group, node_names=names, now=now)
         last_pass.update(mode="full-snapshot", rows=len(records), touched=None)
@@ -140,7 +191,9 @@ def _entry(group: ConsistencyGroup, names: dict[int, str], now: datetime) -> _En
     with _lock:
         _states[group.name] = entry
         _states.move_to_end(group.name)
-        while len(_states) > MAX_GROUPS:
+        while len(_states) > MAX_GROUPS or (
+            len(_states) > 1 and sum(len(e.live.ranks) for e in _states.values()) > MAX_LIVE_RANKS
+        ):
             _states.popitem(last=False)
     return entry
 
@@ -241,6 +294,10 @@ DEVICE_VERSIONS = (
     "SELECT id, node_id, (extract(epoch FROM last_seen) * 1000000)::bigint, uuid"
     " FROM console_device WHERE node_id = ANY(%s)"
 )
+DEVICE_SAMPLES = (
+    "SELECT id, node_id, uuid, last_sample::text, last_seen FROM console_device"
+    " WHERE id = ANY(%s) AND node_id = ANY(%s)"
+)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -249,11 +306,9 @@ def _device_records(node_ids: set[int], names: dict[int, str], now: datetime) ->
 
     At 16k GPUs decoding every `last_sample` each pass cost ~0.5-1 s (docs/performance.md);
     this reads (id, node, last_seen) of each GPU and decodes only the rows that changed."""
-    versions: list[tuple[int, int, int | None, str]] = []
+    versions: list[tuple[Any, ...]] = []
     if node_ids:
-        with connection.cursor() as cur:
-            cur.execute(DEVICE_VERSIONS, [sorted(node_ids)])
-            versions = cur.fetchall()
+        versions = binary.fetch(DEVICE_VERSIONS, [sorted(node_ids)])
     with _lock:
         if len(_device_cache) > MAX_CACHED_DEVICES:
             _device_cache.clear()
@@ -265,10 +320,11 @@ def _device_records(node_ids: set[int], names: dict[int, str], now: datetime) ->
             stale.append(pk)
     if stale:
         fresh: dict[int, tuple[_DeviceKey, dict[str, Any]]] = {}
-        rows = Device.objects.filter(pk__in=stale, node_id__in=node_ids).values_list(
-            "pk", "node_id", "uuid", "last_sample", "last_seen"
-        )
-        for pk, node, uuid, last_sample, last_seen in rows:
+        # Every GPU's row changes at each of its node's batches (a live fleet: every 1-5 s),
+        # so at 16k GPUs this is most GPUs every pass: read in binary (console.queries.binary).
+        rows = binary.fetch(DEVICE_SAMPLES, [stale, sorted(node_ids)])
+        for pk, node, uuid, raw, last_seen in rows:
+            last_sample = binary.json.decode(raw) if raw else {}
             record = _sample_record(uuid, names.get(node), last_sample, last_seen or now)
             if last_seen is None:  # its ts is `now`: good for this pass only
                 cached[pk] = ((node, -1, names.get(node), uuid), record)
@@ -296,10 +352,11 @@ def _device_records(node_ids: set[int], names: dict[int, str], now: datetime) ->
 def _sample_record(
     uuid: str, node: str | None, last_sample: dict[str, Any], seen: datetime
 ) -> dict[str, Any]:
-    """A `device_sample` record from a GPU's live row ({} when it has no sample yet)."""
+    """A `device_sample` record from a GPU's live row ({} when it has no sample yet), made
+    from `last_sample` in place (it was decoded for this call alone)."""
     if not last_sample:
         return {}
-    sample = {k: v for k, v in last_sample.items() if k != "ts"}
+    sample = last_sample  # its own "ts" (the agent's) is replaced by the row's last_seen
     throttled = sample.get("throttled")
     if isinstance(throttled, dict) and isinstance(throttled.get("ts"), str):
         try:

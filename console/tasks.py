@@ -20,16 +20,20 @@ log = logging.getLogger(__name__)
 
 
 @shared_task(name=scheduling.DIAGNOSE_GROUP, acks_late=True, max_retries=3, default_retry_delay=1)
-def diagnose_group(group: str, lane: str = "") -> None:
-    """`lane`: scheduling.URGENT for a run on the urgent lane (its own debounce key)."""
-    key = (
-        scheduling.urgent_key(group) if lane == scheduling.URGENT else scheduling.pending_key(group)
-    )
+def diagnose_group(group: str, lane: str = "", node: str = "") -> None:
+    """`lane`: scheduling.URGENT for a run on the urgent lane (its own debounce key): the
+    run judges the nodes that reported an urgent event (`node`, and any other of the group's
+    in the last minute), not the whole group (pipeline.diagnose_urgent)."""
+    urgent = lane == scheduling.URGENT
+    key = scheduling.urgent_key(group) if urgent else scheduling.pending_key(group)
     try:
         cache.delete(key)
     except Exception:  # a stale debounce key only delays the next run
         log.warning("diagnose_group: could not clear debounce key", exc_info=True)
-    pipeline.diagnose(group_name=group, now=timezone.now())
+    if urgent:
+        pipeline.diagnose_urgent(group_name=group, node=node or None, now=timezone.now())
+    else:
+        pipeline.diagnose(group_name=group, now=timezone.now())
 
 
 @shared_task(name="console.sweep", acks_late=True, expires=5)

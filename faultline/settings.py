@@ -178,10 +178,14 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
 # Backstop, not a fix: a pool process whose peak RSS passes this is replaced after its
-# current task (acks_late, so nothing is lost). A healthy one peaks near 150 MB RSS; see
-# docs/reliability.md (soak) for why there is no task-count recycling.
+# current task (acks_late, so nothing is lost). A process with small groups peaks near
+# 150 MB RSS; one that keeps a 16k-rank group's live diagnosis state ~550 MB, and up to
+# console.snapshots.MAX_LIVE_RANKS ranks of it ~1 GB. Below that the process holding a big
+# group was replaced after every pass, so every pass was a full read (7-16 s at 16k ranks:
+# bench/detect.py --ranks 16384). See docs/reliability.md (soak) for why there is no
+# task-count recycling.
 CELERY_WORKER_MAX_MEMORY_PER_CHILD = (
-    env_int("FAULTLINE_WORKER_MAX_MEMORY_MB", 512, minimum=64) * 1024
+    env_int("FAULTLINE_WORKER_MAX_MEMORY_MB", 2048, minimum=64) * 1024
 )
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 # Every beat holds out for a leader lock in Valkey (faultline.beat): run one per service

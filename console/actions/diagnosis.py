@@ -23,6 +23,7 @@ from console.actions.fleet import HARDWARE_KINDS, open_node_incident
 from console.actions.incidents import publish_incident
 from console.choices import IncidentState
 from console.diagnosis.engine import Diagnosis
+from console.diagnosis.findings import MINOR, ROOT_CAUSE, Recovery
 from console.models import Alert, ConsistencyGroup, Incident
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,11 @@ def record_diagnosis(*, group_name: str, diagnosis: Diagnosis, now: datetime) ->
     for incident in group.incidents.exclude(state=IncidentState.RESOLVED).exclude(
         fingerprint__in=live_fps
     ):
+        # The urgent lane wrote it from evidence newer than this pass's read: not this
+        # pass's to settle (its alerts would flip off and on); the next pass judges it.
+        located = incident.timeline.get("urgent_lane")
+        if located and datetime.fromisoformat(located) > now:
+            continue
         if _settle(incident, now):
             changed.append(incident.pk)
 
@@ -71,6 +77,47 @@ def record_diagnosis(*, group_name: str, diagnosis: Diagnosis, now: datetime) ->
     events.publish_on_commit(
         events.group_channel(group.name), "group.changed", {"name": group.name}
     )
+    return changed
+
+
+# The urgent lane's incidents carry this until the group's full pass writes its advice.
+ADVICE_PENDING = Recovery(
+    auto_restart_safe=False,
+    reason="restart advice follows the group's full diagnosis (this incident was opened from "
+    "the evidence of the node that reported it)",
+).to_dict()
+
+
+@transaction.atomic
+def record_located(
+    *, group_name: str, diagnosis: Diagnosis, subjects: frozenset[str], now: datetime
+) -> list[int]:
+    """The urgent lane's write (console.pipeline.diagnose_urgent): open or update only the
+    incidents of major root causes on `subjects` (the GPUs and nodes that reported an
+    urgent event), from a diagnosis of just those nodes' evidence. It settles nothing,
+    writes no group summary, prunes no alert and keeps what a full pass wrote (restart
+    advice, symptom count): the group's full pass owns all of that. A new incident's advice
+    is ADVICE_PENDING (not restart-safe) until then. Returns the ids opened or changed."""
+    group = ConsistencyGroup.objects.select_for_update().get(name=group_name)
+    findings = [f.to_dict() for f in diagnosis.findings]
+    by_id = {f["id"]: f for f in findings}
+    heads, followers = _fold(findings, by_id)
+    changed: list[int] = []
+    for head in heads:
+        if head["role"] != ROOT_CAUSE or head["severity"] == MINOR:
+            continue
+        if head["subject"] not in subjects:
+            continue
+        incident, was_changed = _upsert_incident(
+            group, {**head, "recovery": ADVICE_PENDING}, followers[head["id"]], now, located=True
+        )
+        incident.timeline = {**incident.timeline, "urgent_lane": now.isoformat()}
+        incident.save(update_fields=["timeline", "updated_at"])
+        if was_changed:
+            changed.append(incident.pk)
+    if changed:
+        for incident in Incident.objects.filter(pk__in=changed).select_related("group"):
+            publish_incident(incident)
     return changed
 
 
@@ -112,8 +159,14 @@ def _summary(diagnosis: Diagnosis) -> dict[str, Any]:
 
 
 def _upsert_incident(
-    group: ConsistencyGroup, head: dict[str, Any], symptoms: list[dict[str, Any]], now: datetime
+    group: ConsistencyGroup,
+    head: dict[str, Any],
+    symptoms: list[dict[str, Any]],
+    now: datetime,
+    located: bool = False,
 ) -> tuple[Incident, bool]:
+    """`located`: the urgent lane's partial view (record_located): an existing incident
+    keeps its advice, its symptom count and its alerts; new alerts are added."""
     fp = head["fingerprint"]
     incident = (
         Incident.objects.select_for_update()
@@ -140,8 +193,9 @@ def _upsert_incident(
     incident.role, incident.severity = head["role"], head["severity"]
     incident.summary = head["summary"][:512]
     incident.root_cause = head
-    incident.recovery = head.get("recovery") or {}
-    incident.symptom_count = len(symptoms)
+    if created or not located:
+        incident.recovery = head.get("recovery") or {}
+        incident.symptom_count = len(symptoms)
     incident.clear_since = None
     where = (head.get("evidence") or {}).get("node")
     if head["kind"] in HARDWARE_KINDS and where and incident.root_incident_id is None:
@@ -159,11 +213,13 @@ def _upsert_incident(
         # Another worker opened it first: the partial unique index decided; update theirs.
         incident = Incident.objects.get(group=group, fingerprint=fp, resolved_at=None)
         changed = False
-    _sync_alerts(incident, [head, *symptoms], now)
+    _sync_alerts(incident, [head, *symptoms], now, prune=not located)
     return incident, changed
 
 
-def _sync_alerts(incident: Incident, findings: list[dict[str, Any]], now: datetime) -> None:
+def _sync_alerts(
+    incident: Incident, findings: list[dict[str, Any]], now: datetime, prune: bool = True
+) -> None:
     existing = {a.finding_id: a for a in incident.alerts.all()}
     seen = set()
     new, updated = [], []
@@ -190,7 +246,7 @@ def _sync_alerts(incident: Incident, findings: list[dict[str, Any]], now: dateti
             alert.active, alert.last_seen, alert.evidence = True, f["last_seen"], f["evidence"]
             updated.append(alert)
     for fid, alert in existing.items():
-        if fid not in seen and alert.active:
+        if prune and fid not in seen and alert.active:
             alert.active = False
             updated.append(alert)
     Alert.objects.bulk_create(new, ignore_conflicts=True)

@@ -16,9 +16,12 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Min, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
+from agents.gpu_health import CRITICAL_EVENTS
+from agents.protocol import URGENT_HOST_EVENTS
 from agents.wire import parse_step_id, step_id
 from console import charts
 from console.models import ConsistencyGroup
+from console.queries import binary
 from ingest import models as m
 from ingest import step_bins
 
@@ -311,53 +314,99 @@ def _collective_ts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+# The per-rank reads are the bulk of a pass at fleet scale (16k rows a step at 16k ranks,
+# ~200k for a full read), so they skip the ORM (console.queries.binary): one binary-format
+# query per table, each row zipped into the same contract-shaped dict `_rows` builds.
+_JSON_FIELDS = frozenset({"phases", "entries", "groups"})
+_fetch = binary.fetch
+
+
+def _select(kind: str, fields: list[str], newest_per_rank: bool = False) -> str:
+    """The column list of a per-rank read: id, ts, node id, then `fields` (jsonb as text);
+    `newest_per_rank`: DISTINCT ON (rank), for a read ordered by rank, newest first."""
+    cols = ", ".join(f"{f}::text" if f in _JSON_FIELDS else f for f in fields)
+    distinct = "DISTINCT ON (rank) " if newest_per_rank else ""
+    table = RANK_TABLES[kind][0]._meta.db_table
+    return f"SELECT {distinct}id, ts, node_id, {cols} FROM {table}"  # noqa: S608 (our columns)
+
+
+def _records(
+    rows: list[tuple[Any, ...]], kind: str, fields: list[str], node_names: dict[int, str]
+) -> list[dict[str, Any]]:
+    """Rows of `_select(kind, fields)` as contract-shaped dicts (what `_rows` makes)."""
+    keys = ("id", "ts", "node", *fields)
+    decode = [(f, 3 + i) for i, f in enumerate(fields) if f in _JSON_FIELDS]
+    names = node_names.get
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        rec = dict(zip(keys, row, strict=True))
+        rec["node"] = names(row[2])
+        for f, i in decode:
+            raw = row[i]
+            rec[f] = None if raw is None else binary.json.decode(raw)
+        rec["kind"] = kind
+        out.append(rec)
+    return out
+
+
+def _kind_rows(
+    kind: str,
+    where: str,
+    params: list[Any],
+    node_names: dict[int, str],
+    tail: str = "ORDER BY id",
+    newest_per_rank: bool = False,
+) -> list[dict[str, Any]]:
+    _, fields, _ = RANK_TABLES[kind]
+    if newest_per_rank:
+        tail = "ORDER BY rank, ts DESC"
+    sql = f"{_select(kind, fields, newest_per_rank)} WHERE {where} {tail}"
+    return _records(_fetch(sql, params), kind, fields, node_names)
+
+
 def rank_records(
-    group: ConsistencyGroup, *, node_names: dict[int, str], now: datetime
+    group: ConsistencyGroup,
+    *,
+    node_names: dict[int, str],
+    now: datetime,
+    ranks: list[int] | None = None,
 ) -> list[dict[str, Any]]:
     """A full read of the group's per-rank records (steps, collective windows, process-groups
-    reports, processes), each with its row `id`, bounded as a snapshot needs them."""
-    gen = group.generation
-    records: list[dict[str, Any]] = []
-    current = m.StepRecord.objects.filter(group=group, generation=gen, stale=False)
-    steps = _rows(
-        current.filter(ts__gte=now - STEP_WINDOW).order_by("-ts")[:MAX_STEP_ROWS],
-        "step",
-        ["id", *_STEP_FIELDS],
-        node_names,
-    )
+    reports, processes), each with its row `id`, bounded as a snapshot needs them; `ranks`:
+    those ranks' only (the urgent lane's read of the ranks on a node, console.snapshots)."""
+    gen, gid = group.generation, group.pk
+    only, some = ("AND rank = ANY(%s)", [ranks]) if ranks is not None else ("", [])
+    current = f"group_id = %s AND generation = %s AND NOT stale {only}"
+    steps = _kind_rows(
+        "step", f"{current} AND ts >= %s", [gid, gen, *some, now - STEP_WINDOW], node_names,
+        f"ORDER BY ts DESC LIMIT {MAX_STEP_ROWS}",
+    )  # fmt: skip
     # A rank hung for longer than the step window must stay in the snapshot with its last
     # step, or the hang would vanish from diagnosis and its incident resolve by itself.
-    quiet = set(group.ranks.filter(generation=gen).values_list("rank", flat=True)) - {
-        row["rank"] for row in steps
-    }
+    members = group.ranks.filter(generation=gen)
+    if ranks is not None:
+        members = members.filter(rank__in=ranks)
+    quiet = set(members.values_list("rank", flat=True)) - {row["rank"] for row in steps}
     if quiet:
-        steps += _rows(
-            current.filter(rank__in=quiet, ts__gte=now - HISTORY_WINDOW)
-            .order_by("rank", "-ts")
-            .distinct("rank"),
-            "step",
-            ["id", *_STEP_FIELDS],
-            node_names,
-        )
-    records += steps
-    windows = (
-        m.CollectiveWindow.objects.filter(
-            group=group, generation=gen, stale=False, ts__gte=now - HISTORY_WINDOW
-        )
-        .order_by("rank", "-ts")
-        .distinct("rank")
+        steps += _kind_rows(
+            "step", f"{current} AND rank = ANY(%s) AND ts >= %s",
+            [gid, gen, *some, sorted(quiet), now - HISTORY_WINDOW], node_names,
+            newest_per_rank=True,
+        )  # fmt: skip
+    records = steps
+    # The newest collective window and process-groups report per rank.
+    records += _kind_rows(
+        "collective", f"{current} AND ts >= %s", [gid, gen, *some, now - HISTORY_WINDOW],
+        node_names, newest_per_rank=True,
+    )  # fmt: skip
+    records += _kind_rows(
+        "process_groups", current, [gid, gen, *some], node_names, newest_per_rank=True
     )
-    records += _rows(windows, "collective", ["id", "generation", "rank", "entries"], node_names)
-    # Process groups are reported once per generation per rank: the newest report each.
-    reports = (
-        m.ProcessGroupsRecord.objects.filter(group=group, generation=gen, stale=False)
-        .order_by("rank", "-ts")
-        .distinct("rank")
-    )
-    records += _rows(reports, "process_groups", ["id", "generation", "rank", "groups"], node_names)
     # Exits and device events explain stops for as long as the stop lasts: keep a day.
-    procs = m.ProcessRecord.objects.filter(group=group, ts__gte=now - HISTORY_WINDOW, stale=False)
-    records += _rows(procs, "process", ["id", *_PROCESS_FIELDS], node_names)
+    records += _kind_rows(
+        "process", f"group_id = %s AND ts >= %s AND NOT stale {only}",
+        [gid, now - HISTORY_WINDOW, *some], node_names,
+    )  # fmt: skip
     return _collective_ts(records)
 
 
@@ -372,27 +421,30 @@ def rank_records_since(
     `skip[kind]`, already applied), oldest id first: what arrived since the last pass.
     None when a table has more than MAX_SINCE_ROWS new rows (a full read is cheaper)."""
     records: list[dict[str, Any]] = []
-    for kind, (model, fields, current_only) in RANK_TABLES.items():
-        qs = model.objects.filter(group=group, stale=False)
+    for kind, (model, _, current_only) in RANK_TABLES.items():
+        where, params = "group_id = %s AND NOT stale", [group.pk]
         if current_only:
-            qs = qs.filter(generation=group.generation)
+            where, params = f"{where} AND generation = %s", [group.pk, group.generation]
         floor, seen = after.get(kind, 0), skip.get(kind) or set()
         high = max(seen, default=floor)
         # Between the floor and the highest id applied, only rows not applied yet (a
         # writer's that was in flight): their ids first, compared here, not in SQL (a
         # 16k-id NOT IN costs more than the read).
-        late: list[int] = []
+        rows: list[dict[str, Any]] = []
         if high > floor:
-            ids = qs.filter(id__gt=floor, id__lte=high).values_list("id", flat=True)
-            late = sorted(set(ids) - seen)
+            table = model._meta.db_table
+            sql = f"SELECT id FROM {table} WHERE {where} AND id > %s AND id <= %s"  # noqa: S608
+            ids = _fetch(sql, [*params, floor, high])
+            late = sorted({i for (i,) in ids} - seen)
+            if late:
+                rows = _kind_rows(kind, f"{where} AND id = ANY(%s)", [*params, late], node_names)
         # ORDER BY id LIMIT walks the primary key from the cursor: without it the planner
         # may take the group's (group, generation, ts) index and read every row of the group.
-        fresh = qs.filter(id__gt=high).order_by("id")[:MAX_SINCE_ROWS]
-        rows = _rows(qs.filter(id__in=late), kind, ["id", *fields], node_names) if late else []
-        new = _rows(fresh, kind, ["id", *fields], node_names)
+        new = _kind_rows(kind, f"{where} AND id > %s", [*params, high], node_names,
+                         f"ORDER BY id LIMIT {MAX_SINCE_ROWS}")  # fmt: skip
         if len(new) >= MAX_SINCE_ROWS:
             return None
-        records += sorted(rows, key=lambda r: r["id"]) + new
+        records += rows + new
     return _collective_ts(records)
 
 
@@ -484,6 +536,18 @@ def device_events(
     return _rows(
         events, "device_event", ["gpu", "event", "code", "detail", "recovery_action"], node_names
     )
+
+
+def nodes_with_urgent_events(node_ids: set[int], *, since: datetime) -> set[int]:
+    """Which of these nodes reported, since `since`, an event ingest diagnoses at once: a
+    GPU's critical device event (Xid, GPU lost, DBE) or an urgent host event."""
+    devices = m.DeviceEvent.objects.filter(
+        node_id__in=node_ids, ts__gte=since, event__in=CRITICAL_EVENTS
+    ).values_list("node_id", flat=True)
+    hosts = m.HostEvent.objects.filter(
+        node_id__in=node_ids, ts__gte=since, event__in=URGENT_HOST_EVENTS
+    ).values_list("node_id", flat=True)
+    return set(devices.distinct()) | set(hosts.distinct())
 
 
 def contract_violations(group: ConsistencyGroup, now: datetime) -> list[dict[str, Any]]:

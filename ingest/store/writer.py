@@ -63,7 +63,7 @@ from ingest.store.receipts import AGENT_UPDATE
 from ingest.store.tables import copy_rows
 
 # Kernel events that end or endanger a rank's process: diagnose without waiting (issue 18).
-HOST_URGENT = frozenset({"oom_kill", "mce", "aer_fatal"})
+HOST_URGENT = p.URGENT_HOST_EVENTS
 
 # msgspec encodes contract Structs straight to JSON bytes, 5-10x faster than json.dumps of
 # their to_builtins() copies; the JSON is the same (omit_defaults, ISO times with "Z").

@@ -233,3 +233,59 @@ def test_gpu_samples_are_decoded_again_only_when_their_row_changed(post_batch):
     assert [r["gpu"] for r in _device_read({node_2}, nodes, now)] == ["GPU-c"]
     renamed = {pk: f"{name}-x" for pk, name in nodes.items()}
     assert {r["node"] for r in _device_read(ids, renamed, now)} == {"node-1-x", "node-2-x"}
+
+
+def test_the_binary_reads_give_what_the_orm_gives_for_every_per_rank_table(post_batch):
+    """console.queries.binary skips the ORM for the bulk rows: the records (types, time
+    zones, jsonb, NaN and null) must be the ones Django's values() gives for the same rows."""
+    import math
+
+    from console.models import ConsistencyGroup
+    from console.queries import telemetry
+    from ingest import models as m
+
+    start = datetime.now(UTC) - timedelta(seconds=30)
+    _history(post_batch, ranks=4, per_node=4, start=start, steps=3)
+    t = start + timedelta(seconds=5)
+    odd = {**_step(1, 3, t), "loss": "NaN", "grad_norm": 3.5, "overflow": True,
+           "phases": {"compute": 1.0, "collective": None}}  # fmt: skip
+    window = {"kind": "collective", "group": GROUP, "generation": 1, "rank": 2, "ts": iso(t),
+              "entries": [{"seq": 4, "pg": "0", "op": "all_to_all", "numel": 8, "dtype": "bf16",
+                           "state": "started", "started_ts": iso(t), "in_splits": [3, 5],
+                           "out_splits": [4, 4]}]}  # fmt: skip
+    report = {"kind": "process_groups", "group": GROUP, "generation": 1, "rank": 2,
+              "ts": iso(t), "groups": [{"pg": "0", "size": 4, "desc": "world"}]}  # fmt: skip
+    ended = {"kind": "process", "group": GROUP, "generation": 1, "rank": 3, "ts": iso(t),
+             "event": "exited", "exit_code": 1, "signal": 9,
+             "reason": "oom", "error_type": "RuntimeError"}  # fmt: skip
+    response = post_batch(make_batch([odd, window, report, ended], node="node-0"))
+    assert response.status_code == 202, response.content
+    group = ConsistencyGroup.objects.get(name=GROUP)
+    names = dict(m.StepRecord.objects.values_list("node_id", "node__name").distinct())
+    now = t + timedelta(seconds=1)
+
+    got = telemetry.rank_records(group, node_names=names, now=now)
+    since = telemetry.rank_records_since(group, node_names=names, after={}, skip={})
+    assert since is not None
+    want = []
+    for kind, (model, fields, _) in telemetry.RANK_TABLES.items():
+        rows = model.objects.filter(group=group, stale=False).order_by("id")
+        want += telemetry._collective_ts(telemetry._rows(rows, kind, ["id", *fields], names))
+
+    def norm(recs: list[dict]) -> list[tuple]:
+        # NaN != NaN: compare it by name; everything else by value, type and time zone.
+        def v(x: object) -> object:
+            if isinstance(x, float) and math.isnan(x):
+                return "nan"
+            if isinstance(x, datetime):
+                return (x, x.utcoffset())
+            return (x, type(x).__name__)
+
+        return sorted(
+            (r["kind"], r["id"], tuple(sorted((k, repr(v(x))) for k, x in r.items()))) for r in recs
+        )
+
+    assert norm(since) == norm(want)
+    assert norm(got) == norm(want)  # every row is recent and newest per rank here
+    nan_step = next(r for r in got if r["kind"] == "step" and r["rank"] == 1 and r["step"] == 3)
+    assert math.isnan(nan_step["loss"]) and nan_step["phases"] == {"compute": 1.0}

@@ -75,7 +75,7 @@ def test_an_established_groups_xid_goes_to_the_urgent_lane_ahead_of_a_flood(post
     sent.clear()
     assert post_batch(make_batch([xid("GPU-ul-good-0")], node="ul-good")).status_code == 202
     lane = [c for c in sent if c.get("queue") == scheduling.URGENT_QUEUE]
-    assert [c["args"] for c in lane] == [("ul-real", scheduling.URGENT)]
+    assert [c["args"] for c in lane] == [("ul-real", scheduling.URGENT, "ul-good")]
     assert lane[0].get("countdown") is None  # at once, not behind anyone's countdown
     assert not any(c["args"][0].startswith("ul-new-") for c in sent)
 
