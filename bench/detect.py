@@ -15,6 +15,10 @@ The 1-minute load average is printed before and after the trials.
     python bench/detect.py --quick --flood-groups 1000 --explicit-only
                                           # the same Xid trials while another node's
                                           # token posts steps of 1,000 invented groups
+    python bench/detect.py --ranks 16384 --trials 3
+                                          # one 16k-rank group: Xid, silent hang and
+                                          # straggler trials (bench/detect_scale.py says
+                                          # how a fleet that size fits this box)
 """
 
 from __future__ import annotations
@@ -478,7 +482,27 @@ def main() -> int:
         "--flood-sustained", action="store_true",
         help="after its first batch the flood stays under the limits with its 20 groups",
     )  # fmt: skip
+    parser.add_argument(
+        "--scale", action="store_true",
+        help="one big group, the bulk of its rows written by the bench (bench/detect_scale.py);"
+        " the default from --ranks 1024 up",
+    )  # fmt: skip
+    parser.add_argument(
+        "--http-nodes", type=int, default=16, help="--scale: nodes that post over HTTP every step"
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-device-refresh", action="store_true",
+        help="--scale: the bench-written nodes' GPU samples stay as at start",
+    )  # fmt: skip
+    parser.add_argument(
+        "--worker-memory-mb", type=int, default=0,
+        help="--scale: FAULTLINE_WORKER_MAX_MEMORY_MB for the service (default: its own)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if (args.scale or args.ranks >= 1024) and not args.pipeline_only:
+        from bench.detect_scale import run_scale
+
+        return run_scale(args)
     if args.pipeline_only:
         sizes = [int(x) for x in args.big_ranks.split(",")]
         pipeline_curve(sizes, args.big_steps, profile=args.profile)

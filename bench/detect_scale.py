@@ -1,0 +1,580 @@
+"""Detection at fleet scale: one training group of 1k-16k ranks on a real `faultline up`.
+
+`bench/detect.py --ranks N` (N >= 1024, or `--scale`) comes here. A 16,384-rank job at a
+1 s step is 2,048 nodes posting 2,048 batches a second; this 2-vCPU box serves ~100-150
+(docs/performance.md, Ingest), so a fleet of real agents that size cannot be simulated
+here. What the bench does instead, and says so in its output:
+
+- Every node is a real identity: it gets a token and posts its job start over real HTTP
+  (the transition from the leader, each rank's `process started`, its 8 GPUs' samples), so
+  ingest creates the nodes, GPUs and ranks as it does for a fleet.
+- The first `--http-nodes` nodes (default 16: 128 ranks) keep posting over HTTP every step
+  (heartbeat, their ranks' steps, their GPUs' samples): ingest schedules diagnosis from
+  their batches as it does from any batch. Every trial's fault is on one of these nodes and
+  reaches the service over HTTP (the Xid, the throttled GPU's samples) or by a rank of
+  theirs going quiet.
+- The other nodes' per-step rows (their ranks' steps, their liveness, their GPUs' fresh
+  samples) are written by the bench straight into Postgres in one transaction per step
+  (COPY for the steps: what ingest stores for them), standing in for the web tier a fleet
+  that size runs on cores of its own. `--no-device-refresh` leaves their samples as
+  they were at start (the GPU-sample cache then never misses: the optimistic case).
+
+The Celery worker, urgent lane, beat, websockets and Postgres are the service's own, as
+`faultline up` runs them; the browser's websocket is a real logged-in client.
+
+Trials run one after another on the one group (a 16k-rank group is all this box can hold).
+Each ends with the job restarting into a new generation (a transition over HTTP, every
+rank's `process started` of the new generation), as after remediation, and the next trial
+starts after a warm-up. Kinds:
+
+- explicit: an Xid 79 on a GPU (over HTTP); its rank stops at once, every other rank one
+  step later (blocked in the next collective). Timed to the `xid` incident on the socket.
+- silent: one rank stops reporting; the others stop one step later. Timed to the first
+  `rank_hang` / `group_stall` incident. Goal: <= max(3 x median step, 5 s) + 1 s.
+- straggler: one GPU thermal-throttles (its samples say `hw_thermal_slowdown`) and its
+  rank's busy time doubles; in a synchronous job everyone's step lengthens, the others
+  waiting in collectives. Counted in steps to the `thermal_throttle` (or `straggler`)
+  incident. Goal: <= 10 steps.
+
+It also reads the worker's diagnosis passes from /metrics (`faultline_diagnosis_duration_
+seconds`: count and sum) and the worker processes' CPU from /proc over the steady phase.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from faultline.testing.service import (  # noqa: E402
+    Service,
+    service_env,
+    start_service,
+    stop_service,
+)
+from ingest.copytext import json as cjson  # noqa: E402
+from ingest.copytext import num, when  # noqa: E402
+
+PER_NODE = 8
+METRICS_TOKEN = "bench-scale-metrics-token-0123456789"  # noqa: S105 - a throwaway service
+# COPY columns, in ingest.store.tables.COLUMNS order (that module needs Django set up).
+STEP_COPY = (
+    "COPY ingest_steprecord (ts, node_id, group_id, generation, stale, rank, step, tokens,"
+    " data_cursor, duration_ms, phases, loss, grad_norm, loss_scale, overflow) FROM STDIN"
+)
+PROCESS_COPY = (
+    "COPY ingest_processrecord (ts, node_id, group_id, generation, stale, rank, event, pid,"
+    " gpu, exit_code, signal, reason, error_type) FROM STDIN"
+)
+SAMPLE = {
+    "temp_c": 61.0,
+    "power_w": 510.0,
+    "sm_clock_mhz": 1980.0,
+    "mem_clock_mhz": 2619.0,
+    "util_pct": 97.0,
+    "mem_used_bytes": 60_000_000_000,
+    "ecc_sbe": 0,
+    "ecc_dbe": 0,
+    "retired_or_remapped_pending": 0,
+    "throttle_reasons": [],
+    "nvlink_errors": 0,
+    "pcie_replays": 0,
+}
+
+
+def iso(ts: datetime) -> str:
+    return ts.isoformat().replace("+00:00", "Z")
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def in_service(service: Service, code: str, *args: str) -> str:
+    """Run `code` in one Django process against the service's database; its last line."""
+    script = "import json, sys\nfrom faultline import bootstrap\n" + (
+        "with bootstrap.django_ready(sys.argv[1]):\n"
+        + "".join(f"    {line}\n" for line in code.splitlines())
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(service.data_dir), *args],
+        env=service_env(service.data_dir), capture_output=True, text=True, timeout=600,
+        check=True,
+    )  # fmt: skip
+    return out.stdout.strip().splitlines()[-1]
+
+
+@dataclass
+class ScaleFleet:
+    service: Service
+    ranks: int
+    step_s: float
+    http_nodes: int
+    device_refresh: bool = True
+    group: str = ""
+    nodes: list[str] = field(default_factory=list)
+    tokens: dict[str, str] = field(default_factory=dict)
+    seq: dict[str, int] = field(default_factory=dict)
+    generation: int = 1
+    step: int = 0
+    stopped: set[int] = field(default_factory=set)  # ranks that no longer step
+    dead: set[int] = field(default_factory=set)  # ranks on a failed GPU: left out of restarts
+    stop_all_at: int | None = None  # the step from which nobody steps (the job hung)
+    slow: dict[int, float] = field(default_factory=dict)  # rank -> busy time factor
+    throttled: set[str] = field(default_factory=set)  # GPUs whose samples show a slowdown
+    ticks: list[float] = field(default_factory=list)  # relay seconds per tick
+    late: int = 0  # ticks that took longer than a step
+
+    def __post_init__(self) -> None:
+        self.group = f"scale-{self.ranks}"
+        count = (self.ranks + PER_NODE - 1) // PER_NODE
+        self.nodes = [f"s{self.ranks}-n{i:05d}" for i in range(count)]
+        self.http_nodes = min(self.http_nodes, count)
+        self.seq = dict.fromkeys(self.nodes, 0)
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.stepping = threading.Lock()  # a tick and a restart never interleave
+        self.error: BaseException | None = None
+        self.pool = ThreadPoolExecutor(8)
+        self.db: Any = None
+        self.node_id: dict[str, int] = {}
+        self.group_id = 0
+
+    # -- identities and HTTP -------------------------------------------------------------
+    def issue_tokens(self) -> None:
+        self.tokens = json.loads(in_service(
+            self.service, "from ingest.auth import issue_token\n"
+            "print(json.dumps({n: issue_token(node_name=n) for n in sys.argv[2:]}))",
+            *self.nodes,
+        ))  # fmt: skip
+
+    def gpu(self, rank: int) -> tuple[str, str]:
+        node = self.nodes[rank // PER_NODE]
+        return node, f"GPU-{node}-{rank % PER_NODE}"
+
+    def post(self, node: str, records: list[dict[str, Any]]) -> None:
+        with self.lock:
+            self.seq[node] += 1
+            seq = self.seq[node]
+        body = {
+            "agent": {"id": f"bench-{node}", "node": node, "version": "bench"},
+            "seq": seq,
+            "sent_at": iso(datetime.now(UTC)),
+            "records": records,
+        }
+        request = urllib.request.Request(
+            self.service.url + "/api/v1/ingest",
+            data=json.dumps(body).encode(),
+            headers={
+                "Authorization": f"Bearer {self.tokens[node]}",
+                "Content-Type": "application/json",
+            },
+        )
+        for attempt in range(5):
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    assert response.status == 202, response.status
+                    return
+            except OSError:
+                if attempt == 4:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+
+    def _samples(self, node_index: int, ts: str) -> list[dict[str, Any]]:
+        node = self.nodes[node_index]
+        out = []
+        for local in range(PER_NODE):
+            gpu = f"GPU-{node}-{local}"
+            hot = gpu in self.throttled
+            out.append({
+                "kind": "device_sample", "gpu": gpu, "index": local, "ts": ts, **SAMPLE,
+                "temp_c": 92.0 if hot else SAMPLE["temp_c"],
+                "sm_clock_mhz": 990.0 if hot else SAMPLE["sm_clock_mhz"],
+                "throttle_reasons": ["hw_thermal_slowdown"] if hot else [],
+            })  # fmt: skip
+        return out
+
+    def start(self) -> None:
+        """Every node's job start over HTTP; then the ids the relay writes with."""
+        now = iso(datetime.now(UTC))
+        posts = []
+        for i, node in enumerate(self.nodes):
+            records: list[dict[str, Any]] = []
+            if i == 0:
+                records.append({"kind": "transition", "group": self.group, "generation": 1,
+                                "to_state": "running", "world_size": self.ranks,
+                                "ts": now})  # fmt: skip
+            for local in range(PER_NODE):
+                rank = i * PER_NODE + local
+                if rank < self.ranks:
+                    records.append({"kind": "process", "group": self.group, "generation": 1,
+                                    "rank": rank, "event": "started", "pid": 1000 + local,
+                                    "gpu": f"GPU-{node}-{local}", "ts": now})  # fmt: skip
+            records += self._samples(i, now)
+            posts.append(self.pool.submit(self.post, node, records))
+        for p in posts:
+            p.result()
+        import psycopg
+
+        url = json.loads((self.service.data_dir / "runtime.json").read_text())["DATABASE_URL"]
+        self.db = psycopg.connect(url, autocommit=True)
+        rows = self.db.execute(
+            "SELECT name, id FROM console_node WHERE name = ANY(%s)", [self.nodes]
+        ).fetchall()
+        self.node_id = dict(rows)
+        self.group_id = self.db.execute(
+            "SELECT id FROM console_consistencygroup WHERE name = %s", [self.group]
+        ).fetchone()[0]
+
+    def establish(self) -> None:
+        """Clear the group's young mark, as if it were older than the young-group window."""
+        in_service(
+            self.service,
+            "from django.core.cache import cache\ncache.delete(f'diag-young:{sys.argv[2]}')\n"
+            "print('ok')",
+            self.group,
+        )
+
+    # -- one step of the job ---------------------------------------------------------------
+    def _phases(self, rank: int) -> tuple[float, dict[str, float]]:
+        """(duration ms, phases) of `rank`'s step: a slow rank's busy time is longer and,
+        the job being synchronous, everyone's step is as long as the slowest one's."""
+        base = self.step_s * 1000.0
+        busy = base * 0.7
+        slowest = max(self.slow.values(), default=1.0)
+        duration = base + busy * (slowest - 1.0)
+        mine = busy * self.slow.get(rank, 1.0)
+        compute = mine * 0.9
+        phases = {"compute": compute, "input": mine - compute, "collective": duration - mine,
+                  "checkpoint": 0.0, "optimizer": 0.0}  # fmt: skip
+        return duration, phases
+
+    def _stepping(self, rank: int) -> bool:
+        return (
+            rank not in self.stopped
+            and rank not in self.dead
+            and (self.stop_all_at is None or self.step < self.stop_all_at)
+        )
+
+    def tick(self) -> None:
+        now_dt = datetime.now(UTC)
+        now, step, gen = iso(now_dt), self.step, self.generation
+        posts = []
+        for i in range(self.http_nodes):
+            node = self.nodes[i]
+            records: list[dict[str, Any]] = [{"kind": "heartbeat", "ts": now}]
+            for local in range(PER_NODE):
+                rank = i * PER_NODE + local
+                if rank >= self.ranks or not self._stepping(rank):
+                    continue
+                duration, phases = self._phases(rank)
+                records.append({"kind": "step", "group": self.group, "generation": gen,
+                                "rank": rank, "step": step, "tokens": 4096,
+                                "duration_ms": duration, "phases": phases, "loss": 2.0,
+                                "ts": now})  # fmt: skip
+            records += self._samples(i, now)
+            posts.append(self.pool.submit(self.post, node, records))
+        t0 = time.monotonic()
+        self._relay(now_dt, step, gen)
+        self.ticks.append(time.monotonic() - t0)
+        for p in posts:
+            p.result()
+        self.step += 1
+
+    def _relay(self, now: datetime, step: int, gen: int) -> None:
+        """The other nodes' rows of this step, as ingest would have stored them."""
+        ts = when(now)
+        first = self.http_nodes * PER_NODE
+        lines = []
+        for rank in range(first, self.ranks):
+            if not self._stepping(rank):
+                continue
+            duration, phases = self._phases(rank)
+            node_id = self.node_id[self.nodes[rank // PER_NODE]]
+            lines.append(
+                f"{ts}\t{node_id}\t{self.group_id}\t{gen}\tf\t{rank}\t{step}\t4096\t\\N\t"
+                f"{num(duration)}\t{cjson(phases)}\t2.0\t\\N\t\\N\t\\N\n"
+            )
+        relay_ids = [self.node_id[n] for n in self.nodes[self.http_nodes :]]
+        with self.db.transaction():
+            if lines:
+                with self.db.cursor().copy(STEP_COPY) as copy:
+                    copy.write("".join(lines))
+            if relay_ids:
+                self.db.execute(
+                    "UPDATE console_node SET last_seen = %s WHERE id = ANY(%s)", [now, relay_ids]
+                )
+                if self.device_refresh:
+                    # A fresh sample per GPU per step: its row (and so the diagnosis
+                    # worker's per-GPU cache key) changes every step, as in a live fleet.
+                    self.db.execute(
+                        "UPDATE console_device SET last_seen = %s, last_sample = last_sample"
+                        " || jsonb_build_object('ts', %s::text, 'temp_c', 60 + (%s::int %% 5))"
+                        " WHERE node_id = ANY(%s)",
+                        [now, iso(now), step, relay_ids],
+                    )
+
+    def restart(self) -> None:
+        """The job restarts into a new generation (after remediation), without the ranks
+        whose GPU failed: their node's Xid stays in its history, but no rank of the new
+        generation runs on that GPU."""
+        with self.stepping:
+            self._restart()
+
+    def _restart(self) -> None:
+        self.generation += 1
+        self.stopped.clear()
+        self.slow.clear()
+        self.throttled.clear()
+        self.stop_all_at = None
+        now = datetime.now(UTC)
+        self.post(self.nodes[0], [{"kind": "transition", "group": self.group,
+                                   "generation": self.generation, "to_state": "running",
+                                   "world_size": self.ranks, "ts": iso(now)}])  # fmt: skip
+        ts = when(now)
+        lines = []
+        for rank in range(self.ranks):
+            if rank in self.dead:
+                continue
+            node, gpu = self.gpu(rank)
+            lines.append(
+                f"{ts}\t{self.node_id[node]}\t{self.group_id}\t{self.generation}\tf\t{rank}\t"
+                f"started\t{1000 + rank % PER_NODE}\t{gpu}\t\\N\t\\N\t\\N\t\\N\n"
+            )
+        with self.db.transaction(), self.db.cursor().copy(PROCESS_COPY) as copy:
+            copy.write("".join(lines))
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            started = time.monotonic()
+            with self.stepping:
+                self.tick()
+            spent = time.monotonic() - started
+            if spent > self.step_s:
+                self.late += 1
+            self.stop.wait(max(0.0, self.step_s - spent))
+
+
+class Watcher:
+    """A browser's websocket on the fleet topic: first arrival of each incident."""
+
+    def __init__(self, service: Service, cookie: str) -> None:
+        import asyncio
+
+        self.url = f"ws://127.0.0.1:{service.ws_port}/ws/live/fleet/"
+        self.headers = {"Cookie": cookie, "Origin": service.url}
+        self.seen: dict[tuple[str, int, str, str], float] = {}
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self.thread.start()
+        if not self.ready.wait(30):
+            raise RuntimeError("websocket did not connect")
+
+    async def _run(self) -> None:
+        import websockets
+
+        async with websockets.connect(self.url, additional_headers=self.headers) as ws:
+            self.ready.set()
+            try:
+                async for message in ws:
+                    event = json.loads(message)
+                    if event["type"] == "incident.changed":
+                        d = event["data"]
+                        key = (d["group"], d["generation"], d["kind"], d["subject"])
+                        self.seen.setdefault(key, time.monotonic())
+            except websockets.ConnectionClosed:
+                return
+
+    def wait(
+        self, group: str, generation: int, kinds: set[str], since: float, timeout: float
+    ) -> tuple[float, str] | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            hits = [
+                (t, k)
+                for (g, gen, k, _), t in list(self.seen.items())
+                if g == group and gen == generation and k in kinds and t >= since
+            ]
+            if hits:
+                t, kind = min(hits)
+                return t - since, kind
+            time.sleep(0.01)
+        return None
+
+
+def _metrics(service: Service) -> tuple[float, float]:
+    """(count, sum) of faultline_diagnosis_duration_seconds over every process."""
+    request = urllib.request.Request(
+        service.url + "/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        text = response.read().decode()
+    count = total = 0.0
+    for line in text.splitlines():
+        if line.startswith("faultline_diagnosis_duration_seconds_count"):
+            count += float(line.split()[-1])
+        elif line.startswith("faultline_diagnosis_duration_seconds_sum"):
+            total += float(line.split()[-1])
+    return count, total
+
+
+def _worker_cpu() -> float:
+    """CPU seconds of the Celery worker processes (ordinary and urgent lane, pools too)."""
+    return sum(cpu for cpu, _ in _workers().values())
+
+
+def _workers() -> dict[int, tuple[float, int]]:
+    """pid -> (CPU seconds, RSS MiB) of each Celery worker process (pool children too)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    page = os.sysconf("SC_PAGE_SIZE")
+    out: dict[int, tuple[float, int]] = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            if b"celery" not in cmd or b" worker" not in cmd:
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(pid)] = ((int(fields[11]) + int(fields[12])) / tick,
+                         int(fields[21]) * page // 2**20)  # fmt: skip
+    return out
+
+
+def run_scale(args: Any) -> int:
+    ranks, step_s = args.ranks, args.step_s
+    trials = args.trials
+    print(f"load average (1 min) at start: {os.getloadavg()[0]:.1f}", flush=True)
+    data = Path(tempfile.mkdtemp(prefix="faultline-detect-scale-"))
+    env = {"FAULTLINE_METRICS_TOKEN": METRICS_TOKEN}
+    if args.worker_memory_mb:
+        env["FAULTLINE_WORKER_MAX_MEMORY_MB"] = str(args.worker_memory_mb)
+    service = start_service(data, env=env)
+    fleet = ScaleFleet(service, ranks, step_s, args.http_nodes, not args.no_device_refresh)
+    results: dict[str, list[float]] = {"explicit": [], "silent": [], "straggler_steps": []}
+    passes: dict[str, float] = {}
+    try:
+        t0 = time.monotonic()
+        fleet.issue_tokens()
+        fleet.start()
+        fleet.establish()
+        print(
+            f"[scale] {ranks} ranks on {len(fleet.nodes)} nodes x {PER_NODE} GPUs, step "
+            f"{step_s:g} s: {fleet.http_nodes} nodes post over HTTP every step, the other "
+            f"{len(fleet.nodes) - fleet.http_nodes} nodes' steps"
+            f"{', liveness and GPU samples' if fleet.device_refresh else ' and liveness'} are "
+            f"written straight into Postgres by the bench (set-up {time.monotonic() - t0:.0f} s)",
+            flush=True,
+        )
+        watcher = Watcher(service, service.login()[0])
+        pump = threading.Thread(target=fleet.run, daemon=True)
+        pump.start()
+        warm = max(12.0, 12 * step_s)
+        time.sleep(warm)
+        # The steady phase: passes and the worker's CPU while every rank steps.
+        c0, s0, cpu0, w0 = *_metrics(service), _worker_cpu(), time.monotonic()
+        time.sleep(max(10.0, 10 * step_s))
+        c1, s1, cpu1, w1 = *_metrics(service), _worker_cpu(), time.monotonic()
+        n = max(c1 - c0, 1.0)
+        passes = {"passes": c1 - c0, "mean_s": (s1 - s0) / n, "per_s": (c1 - c0) / (w1 - w0),
+                  "worker_cpu_per_s": (cpu1 - cpu0) / (w1 - w0)}  # fmt: skip
+        print(
+            f"[scale] steady: {passes['passes']:.0f} diagnosis passes in {w1 - w0:.0f} s, mean "
+            f"{passes['mean_s'] * 1000:.0f} ms a pass; workers' CPU "
+            f"{passes['worker_cpu_per_s']:.2f} s per s; worker processes' RSS "
+            f"{sorted(rss for _, rss in _workers().values())} MiB; relay tick p50 "
+            f"{statistics.median(fleet.ticks) * 1000:.0f} ms; load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+        plan = (["explicit"] * trials) + (["silent"] * trials) + (["straggler"] * trials)
+        for i, kind in enumerate(plan):
+            if fleet.error is not None:
+                raise RuntimeError("the fleet's pump stopped") from fleet.error
+            rank = (37 * i + 5) % (fleet.http_nodes * PER_NODE)
+            node, gpu = fleet.gpu(rank)
+            gen = fleet.generation
+            if kind == "explicit":
+                t0 = time.monotonic()
+                fleet.post(node, [{"kind": "device_event", "gpu": gpu, "event": "xid",
+                                   "code": 79, "ts": iso(datetime.now(UTC))}])  # fmt: skip
+                fleet.dead.add(rank)
+                fleet.stop_all_at = fleet.step + 1
+                hit = watcher.wait(fleet.group, gen, {"xid"}, t0, timeout=120)
+                results["explicit"].append(hit[0] if hit else float("inf"))
+            elif kind == "silent":
+                t0 = time.monotonic()
+                fleet.stopped.add(rank)
+                fleet.stop_all_at = fleet.step + 1
+                hit = watcher.wait(fleet.group, gen, {"rank_hang", "group_stall"}, t0, 120)
+                results["silent"].append(hit[0] if hit else float("inf"))
+            else:
+                # Every other straggler trial has the GPU say why (thermal throttle, named
+                # from its samples); the others are a rank slow with no device signal,
+                # which only the straggler rule can name (undetermined: the honest answer).
+                hot = (i % 2) == 0
+                t0 = time.monotonic()
+                first = fleet.step
+                if hot:
+                    fleet.throttled.add(gpu)
+                fleet.slow[rank] = 2.0
+                want = {"thermal_throttle"} if hot else {"straggler"}
+                hit = watcher.wait(fleet.group, gen, want, t0, timeout=max(60.0, 80 * step_s))
+                steps = (fleet.step - first) if hit else float("inf")
+                results["straggler_steps"].append(steps)
+            print(
+                f"[scale] trial {i + 1}/{len(plan)} {kind}"
+                + (" (throttled GPU)" if kind == "straggler" and (i % 2) == 0 else "")
+                + f" on rank {rank} ({gpu}), generation "
+                f"{gen}: "
+                + (f"{hit[1]} after {hit[0]:.2f} s" if hit else "no incident")
+                + (f" = {results['straggler_steps'][-1]} steps" if kind == "straggler" else "")
+                + f"; load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+            fleet.restart()
+            time.sleep(warm)
+        fleet.stop.set()
+        pump.join(30)
+    finally:
+        fleet.stop.set()
+        stop_service(service)
+    median_step = step_s * 1.0
+    goal_silent = max(3 * median_step, 5.0) + 1.0
+    ex, si, st = results["explicit"], results["silent"], results["straggler_steps"]
+    print(
+        f"[scale] {ranks} ranks: Xid -> incident on the websocket p50 {pct(ex, 50):.2f} s "
+        f"p99 {pct(ex, 99):.2f} s (goal p99 <= 1 s); silent hang p50 {pct(si, 50):.2f} s p99 "
+        f"{pct(si, 99):.2f} s (goal <= {goal_silent:.0f} s); straggler named after "
+        f"{max(st)} steps at most (goal <= 10); relay ticks late {fleet.late} of "
+        f"{len(fleet.ticks)}"
+    )
+    print(
+        f"scale_ranks {ranks} explicit_p99_s {pct(ex, 99):.2f} silent_p99_s {pct(si, 99):.2f} "
+        f"straggler_steps_max {max(st)} pass_mean_ms {passes.get('mean_s', 0) * 1000:.0f} "
+        f"worker_cpu_per_s {passes.get('worker_cpu_per_s', 0):.2f}"
+    )
+    return 0
