@@ -23,13 +23,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import Max
-
 from console import collector
 from console.diagnosis import GroupSnapshot, build_snapshot
 from console.diagnosis.findings import gpu_subject, node_subject
 from console.diagnosis.live import LiveGroup, Retention
-from console.models import ConsistencyGroup, HealthEvent, Node
+from console.models import ConsistencyGroup, Node
 from console.queries import binary, telemetry
 from console.queries import objectives as group_objectives
 
@@ -273,12 +271,14 @@ def _repaired_at(
     reset: fleet health's `repair` events). A device event from before its hardware's
     repair is history: it must not be the root cause of a job placed on the repaired GPU
     (it would be paged again and the node drained again)."""
-    rows = (
-        HealthEvent.objects.filter(node_id__in=node_ids, kind="repair")
-        .values("node_id", "gpu")
-        .annotate(newest=Max("at"))
-    )
-    return {(names.get(r["node_id"]), r["gpu"]): r["newest"] for r in rows}
+    rows = binary.fetch(REPAIRS, [sorted(node_ids)])
+    return {(names.get(node), gpu): newest for node, gpu, newest in rows}
+
+
+REPAIRS = (
+    "SELECT node_id, gpu, max(at) FROM console_healthevent"
+    " WHERE node_id = ANY(%s) AND kind = 'repair' GROUP BY node_id, gpu"
+)
 
 
 # Newest-sample records of GPUs, shared by every group's passes in this worker: id ->

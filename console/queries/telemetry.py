@@ -532,10 +532,10 @@ def device_events(
     node_ids: set[int], *, node_names: dict[int, str], now: datetime
 ) -> list[dict[str, Any]]:
     """Device events of the last day on these nodes, as records."""
-    events = m.DeviceEvent.objects.filter(node_id__in=node_ids, ts__gte=now - HISTORY_WINDOW)
-    return _rows(
-        events, "device_event", ["gpu", "event", "code", "detail", "recovery_action"], node_names
-    )
+    return _node_rows(
+        m.DeviceEvent, "device_event", ["gpu", "event", "code", "detail", "recovery_action"],
+        "ts >= %s", [sorted(node_ids), now - HISTORY_WINDOW], node_names,
+    )  # fmt: skip
 
 
 def nodes_with_urgent_events(node_ids: set[int], *, since: datetime) -> set[int]:
@@ -575,36 +575,63 @@ def host_records(
 ) -> list[dict[str, Any]]:
     """Host events, net events, and the newest net sample per port and host sample per node
     of these nodes, as records of the wire contract (`node` is the node's name)."""
-    records = _rows(
-        m.HostEvent.objects.filter(node_id__in=node_ids, ts__gte=now - HISTORY_WINDOW),
-        "host_event",
-        ["event", "device", "code", "pid", "comm", "severity"],
-        node_names,
-    )
-    records += _rows(
-        m.NetEvent.objects.filter(node_id__in=node_ids, ts__gte=now - EVENT_WINDOW),
-        "net_event",
+    ids = sorted(node_ids)
+    records = _node_rows(
+        m.HostEvent, "host_event", ["event", "device", "code", "pid", "comm", "severity"],
+        "ts >= %s", [ids, now - HISTORY_WINDOW], node_names,
+    )  # fmt: skip
+    records += _node_rows(
+        m.NetEvent, "net_event",
         ["port", "link", "event", "state", "rate_gbps", "prev_rate_gbps", "counters"],
-        node_names,
-    )
-    records += _rows(
-        m.NetSample.objects.filter(node_id__in=node_ids, ts__gte=now - EVENT_WINDOW)
-        .order_by("node_id", "port", "-ts")
-        .distinct("node_id", "port"),
-        "net_sample",
-        ["port", "link", "state", "rate_gbps", "counters"],
-        node_names,
-    )
-    records += _rows(
-        m.HostSample.objects.filter(node_id__in=node_ids, ts__gte=now - EVENT_WINDOW)
-        .order_by("node_id", "-ts")
-        .distinct("node_id"),
-        "host_sample",
+        "ts >= %s", [ids, now - EVENT_WINDOW], node_names,
+    )  # fmt: skip
+    records += _node_rows(
+        m.NetSample, "net_sample", ["port", "link", "state", "rate_gbps", "counters"],
+        "ts >= %s", [ids, now - EVENT_WINDOW], node_names,
+        distinct="node_id, port", tail="ORDER BY node_id, port, ts DESC",
+    )  # fmt: skip
+    records += _node_rows(
+        m.HostSample, "host_sample",
         ["mem_some_avg10", "mem_full_avg10", "io_full_avg10", "swap_used_bytes",
          "swap_total_bytes", "d_state", "disks"],
-        node_names,
+        "ts >= %s", [ids, now - EVENT_WINDOW], node_names,
+        distinct="node_id", tail="ORDER BY node_id, ts DESC",
     )  # fmt: skip
     return records
+
+
+def _node_rows(
+    model: type[Any],
+    kind: str,
+    fields: list[str],
+    where: str,
+    params: list[Any],
+    node_names: dict[int, str],
+    *,
+    distinct: str = "",
+    tail: str = "ORDER BY id",
+) -> list[dict[str, Any]]:
+    """`_rows` of a node-scoped table (node_id = ANY(the first parameter) AND `where`), read
+    in binary: a group's ~2k node ids were ~10 ms of Django's query compiling per query."""
+    cols = ", ".join(f"{f}::text" if f in _NODE_JSON else f for f in fields)
+    lead = f"DISTINCT ON ({distinct}) " if distinct else ""
+    table = model._meta.db_table
+    sql = f"SELECT {lead}ts, node_id, {cols} FROM {table} WHERE node_id = ANY(%s)"  # noqa: S608
+    sql += f" AND {where} {tail}"
+    keys = ("ts", "node", *fields)
+    decode = [(f, 2 + i) for i, f in enumerate(fields) if f in _NODE_JSON]
+    out: list[dict[str, Any]] = []
+    for row in _fetch(sql, params):
+        rec = dict(zip(keys, row, strict=True))
+        rec["node"] = node_names.get(row[1])
+        for f, i in decode:
+            rec[f] = None if row[i] is None else binary.json.decode(row[i])
+        rec["kind"] = kind
+        out.append(rec)
+    return out
+
+
+_NODE_JSON = frozenset({"counters", "disks"})
 
 
 # -- recovery objectives and checkpoint advice (issue 20) ---------------------------------
