@@ -391,7 +391,19 @@ def pipeline_curve(
             StepRecord.objects.bulk_create(
                 step_rows(s, now - timedelta(seconds=steps - s)), batch_size=20_000
             )
-        modes = ("full", "stepped", "idle", "idle_cold")
+
+        def refresh(at: datetime, k: int, nodes: list[Node] = nodes) -> None:
+            """Every GPU reports a new sample, as a live fleet's agents do every batch."""
+            from django.db import connection
+
+            with connection.cursor() as cur:
+                cur.execute(
+                    "UPDATE console_device SET last_seen = %s, last_sample = last_sample"
+                    " || jsonb_build_object('temp_c', 60 + %s) WHERE node_id = ANY(%s)",
+                    [at, k % 5, [n.pk for n in nodes]],
+                )
+
+        modes = ("full", "stepped", "fleet", "idle", "idle_cold")
         times: dict[str, list[float]] = {m: [] for m in modes}
         cpu: dict[str, list[float]] = {m: [] for m in modes}
         rows: dict[str, int] = {}
@@ -403,12 +415,21 @@ def pipeline_curve(
             times["full"].append(time.perf_counter() - t0)
             cpu["full"].append(time.process_time() - c0)
             rows["full"] = snapshots.last_pass.get("rows", 0)
-            StepRecord.objects.bulk_create(step_rows(steps + k, at), batch_size=20_000)
+            StepRecord.objects.bulk_create(step_rows(steps + 2 * k, at), batch_size=20_000)
             t0, c0 = time.perf_counter(), time.process_time()
             pipeline.diagnose(group_name=name, now=at + timedelta(seconds=1))
             times["stepped"].append(time.perf_counter() - t0)
             cpu["stepped"].append(time.process_time() - c0)
             rows["stepped"] = snapshots.last_pass.get("rows", 0)
+            # A pass after every rank stepped and every GPU sent a sample (a live fleet).
+            at2 = at + timedelta(seconds=1.25)
+            StepRecord.objects.bulk_create(step_rows(steps + 2 * k + 1, at2), batch_size=20_000)
+            refresh(at2, k)
+            t0, c0 = time.perf_counter(), time.process_time()
+            pipeline.diagnose(group_name=name, now=at2 + timedelta(milliseconds=100))
+            times["fleet"].append(time.perf_counter() - t0)
+            cpu["fleet"].append(time.process_time() - c0)
+            rows["fleet"] = snapshots.last_pass.get("rows", 0)
             prof = cProfile.Profile() if profile and k == runs - 1 else None
             t0, c0 = time.perf_counter(), time.process_time()
             if prof:
@@ -435,7 +456,9 @@ def pipeline_curve(
             f"pipeline pass (DB load + engine + incidents) at {ranks} ranks x {steps} steps: "
             f"full rebuild {o['full'] * 1000:.0f} ms ({rows['full']} rows), "
             f"live after a step of every rank {o['stepped'] * 1000:.0f} ms "
-            f"({rows['stepped']} rows), live idle {o['idle'] * 1000:.0f} ms "
+            f"({rows['stepped']} rows), the same with every GPU's sample new "
+            f"{o['fleet'] * 1000:.0f} ms (CPU {o['fleet_cpu'] * 1000:.0f}), "
+            f"live idle {o['idle'] * 1000:.0f} ms "
             f"({rows['idle']} rows); ratio live/full {o['stepped'] / o['full']:.2f}"
             f" / {o['idle'] / o['full']:.2f}; worker CPU full {o['full_cpu'] * 1000:.0f}"
             f" / stepped {o['stepped_cpu'] * 1000:.0f} / idle {o['idle_cpu'] * 1000:.0f} ms",
@@ -454,7 +477,8 @@ def pipeline_curve(
     emb.stop(force=True)
     if len(sizes) > 1:
         a, b = out[sizes[0]], out[sizes[-1]]
-        for mode in ("full", "stepped", "idle", "idle_cold", "full_cpu", "stepped_cpu", "idle_cpu"):
+        for mode in ("full", "stepped", "fleet", "idle", "idle_cold", "full_cpu", "stepped_cpu",
+                     "fleet_cpu", "idle_cpu"):  # fmt: skip
             print(f"growth {sizes[0]}->{sizes[-1]} ranks (x{sizes[-1] / sizes[0]:.0f}): "
                   f"{mode} pass x{b[mode] / a[mode]:.1f}")  # fmt: skip
     return out
