@@ -16,12 +16,13 @@ def _fresh_cache() -> None:
     queued or wrote recently: start every test without either."""
     from django.core.cache import cache
 
-    from console import live
+    from console import live, pipeline
     from ingest import store
 
     cache.clear()
     live.forget_recent()
     store.forget_recent()
+    pipeline.forget_recent()
 
 
 @pytest.fixture

@@ -126,3 +126,21 @@ def test_the_five_costs_of_a_replayed_kill_equal_the_hand_computed_ones(post_bat
     assert {k: body["costs"].get(k) for k in want} == want
     page = client.get(f"/incidents/{incident.pk}/").content.decode()
     assert 'id="recovery-costs"' in page and "ckpt-20" in page
+
+
+def test_a_resolved_incidents_costs_are_measured_at_most_every_half_minute(monkeypatch):
+    """Each measurement aggregates the group's steps around the restart (at 16k ranks 0.5-1.4
+    s): passes a second apart measure an unfinished incident once per MEASURE_EVERY."""
+    from types import SimpleNamespace
+
+    calls: list[int] = []
+    incident = SimpleNamespace(pk=987654)
+    monkeypatch.setattr(pipeline.recovery, "to_measure", lambda group, now: [incident])
+    monkeypatch.setattr(pipeline.recovery, "measure", lambda i: calls.append(i.pk))
+    t0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+    for s in range(0, 61):  # a pass a second for a minute
+        pipeline.measure_recovery(group_name="g", now=t0 + timedelta(seconds=s))
+    assert calls == [987654] * 3  # at 0, 30 and 60 s
+    pipeline.forget_recent()
+    pipeline.measure_recovery(group_name="g", now=t0 + timedelta(seconds=61))
+    assert len(calls) == 4
