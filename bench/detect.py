@@ -52,6 +52,21 @@ from faultline.testing.service import (  # noqa: E402
 )
 
 PER_NODE = 8
+# A healthy GPU's live sample (console_device.last_sample; the agent's device_sample fields).
+SAMPLE: dict[str, Any] = {
+    "temp_c": 60.0,
+    "power_w": 500.0,
+    "sm_clock_mhz": 1980.0,
+    "mem_clock_mhz": 2619.0,
+    "util_pct": 97.0,
+    "mem_used_bytes": 6e10,
+    "ecc_sbe": 0,
+    "ecc_dbe": 0,
+    "retired_or_remapped_pending": 0,
+    "throttle_reasons": [],
+    "nvlink_errors": 0,
+    "pcie_replays": 0,
+}
 
 
 def iso(ts: datetime) -> str:
@@ -77,6 +92,40 @@ def in_service(service: Service, code: str, *args: str) -> str:
 
 def load() -> str:
     return f"{os.getloadavg()[0]:.1f}"
+
+
+def post_batch(
+    service: Service,
+    token: str,
+    node: str,
+    seq: int,
+    records: list[dict],
+    *,
+    timeout: float = 10.0,
+    retries: int = 0,
+) -> None:
+    """One batch over HTTP as `node`'s agent; 202 or it raises (after `retries` more tries
+    of a connection error, a loaded box's backlog)."""
+    body = {
+        "agent": {"id": f"bench-{node}", "node": node, "version": "bench"},
+        "seq": seq,
+        "sent_at": iso(datetime.now(UTC)),
+        "records": records,
+    }
+    request = urllib.request.Request(
+        service.url + "/api/v1/ingest",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    for attempt in range(retries + 1):
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                assert response.status == 202, response.status
+                return
+        except OSError:
+            if attempt == retries:
+                raise
+            time.sleep(0.5 * (attempt + 1))
 
 
 class Fleet:
@@ -119,23 +168,7 @@ class Fleet:
         with self.lock:
             self.seq[node] += 1
             seq = self.seq[node]
-        now = datetime.now(UTC)
-        body = {
-            "agent": {"id": f"bench-{node}", "node": node, "version": "bench"},
-            "seq": seq,
-            "sent_at": iso(now),
-            "records": records,
-        }
-        request = urllib.request.Request(
-            self.service.url + "/api/v1/ingest",
-            data=json.dumps(body).encode(),
-            headers={
-                "Authorization": f"Bearer {self.tokens[node]}",
-                "Content-Type": "application/json",
-            },
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            assert response.status == 202, response.status
+        post_batch(self.service, self.tokens[node], node, seq, records)
 
     def gpu(self, group: str, rank: int) -> tuple[str, str]:
         node = self.nodes_of[group][rank // PER_NODE]
@@ -269,12 +302,13 @@ def flood(
 
 
 class Watcher:
-    """A browser-like websocket on the fleet topic, recording when incidents arrive."""
+    """A browser-like websocket on the fleet topic, recording when incidents arrive: the
+    first arrival of each (group, generation, kind, subject)."""
 
     def __init__(self, service: Service, cookie: str) -> None:
         self.url = f"ws://127.0.0.1:{service.ws_port}/ws/live/fleet/"
         self.headers = {"Cookie": cookie, "Origin": service.url}
-        self.seen: dict[tuple[str, str], float] = {}
+        self.seen: dict[tuple[str, int, str, str], float] = {}
         self.ready = threading.Event()
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self.thread.start()
@@ -290,17 +324,32 @@ class Watcher:
                 async for message in ws:
                     event = json.loads(message)
                     if event["type"] == "incident.changed":
-                        key = (event["data"]["group"], event["data"]["kind"])
+                        d = event["data"]
+                        key = (d["group"], d["generation"], d["kind"], d["subject"])
                         self.seen.setdefault(key, time.monotonic())
             except websockets.ConnectionClosed:
                 return  # the service is shutting down at the end of the run
 
     def wait(self, group: str, kinds: set[str], since: float, timeout: float) -> float | None:
+        """Seconds from `since` to the first incident of `kinds` in `group` (any time)."""
+        hit = self.wait_for(group, None, kinds, float("-inf"), timeout)
+        return None if hit is None else hit[2] - since
+
+    def wait_for(
+        self, group: str, generation: int | None, kinds: set[str], since: float, timeout: float
+    ) -> tuple[float, str, float] | None:
+        """(seconds from `since`, kind, arrival) of the first incident of `kinds` in `group`
+        (and `generation`, unless None) that arrived at or after `since`."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            hits = [t for (g, k), t in self.seen.items() if g == group and k in kinds]
+            hits = [
+                (t, k)
+                for (g, gen, k, _), t in list(self.seen.items())
+                if g == group and generation in (None, gen) and k in kinds and t >= since
+            ]
             if hits:
-                return min(hits) - since
+                t, kind = min(hits)
+                return t - since, kind, t
             time.sleep(0.01)
         return None
 
@@ -356,21 +405,7 @@ def pipeline_curve(
              for r in range(ranks)]
         )  # fmt: skip
         # Every rank's GPU with a live sample, as ingest keeps it (console_device).
-        sample = {
-            "ts": now.isoformat(),
-            "temp_c": 60.0,
-            "power_w": 500.0,
-            "sm_clock_mhz": 1980.0,
-            "mem_clock_mhz": 2619.0,
-            "util_pct": 97.0,
-            "mem_used_bytes": 6e10,
-            "ecc_sbe": 0,
-            "ecc_dbe": 0,
-            "retired_or_remapped_pending": 0,
-            "throttle_reasons": [],
-            "nvlink_errors": 0,
-            "pcie_replays": 0,
-        }
+        sample = {"ts": now.isoformat(), **SAMPLE}
         Device.objects.bulk_create(
             [Device(uuid=f"GPU-{ranks}-{r}", node=nodes[r // PER_NODE], index=r % PER_NODE,
                     last_sample={**sample, "index": r % PER_NODE}, last_seen=now)

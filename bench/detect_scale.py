@@ -45,7 +45,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -60,12 +59,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from faultline.testing.service import (  # noqa: E402
-    Service,
-    service_env,
-    start_service,
-    stop_service,
-)
+from bench.detect import SAMPLE, Watcher, in_service, iso, pct, post_batch  # noqa: E402
+from faultline.testing.service import Service, start_service, stop_service  # noqa: E402
 from ingest.copytext import json as cjson  # noqa: E402
 from ingest.copytext import num, when  # noqa: E402
 
@@ -80,43 +75,6 @@ PROCESS_COPY = (
     "COPY ingest_processrecord (ts, node_id, group_id, generation, stale, rank, event, pid,"
     " gpu, exit_code, signal, reason, error_type) FROM STDIN"
 )
-SAMPLE = {
-    "temp_c": 61.0,
-    "power_w": 510.0,
-    "sm_clock_mhz": 1980.0,
-    "mem_clock_mhz": 2619.0,
-    "util_pct": 97.0,
-    "mem_used_bytes": 60_000_000_000,
-    "ecc_sbe": 0,
-    "ecc_dbe": 0,
-    "retired_or_remapped_pending": 0,
-    "throttle_reasons": [],
-    "nvlink_errors": 0,
-    "pcie_replays": 0,
-}
-
-
-def iso(ts: datetime) -> str:
-    return ts.isoformat().replace("+00:00", "Z")
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
-def in_service(service: Service, code: str, *args: str) -> str:
-    """Run `code` in one Django process against the service's database; its last line."""
-    script = "import json, sys\nfrom faultline import bootstrap\n" + (
-        "with bootstrap.django_ready(sys.argv[1]):\n"
-        + "".join(f"    {line}\n" for line in code.splitlines())
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(service.data_dir), *args],
-        env=service_env(service.data_dir), capture_output=True, text=True, timeout=600,
-        check=True,
-    )  # fmt: skip
-    return out.stdout.strip().splitlines()[-1]
 
 
 @dataclass
@@ -171,29 +129,7 @@ class ScaleFleet:
         with self.lock:
             self.seq[node] += 1
             seq = self.seq[node]
-        body = {
-            "agent": {"id": f"bench-{node}", "node": node, "version": "bench"},
-            "seq": seq,
-            "sent_at": iso(datetime.now(UTC)),
-            "records": records,
-        }
-        request = urllib.request.Request(
-            self.service.url + "/api/v1/ingest",
-            data=json.dumps(body).encode(),
-            headers={
-                "Authorization": f"Bearer {self.tokens[node]}",
-                "Content-Type": "application/json",
-            },
-        )
-        for attempt in range(5):
-            try:
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    assert response.status == 202, response.status
-                    return
-            except OSError:
-                if attempt == 4:
-                    raise
-                time.sleep(0.5 * (attempt + 1))
+        post_batch(self.service, self.tokens[node], node, seq, records, timeout=30, retries=4)
 
     def _samples(self, node_index: int, ts: str) -> list[dict[str, Any]]:
         node = self.nodes[node_index]
@@ -377,53 +313,6 @@ class ScaleFleet:
             self.stop.wait(max(0.0, self.step_s - spent))
 
 
-class Watcher:
-    """A browser's websocket on the fleet topic: first arrival of each incident."""
-
-    def __init__(self, service: Service, cookie: str) -> None:
-        import asyncio
-
-        self.url = f"ws://127.0.0.1:{service.ws_port}/ws/live/fleet/"
-        self.headers = {"Cookie": cookie, "Origin": service.url}
-        self.seen: dict[tuple[str, int, str, str], float] = {}
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-        self.thread.start()
-        if not self.ready.wait(30):
-            raise RuntimeError("websocket did not connect")
-
-    async def _run(self) -> None:
-        import websockets
-
-        async with websockets.connect(self.url, additional_headers=self.headers) as ws:
-            self.ready.set()
-            try:
-                async for message in ws:
-                    event = json.loads(message)
-                    if event["type"] == "incident.changed":
-                        d = event["data"]
-                        key = (d["group"], d["generation"], d["kind"], d["subject"])
-                        self.seen.setdefault(key, time.monotonic())
-            except websockets.ConnectionClosed:
-                return
-
-    def wait(
-        self, group: str, generation: int, kinds: set[str], since: float, timeout: float
-    ) -> tuple[float, str] | None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            hits = [
-                (t, k)
-                for (g, gen, k, _), t in list(self.seen.items())
-                if g == group and gen == generation and k in kinds and t >= since
-            ]
-            if hits:
-                t, kind = min(hits)
-                return t - since, kind
-            time.sleep(0.01)
-        return None
-
-
 def _metrics(service: Service) -> tuple[float, float]:
     """(count, sum) of faultline_diagnosis_duration_seconds over every process."""
     request = urllib.request.Request(
@@ -528,13 +417,13 @@ def run_scale(args: Any) -> int:
                                    "code": 79, "ts": iso(datetime.now(UTC))}])  # fmt: skip
                 fleet.dead.add(rank)
                 fleet.stop_all_at = fleet.step + 1
-                hit = watcher.wait(fleet.group, gen, {"xid"}, t0, timeout=120)
+                hit = watcher.wait_for(fleet.group, gen, {"xid"}, t0, timeout=120)
                 results["explicit"].append(hit[0] if hit else float("inf"))
             elif kind == "silent":
                 t0 = time.monotonic()
                 fleet.stopped.add(rank)
                 fleet.stop_all_at = fleet.step + 1
-                hit = watcher.wait(fleet.group, gen, {"rank_hang", "group_stall"}, t0, 120)
+                hit = watcher.wait_for(fleet.group, gen, {"rank_hang", "group_stall"}, t0, 120)
                 results["silent"].append(hit[0] if hit else float("inf"))
             else:
                 # Every other straggler trial has the GPU say why (thermal throttle, named
@@ -547,7 +436,7 @@ def run_scale(args: Any) -> int:
                     fleet.throttled.add(gpu)
                 fleet.slow[rank] = 2.0
                 want = {"thermal_throttle"} if hot else {"straggler"}
-                hit = watcher.wait(fleet.group, gen, want, t0, timeout=max(60.0, 80 * step_s))
+                hit = watcher.wait_for(fleet.group, gen, want, t0, timeout=max(60.0, 80 * step_s))
                 steps = (fleet.step - first) if hit else float("inf")
                 results["straggler_steps"].append(steps)
             print(
