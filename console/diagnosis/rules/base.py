@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
-from functools import cached_property, partial
+from functools import cached_property
 from typing import Any
 
 from console.diagnosis.config import DiagnosisConfig
@@ -26,6 +26,7 @@ from console.diagnosis.findings import (
     node_subject,
     rank_subject,
 )
+from console.diagnosis.rules.digest import RECENT_STEPS, RankDigest, rank_digest
 from console.diagnosis.snapshot import (
     CheckpointState,
     DeviceState,
@@ -35,13 +36,14 @@ from console.diagnosis.snapshot import (
 )
 from console.diagnosis.stats import mad_sorted, median_sorted
 
+__all__ = ["RECENT_STEPS", "Context"]
+
 # Device faults that stop a rank outright (as opposed to slowing it down).
 HARD_DEVICE_KINDS = frozenset({"xid", "gpu_lost", "ecc_dbe"})
 # States in which silence is expected: the group is writing a checkpoint or pausing.
 QUIET_STATES = frozenset({"checkpointing", "quiescing"})
 IN_PROGRESS_PHASES = frozenset({"staging", "written"})
 TERMINAL_STATES = frozenset({"completed", "finished", "stopped", "failed", "cancelled"})
-RECENT_STEPS = 32
 # The group's typical step (the stall threshold's median and MAD) is read from at most
 # this many ranks, every k-th in rank order: a synchronous job's ranks share one step
 # time, and 4,096 ranks' recent steps (~130k durations) pin it down as well as 16k ranks'
@@ -52,10 +54,6 @@ DURATION_RANKS = 4096
 def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
     """Element-wise identity (not equality: an equal but rebuilt state is not reused)."""
     return a is b or (len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True)))
-
-
-def _current_steps(r: RankState) -> tuple[StepRecord, ...]:
-    return r.current_steps
 
 
 class Context:
@@ -86,11 +84,21 @@ class Context:
         self.findings: dict[str, Finding] = {}
         self._by_subject: dict[str, list[str]] = defaultdict(list)
         self.ranks: dict[int, RankState] = {r.rank: r for r in snap.ranks}
-        # Filtering steps by generation is the hot path at 4,096 ranks: do it once.
-        self._steps: dict[int, tuple[StepRecord, ...]] = {
-            r.rank: self.per_rank("current_steps", r, partial(_current_steps, r))
-            for r in snap.ranks
-        }
+        # What the rules read of each rank's steps, derived once per RankState: a rank whose
+        # state is the very object of last pass reuses its digest, one whose steps slid
+        # (oldest dropped, newer appended) derives the new one from it (rules/digest.py).
+        kept: dict[int, tuple[RankState, RankDigest]] = self._memo.setdefault("digests", {})
+        self._digests: dict[int, RankDigest] = {}
+        self._steps: dict[int, tuple[StepRecord, ...]] = {}
+        for r in snap.ranks:
+            hit = kept.get(r.rank)
+            if hit is not None and hit[0] is r:
+                d = hit[1]
+            else:
+                d = rank_digest(r, None if hit is None else hit[1])
+                kept[r.rank] = (r, d)
+            self._digests[r.rank] = d
+            self._steps[r.rank] = d.cur
         self.devices: dict[str, DeviceState] = {d.gpu: d for d in snap.devices}
         self.ranks_on_gpu: dict[str, list[int]] = defaultdict(list)
         self.ranks_on_node: dict[str, list[int]] = defaultdict(list)
@@ -195,6 +203,10 @@ class Context:
         cur = self._steps[r.rank]
         return cur[-1] if cur else None
 
+    def digest(self, r: RankState) -> RankDigest:
+        """The rank's steps as the rules read them (rules/digest.py)."""
+        return self._digests[r.rank]
+
     def per_rank(self, name: str, r: RankState, compute: Callable[[], Any]) -> Any:
         """`compute()` for rank `r`, or its value from the last pass if `r` is unchanged."""
         slot = self._memo.setdefault(name, {})
@@ -246,8 +258,9 @@ class Context:
     def _all_durations(self) -> list[float]:
         out: list[float] = []
         ranks = self.snap.ranks
+        digests = self._digests
         for r in ranks[:: -(-len(ranks) // DURATION_RANKS) or 1]:  # every k-th (above)
-            out.extend(self.per_rank("durations", r, partial(self._durations, r)))
+            out.extend(digests[r.rank].durations_s())
         return out
 
     @cached_property
@@ -269,10 +282,6 @@ class Context:
         """Median of `recent_durations_s` (None when there is none)."""
         d = self._sorted_durations_s
         return median_sorted(d) if d else None
-
-    def _durations(self, r: RankState) -> list[float]:
-        steps = self.steps(r)[-RECENT_STEPS:]
-        return [s.duration_ms / 1000.0 for s in steps if s.duration_ms is not None]
 
     @cached_property
     def stall_threshold_s(self) -> float | None:

@@ -34,15 +34,10 @@ from console.diagnosis.stats import mad_sorted, median, median_sorted, percentil
 
 
 def _means(ctx: Context, r: RankState) -> tuple[float, dict[str, float]] | None:
-    steps = [s for s in ctx.steps(r)[-RECENT_STEPS:] if s.duration_ms is not None]
-    if not steps:
-        return None
-    n = len(steps)
-    total = sum([s.duration_ms or 0.0 for s in steps]) / n  # None filtered above
-    # Each phase summed over the steps in step order, from 0.0 (sum() over the columns of
-    # each step's `Phases.values`: C loops, where a getattr per phase per step dominated).
-    cols = zip(*[s.phases.values for s in steps], strict=True)
-    return total, dict(zip(PHASES, [sum(col, 0.0) / n for col in cols], strict=True))
+    """Mean step time and mean per phase over the rank's recent steps that have a duration
+    (a phase a step did not report counts 0): derived once per RankState, with the rank's
+    other per-step values (rules/digest.py)."""
+    return ctx.digest(r).means
 
 
 def _throttling(ctx: Context, r: RankState) -> tuple[DeviceState, DeviceSample, str] | None:
@@ -116,7 +111,7 @@ def _group_stats(ctx: Context) -> _Stats | None:
         # Every rank with history counts toward the tail ratio; only unexplained ranks
         # may be called stragglers below.
         if len(ctx.steps(r)) >= cfg.straggler_min_steps:
-            m = ctx.per_rank("straggler_means", r, partial(_means, ctx, r))
+            m = ctx.digest(r).means
             if m is not None:
                 stats[r.rank] = m
     if len(stats) < 2:
