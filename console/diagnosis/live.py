@@ -88,6 +88,7 @@ class LiveGroup:
     touched: int = 0  # ranks rebuilt by the last `snapshot` (for the benchmark)
     memo: dict[str, Any] = field(default_factory=dict)  # `diagnose(..., memo=)` between passes
     samples: dict[int, Any] = field(default_factory=dict)  # `build_snapshot(samples_memo=)`
+    devices: dict[str, Any] = field(default_factory=dict)  # `build_snapshot(devices_memo=)`
 
     def apply(self, records: Iterable[Mapping[str, Any]]) -> int:
         """Fold newly arrived records in (oldest first within the call, as read); records of
@@ -154,6 +155,7 @@ class LiveGroup:
             slo=slo,
             objectives=objectives,
             samples_memo=self.samples,
+            devices_memo=self.devices,
         )
         dev_node = {d.gpu: d.node for d in base.devices}
         if self._active is None:
