@@ -14,9 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
-from itertools import pairwise
+from itertools import islice, pairwise
+from operator import itemgetter
 from typing import Any
 
+from console.diagnosis.rules.digest import slide_cut
 from console.diagnosis.snapshot import GroupSnapshot, RankState, StepRecord
 from console.diagnosis.stats import is_bad_number
 
@@ -117,9 +119,14 @@ class _Table:
     """The ranks' merged step table and their first timestamps (see `_rank_table`)."""
 
     steps: dict[tuple[int, int], _Partial]
-    first_ts: list[datetime]
+    first_ts: datetime | None  # the earliest of the ranks' first process and first step start
     start_free: bool  # every rank's steps are all after `start`: the table ignores it
     oldest: datetime | None  # the oldest step of any rank
+
+
+def _first_start(s: StepRecord) -> datetime:
+    """When a rank's first step began: its timestamp less its duration."""
+    return s.ts - timedelta(milliseconds=s.duration_ms or 0)
 
 
 def _rank_table(snap: GroupSnapshot, start: datetime, per_rank: PerRank | None) -> _Table:
@@ -141,9 +148,9 @@ def _rank_table(snap: GroupSnapshot, start: datetime, per_rank: PerRank | None) 
             _fold(acc, part)
         first_ts += [p.ts for p in r.processes[:1]]
         if r.steps:
-            first_ts.append(r.steps[0].ts - timedelta(milliseconds=r.steps[0].duration_ms or 0))
+            first_ts.append(_first_start(r.steps[0]))
             oldest = r.steps[0].ts if oldest is None else min(oldest, r.steps[0].ts)
-    return _Table(steps, first_ts, start_free, oldest)
+    return _Table(steps, min(first_ts, default=None), start_free, oldest)
 
 
 def _inside(steps: tuple[StepRecord, ...], start: datetime) -> bool:
@@ -167,25 +174,39 @@ def _slid(
     (recompute the rank)."""
     if len(old_parts) != len(old):  # a (generation, step) seen twice: not single parts
         return None
-    first = new[0]
-    cut = next((i for i, s in enumerate(old) if s is first), None)
-    if cut is None:
-        return None
-    kept = len(old) - cut
-    if old[cut:] != new[:kept]:  # element identity first: C speed for the live state
+    cut = slide_cut(old, new)
+    if cut < 0:
         return None
     dropped = [(s.generation, s.step) for s in old[:cut]]
     parts = dict(old_parts)
     for key in dropped:
         del parts[key]
     added: list[tuple[int, int]] = []
-    for s in new[kept:]:
+    for s in new[len(old) - cut :]:
         key = (s.generation, s.step)
         if key in parts:
             return None
         parts[key] = _single(s)
         added.append(key)
     return dropped, parts, added
+
+
+_FIELDS = tuple(itemgetter(i) for i in range(6))
+
+
+def _merged(parts: list[_Partial]) -> _Partial:
+    """`_fold` of `parts` in order into a copy of the first, in C loops (a new step's entry
+    folds every rank's part): builtin min and max keep the first of equals and compare as
+    `_fold` does (NaN included), and sum adds left to right from the first's tokens."""
+    f0, f1, f2, f3, f4, f5 = _FIELDS
+    return [
+        min(map(f0, parts)),
+        max(map(f1, parts)),
+        sum(map(f2, islice(parts, 1, None)), parts[0][2]),
+        max(map(f3, parts)),
+        max(map(f4, parts)),
+        all(map(f5, parts)),
+    ]
 
 
 def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> _Table:
@@ -202,37 +223,37 @@ def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> 
             and all(a is b for a, b in zip(last[0], snap.ranks, strict=True))
         ):
             return t  # every rank the same, all its steps still inside the window
-    prev: dict[int, tuple[RankState, tuple[StepRecord, ...], dict[Any, _Partial], bool]]
+    # rank -> (its steps, their parts, all inside the window, (first step, its start))
+    prev: dict[int, tuple[tuple[StepRecord, ...], dict[Any, _Partial], bool, Any]]
     prev = state.setdefault("ranks", {})
     contrib: dict[tuple[int, int], dict[int, _Partial]] = state.setdefault("contrib", {})
     table: dict[tuple[int, int], _Partial] = state.setdefault("table", {})
     dirty: set[tuple[int, int]] = set()
-    here = {r.rank for r in snap.ranks}
-    for rk in [rk for rk in prev if rk not in here]:
-        for key in prev.pop(rk)[2]:
-            contrib[key].pop(rk, None)
-            dirty.add(key)
-    first_ts: list[datetime] = []
+    first_ts: datetime | None = None
     start_free = True
     oldest: datetime | None = None
     for r in snap.ranks:
         steps = r.steps
         inside = _inside(steps, start)
         had = prev.get(r.rank)
-        if had is not None and had[3] and inside and had[1] is steps:
-            pass  # the same steps, all inside the window: the same parts
+        if had is not None and had[2] and inside and had[0] is steps:
+            first = had[3]
         else:
-            old_parts = had[2] if had is not None else {}
+            old_parts = had[1] if had is not None else {}
             got = None
-            if had is not None and had[3] and inside:
-                got = _slid(had[1], old_parts, steps)
+            if had is not None and had[2] and inside:
+                got = _slid(had[0], old_parts, steps)
             if got is not None:
                 dropped, parts, added = got
                 for key in dropped:
                     contrib[key].pop(r.rank, None)
                     dirty.add(key)
                 for key in added:
-                    contrib.setdefault(key, {})[r.rank] = parts[key]
+                    mine = contrib.get(key)
+                    if mine is None:
+                        contrib[key] = {r.rank: parts[key]}
+                    else:
+                        mine[r.rank] = parts[key]
                     dirty.add(key)
             else:
                 parts = _partials(steps, start)
@@ -242,14 +263,29 @@ def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> 
                 for key, part in parts.items():
                     contrib.setdefault(key, {})[r.rank] = part
                     dirty.add(key)
-            prev[r.rank] = (r, steps, parts, inside)
+            first = had[3] if had is not None else None
+            if steps and (first is None or first[0] is not steps[0]):
+                first = (steps[0], _first_start(steps[0]))  # a rank's first step moves rarely
+            prev[r.rank] = (steps, parts, inside, first)
         if not inside:
             start_free = start_free and not steps
         if r.processes:
-            first_ts.append(r.processes[0].ts)
+            p = r.processes[0].ts
+            if first_ts is None or p < first_ts:
+                first_ts = p
         if steps:
-            first_ts.append(steps[0].ts - timedelta(milliseconds=steps[0].duration_ms or 0))
-            oldest = steps[0].ts if oldest is None else min(oldest, steps[0].ts)
+            f = first[1]
+            if first_ts is None or f < first_ts:
+                first_ts = f
+            s0 = steps[0].ts
+            if oldest is None or s0 < oldest:
+                oldest = s0
+    if len(prev) != len(snap.ranks):  # every rank here is in `prev`: the others left
+        here = {r.rank for r in snap.ranks}
+        for rk in [rk for rk in prev if rk not in here]:
+            for key in prev.pop(rk)[1]:
+                contrib[key].pop(rk, None)
+                dirty.add(key)
     if dirty:
         pos = {r.rank: i for i, r in enumerate(snap.ranks)}
         for key in dirty:
@@ -259,10 +295,7 @@ def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> 
                 table.pop(key, None)
                 continue
             order = sorted(mine, key=pos.__getitem__)
-            acc = list(mine[order[0]])
-            for rk in order[1:]:
-                _fold(acc, mine[rk])
-            table[key] = acc
+            table[key] = _merged([mine[rk] for rk in order])
     out = _Table(table, first_ts, start_free, oldest)
     state["last"] = (snap.ranks, out)
     return out
@@ -295,7 +328,9 @@ def compute_goodput(
     else:
         table = _rank_table(snap, start, per_rank)
     steps = table.steps
-    first_ts: list[datetime] = [t.ts for t in snap.transitions[:1]] + table.first_ts
+    first_ts = [t.ts for t in snap.transitions[:1]]
+    if table.first_ts is not None:
+        first_ts.append(table.first_ts)
     begin = max(start, min(first_ts)) if first_ts else start
     wall = max((now - begin).total_seconds(), 0.0)
     restarts = _restart_intervals(snap, begin, now)

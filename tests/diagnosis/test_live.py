@@ -209,7 +209,7 @@ def test_a_broken_memo_fails_the_check(layer: str, monkeypatch: pytest.MonkeyPat
             got = real(old, parts, new)
             if got is None:
                 return None
-            return got[0], {k: parts[k] for k in got[1] if k in parts}, []
+            return got[0], {k: v for k, v in got[1].items() if k not in got[2]}, []
 
         monkeypatch.setattr(goodput, "_slid", slid)
     with pytest.raises(AssertionError):
