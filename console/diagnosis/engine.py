@@ -152,15 +152,14 @@ def _live_step_totals(ctx: Context, state: dict[str, Any]) -> tuple[int, float |
     away its dropped ones (rules/digest.py lineage), any other change swaps its whole
     contribution. Token counts are integers, so the totals are exact whatever the order;
     a step with non-integer tokens makes the pass count from scratch."""
-    ranks = ctx.snap.ranks
-    digests = [ctx.digest(r) for r in ranks]
-    if any([d.inexact for d in digests]):
+    digests = ctx.digests
+    if any([d.inexact for d in digests.values()]):
         state.clear()
         return _step_totals(ctx)
     held: dict[int, RankDigest] = state.setdefault("held", {})  # rank -> digest counted
     tot: dict[int, list[int]] = state.setdefault("totals", {})  # step -> [tokens, steps]
-    for r, d in zip(ranks, digests, strict=True):
-        had = held.get(r.rank)
+    for rk, d in digests.items():
+        had = held.get(rk)
         if had is d:
             continue
         if had is not None and d.base == had.serial:
@@ -170,10 +169,9 @@ def _live_step_totals(ctx: Context, state: dict[str, Any]) -> tuple[int, float |
             if had is not None:
                 _count(tot, had.cur, -1)
             _count(tot, d.cur, 1)
-        held[r.rank] = d
-    if len(held) != len(ranks):  # every rank here is held: the others left
-        here = {r.rank for r in ranks}
-        for rk in [rk for rk in held if rk not in here]:
+        held[rk] = d
+    if len(held) != len(digests):  # every rank here is held: the others left
+        for rk in [rk for rk in held if rk not in digests]:
             _count(tot, held.pop(rk).cur, -1)
     if not tot:
         return None

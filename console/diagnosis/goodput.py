@@ -163,32 +163,42 @@ def _single(s: StepRecord) -> _Partial:
     return [s.ts, s.duration_ms or 0.0, s.tokens or 0, s.ts, s.phases.checkpoint or 0.0, _valid(s)]
 
 
+def _keys(steps: tuple[StepRecord, ...]) -> list[tuple[int, int]]:
+    return [(s.generation, s.step) for s in steps]
+
+
 def _slid(
+    rank: int,
     old: tuple[StepRecord, ...],
-    old_parts: dict[tuple[int, int], _Partial],
     new: tuple[StepRecord, ...],
-) -> tuple[list[tuple[int, int]], dict[tuple[int, int], _Partial], list[tuple[int, int]]] | None:
+    contrib: dict[tuple[int, int], dict[int, _Partial]],
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]] | None:
     """`new` as `old` with its oldest steps dropped and newer ones appended (the live
-    state's shape), each (generation, step) once: (keys dropped, the new parts), from the
-    changed steps alone, and the keys appended. None when `new` is not such a slide
-    (recompute the rank)."""
-    if len(old_parts) != len(old):  # a (generation, step) seen twice: not single parts
-        return None
+    state's shape), for a rank whose steps hold each (generation, step) once: its parts of
+    the dropped steps leave `contrib` and a part per appended step joins it, from the
+    changed steps alone. (keys dropped, keys appended); None, with `contrib` untouched,
+    when `new` is not such a slide or an appended step repeats a key (recompute the rank)."""
     cut = slide_cut(old, new)
     if cut < 0:
         return None
-    dropped = [(s.generation, s.step) for s in old[:cut]]
-    parts = dict(old_parts)
-    for key in dropped:
-        del parts[key]
-    added: list[tuple[int, int]] = []
-    for s in new[len(old) - cut :]:
-        key = (s.generation, s.step)
-        if key in parts:
+    dropped = _keys(old[:cut])
+    appended = new[len(old) - cut :]
+    added = _keys(appended)
+    for key in added:
+        mine = contrib.get(key)
+        if mine is not None and rank in mine and key not in dropped:
             return None
-        parts[key] = _single(s)
-        added.append(key)
-    return dropped, parts, added
+    if len(added) > 1 and len(set(added)) < len(added):
+        return None
+    for key in dropped:
+        contrib[key].pop(rank, None)
+    for key, s in zip(added, appended, strict=True):
+        mine = contrib.get(key)
+        if mine is None:
+            contrib[key] = {rank: _single(s)}
+        else:
+            mine[rank] = _single(s)
+    return dropped, added
 
 
 _FIELDS = tuple(itemgetter(i) for i in range(6))
@@ -223,8 +233,10 @@ def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> 
             and all(a is b for a, b in zip(last[0], snap.ranks, strict=True))
         ):
             return t  # every rank the same, all its steps still inside the window
-    # rank -> (its steps, their parts, all inside the window, (first step, its start))
-    prev: dict[int, tuple[tuple[StepRecord, ...], dict[Any, _Partial], bool, Any]]
+    # rank -> (its steps, their parts by (generation, step), or None when every step is
+    # inside the window and holds its own key (the parts are then the steps' own, in
+    # `contrib`), all inside the window, (first step, when it began))
+    prev: dict[int, tuple[tuple[StepRecord, ...], dict[Any, _Partial] | None, bool, Any]]
     prev = state.setdefault("ranks", {})
     contrib: dict[tuple[int, int], dict[int, _Partial]] = state.setdefault("contrib", {})
     table: dict[tuple[int, int], _Partial] = state.setdefault("table", {})
@@ -239,30 +251,26 @@ def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> 
         if had is not None and had[2] and inside and had[0] is steps:
             first = had[3]
         else:
-            old_parts = had[1] if had is not None else {}
             got = None
-            if had is not None and had[2] and inside:
-                got = _slid(had[0], old_parts, steps)
+            if had is not None and had[1] is None and inside:
+                got = _slid(r.rank, had[0], steps, contrib)
+            parts = None
             if got is not None:
-                dropped, parts, added = got
-                for key in dropped:
-                    contrib[key].pop(r.rank, None)
-                    dirty.add(key)
-                for key in added:
-                    mine = contrib.get(key)
-                    if mine is None:
-                        contrib[key] = {r.rank: parts[key]}
-                    else:
-                        mine[r.rank] = parts[key]
-                    dirty.add(key)
+                dirty.update(got[0])
+                dirty.update(got[1])
             else:
-                parts = _partials(steps, start)
-                for key in old_parts:
-                    contrib[key].pop(r.rank, None)
+                if had is not None:
+                    _drop(r.rank, had, contrib, dirty)
+                made = _partials(steps, start)
+                for key, part in made.items():
+                    got_key = contrib.get(key)
+                    if got_key is None:
+                        contrib[key] = {r.rank: part}
+                    else:
+                        got_key[r.rank] = part
                     dirty.add(key)
-                for key, part in parts.items():
-                    contrib.setdefault(key, {})[r.rank] = part
-                    dirty.add(key)
+                if not inside or len(made) != len(steps):
+                    parts = made
             first = had[3] if had is not None else None
             if steps and (first is None or first[0] is not steps[0]):
                 first = (steps[0], _first_start(steps[0]))  # a rank's first step moves rarely
@@ -283,9 +291,7 @@ def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> 
     if len(prev) != len(snap.ranks):  # every rank here is in `prev`: the others left
         here = {r.rank for r in snap.ranks}
         for rk in [rk for rk in prev if rk not in here]:
-            for key in prev.pop(rk)[1]:
-                contrib[key].pop(rk, None)
-                dirty.add(key)
+            _drop(rk, prev.pop(rk), contrib, dirty)
     if dirty:
         pos = {r.rank: i for i, r in enumerate(snap.ranks)}
         for key in dirty:
@@ -299,6 +305,18 @@ def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> 
     out = _Table(table, first_ts, start_free, oldest)
     state["last"] = (snap.ranks, out)
     return out
+
+
+def _drop(
+    rank: int,
+    had: tuple[tuple[StepRecord, ...], dict[Any, _Partial] | None, bool, Any],
+    contrib: dict[tuple[int, int], dict[int, _Partial]],
+    dirty: set[tuple[int, int]],
+) -> None:
+    """Take a rank's parts, as kept in `had`, out of `contrib`."""
+    for key in _keys(had[0]) if had[1] is None else had[1]:
+        contrib[key].pop(rank, None)
+        dirty.add(key)
 
 
 def compute_goodput(

@@ -144,27 +144,29 @@ def _manifest(raw: Mapping[str, Any] | None) -> Manifest | None:
 
 
 def _step(r: Mapping[str, Any]) -> StepRecord:
-    # The hot path of build_snapshot (one call per step record): positional arguments
-    # and bound lookups keep a 4,096-rank group cheap to rebuild.
+    # The hot path of build_snapshot and of a live pass (one call per step record):
+    # positional arguments, bound lookups and `_num` spelled out keep a 16k-rank pass cheap.
     g = r.get
     ph = g("phases") or {}
     p = ph.get
+    d, loss, gn, scale = g("duration_ms"), g("loss"), g("grad_norm"), g("loss_scale")
+    c, co, i, ck, o = p("compute"), p("collective"), p("input"), p("checkpoint"), p("optimizer")
     return StepRecord(
         r["ts"],
         int(g("generation") or 0),
         int(r["step"]),
-        _num(g("duration_ms")),
+        None if d is None else float(d),
         Phases(
-            _num(p("compute")),
-            _num(p("collective")),
-            _num(p("input")),
-            _num(p("checkpoint")),
-            _num(p("optimizer")),
+            None if c is None else float(c),
+            None if co is None else float(co),
+            None if i is None else float(i),
+            None if ck is None else float(ck),
+            None if o is None else float(o),
         ),
         g("tokens"),
-        _num(g("loss")),
-        _num(g("grad_norm")),
-        _num(g("loss_scale")),
+        None if loss is None else float(loss),
+        None if gn is None else float(gn),
+        None if scale is None else float(scale),
         g("overflow"),
         g("data_cursor"),
     )

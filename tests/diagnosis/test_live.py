@@ -205,11 +205,13 @@ def test_a_broken_memo_fails_the_check(layer: str, monkeypatch: pytest.MonkeyPat
     else:
         real = goodput._slid
 
-        def slid(old: Any, parts: Any, new: Any) -> Any:  # the appended steps left out
-            got = real(old, parts, new)
+        def slid(rank: int, old: Any, new: Any, contrib: Any) -> Any:  # appended left out
+            got = real(rank, old, new, contrib)
             if got is None:
                 return None
-            return got[0], {k: v for k, v in got[1].items() if k not in got[2]}, []
+            for key in got[1]:
+                contrib[key].pop(rank)
+            return got[0], []
 
         monkeypatch.setattr(goodput, "_slid", slid)
     with pytest.raises(AssertionError):

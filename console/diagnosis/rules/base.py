@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from functools import cached_property
+from operator import attrgetter
 from typing import Any
 
 from console.diagnosis.config import DiagnosisConfig
@@ -49,6 +50,7 @@ TERMINAL_STATES = frozenset({"completed", "finished", "stopped", "failed", "canc
 # time, and 4,096 ranks' recent steps (~130k durations) pin it down as well as 16k ranks'
 # 520k, which cost a 16k-rank pass ~0.1 s to collect and sort. Smaller groups: all.
 DURATION_RANKS = 4096
+_WINDOW_KEY = attrgetter("rank", "collective", "node", "gpu")
 
 
 def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
@@ -83,30 +85,36 @@ class Context:
         self.cfg = cfg
         self.findings: dict[str, Finding] = {}
         self._by_subject: dict[str, list[str]] = defaultdict(list)
-        self.ranks: dict[int, RankState] = {r.rank: r for r in snap.ranks}
+        self.devices: dict[str, DeviceState] = {d.gpu: d for d in snap.devices}
+        ranks: dict[int, RankState] = {}
+        on_gpu: dict[str, list[int]] = defaultdict(list)
+        on_node: dict[str, list[int]] = defaultdict(list)
         # What the rules read of each rank's steps, derived once per RankState: a rank whose
         # state is the very object of last pass reuses its digest, one whose steps slid
         # (oldest dropped, newer appended) derives the new one from it (rules/digest.py).
         kept: dict[int, tuple[RankState, RankDigest]] = self._memo.setdefault("digests", {})
-        self._digests: dict[int, RankDigest] = {}
-        self._steps: dict[int, tuple[StepRecord, ...]] = {}
-        for r in snap.ranks:
-            hit = kept.get(r.rank)
+        digests: dict[int, RankDigest] = {}
+        steps: dict[int, tuple[StepRecord, ...]] = {}
+        for r in snap.ranks:  # one loop: at 16k ranks each walk over them counts
+            rk = r.rank
+            ranks[rk] = r
+            hit = kept.get(rk)
             if hit is not None and hit[0] is r:
                 d = hit[1]
             else:
                 d = rank_digest(r, None if hit is None else hit[1])
-                kept[r.rank] = (r, d)
-            self._digests[r.rank] = d
-            self._steps[r.rank] = d.cur
-        self.devices: dict[str, DeviceState] = {d.gpu: d for d in snap.devices}
-        self.ranks_on_gpu: dict[str, list[int]] = defaultdict(list)
-        self.ranks_on_node: dict[str, list[int]] = defaultdict(list)
-        for r in snap.ranks:
+                kept[rk] = (r, d)
+            digests[rk] = d
+            steps[rk] = d.cur
             if r.gpu:
-                self.ranks_on_gpu[r.gpu].append(r.rank)
+                on_gpu[r.gpu].append(rk)
             if r.node:
-                self.ranks_on_node[r.node].append(r.rank)
+                on_node[r.node].append(rk)
+        self.ranks = ranks
+        self.ranks_on_gpu = on_gpu
+        self.ranks_on_node = on_node
+        self._digests = digests
+        self._steps = steps
         # Set by rules for the engine's recovery advice.
         self.valid_checkpoint: CheckpointState | None = None  # set by `checkpoints`
         self.unsafe_reasons: dict[str, str] = {}  # finding id -> why restart is unsafe
@@ -207,6 +215,11 @@ class Context:
         """The rank's steps as the rules read them (rules/digest.py)."""
         return self._digests[r.rank]
 
+    @property
+    def digests(self) -> dict[int, RankDigest]:
+        """Every rank's digest, in the snapshot's rank order (read-only)."""
+        return self._digests
+
     def per_rank(self, name: str, r: RankState, compute: Callable[[], Any]) -> Any:
         """`compute()` for rank `r`, or its value from the last pass if `r` is unchanged."""
         slot = self._memo.setdefault(name, {})
@@ -268,7 +281,7 @@ class Context:
         """(rank, collective window, node, GPU) of every rank: what collective matching
         reads. Compared with == against last pass's, a window that is the same object
         costs nothing, so a pass in which no window changed reuses the matching."""
-        return tuple((r.rank, r.collective, r.node, r.gpu) for r in self.snap.ranks)
+        return tuple(map(_WINDOW_KEY, self.snap.ranks))
 
     @cached_property
     def _sorted_durations_s(self) -> list[float]:

@@ -20,9 +20,10 @@ generation: a digest is reused for any `RankState` with the same steps.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 from itertools import count
 from math import isfinite
-from operator import attrgetter
+from operator import attrgetter, is_not
 
 from console.diagnosis.records import StepRecord
 from console.diagnosis.snapshot import RankState
@@ -86,9 +87,10 @@ class RankDigest:
         """The recent steps' durations in seconds, oldest first (stall threshold)."""
         out = self._durations_s
         if out is None:
-            out = self._durations_s = [
-                s.duration_ms / 1000.0 for s in self.win if s.duration_ms is not None
-            ]
+            durations: Iterable[float] = map(_DURATION, self.win)
+            if self.untimed:
+                durations = filter(_NOT_NONE, durations)
+            out = self._durations_s = list(map(_PER_1000, durations))  # d / 1000.0, in C
         return out
 
     def nan_steps(self) -> list[StepRecord]:
@@ -96,27 +98,29 @@ class RankDigest:
         return [s for s in self.win if _bad_loss(s)] if self.bad else []
 
 
+_ROW = attrgetter("row")
 _DURATION = attrgetter("duration_ms")
-_PHASES = attrgetter("phases.values")
+_PER_1000 = (1000.0).__rtruediv__  # x -> x / 1000.0
+_NOT_NONE = partial(is_not, None)
 
 
 def _means(win: tuple[StepRecord, ...], untimed: int) -> _Means | None:
     """Mean step time and mean per phase over the window's steps that have a duration; a
-    phase a step did not report counts 0. Each sum runs over the steps in window order
-    (C loops over the steps; the straggler statistics' cost at 16k ranks)."""
+    phase a step did not report counts 0. Each sum runs over the steps in window order,
+    in C loops over the steps' `row`s (the straggler statistics' cost at 16k ranks)."""
+    rows = list(map(_ROW, win))
     if untimed:
-        win = tuple([s for s in win if s.duration_ms is not None])
-    n = len(win)
+        rows = [x for x in rows if x is not None]
+    n = len(rows)
     if not n:
         return None
-    total = sum(map(_DURATION, win)) / n
-    c = list(zip(*map(_PHASES, win), strict=True))
-    return total, {
-        "compute": sum(c[0], 0.0) / n,
-        "collective": sum(c[1], 0.0) / n,
-        "input": sum(c[2], 0.0) / n,
-        "checkpoint": sum(c[3], 0.0) / n,
-        "optimizer": sum(c[4], 0.0) / n,
+    c = list(zip(*rows, strict=True))
+    return sum(c[0]) / n, {
+        "compute": sum(c[1], 0.0) / n,
+        "collective": sum(c[2], 0.0) / n,
+        "input": sum(c[3], 0.0) / n,
+        "checkpoint": sum(c[4], 0.0) / n,
+        "optimizer": sum(c[5], 0.0) / n,
     }
 
 

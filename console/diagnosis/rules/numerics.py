@@ -76,14 +76,21 @@ def _judge(ctx: Context) -> list[_Emission]:
     # steps slid). The walks over every recent step (the earlier grad norms, the peak loss
     # scale) run only when their check can fire: a pass whose newest steps report no grad
     # norm and no loss scale reads nothing else.
-    digests = [(r.rank, ctx.digest(r)) for r in ctx.snap.ranks]
-    per_rank = [(rk, d.win) for rk, d in digests if d.win]
-    if not per_rank:
+    per_rank: list[tuple[int, tuple[StepRecord, ...]]] = []
+    nan: list[tuple[int, StepRecord]] = []
+    last_step: int | None = None
+    for rk, d in ctx.digests.items():
+        win = d.win
+        if not win:
+            continue
+        per_rank.append((rk, win))
+        step = win[-1].step
+        if last_step is None or step > last_step:
+            last_step = step
+        if d.bad:
+            nan += [(rk, s) for s in d.nan_steps()]
+    if last_step is None:
         return out
-    last_step = max(ss[-1].step for _, ss in per_rank)
-    nan: list[tuple[int, StepRecord]] = [
-        (rk, s) for rk, d in digests if d.bad for s in d.nan_steps()
-    ]
     if nan:
         rk, s = min(nan, key=lambda x: (x[1].step, x[0]))
         out.append(
@@ -96,11 +103,14 @@ def _judge(ctx: Context) -> list[_Emission]:
             )
         )
     # Explosion: the newest grad norm against the median of the group's earlier ones.
-    latest = [
-        (rk, ss[-1])
-        for rk, ss in per_rank
-        if ss[-1].step == last_step and ss[-1].grad_norm is not None
-    ]
+    newest: list[tuple[int, StepRecord]] = []
+    latest: list[tuple[int, StepRecord]] = []
+    for rk, ss in per_rank:
+        s = ss[-1]
+        if s.step == last_step:
+            newest.append((rk, s))
+            if s.grad_norm is not None:
+                latest.append((rk, s))
     earlier = _earlier(per_rank, last_step) if latest else []
     if earlier and latest:
         base = median(earlier)
@@ -118,7 +128,6 @@ def _judge(ctx: Context) -> list[_Emission]:
                     {"grad_norm": worst, "median_grad_norm": base, "limit": limit},
                 )
             )
-    newest = [(rk, ss[-1]) for rk, ss in per_rank if ss[-1].step == last_step]
     scales = [s.loss_scale for _, s in newest if s.loss_scale is not None]
     peak = _peak(per_rank) if scales else None
     if peak is None or not scales:
