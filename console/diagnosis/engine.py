@@ -163,7 +163,8 @@ def _live_step_totals(ctx: Context, state: dict[str, Any]) -> tuple[int, float |
         if had is d:
             continue
         if had is not None and d.base == had.serial:
-            _count(tot, d.dropped, -1)
+            if d.dropped:
+                _count(tot, d.dropped, -1)
             _count(tot, d.added, 1)
         else:
             if had is not None:
@@ -305,6 +306,7 @@ def diagnose(
             stall_threshold_s=ctx.stall_threshold_s,
             per_rank=ctx.per_rank,
             live=ctx.slot("goodput_live"),
+            digests=ctx.digests,
         ),
         tail_ratio=ctx.tail_ratio,
         phase_medians_ms=dict(ctx.phase_medians_ms),

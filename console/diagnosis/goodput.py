@@ -10,7 +10,7 @@ numeric checks). Must not read the clock: the window ends at the caller's `now`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -18,7 +18,7 @@ from itertools import islice, pairwise
 from operator import itemgetter
 from typing import Any
 
-from console.diagnosis.rules.digest import slide_cut
+from console.diagnosis.rules.digest import RankDigest, slide_cut
 from console.diagnosis.snapshot import GroupSnapshot, RankState, StepRecord
 from console.diagnosis.stats import is_bad_number
 
@@ -172,15 +172,18 @@ def _slid(
     old: tuple[StepRecord, ...],
     new: tuple[StepRecord, ...],
     contrib: dict[tuple[int, int], dict[int, _Partial]],
+    cut: int = -1,
 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]] | None:
     """`new` as `old` with its oldest steps dropped and newer ones appended (the live
     state's shape), for a rank whose steps hold each (generation, step) once: its parts of
     the dropped steps leave `contrib` and a part per appended step joins it, from the
     changed steps alone. (keys dropped, keys appended); None, with `contrib` untouched,
-    when `new` is not such a slide or an appended step repeats a key (recompute the rank)."""
-    cut = slide_cut(old, new)
+    when `new` is not such a slide or an appended step repeats a key (recompute the rank).
+    `cut`: how many steps were dropped, when the caller knows (the rank's digest)."""
     if cut < 0:
-        return None
+        cut = slide_cut(old, new)
+        if cut < 0:
+            return None
     dropped = _keys(old[:cut])
     appended = new[len(old) - cut :]
     added = _keys(appended)
@@ -219,7 +222,12 @@ def _merged(parts: list[_Partial]) -> _Partial:
     ]
 
 
-def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> _Table:
+def _live_table(
+    snap: GroupSnapshot,
+    start: datetime,
+    state: dict[str, Any],
+    digests: Mapping[int, RankDigest] | None = None,
+) -> _Table:
     """`_rank_table` kept up to date between passes in `state` (the engine's memo): only
     the ranks whose steps changed are looked at step by step, and only the (generation,
     step) entries their changes touched are merged again, from every rank's part in the
@@ -235,8 +243,9 @@ def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> 
             return t  # every rank the same, all its steps still inside the window
     # rank -> (its steps, their parts by (generation, step), or None when every step is
     # inside the window and holds its own key (the parts are then the steps' own, in
-    # `contrib`), all inside the window, (first step, when it began))
-    prev: dict[int, tuple[tuple[StepRecord, ...], dict[Any, _Partial] | None, bool, Any]]
+    # `contrib`), all inside the window, (first step, when it began), the serial of the
+    # rank digest of these steps or 0)
+    prev: dict[int, tuple[tuple[StepRecord, ...], dict[Any, _Partial] | None, bool, Any, int]]
     prev = state.setdefault("ranks", {})
     contrib: dict[tuple[int, int], dict[int, _Partial]] = state.setdefault("contrib", {})
     table: dict[tuple[int, int], _Partial] = state.setdefault("table", {})
@@ -251,9 +260,13 @@ def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> 
         if had is not None and had[2] and inside and had[0] is steps:
             first = had[3]
         else:
+            d = None if digests is None else digests.get(r.rank)
+            serial = 0 if d is None or d.steps is not steps else d.serial
             got = None
             if had is not None and had[1] is None and inside:
-                got = _slid(r.rank, had[0], steps, contrib)
+                # The rank's digest slid from the one of the steps held: its cut is this one.
+                cut = d.cut if d is not None and serial and had[4] and d.base == had[4] else -1
+                got = _slid(r.rank, had[0], steps, contrib, cut)
             parts = None
             if got is not None:
                 dirty.update(got[0])
@@ -274,7 +287,7 @@ def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> 
             first = had[3] if had is not None else None
             if steps and (first is None or first[0] is not steps[0]):
                 first = (steps[0], _first_start(steps[0]))  # a rank's first step moves rarely
-            prev[r.rank] = (steps, parts, inside, first)
+            prev[r.rank] = (steps, parts, inside, first, serial)
         if not inside:
             start_free = start_free and not steps
         if r.processes:
@@ -309,7 +322,7 @@ def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> 
 
 def _drop(
     rank: int,
-    had: tuple[tuple[StepRecord, ...], dict[Any, _Partial] | None, bool, Any],
+    had: tuple[tuple[StepRecord, ...], dict[Any, _Partial] | None, bool, Any, int],
     contrib: dict[tuple[int, int], dict[int, _Partial]],
     dirty: set[tuple[int, int]],
 ) -> None:
@@ -327,13 +340,15 @@ def compute_goodput(
     stall_threshold_s: float | None,
     per_rank: PerRank | None = None,
     live: dict[str, Any] | None = None,
+    digests: Mapping[int, RankDigest] | None = None,
 ) -> Goodput:
     """Goodput over (now - window_s, now], clipped to the group's first record.
 
     `per_rank` (the engine's `Context.per_rank`) reuses a rank's step table from the last
     pass when its state is unchanged and every step of it is inside the window; `live`
     (a slot of the engine's memo) keeps the group's merged table between passes and
-    merges again only the steps that changed (`_live_table`); same result."""
+    merges again only the steps that changed (`_live_table`; `digests`, the engine's rank
+    digests, tell it how far each rank's steps slid); same result."""
     start = now - timedelta(seconds=window_s)
     if snap.kind == "serving":
         met = sum(int(w.window.get("slo_met") or 0) for w in snap.serving)
@@ -342,7 +357,7 @@ def compute_goodput(
             window_s=window_s, wall_s=secs, g_serve_requests_per_s=(met / secs) if secs else None
         )
     if live is not None:
-        table = _live_table(snap, start, live)
+        table = _live_table(snap, start, live, digests)
     else:
         table = _rank_table(snap, start, per_rank)
     steps = table.steps

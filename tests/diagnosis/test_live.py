@@ -205,8 +205,8 @@ def test_a_broken_memo_fails_the_check(layer: str, monkeypatch: pytest.MonkeyPat
     else:
         real = goodput._slid
 
-        def slid(rank: int, old: Any, new: Any, contrib: Any) -> Any:  # appended left out
-            got = real(rank, old, new, contrib)
+        def slid(rank: int, old: Any, new: Any, contrib: Any, cut: int = -1) -> Any:
+            got = real(rank, old, new, contrib, cut)  # and then the appended steps left out
             if got is None:
                 return None
             for key in got[1]:

@@ -51,6 +51,7 @@ TERMINAL_STATES = frozenset({"completed", "finished", "stopped", "failed", "canc
 # 520k, which cost a 16k-rank pass ~0.1 s to collect and sort. Smaller groups: all.
 DURATION_RANKS = 4096
 _WINDOW_KEY = attrgetter("rank", "collective", "node", "gpu")
+_TS = attrgetter("ts")
 
 
 def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
@@ -203,6 +204,29 @@ class Context:
             or self.node_cause(r.node)
         )
 
+    def covered_ranks(self) -> set[int]:
+        """The ranks `covered` is True for, with the findings so far: one look at each
+        subject with findings instead of three per rank (16k waiting ranks)."""
+        group = self.snap.group
+        out: set[int] = set()
+        for subject, ids in self._by_subject.items():
+            if not ids:
+                continue
+            kind, _, name = subject.partition(":")
+            if kind == "rank":
+                rk = name.rpartition("/")[2]
+                if (
+                    rk.isdigit()
+                    and int(rk) in self.ranks
+                    and rank_subject(group, int(rk)) == subject
+                ):
+                    out.add(int(rk))
+            elif kind == "gpu" and self.device_cause(name) is not None:
+                out.update(self.ranks_on_gpu.get(name, ()))
+            elif kind == "node" and self.node_cause(name) is not None:
+                out.update(self.ranks_on_node.get(name, ()))
+        return out
+
     def steps(self, r: RankState) -> tuple[StepRecord, ...]:
         """The rank's steps of the active generation, oldest first."""
         return self._steps[r.rank]
@@ -322,8 +346,8 @@ class Context:
         if snap.state in QUIET_STATES:
             into = [t.ts for t in snap.transitions if t.to_state == snap.state]
             return into[-1] if into else self.now
-        lasts = [s for s in (self.last_step(r) for r in snap.ranks) if s is not None]
-        newest_step = max((s.ts for s in lasts), default=None)
+        lasts = [d.cur[-1] for d in self._digests.values() if d.cur]  # each rank's last step
+        newest_step: datetime | None = max(map(_TS, lasts), default=None)
         # The last step spent time in the checkpoint phase: async staging may still run.
         ckpt_steps = [s.ts for s in lasts if (s.phases.checkpoint or 0) > 0]
         if ckpt_steps and newest_step is not None and max(ckpt_steps) == newest_step:

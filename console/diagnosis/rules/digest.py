@@ -52,6 +52,7 @@ class RankDigest:
         "bad",
         "base",
         "cur",
+        "cut",
         "dropped",
         "gen",
         "inexact",
@@ -77,6 +78,7 @@ class RankDigest:
     base: int
     dropped: tuple[StepRecord, ...]
     added: tuple[StepRecord, ...]
+    cut: int  # how many of the base digest's steps (any generation) were dropped
     _durations_s: list[float] | None
 
     @property
@@ -147,7 +149,7 @@ def _scratch(r: RankState) -> RankDigest:
     d.inexact = _inexact(cur)
     d.means = _means(win, d.untimed)
     d.serial = next(_serials)
-    d.base = 0
+    d.base = d.cut = 0
     d.dropped = d.added = ()
     d._durations_s = None
     return d
@@ -198,6 +200,7 @@ def rank_digest(r: RankState, prev: RankDigest | None = None) -> RankDigest:
     d.gen = g
     d.serial = next(_serials)
     d.base = prev.serial
+    d.cut = cut
     d.dropped = dropped
     d.added = added
     if not dropped and not added:  # only other generations' steps moved
