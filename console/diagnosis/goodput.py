@@ -119,7 +119,10 @@ class _Table:
     """The ranks' merged step table and their first timestamps (see `_rank_table`)."""
 
     steps: dict[tuple[int, int], _Partial]
-    first_ts: datetime | None  # the earliest of the ranks' first process and first step start
+    # The earliest of the ranks' first process and first step start; or, when a first
+    # process is at or before the window's start, the earliest first process (the window
+    # then begins at its start either way, and the steps' starts need not be worked out).
+    first_ts: datetime | None
     start_free: bool  # every rank's steps are all after `start`: the table ignores it
     oldest: datetime | None  # the oldest step of any rank
 
@@ -184,8 +187,23 @@ def _slid(
         cut = slide_cut(old, new)
         if cut < 0:
             return None
-    dropped = _keys(old[:cut])
     appended = new[len(old) - cut :]
+    if cut <= 1 and len(appended) == 1:  # the live shape: one step in, at most one out
+        s = appended[0]
+        key = (s.generation, s.step)
+        out = old[0] if cut else None
+        gone = None if out is None else (out.generation, out.step)
+        mine = contrib.get(key)
+        if mine is not None and rank in mine and key != gone:
+            return None
+        if gone is not None:
+            contrib[gone].pop(rank, None)
+        if mine is None:
+            contrib[key] = {rank: _single(s)}
+        else:
+            mine[rank] = _single(s)
+        return ([] if gone is None else [gone]), [key]
+    dropped = _keys(old[:cut])
     added = _keys(appended)
     for key in added:
         mine = contrib.get(key)
@@ -257,9 +275,7 @@ def _live_table(
         steps = r.steps
         inside = _inside(steps, start)
         had = prev.get(r.rank)
-        if had is not None and had[2] and inside and had[0] is steps:
-            first = had[3]
-        else:
+        if had is None or not had[2] or not inside or had[0] is not steps:
             d = None if digests is None else digests.get(r.rank)
             serial = 0 if d is None or d.steps is not steps else d.serial
             got = None
@@ -284,10 +300,7 @@ def _live_table(
                     dirty.add(key)
                 if not inside or len(made) != len(steps):
                     parts = made
-            first = had[3] if had is not None else None
-            if steps and (first is None or first[0] is not steps[0]):
-                first = (steps[0], _first_start(steps[0]))  # a rank's first step moves rarely
-            prev[r.rank] = (steps, parts, inside, first, serial)
+            prev[r.rank] = (steps, parts, inside, None if had is None else had[3], serial)
         if not inside:
             start_free = start_free and not steps
         if r.processes:
@@ -295,12 +308,23 @@ def _live_table(
             if first_ts is None or p < first_ts:
                 first_ts = p
         if steps:
-            f = first[1]
-            if first_ts is None or f < first_ts:
-                first_ts = f
             s0 = steps[0].ts
             if oldest is None or s0 < oldest:
                 oldest = s0
+    if first_ts is None or first_ts > start:
+        # A group younger than the window: when its first step began counts. Each rank's
+        # is kept with the first step it was worked out for (a timedelta a rank a pass).
+        for r in snap.ranks:
+            steps = r.steps
+            if not steps:
+                continue
+            had = prev[r.rank]
+            first = had[3]
+            if first is None or first[0] is not steps[0]:
+                first = (steps[0], _first_start(steps[0]))
+                prev[r.rank] = (had[0], had[1], had[2], first, had[4])
+            if first_ts is None or first[1] < first_ts:
+                first_ts = first[1]
     if len(prev) != len(snap.ranks):  # every rank here is in `prev`: the others left
         here = {r.rank for r in snap.ranks}
         for rk in [rk for rk in prev if rk not in here]:

@@ -186,7 +186,12 @@ def rank_digest(r: RankState, prev: RankDigest | None = None) -> RankDigest:
         return _scratch(r)
     g = r.generation
     appended = new[len(old) - cut :]
-    if prev.cur is old and all([s.generation == g for s in appended]):
+    same = prev.cur is old
+    for s in appended:  # a loop, not all(<generator>): one step a pass
+        if s.generation != g:
+            same = False
+            break
+    if same:
         # Every step of the generation (the common case): `cur` is the steps themselves.
         dropped, added, cur = old[:cut], appended, new
     else:
@@ -209,23 +214,27 @@ def rank_digest(r: RankState, prev: RankDigest | None = None) -> RankDigest:
         d._durations_s = prev._durations_s
         return d
     d.cur = cur
-    d.inexact = prev.inexact + _inexact(added) - (_inexact(dropped) if prev.inexact else 0)
     win = d.win = cur[-RECENT_STEPS:]
     # How many of the old window's oldest steps left it: the dropped ones, and those the
     # appended ones pushed out once `cur` is longer than the window.
     shift = len(dropped) + max(0, len(cur) - RECENT_STEPS) - max(0, len(prev.cur) - RECENT_STEPS)
-    fresh = win[max(0, len(prev.win) - shift) :]
-    untimed, bad = prev.untimed, prev.bad
+    untimed, bad, inexact = prev.untimed, prev.bad, prev.inexact
     if untimed or bad:  # what left the window takes its flags with it
         left = prev.win[:shift]
         untimed -= _untimed(left)
         bad -= _bad(left)
-    for s in fresh:
+    if inexact:
+        inexact -= _inexact(dropped)
+    for s in win[max(0, len(prev.win) - shift) :]:  # the steps new to the window
         if s.duration_ms is None:
             untimed += 1
-        if _bad_loss(s):
+        loss = s.loss
+        if loss is not None and not isfinite(loss):
             bad += 1
-    d.untimed, d.bad = untimed, bad
+    for s in added:
+        if type(s.tokens or 0) is not int:
+            inexact += 1
+    d.untimed, d.bad, d.inexact = untimed, bad, inexact
     d.means = _means(win, untimed)
     d._durations_s = None
     return d
