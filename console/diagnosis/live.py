@@ -71,6 +71,11 @@ class _Rank:
     state: RankState | None = None  # cached; None when the records changed
     # `procs` frozen, and the GPU the newest of them names; None when `procs` changed.
     frozen_procs: tuple[tuple[ProcessRecord, ...], str | None] | None = None
+    # The steps of the last state built, and whether `steps` is still them followed by
+    # records appended since (no record went in between): then the next state's steps are
+    # a slide of them (RankState.slid_from).
+    shown: tuple[StepRecord, ...] = ()
+    grown: bool = True
     expires: datetime | None = None  # when the retained view next changes with the clock
 
 
@@ -119,7 +124,12 @@ class LiveGroup:
             if get("node") and (st.node is None or (ts, order) >= st.node[:2]):
                 st.node = (ts, order, r["node"])
             if kind == "step":
-                _add(st.steps, (ts, order, _step(r)))
+                steps = st.steps
+                if not steps or ts > steps[-1][0]:  # a newer ts (`order` only breaks ties)
+                    steps.append((ts, order, _step(r)))
+                else:
+                    insort(steps, (ts, order, _step(r)), key=_key)
+                    st.grown = False
             elif kind == "process":
                 _add(st.procs, (ts, order, _process(r)))
                 st.frozen_procs = None
@@ -199,6 +209,7 @@ class LiveGroup:
         """Trim the rank's records to the retention at `now` and freeze them."""
         ret = self.retention
         expires: list[datetime] = []
+        held = len(st.steps)
         if ret.step_window is not None and st.steps:
             # Steps are kept in (ts, order) order: the window's start is one bisection.
             recent = st.steps[bisect_left(st.steps, now - ret.step_window, key=_ts) :]
@@ -233,10 +244,21 @@ class LiveGroup:
             gpu = next((p[2].gpu for p in reversed(st.procs) if p[2].gpu), None)
             frozen = st.frozen_procs = (tuple(map(_item, st.procs)), gpu)
         procs, gpu = frozen
-        steps: tuple[StepRecord, ...] = tuple(map(_item, st.steps))
+        # The retention keeps a suffix of the steps: with only appends since the last
+        # state, the new steps are the old ones less the trimmed, plus the appended.
+        old = st.shown
+        slid: tuple[tuple[StepRecord, ...], int] | None = None
+        if st.grown and old:
+            cut = min(held - len(st.steps), len(old))
+            added = len(st.steps) - (len(old) - cut)
+            steps = old[cut:] + tuple(map(_item, st.steps[len(st.steps) - added :]))
+            slid = (old, cut)
+        else:
+            steps = tuple(map(_item, st.steps))
+        st.shown, st.grown = steps, True
         window: CollectiveWindow | None = st.window[2] if st.window else None
         node = (st.node[2] if st.node else None) or dev_node.get(gpu or "")
-        return RankState(rk, node, gpu, steps, procs, window, self.generation)
+        return RankState(rk, node, gpu, steps, procs, window, self.generation, slid)
 
 
 def _key(item: _Keyed) -> tuple[datetime, int]:

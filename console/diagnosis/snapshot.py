@@ -86,6 +86,13 @@ class RankState:
     processes: tuple[ProcessRecord, ...] = ()  # oldest first, every generation
     collective: CollectiveWindow | None = None  # latest window of the active generation
     generation: int = 0
+    # A hint from the live state (console.diagnosis.live), never compared: (the steps of
+    # this rank's previous state, how many of their oldest were dropped) when `steps` are
+    # those less the dropped ones with newer ones appended. The engine's rank digest then
+    # takes the slide as said instead of checking it step by step (rules/digest.py).
+    slid_from: tuple[tuple[StepRecord, ...], int] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     @property
     def current_steps(self) -> tuple[StepRecord, ...]:

@@ -164,3 +164,25 @@ def test_step_totals_kept_between_passes_equal_a_recount(
         assert live is not None
         want = engine._step_totals(Context(snap, T0, DiagnosisConfig()))
         assert repr(engine._live_step_totals(ctx, live)) == repr(want)
+
+
+def test_a_live_states_slide_hint_is_taken_and_a_false_one_shows() -> None:
+    """RankState.slid_from (the live state's word that the steps slid) spares the digest
+    its check; the digest trusts it, so a false hint gives a wrong digest (which is why
+    tests/diagnosis/test_live.py checks every hint LiveGroup gives)."""
+    steps = tuple(
+        StepRecord(ts=T0 + timedelta(seconds=i), generation=1, step=i, duration_ms=1.0 + i)
+        for i in range(6)
+    )
+    a = RankState(rank=0, node=None, gpu=None, steps=steps[:4], generation=1)
+    b = RankState(rank=0, node=None, gpu=None, steps=steps[1:5], generation=1,
+                  slid_from=(a.steps, 1))  # fmt: skip
+    da = rank_digest(a)
+    db = rank_digest(b, da)
+    assert db.base == da.serial and db.cut == 1 and same_digest(db, rank_digest(b))
+    late = replace(steps[5], loss=float("nan"))  # a late step went in between, a NaN loss
+    inserted = (*steps[:2], late, *steps[2:4])
+    false = RankState(rank=0, node=None, gpu=None, steps=inserted, generation=1,
+                      slid_from=(a.steps, 0))  # fmt: skip
+    assert not same_digest(rank_digest(false, da), rank_digest(false))
+    assert same_digest(rank_digest(replace(false, slid_from=None), da), rank_digest(false))

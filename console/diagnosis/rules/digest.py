@@ -181,7 +181,8 @@ def rank_digest(r: RankState, prev: RankDigest | None = None) -> RankDigest:
     old, new = prev.steps, r.steps
     if new is old:
         return prev  # a state rebuilt with the same steps (a new node, a new window)
-    cut = slide_cut(old, new)
+    hint = r.slid_from  # the live state says how these steps follow the old ones
+    cut = hint[1] if hint is not None and hint[0] is old else slide_cut(old, new)
     if cut < 0:
         return _scratch(r)
     g = r.generation
