@@ -206,25 +206,30 @@ class Context:
 
     def covered_ranks(self) -> set[int]:
         """The ranks `covered` is True for, with the findings so far: one look at each
-        subject with findings instead of three per rank (16k waiting ranks)."""
-        group = self.snap.group
-        out: set[int] = set()
-        for subject, ids in self._by_subject.items():
-            if not ids:
+        subject with findings instead of three per rank (16k waiting or stalled ranks)."""
+        by_subject = self._by_subject
+        names = self._rank_subjects
+        out = {names[s] for s in by_subject.keys() & names.keys() if by_subject[s]}
+        for subject, ids in by_subject.items():
+            if not ids or subject[:1] not in ("g", "n"):
                 continue
             kind, _, name = subject.partition(":")
-            if kind == "rank":
-                rk = name.rpartition("/")[2]
-                if (
-                    rk.isdigit()
-                    and int(rk) in self.ranks
-                    and rank_subject(group, int(rk)) == subject
-                ):
-                    out.add(int(rk))
-            elif kind == "gpu" and self.device_cause(name) is not None:
+            if kind == "gpu" and self.device_cause(name) is not None:
                 out.update(self.ranks_on_gpu.get(name, ()))
             elif kind == "node" and self.node_cause(name) is not None:
                 out.update(self.ranks_on_node.get(name, ()))
+        return out
+
+    @cached_property
+    def _rank_subjects(self) -> dict[str, int]:
+        """Every rank's subject -> the rank (kept while the group's ranks are the same)."""
+        group = self.snap.group
+        ranks = list(self.ranks)
+        out: dict[str, int] = self.keyed(
+            "rank_subjects",
+            (group, ranks),
+            lambda: {rank_subject(group, rk): rk for rk in ranks},
+        )
         return out
 
     def steps(self, r: RankState) -> tuple[StepRecord, ...]:
