@@ -20,10 +20,9 @@ generation: a digest is reused for any `RankState` with the same steps.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import partial
 from itertools import count
 from math import isfinite
-from operator import attrgetter, is_not
+from operator import attrgetter
 
 from console.diagnosis.records import StepRecord
 from console.diagnosis.snapshot import RankState
@@ -59,6 +58,7 @@ class RankDigest:
         "means",
         "serial",
         "steps",
+        "timed",
         "untimed",
         "win",
     )
@@ -71,6 +71,7 @@ class RankDigest:
     bad: int  # steps of `win` with a NaN or infinite loss
     inexact: int  # steps of `cur` whose tokens are not an int (totals would not be exact)
     means: _Means | None  # (mean step ms, mean ms per phase) over `win`'s timed steps
+    timed: tuple[float, ...]  # the durations of `win`'s timed steps, oldest first
     # Lineage for incremental consumers (the engine's step totals): `serial` names this
     # digest; `base` the digest it was slid from (0: derived from scratch), `dropped` and
     # `added` the steps of `cur` that left and joined since then.
@@ -89,10 +90,7 @@ class RankDigest:
         """The recent steps' durations in seconds, oldest first (stall threshold)."""
         out = self._durations_s
         if out is None:
-            durations: Iterable[float] = map(_DURATION, self.win)
-            if self.untimed:
-                durations = filter(_NOT_NONE, durations)
-            out = self._durations_s = list(map(_PER_1000, durations))  # d / 1000.0, in C
+            out = self._durations_s = list(map(_PER_1000, self.timed))  # d / 1000.0, in C
         return out
 
     def nan_steps(self) -> list[StepRecord]:
@@ -101,29 +99,33 @@ class RankDigest:
 
 
 _ROW = attrgetter("row")
-_DURATION = attrgetter("duration_ms")
 _PER_1000 = (1000.0).__rtruediv__  # x -> x / 1000.0
-_NOT_NONE = partial(is_not, None)
 
 
-def _means(win: tuple[StepRecord, ...], untimed: int) -> _Means | None:
-    """Mean step time and mean per phase over the window's steps that have a duration; a
-    phase a step did not report counts 0. Each sum runs over the steps in window order,
-    in C loops over the steps' `row`s (the straggler statistics' cost at 16k ranks)."""
-    rows = list(map(_ROW, win))
-    if untimed:
+def _means(d: RankDigest) -> None:
+    """`d.means`: mean step time and mean per phase over the window's steps that have a
+    duration (a phase a step did not report counts 0), each sum over the steps in window
+    order, in C loops over the steps' `row`s (the straggler statistics' cost at 16k
+    ranks); and `d.timed`, those steps' durations in order."""
+    rows = list(map(_ROW, d.win))
+    if d.untimed:
         rows = [x for x in rows if x is not None]
     n = len(rows)
     if not n:
-        return None
+        d.means, d.timed = None, ()
+        return
     c = list(zip(*rows, strict=True))
-    return sum(c[0]) / n, {
-        "compute": sum(c[1], 0.0) / n,
-        "collective": sum(c[2], 0.0) / n,
-        "input": sum(c[3], 0.0) / n,
-        "checkpoint": sum(c[4], 0.0) / n,
-        "optimizer": sum(c[5], 0.0) / n,
-    }
+    d.timed = c[0]
+    d.means = (
+        sum(c[0]) / n,
+        {
+            "compute": sum(c[1], 0.0) / n,
+            "collective": sum(c[2], 0.0) / n,
+            "input": sum(c[3], 0.0) / n,
+            "checkpoint": sum(c[4], 0.0) / n,
+            "optimizer": sum(c[5], 0.0) / n,
+        },
+    )
 
 
 def _untimed(steps: Iterable[StepRecord]) -> int:
@@ -147,7 +149,7 @@ def _scratch(r: RankState) -> RankDigest:
     d.untimed = _untimed(win)
     d.bad = _bad(win)
     d.inexact = _inexact(cur)
-    d.means = _means(win, d.untimed)
+    _means(d)
     d.serial = next(_serials)
     d.base = d.cut = 0
     d.dropped = d.added = ()
@@ -210,7 +212,7 @@ def rank_digest(r: RankState, prev: RankDigest | None = None) -> RankDigest:
     d.dropped = dropped
     d.added = added
     if not dropped and not added:  # only other generations' steps moved
-        d.cur, d.win, d.means = prev.cur, prev.win, prev.means
+        d.cur, d.win, d.means, d.timed = prev.cur, prev.win, prev.means, prev.timed
         d.untimed, d.bad, d.inexact = prev.untimed, prev.bad, prev.inexact
         d._durations_s = prev._durations_s
         return d
@@ -236,7 +238,7 @@ def rank_digest(r: RankState, prev: RankDigest | None = None) -> RankDigest:
         if type(s.tokens or 0) is not int:
             inexact += 1
     d.untimed, d.bad, d.inexact = untimed, bad, inexact
-    d.means = _means(win, untimed)
+    _means(d)
     d._durations_s = None
     return d
 
@@ -250,5 +252,6 @@ def same_digest(a: RankDigest, b: RankDigest) -> bool:
         and a.bad == b.bad
         and a.inexact == b.inexact
         and repr(a.means) == repr(b.means)  # repr: NaN compares unequal to itself
+        and repr(a.timed) == repr(b.timed)
         and repr(a.durations_s()) == repr(b.durations_s())
     )
