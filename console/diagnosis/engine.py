@@ -43,7 +43,8 @@ from console.diagnosis.rules import (
     stragglers,
 )
 from console.diagnosis.rules.base import Context
-from console.diagnosis.snapshot import GroupSnapshot
+from console.diagnosis.rules.digest import RankDigest
+from console.diagnosis.snapshot import GroupSnapshot, StepRecord
 from console.diagnosis.stats import median
 
 Rule = Callable[[Context], None]
@@ -145,9 +146,57 @@ def _step_totals(ctx: Context) -> tuple[int, float | None] | None:
     return max(by_step), median(list(by_step.values()))
 
 
+def _live_step_totals(ctx: Context, state: dict[str, Any]) -> tuple[int, float | None] | None:
+    """`_step_totals` from per-step token totals kept between passes in `state` (the memo):
+    a rank whose digest slid from the one already counted adds its appended steps and takes
+    away its dropped ones (rules/digest.py lineage), any other change swaps its whole
+    contribution. Token counts are integers, so the totals are exact whatever the order;
+    a step with non-integer tokens makes the pass count from scratch."""
+    digests = ctx.digests
+    if any([d.inexact for d in digests.values()]):
+        state.clear()
+        return _step_totals(ctx)
+    held: dict[int, RankDigest] = state.setdefault("held", {})  # rank -> digest counted
+    tot: dict[int, list[int]] = state.setdefault("totals", {})  # step -> [tokens, steps]
+    for rk, d in digests.items():
+        had = held.get(rk)
+        if had is d:
+            continue
+        if had is not None and d.base == had.serial:
+            if d.dropped:
+                _count(tot, d.dropped, -1)
+            _count(tot, d.added, 1)
+        else:
+            if had is not None:
+                _count(tot, had.cur, -1)
+            _count(tot, d.cur, 1)
+        held[rk] = d
+    if len(held) != len(digests):  # every rank here is held: the others left
+        for rk in [rk for rk in held if rk not in digests]:
+            _count(tot, held.pop(rk).cur, -1)
+    if not tot:
+        return None
+    return max(tot), median([t for t, _ in tot.values()])
+
+
+def _count(tot: dict[int, list[int]], steps: tuple[StepRecord, ...], sign: int) -> None:
+    for s in steps:
+        tokens = sign * (s.tokens or 0)
+        got = tot.get(s.step)
+        if got is None:
+            tot[s.step] = [tokens, sign]
+            continue
+        got[0] += tokens
+        got[1] += sign
+        if not got[1]:
+            del tot[s.step]
+
+
 def _losses(ctx: Context) -> tuple[int | None, int | None, float | None]:
     """Steps, tokens and GPU-hours lost if the group restarts from the valid checkpoint."""
-    totals = ctx.per_pass("step_totals", None, partial(_step_totals, ctx))
+    live = ctx.slot("step_totals_live")
+    count = partial(_step_totals, ctx) if live is None else partial(_live_step_totals, ctx, live)
+    totals = ctx.per_pass("step_totals", None, count)
     if totals is None:
         return None, None, None
     current, tokens_per_step = totals
@@ -257,6 +306,7 @@ def diagnose(
             stall_threshold_s=ctx.stall_threshold_s,
             per_rank=ctx.per_rank,
             live=ctx.slot("goodput_live"),
+            digests=ctx.digests,
         ),
         tail_ratio=ctx.tail_ratio,
         phase_medians_ms=dict(ctx.phase_medians_ms),

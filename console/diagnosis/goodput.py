@@ -10,13 +10,15 @@ numeric checks). Must not read the clock: the window ends at the caller's `now`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
-from itertools import pairwise
+from itertools import islice, pairwise
+from operator import itemgetter
 from typing import Any
 
+from console.diagnosis.rules.digest import RankDigest, slide_cut
 from console.diagnosis.snapshot import GroupSnapshot, RankState, StepRecord
 from console.diagnosis.stats import is_bad_number
 
@@ -117,9 +119,17 @@ class _Table:
     """The ranks' merged step table and their first timestamps (see `_rank_table`)."""
 
     steps: dict[tuple[int, int], _Partial]
-    first_ts: list[datetime]
+    # The earliest of the ranks' first process and first step start; or, when a first
+    # process is at or before the window's start, the earliest first process (the window
+    # then begins at its start either way, and the steps' starts need not be worked out).
+    first_ts: datetime | None
     start_free: bool  # every rank's steps are all after `start`: the table ignores it
     oldest: datetime | None  # the oldest step of any rank
+
+
+def _first_start(s: StepRecord) -> datetime:
+    """When a rank's first step began: its timestamp less its duration."""
+    return s.ts - timedelta(milliseconds=s.duration_ms or 0)
 
 
 def _rank_table(snap: GroupSnapshot, start: datetime, per_rank: PerRank | None) -> _Table:
@@ -141,9 +151,9 @@ def _rank_table(snap: GroupSnapshot, start: datetime, per_rank: PerRank | None) 
             _fold(acc, part)
         first_ts += [p.ts for p in r.processes[:1]]
         if r.steps:
-            first_ts.append(r.steps[0].ts - timedelta(milliseconds=r.steps[0].duration_ms or 0))
+            first_ts.append(_first_start(r.steps[0]))
             oldest = r.steps[0].ts if oldest is None else min(oldest, r.steps[0].ts)
-    return _Table(steps, first_ts, start_free, oldest)
+    return _Table(steps, min(first_ts, default=None), start_free, oldest)
 
 
 def _inside(steps: tuple[StepRecord, ...], start: datetime) -> bool:
@@ -156,39 +166,86 @@ def _single(s: StepRecord) -> _Partial:
     return [s.ts, s.duration_ms or 0.0, s.tokens or 0, s.ts, s.phases.checkpoint or 0.0, _valid(s)]
 
 
+def _keys(steps: tuple[StepRecord, ...]) -> list[tuple[int, int]]:
+    return [(s.generation, s.step) for s in steps]
+
+
 def _slid(
+    rank: int,
     old: tuple[StepRecord, ...],
-    old_parts: dict[tuple[int, int], _Partial],
     new: tuple[StepRecord, ...],
-) -> tuple[list[tuple[int, int]], dict[tuple[int, int], _Partial], list[tuple[int, int]]] | None:
+    contrib: dict[tuple[int, int], dict[int, _Partial]],
+    cut: int = -1,
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]] | None:
     """`new` as `old` with its oldest steps dropped and newer ones appended (the live
-    state's shape), each (generation, step) once: (keys dropped, the new parts), from the
-    changed steps alone, and the keys appended. None when `new` is not such a slide
-    (recompute the rank)."""
-    if len(old_parts) != len(old):  # a (generation, step) seen twice: not single parts
-        return None
-    first = new[0]
-    cut = next((i for i, s in enumerate(old) if s is first), None)
-    if cut is None:
-        return None
-    kept = len(old) - cut
-    if old[cut:] != new[:kept]:  # element identity first: C speed for the live state
-        return None
-    dropped = [(s.generation, s.step) for s in old[:cut]]
-    parts = dict(old_parts)
-    for key in dropped:
-        del parts[key]
-    added: list[tuple[int, int]] = []
-    for s in new[kept:]:
-        key = (s.generation, s.step)
-        if key in parts:
+    state's shape), for a rank whose steps hold each (generation, step) once: its parts of
+    the dropped steps leave `contrib` and a part per appended step joins it, from the
+    changed steps alone. (keys dropped, keys appended); None, with `contrib` untouched,
+    when `new` is not such a slide or an appended step repeats a key (recompute the rank).
+    `cut`: how many steps were dropped, when the caller knows (the rank's digest)."""
+    if cut < 0:
+        cut = slide_cut(old, new)
+        if cut < 0:
             return None
-        parts[key] = _single(s)
-        added.append(key)
-    return dropped, parts, added
+    appended = new[len(old) - cut :]
+    if cut <= 1 and len(appended) == 1:  # the live shape: one step in, at most one out
+        s = appended[0]
+        key = (s.generation, s.step)
+        out = old[0] if cut else None
+        gone = None if out is None else (out.generation, out.step)
+        mine = contrib.get(key)
+        if mine is not None and rank in mine and key != gone:
+            return None
+        if gone is not None:
+            contrib[gone].pop(rank, None)
+        if mine is None:
+            contrib[key] = {rank: _single(s)}
+        else:
+            mine[rank] = _single(s)
+        return ([] if gone is None else [gone]), [key]
+    dropped = _keys(old[:cut])
+    added = _keys(appended)
+    for key in added:
+        mine = contrib.get(key)
+        if mine is not None and rank in mine and key not in dropped:
+            return None
+    if len(added) > 1 and len(set(added)) < len(added):
+        return None
+    for key in dropped:
+        contrib[key].pop(rank, None)
+    for key, s in zip(added, appended, strict=True):
+        mine = contrib.get(key)
+        if mine is None:
+            contrib[key] = {rank: _single(s)}
+        else:
+            mine[rank] = _single(s)
+    return dropped, added
 
 
-def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> _Table:
+_FIELDS = tuple(itemgetter(i) for i in range(6))
+
+
+def _merged(parts: list[_Partial]) -> _Partial:
+    """`_fold` of `parts` in order into a copy of the first, in C loops (a new step's entry
+    folds every rank's part): builtin min and max keep the first of equals and compare as
+    `_fold` does (NaN included), and sum adds left to right from the first's tokens."""
+    f0, f1, f2, f3, f4, f5 = _FIELDS
+    return [
+        min(map(f0, parts)),
+        max(map(f1, parts)),
+        sum(map(f2, islice(parts, 1, None)), parts[0][2]),
+        max(map(f3, parts)),
+        max(map(f4, parts)),
+        all(map(f5, parts)),
+    ]
+
+
+def _live_table(
+    snap: GroupSnapshot,
+    start: datetime,
+    state: dict[str, Any],
+    digests: Mapping[int, RankDigest] | None = None,
+) -> _Table:
     """`_rank_table` kept up to date between passes in `state` (the engine's memo): only
     the ranks whose steps changed are looked at step by step, and only the (generation,
     step) entries their changes touched are merged again, from every rank's part in the
@@ -202,54 +259,76 @@ def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> 
             and all(a is b for a, b in zip(last[0], snap.ranks, strict=True))
         ):
             return t  # every rank the same, all its steps still inside the window
-    prev: dict[int, tuple[RankState, tuple[StepRecord, ...], dict[Any, _Partial], bool]]
+    # rank -> (its steps, their parts by (generation, step), or None when every step is
+    # inside the window and holds its own key (the parts are then the steps' own, in
+    # `contrib`), all inside the window, (first step, when it began), the serial of the
+    # rank digest of these steps or 0)
+    prev: dict[int, tuple[tuple[StepRecord, ...], dict[Any, _Partial] | None, bool, Any, int]]
     prev = state.setdefault("ranks", {})
     contrib: dict[tuple[int, int], dict[int, _Partial]] = state.setdefault("contrib", {})
     table: dict[tuple[int, int], _Partial] = state.setdefault("table", {})
     dirty: set[tuple[int, int]] = set()
-    here = {r.rank for r in snap.ranks}
-    for rk in [rk for rk in prev if rk not in here]:
-        for key in prev.pop(rk)[2]:
-            contrib[key].pop(rk, None)
-            dirty.add(key)
-    first_ts: list[datetime] = []
+    first_ts: datetime | None = None
     start_free = True
     oldest: datetime | None = None
     for r in snap.ranks:
         steps = r.steps
         inside = _inside(steps, start)
         had = prev.get(r.rank)
-        if had is not None and had[3] and inside and had[1] is steps:
-            pass  # the same steps, all inside the window: the same parts
-        else:
-            old_parts = had[2] if had is not None else {}
+        if had is None or not had[2] or not inside or had[0] is not steps:
+            d = None if digests is None else digests.get(r.rank)
+            serial = 0 if d is None or d.steps is not steps else d.serial
             got = None
-            if had is not None and had[3] and inside:
-                got = _slid(had[1], old_parts, steps)
+            if had is not None and had[1] is None and inside:
+                # The rank's digest slid from the one of the steps held: its cut is this one.
+                cut = d.cut if d is not None and serial and had[4] and d.base == had[4] else -1
+                got = _slid(r.rank, had[0], steps, contrib, cut)
+            parts = None
             if got is not None:
-                dropped, parts, added = got
-                for key in dropped:
-                    contrib[key].pop(r.rank, None)
-                    dirty.add(key)
-                for key in added:
-                    contrib.setdefault(key, {})[r.rank] = parts[key]
-                    dirty.add(key)
+                dirty.update(got[0])
+                dirty.update(got[1])
             else:
-                parts = _partials(steps, start)
-                for key in old_parts:
-                    contrib[key].pop(r.rank, None)
+                if had is not None:
+                    _drop(r.rank, had, contrib, dirty)
+                made = _partials(steps, start)
+                for key, part in made.items():
+                    got_key = contrib.get(key)
+                    if got_key is None:
+                        contrib[key] = {r.rank: part}
+                    else:
+                        got_key[r.rank] = part
                     dirty.add(key)
-                for key, part in parts.items():
-                    contrib.setdefault(key, {})[r.rank] = part
-                    dirty.add(key)
-            prev[r.rank] = (r, steps, parts, inside)
+                if not inside or len(made) != len(steps):
+                    parts = made
+            prev[r.rank] = (steps, parts, inside, None if had is None else had[3], serial)
         if not inside:
             start_free = start_free and not steps
         if r.processes:
-            first_ts.append(r.processes[0].ts)
+            p = r.processes[0].ts
+            if first_ts is None or p < first_ts:
+                first_ts = p
         if steps:
-            first_ts.append(steps[0].ts - timedelta(milliseconds=steps[0].duration_ms or 0))
-            oldest = steps[0].ts if oldest is None else min(oldest, steps[0].ts)
+            s0 = steps[0].ts
+            if oldest is None or s0 < oldest:
+                oldest = s0
+    if first_ts is None or first_ts > start:
+        # A group younger than the window: when its first step began counts. Each rank's
+        # is kept with the first step it was worked out for (a timedelta a rank a pass).
+        for r in snap.ranks:
+            steps = r.steps
+            if not steps:
+                continue
+            had = prev[r.rank]
+            first = had[3]
+            if first is None or first[0] is not steps[0]:
+                first = (steps[0], _first_start(steps[0]))
+                prev[r.rank] = (had[0], had[1], had[2], first, had[4])
+            if first_ts is None or first[1] < first_ts:
+                first_ts = first[1]
+    if len(prev) != len(snap.ranks):  # every rank here is in `prev`: the others left
+        here = {r.rank for r in snap.ranks}
+        for rk in [rk for rk in prev if rk not in here]:
+            _drop(rk, prev.pop(rk), contrib, dirty)
     if dirty:
         pos = {r.rank: i for i, r in enumerate(snap.ranks)}
         for key in dirty:
@@ -259,13 +338,22 @@ def _live_table(snap: GroupSnapshot, start: datetime, state: dict[str, Any]) -> 
                 table.pop(key, None)
                 continue
             order = sorted(mine, key=pos.__getitem__)
-            acc = list(mine[order[0]])
-            for rk in order[1:]:
-                _fold(acc, mine[rk])
-            table[key] = acc
+            table[key] = _merged([mine[rk] for rk in order])
     out = _Table(table, first_ts, start_free, oldest)
     state["last"] = (snap.ranks, out)
     return out
+
+
+def _drop(
+    rank: int,
+    had: tuple[tuple[StepRecord, ...], dict[Any, _Partial] | None, bool, Any, int],
+    contrib: dict[tuple[int, int], dict[int, _Partial]],
+    dirty: set[tuple[int, int]],
+) -> None:
+    """Take a rank's parts, as kept in `had`, out of `contrib`."""
+    for key in _keys(had[0]) if had[1] is None else had[1]:
+        contrib[key].pop(rank, None)
+        dirty.add(key)
 
 
 def compute_goodput(
@@ -276,13 +364,15 @@ def compute_goodput(
     stall_threshold_s: float | None,
     per_rank: PerRank | None = None,
     live: dict[str, Any] | None = None,
+    digests: Mapping[int, RankDigest] | None = None,
 ) -> Goodput:
     """Goodput over (now - window_s, now], clipped to the group's first record.
 
     `per_rank` (the engine's `Context.per_rank`) reuses a rank's step table from the last
     pass when its state is unchanged and every step of it is inside the window; `live`
     (a slot of the engine's memo) keeps the group's merged table between passes and
-    merges again only the steps that changed (`_live_table`); same result."""
+    merges again only the steps that changed (`_live_table`; `digests`, the engine's rank
+    digests, tell it how far each rank's steps slid); same result."""
     start = now - timedelta(seconds=window_s)
     if snap.kind == "serving":
         met = sum(int(w.window.get("slo_met") or 0) for w in snap.serving)
@@ -291,11 +381,13 @@ def compute_goodput(
             window_s=window_s, wall_s=secs, g_serve_requests_per_s=(met / secs) if secs else None
         )
     if live is not None:
-        table = _live_table(snap, start, live)
+        table = _live_table(snap, start, live, digests)
     else:
         table = _rank_table(snap, start, per_rank)
     steps = table.steps
-    first_ts: list[datetime] = [t.ts for t in snap.transitions[:1]] + table.first_ts
+    first_ts = [t.ts for t in snap.transitions[:1]]
+    if table.first_ts is not None:
+        first_ts.append(table.first_ts)
     begin = max(start, min(first_ts)) if first_ts else start
     wall = max((now - begin).total_seconds(), 0.0)
     restarts = _restart_intervals(snap, begin, now)

@@ -69,6 +69,13 @@ class _Rank:
     window: _Keyed | None = None  # newest collective window of the group's generation
     report: _Keyed | None = None  # newest process_groups report of the group's generation
     state: RankState | None = None  # cached; None when the records changed
+    # `procs` frozen, and the GPU the newest of them names; None when `procs` changed.
+    frozen_procs: tuple[tuple[ProcessRecord, ...], str | None] | None = None
+    # The steps of the last state built, and whether `steps` is still them followed by
+    # records appended since (no record went in between): then the next state's steps are
+    # a slide of them (RankState.slid_from).
+    shown: tuple[StepRecord, ...] = ()
+    grown: bool = True
     expires: datetime | None = None  # when the retained view next changes with the clock
 
 
@@ -88,34 +95,44 @@ class LiveGroup:
     touched: int = 0  # ranks rebuilt by the last `snapshot` (for the benchmark)
     memo: dict[str, Any] = field(default_factory=dict)  # `diagnose(..., memo=)` between passes
     samples: dict[int, Any] = field(default_factory=dict)  # `build_snapshot(samples_memo=)`
+    devices: dict[str, Any] = field(default_factory=dict)  # `build_snapshot(devices_memo=)`
 
     def apply(self, records: Iterable[Mapping[str, Any]]) -> int:
         """Fold newly arrived records in (oldest first within the call, as read); records of
         kinds not per-rank are ignored (they are passed to `snapshot`). Returns how many."""
         n = 0
+        order = self._order
+        ranks, group = self.ranks, self.group
         for r in records:
-            kind = r.get("kind")
-            if kind not in RANK_KINDS or r.get("rank") is None:
+            get = r.get
+            kind = get("kind")
+            if kind not in RANK_KINDS or get("rank") is None:
                 continue
-            if r.get("group") not in (None, self.group):
+            if get("group") not in (None, group):
                 continue
             n += 1
-            self._order += 1
-            order, ts, rank = self._order, r["ts"], int(r["rank"])
-            gen = int(r.get("generation") or 0)
-            st = self.ranks.get(rank)
+            order += 1
+            ts, rank = r["ts"], int(r["rank"])
+            gen = int(get("generation") or 0)
+            st = ranks.get(rank)
             if st is None:
-                st = self.ranks[rank] = _Rank(gen=gen)
+                st = ranks[rank] = _Rank(gen=gen)
                 self._active = None
             elif gen > st.gen:
                 st.gen = gen
                 self._active = None
-            if r.get("node") and (st.node is None or (ts, order) >= st.node[:2]):
+            if get("node") and (st.node is None or (ts, order) >= st.node[:2]):
                 st.node = (ts, order, r["node"])
             if kind == "step":
-                _add(st.steps, (ts, order, _step(r)))
+                steps = st.steps
+                if not steps or ts > steps[-1][0]:  # a newer ts (`order` only breaks ties)
+                    steps.append((ts, order, _step(r)))
+                else:
+                    insort(steps, (ts, order, _step(r)), key=_key)
+                    st.grown = False
             elif kind == "process":
                 _add(st.procs, (ts, order, _process(r)))
+                st.frozen_procs = None
             elif gen == self.generation:
                 item = (ts, order, _window(r) if kind == "collective" else r)
                 slot = "window" if kind == "collective" else "report"
@@ -125,6 +142,7 @@ class LiveGroup:
                     if slot == "report":
                         self._groups = None
             st.state = None
+        self._order = order
         return n
 
     def snapshot(
@@ -154,6 +172,7 @@ class LiveGroup:
             slo=slo,
             objectives=objectives,
             samples_memo=self.samples,
+            devices_memo=self.devices,
         )
         dev_node = {d.gpu: d.node for d in base.devices}
         if self._active is None:
@@ -190,6 +209,7 @@ class LiveGroup:
         """Trim the rank's records to the retention at `now` and freeze them."""
         ret = self.retention
         expires: list[datetime] = []
+        held = len(st.steps)
         if ret.step_window is not None and st.steps:
             # Steps are kept in (ts, order) order: the window's start is one bisection.
             recent = st.steps[bisect_left(st.steps, now - ret.step_window, key=_ts) :]
@@ -207,7 +227,10 @@ class LiveGroup:
         elif ret.step_cap is not None:
             st.steps = st.steps[-ret.step_cap :]
         if ret.history is not None and st.procs:
-            st.procs = [p for p in st.procs if p[0] >= now - ret.history]
+            cutoff = now - ret.history
+            if st.procs[0][0] < cutoff:  # kept in (ts, order) order: the oldest goes first
+                st.procs = [p for p in st.procs if p[0] >= cutoff]
+                st.frozen_procs = None
             if st.procs:
                 expires.append(st.procs[0][0] + ret.history)
         if ret.history is not None and st.window is not None:
@@ -216,19 +239,26 @@ class LiveGroup:
             else:
                 expires.append(st.window[0] + ret.history)
         st.expires = min(expires) if expires else None
-        gpu = next((p[2].gpu for p in reversed(st.procs) if p[2].gpu), None)
-        steps: tuple[StepRecord, ...] = tuple(map(_item, st.steps))
-        procs: tuple[ProcessRecord, ...] = tuple(map(_item, st.procs))
+        frozen = st.frozen_procs
+        if frozen is None:  # processes change rarely: steps every pass
+            gpu = next((p[2].gpu for p in reversed(st.procs) if p[2].gpu), None)
+            frozen = st.frozen_procs = (tuple(map(_item, st.procs)), gpu)
+        procs, gpu = frozen
+        # The retention keeps a suffix of the steps: with only appends since the last
+        # state, the new steps are the old ones less the trimmed, plus the appended.
+        old = st.shown
+        slid: tuple[tuple[StepRecord, ...], int] | None = None
+        if st.grown and old:
+            cut = min(held - len(st.steps), len(old))
+            added = len(st.steps) - (len(old) - cut)
+            steps = old[cut:] + tuple(map(_item, st.steps[len(st.steps) - added :]))
+            slid = (old, cut)
+        else:
+            steps = tuple(map(_item, st.steps))
+        st.shown, st.grown = steps, True
         window: CollectiveWindow | None = st.window[2] if st.window else None
-        return RankState(
-            rank=rk,
-            node=(st.node[2] if st.node else None) or dev_node.get(gpu or ""),
-            gpu=gpu,
-            steps=steps,
-            processes=procs,
-            collective=window,
-            generation=self.generation,
-        )
+        node = (st.node[2] if st.node else None) or dev_node.get(gpu or "")
+        return RankState(rk, node, gpu, steps, procs, window, self.generation, slid)
 
 
 def _key(item: _Keyed) -> tuple[datetime, int]:

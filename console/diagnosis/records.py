@@ -58,6 +58,17 @@ class StepRecord:
     loss_scale: float | None = None
     overflow: bool | None = None
     data_cursor: int | None = None
+    # (duration_ms, *phases.values) when the step has a duration, else None: what the
+    # straggler means sum over a rank's recent steps, one tuple per step, built once when
+    # the step is parsed (rules/digest.py; at 16k ranks reading the duration and the phases
+    # through two objects per step per pass was the largest cost of a pass). Not compared.
+    row: tuple[float, float, float, float, float, float] | None = field(
+        init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        d = self.duration_ms
+        object.__setattr__(self, "row", None if d is None else (d, *self.phases.values))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,9 +8,10 @@ read the clock or import Django: the database adapter and the tests both call it
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import is_, itemgetter
 from typing import Any
 
 from console.diagnosis.records import (
@@ -85,6 +86,13 @@ class RankState:
     processes: tuple[ProcessRecord, ...] = ()  # oldest first, every generation
     collective: CollectiveWindow | None = None  # latest window of the active generation
     generation: int = 0
+    # A hint from the live state (console.diagnosis.live), never compared: (the steps of
+    # this rank's previous state, how many of their oldest were dropped) when `steps` are
+    # those less the dropped ones with newer ones appended. The engine's rank digest then
+    # takes the slide as said instead of checking it step by step (rules/digest.py).
+    slid_from: tuple[tuple[StepRecord, ...], int] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     @property
     def current_steps(self) -> tuple[StepRecord, ...]:
@@ -143,27 +151,29 @@ def _manifest(raw: Mapping[str, Any] | None) -> Manifest | None:
 
 
 def _step(r: Mapping[str, Any]) -> StepRecord:
-    # The hot path of build_snapshot (one call per step record): positional arguments
-    # and bound lookups keep a 4,096-rank group cheap to rebuild.
+    # The hot path of build_snapshot and of a live pass (one call per step record):
+    # positional arguments, bound lookups and `_num` spelled out keep a 16k-rank pass cheap.
     g = r.get
     ph = g("phases") or {}
     p = ph.get
+    d, loss, gn, scale = g("duration_ms"), g("loss"), g("grad_norm"), g("loss_scale")
+    c, co, i, ck, o = p("compute"), p("collective"), p("input"), p("checkpoint"), p("optimizer")
     return StepRecord(
         r["ts"],
         int(g("generation") or 0),
         int(r["step"]),
-        _num(g("duration_ms")),
+        None if d is None else float(d),
         Phases(
-            _num(p("compute")),
-            _num(p("collective")),
-            _num(p("input")),
-            _num(p("checkpoint")),
-            _num(p("optimizer")),
+            None if c is None else float(c),
+            None if co is None else float(co),
+            None if i is None else float(i),
+            None if ck is None else float(ck),
+            None if o is None else float(o),
         ),
         g("tokens"),
-        _num(g("loss")),
-        _num(g("grad_norm")),
-        _num(g("loss_scale")),
+        None if loss is None else float(loss),
+        None if gn is None else float(gn),
+        None if scale is None else float(scale),
         g("overflow"),
         g("data_cursor"),
     )
@@ -274,6 +284,7 @@ def build_snapshot(
     slo: Mapping[str, Any] | None = None,
     objectives: Mapping[str, Any] | None = None,
     samples_memo: dict[int, tuple[Mapping[str, Any], DeviceSample]] | None = None,
+    devices_memo: dict[str, DeviceMemo] | None = None,
 ) -> GroupSnapshot:
     """Build a `GroupSnapshot` from contract-shaped record dicts (DESIGN §3 names).
 
@@ -283,8 +294,12 @@ def build_snapshot(
     device-sample dict's id to it and its parsed sample: a caller that passes the same,
     unmodified dict objects again (console.snapshots caches unchanged GPUs' records) has
     them parsed once, not per pass. It is left holding this call's samples only.
+    `devices_memo` (same contract) maps a GPU to the device records it was built from and
+    its `DeviceState`: a GPU whose records are the very same dicts, in the same order, as
+    in the last call keeps its `DeviceState` object (at 16k GPUs, rebuilding every GPU's
+    state each pass was most of an idle pass's snapshot). Left holding this call's GPUs.
     """
-    recs = sorted(records, key=lambda r: r["ts"])
+    recs = sorted(records, key=_ts_of)
     steps: dict[int, list[StepRecord]] = defaultdict(list)
     procs: dict[int, list[ProcessRecord]] = defaultdict(list)
     windows: dict[int, CollectiveWindow] = {}
@@ -292,11 +307,7 @@ def build_snapshot(
     rank_gens: dict[int, int] = {}
     rank_gpu: dict[int, str] = {}
     rank_node: dict[int, str] = {}
-    dev_node: dict[str, str | None] = {}
-    dev_index: dict[str, int | None] = {}
-    samples: dict[str, DeviceSample] = {}
-    throttled: dict[str, DeviceSample] = {}
-    events: dict[str, list[DeviceEvent]] = defaultdict(list)
+    dev_recs: dict[str, list[Mapping[str, Any]]] = {}  # GPU -> its records, oldest first
     ckpt: dict[str, list[CheckpointEvent]] = defaultdict(list)
     transitions: list[Transition] = []
     serving: dict[str, ServingWindow] = {}
@@ -310,37 +321,19 @@ def build_snapshot(
 
     def parse(r: Mapping[str, Any]) -> DeviceSample:
         hit = None if samples_memo is None else samples_memo.get(id(r))
-        sample = hit[1] if hit is not None and hit[0] is r else _sample(r)
-        parsed[id(r)] = (r, sample)  # holding `r` keeps its id from being reused
-        return sample
+        return hit[1] if hit is not None and hit[0] is r else _sample(r)
 
     for r in recs:
         kind = r.get("kind")
         if kind in HOST_KINDS:
             _host_record(r, host_events, net_events, net_ports, hosts)
             continue
-        if kind in ("device_sample", "device_event"):
-            gpu = r["gpu"]
-            if r.get("node") is not None or gpu not in dev_node:
-                dev_node[gpu] = r.get("node")
-            if kind == "device_sample":
-                dev_index[gpu] = r.get("index")
-                samples[gpu] = parse(r)
-                if r.get("throttle_reasons"):
-                    throttled[gpu] = samples[gpu]
-                elif (seen := r.get("throttled")) and isinstance(seen.get("ts"), datetime):
-                    throttled[gpu] = parse(seen)
+        if kind in DEVICE_KINDS:
+            mine = dev_recs.get(r["gpu"])
+            if mine is None:
+                dev_recs[r["gpu"]] = [r]
             else:
-                dev_index.setdefault(gpu, r.get("index"))
-                events[gpu].append(
-                    DeviceEvent(
-                        ts=r["ts"],
-                        event=r["event"],
-                        code=r.get("code"),
-                        detail=r.get("detail"),
-                        recovery_action=r.get("recovery_action"),
-                    )
-                )
+                mine.append(r)
             continue
         if r.get("group") not in (None, group):
             continue
@@ -420,6 +413,19 @@ def build_snapshot(
         elif kind == "heartbeat" and r.get("node"):
             prev = heartbeats.get(r["node"])
             heartbeats[r["node"]] = r["ts"] if prev is None else max(prev, r["ts"])
+    states: dict[str, DeviceState] = {}
+    kept: dict[str, DeviceMemo] = {}
+    for gpu, mine in dev_recs.items():
+        hit = None if devices_memo is None else devices_memo.get(gpu)
+        if hit is not None and len(hit[0]) == len(mine) and all(map(is_, hit[0], mine)):
+            memo = hit
+        else:
+            memo = (mine, *_device(gpu, mine, parse))
+        states[gpu] = memo[1]
+        kept[gpu] = memo
+        for raw, sample in memo[2]:
+            parsed[id(raw)] = (raw, sample)  # holding the record keeps its id from reuse
+    dev_node = {g: d.node for g, d in states.items()}
     # Ranks of the active generation; if it has reported nothing yet, nobody is
     # expected to make progress (a fresh generation is warming up).
     active = sorted(rk for rk, g in rank_gens.items() if g == generation)
@@ -438,17 +444,10 @@ def build_snapshot(
     if samples_memo is not None:
         samples_memo.clear()
         samples_memo.update(parsed)
-    devices = tuple(
-        DeviceState(
-            gpu=g,
-            node=dev_node.get(g),
-            index=dev_index.get(g),
-            sample=samples.get(g),
-            events=tuple(events.get(g, ())),
-            last_throttled=throttled.get(g),
-        )
-        for g in sorted(dev_node)
-    )
+    if devices_memo is not None:
+        devices_memo.clear()
+        devices_memo.update(kept)
+    devices = tuple([states[g] for g in sorted(states)])
     checkpoints = tuple(
         CheckpointState(
             checkpoint_id=cid,
@@ -494,6 +493,61 @@ def build_snapshot(
 
 
 HOST_KINDS = frozenset({"host_event", "net_event", "net_sample", "host_sample"})
+DEVICE_KINDS = frozenset({"device_sample", "device_event"})
+_ts_of = itemgetter("ts")
+
+# A GPU's records (oldest first), its state, and the (record, parsed sample) pairs in it.
+DeviceMemo = tuple[
+    list[Mapping[str, Any]], DeviceState, list[tuple[Mapping[str, Any], DeviceSample]]
+]
+
+
+def _device(
+    gpu: str, recs: list[Mapping[str, Any]], parse: Callable[[Mapping[str, Any]], DeviceSample]
+) -> tuple[DeviceState, list[tuple[Mapping[str, Any], DeviceSample]]]:
+    """One GPU's state from its records, oldest first: the newest node named (the first
+    record's if none names one), the newest sample and the newest that showed throttling,
+    every event; and the samples it parsed."""
+    node: str | None = None
+    index: int | None = None
+    indexed = False
+    sample: DeviceSample | None = None
+    throttled: DeviceSample | None = None
+    events: list[DeviceEvent] = []
+    pairs: list[tuple[Mapping[str, Any], DeviceSample]] = []
+    for i, r in enumerate(recs):
+        if not i or r.get("node") is not None:
+            node = r.get("node")
+        if r["kind"] == "device_sample":
+            index, indexed = r.get("index"), True
+            sample = parse(r)
+            pairs.append((r, sample))
+            if r.get("throttle_reasons"):
+                throttled = sample
+            elif (seen := r.get("throttled")) and isinstance(seen.get("ts"), datetime):
+                throttled = parse(seen)
+                pairs.append((seen, throttled))
+        else:
+            if not indexed:
+                index, indexed = r.get("index"), True
+            events.append(
+                DeviceEvent(
+                    ts=r["ts"],
+                    event=r["event"],
+                    code=r.get("code"),
+                    detail=r.get("detail"),
+                    recovery_action=r.get("recovery_action"),
+                )
+            )
+    state = DeviceState(
+        gpu=gpu,
+        node=node,
+        index=index,
+        sample=sample,
+        events=tuple(events),
+        last_throttled=throttled,
+    )
+    return state, pairs
 
 
 def _host_record(

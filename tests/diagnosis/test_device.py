@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from agents import xid as catalog
 from console.diagnosis import ROOT_CAUSE, SYMPTOM, UNDETERMINED, DiagnosisConfig, diagnose
 from tests.diagnosis.factory import (
@@ -195,3 +197,56 @@ def test_it_leaves_another_jobs_gpu_on_a_shared_node_to_that_job() -> None:
     ours = diagnose(snap([*training(ranks=4), device_event(2, T0, "xid", 79)],
                          nodes=heartbeats(4, NOW)), NOW)  # fmt: skip
     assert [f.subject for f in of_kind(ours, "xid")] == ["gpu:GPU-0001-2"]
+
+
+def test_clean_gpus_judged_once_give_the_findings_of_judging_every_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A live pass skips a GPU that had nothing to say and is the same DeviceState object
+    (build_snapshot's devices memo keeps an unchanged GPU's); a GPU whose sample turns bad,
+    an Xid, or a lower NVLink limit in the config are judged again: every pass equals the
+    pass without a memo. A memo that ignores the limit fails that check."""
+    from console.diagnosis import build_snapshot
+    from console.diagnosis.rules import device
+
+    base = training(ranks=16)
+    nvlink5 = sample(5, T0, nvlink_errors=5)  # under the default limit of 10
+    base = [nvlink5 if r["kind"] == "device_sample" and r["gpu"] == gpu_of(5) else r
+            for r in base]  # fmt: skip
+    hot = sample(3, T0, throttle_reasons=["hw_thermal_slowdown"])
+    passes = [
+        (base, None),
+        (base, None),
+        ([*base, hot], None),  # a new sample object for GPU 3
+        (base, DiagnosisConfig(nvlink_errors_limit=2)),  # GPU 5 unchanged, limit lowered
+        ([*base, _xid(7, 79)], DiagnosisConfig(nvlink_errors_limit=2)),
+        (base, None),
+    ]
+
+    def run() -> list[set[tuple[str, str]]]:
+        devices: dict = {}
+        memo: dict = {}
+        seen = []
+        for records, cfg in passes:
+            kw = {"group": "g", "generation": 1, "state": "running", "records": records,
+                  "nodes": heartbeats(16, NOW), "contract_findings": [], "now": NOW}  # fmt: skip
+            live = diagnose(build_snapshot(**kw, devices_memo=devices), NOW, cfg, memo=memo)
+            assert live == diagnose(build_snapshot(**kw), NOW, cfg)
+            seen.append({(f.kind, f.subject) for f in live.findings})
+        return seen
+
+    seen = run()
+    assert ("thermal_throttle", f"gpu:{gpu_of(3)}") in seen[2]
+    assert ("nvlink_errors", f"gpu:{gpu_of(5)}") in seen[3] - seen[2]
+    assert ("xid", f"gpu:{gpu_of(7)}") in seen[4] and seen[5] == seen[0]
+    real = device.Context.slot
+
+    def slot(self, name):  # the limit forgotten: a clean GPU stays clean whatever the config
+        got = real(self, name)
+        if name == "device_clean" and got is not None and got.get("clean"):
+            got["limit"] = self.cfg.nvlink_errors_limit
+        return got
+
+    monkeypatch.setattr(device.Context, "slot", slot)
+    with pytest.raises(AssertionError):
+        run()

@@ -119,6 +119,17 @@ def _live(live: LiveGroup, records: list[dict[str, Any]], now: datetime) -> Any:
     )
 
 
+def _hints_hold(snap: Any) -> None:
+    """Every RankState.slid_from the live state gives is true: the steps are the old ones
+    less the dropped oldest, with newer ones appended (the digest takes it on trust)."""
+    for r in snap.ranks:
+        if r.slid_from is not None:
+            old, cut = r.slid_from
+            kept = len(old) - cut
+            assert 0 <= cut <= len(old) and kept <= len(r.steps)
+            assert all(a is b for a, b in zip(old[cut:], r.steps[:kept], strict=True))
+
+
 def _check_live(batches: list[list[dict[str, Any]]], step_s: int = 1) -> None:
     """After every batch, and after a pass with nothing new `step_s` later (an Xid- or
     sweep-triggered pass: every RankState reused, the clock moved), the live snapshot is the
@@ -134,6 +145,7 @@ def _check_live(batches: list[list[dict[str, Any]]], step_s: int = 1) -> None:
             full = _full(seen, now)
             snap = _live(live, seen, now)
             assert snap == full
+            _hints_hold(snap)
             assert diagnose(snap, now, memo=live.memo) == diagnose(full, now)
 
 
@@ -205,11 +217,13 @@ def test_a_broken_memo_fails_the_check(layer: str, monkeypatch: pytest.MonkeyPat
     else:
         real = goodput._slid
 
-        def slid(old: Any, parts: Any, new: Any) -> Any:  # the appended steps left out
-            got = real(old, parts, new)
+        def slid(rank: int, old: Any, new: Any, contrib: Any, cut: int = -1) -> Any:
+            got = real(rank, old, new, contrib, cut)  # and then the appended steps left out
             if got is None:
                 return None
-            return got[0], {k: parts[k] for k in got[1] if k in parts}, []
+            for key in got[1]:
+                contrib[key].pop(rank)
+            return got[0], []
 
         monkeypatch.setattr(goodput, "_slid", slid)
     with pytest.raises(AssertionError):
@@ -273,6 +287,7 @@ def test_live_retention_equals_trimmed_rebuild(
         snap = _live(live, seen, now)
         full = _full(_trimmed(seen, now, ret), now)
         assert snap == full
+        _hints_hold(snap)
         # Trimmed steps slide (oldest dropped, newest appended): the memo's incremental
         # structures (goodput's step table) follow them step by step.
         assert diagnose(snap, now, memo=live.memo) == diagnose(full, now)

@@ -99,3 +99,43 @@ def test_a_samples_memo_parses_an_unchanged_record_once_and_a_new_one_again() ->
     assert third == built([hotter, cool], None)
     assert {d.gpu: d.sample.temp_c for d in third.devices if d.sample}[hot["gpu"]] == 99.0
     assert len(memo) == 2  # the old record's entry went with it
+
+
+def test_a_devices_memo_keeps_an_unchanged_gpus_state_and_rebuilds_a_changed_one() -> None:
+    """A GPU whose records are the very same dicts as last call keeps its DeviceState
+    object (the device rule then skips it); one with a new sample, a new event or a record
+    gone is built again, and every call equals a build without the memo."""
+    from datetime import timedelta
+
+    from console.diagnosis import GroupSnapshot, build_snapshot
+    from tests.diagnosis.factory import device_event, sample
+
+    def built(records: list[dict], memo: dict | None, samples: dict | None) -> GroupSnapshot:
+        kw = {"nodes": {}, "contract_findings": [], "now": T0}
+        return build_snapshot(group=GROUP, generation=1, state="running", records=records,
+                              samples_memo=samples, devices_memo=memo, **kw)  # fmt: skip
+
+    def check(records: list[dict]) -> GroupSnapshot:
+        got = built(records, memo, samples)
+        assert got == built(records, None, None)
+        assert set(memo) == {d.gpu for d in got.devices}  # this call's GPUs only
+        return got
+
+    hot = sample(1, T0, throttle_reasons=["hw_thermal_slowdown"])
+    cool = sample(2, T0, throttled={"ts": T0, "throttle_reasons": ["sw_power_cap"]})
+    memo: dict = {}
+    samples: dict = {}
+    first = {d.gpu: d for d in check([hot, cool]).devices}
+    again = {d.gpu: d for d in check([cool, hot]).devices}  # the order of GPUs does not matter
+    assert all(again[g] is first[g] for g in first)
+    assert len(samples) == 3  # the reused GPUs' samples (and a kept throttled one) stay known
+    xid = device_event(1, T0 + timedelta(seconds=1), "xid", 79)
+    third = {d.gpu: d for d in check([hot, cool, xid]).devices}
+    assert third[hot["gpu"]] is not first[hot["gpu"]] and third[hot["gpu"]].events
+    assert third[hot["gpu"]].sample is first[hot["gpu"]].sample  # parsed once all the same
+    assert third[cool["gpu"]] is first[cool["gpu"]]
+    moved = {**cool, "node": "elsewhere"}
+    fourth = {d.gpu: d for d in check([hot, moved, xid]).devices}
+    assert fourth[cool["gpu"]].node == "elsewhere" and fourth[hot["gpu"]] is third[hot["gpu"]]
+    fifth = {d.gpu: d for d in check([hot, moved]).devices}  # the event aged out
+    assert not fifth[hot["gpu"]].events

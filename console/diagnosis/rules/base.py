@@ -11,7 +11,8 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
-from functools import cached_property, partial
+from functools import cached_property
+from operator import attrgetter
 from typing import Any
 
 from console.diagnosis.config import DiagnosisConfig
@@ -26,6 +27,7 @@ from console.diagnosis.findings import (
     node_subject,
     rank_subject,
 )
+from console.diagnosis.rules.digest import RECENT_STEPS, RankDigest, rank_digest
 from console.diagnosis.snapshot import (
     CheckpointState,
     DeviceState,
@@ -35,27 +37,26 @@ from console.diagnosis.snapshot import (
 )
 from console.diagnosis.stats import mad_sorted, median_sorted
 
+__all__ = ["RECENT_STEPS", "Context"]
+
 # Device faults that stop a rank outright (as opposed to slowing it down).
 HARD_DEVICE_KINDS = frozenset({"xid", "gpu_lost", "ecc_dbe"})
 # States in which silence is expected: the group is writing a checkpoint or pausing.
 QUIET_STATES = frozenset({"checkpointing", "quiescing"})
 IN_PROGRESS_PHASES = frozenset({"staging", "written"})
 TERMINAL_STATES = frozenset({"completed", "finished", "stopped", "failed", "cancelled"})
-RECENT_STEPS = 32
 # The group's typical step (the stall threshold's median and MAD) is read from at most
 # this many ranks, every k-th in rank order: a synchronous job's ranks share one step
 # time, and 4,096 ranks' recent steps (~130k durations) pin it down as well as 16k ranks'
 # 520k, which cost a 16k-rank pass ~0.1 s to collect and sort. Smaller groups: all.
 DURATION_RANKS = 4096
+_WINDOW_KEY = attrgetter("rank", "collective", "node", "gpu")
+_TS = attrgetter("ts")
 
 
 def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
     """Element-wise identity (not equality: an equal but rebuilt state is not reused)."""
     return a is b or (len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True)))
-
-
-def _current_steps(r: RankState) -> tuple[StepRecord, ...]:
-    return r.current_steps
 
 
 class Context:
@@ -85,20 +86,36 @@ class Context:
         self.cfg = cfg
         self.findings: dict[str, Finding] = {}
         self._by_subject: dict[str, list[str]] = defaultdict(list)
-        self.ranks: dict[int, RankState] = {r.rank: r for r in snap.ranks}
-        # Filtering steps by generation is the hot path at 4,096 ranks: do it once.
-        self._steps: dict[int, tuple[StepRecord, ...]] = {
-            r.rank: self.per_rank("current_steps", r, partial(_current_steps, r))
-            for r in snap.ranks
-        }
         self.devices: dict[str, DeviceState] = {d.gpu: d for d in snap.devices}
-        self.ranks_on_gpu: dict[str, list[int]] = defaultdict(list)
-        self.ranks_on_node: dict[str, list[int]] = defaultdict(list)
-        for r in snap.ranks:
+        ranks: dict[int, RankState] = {}
+        on_gpu: dict[str, list[int]] = defaultdict(list)
+        on_node: dict[str, list[int]] = defaultdict(list)
+        # What the rules read of each rank's steps, derived once per RankState: a rank whose
+        # state is the very object of last pass reuses its digest, one whose steps slid
+        # (oldest dropped, newer appended) derives the new one from it (rules/digest.py).
+        kept: dict[int, tuple[RankState, RankDigest]] = self._memo.setdefault("digests", {})
+        digests: dict[int, RankDigest] = {}
+        steps: dict[int, tuple[StepRecord, ...]] = {}
+        for r in snap.ranks:  # one loop: at 16k ranks each walk over them counts
+            rk = r.rank
+            ranks[rk] = r
+            hit = kept.get(rk)
+            if hit is not None and hit[0] is r:
+                d = hit[1]
+            else:
+                d = rank_digest(r, None if hit is None else hit[1])
+                kept[rk] = (r, d)
+            digests[rk] = d
+            steps[rk] = d.cur
             if r.gpu:
-                self.ranks_on_gpu[r.gpu].append(r.rank)
+                on_gpu[r.gpu].append(rk)
             if r.node:
-                self.ranks_on_node[r.node].append(r.rank)
+                on_node[r.node].append(rk)
+        self.ranks = ranks
+        self.ranks_on_gpu = on_gpu
+        self.ranks_on_node = on_node
+        self._digests = digests
+        self._steps = steps
         # Set by rules for the engine's recovery advice.
         self.valid_checkpoint: CheckpointState | None = None  # set by `checkpoints`
         self.unsafe_reasons: dict[str, str] = {}  # finding id -> why restart is unsafe
@@ -187,6 +204,34 @@ class Context:
             or self.node_cause(r.node)
         )
 
+    def covered_ranks(self) -> set[int]:
+        """The ranks `covered` is True for, with the findings so far: one look at each
+        subject with findings instead of three per rank (16k waiting or stalled ranks)."""
+        by_subject = self._by_subject
+        names = self._rank_subjects
+        out = {names[s] for s in by_subject.keys() & names.keys() if by_subject[s]}
+        for subject, ids in by_subject.items():
+            if not ids or subject[:1] not in ("g", "n"):
+                continue
+            kind, _, name = subject.partition(":")
+            if kind == "gpu" and self.device_cause(name) is not None:
+                out.update(self.ranks_on_gpu.get(name, ()))
+            elif kind == "node" and self.node_cause(name) is not None:
+                out.update(self.ranks_on_node.get(name, ()))
+        return out
+
+    @cached_property
+    def _rank_subjects(self) -> dict[str, int]:
+        """Every rank's subject -> the rank (kept while the group's ranks are the same)."""
+        group = self.snap.group
+        ranks = list(self.ranks)
+        out: dict[str, int] = self.keyed(
+            "rank_subjects",
+            (group, ranks),
+            lambda: {rank_subject(group, rk): rk for rk in ranks},
+        )
+        return out
+
     def steps(self, r: RankState) -> tuple[StepRecord, ...]:
         """The rank's steps of the active generation, oldest first."""
         return self._steps[r.rank]
@@ -194,6 +239,15 @@ class Context:
     def last_step(self, r: RankState) -> StepRecord | None:
         cur = self._steps[r.rank]
         return cur[-1] if cur else None
+
+    def digest(self, r: RankState) -> RankDigest:
+        """The rank's steps as the rules read them (rules/digest.py)."""
+        return self._digests[r.rank]
+
+    @property
+    def digests(self) -> dict[int, RankDigest]:
+        """Every rank's digest, in the snapshot's rank order (read-only)."""
+        return self._digests
 
     def per_rank(self, name: str, r: RankState, compute: Callable[[], Any]) -> Any:
         """`compute()` for rank `r`, or its value from the last pass if `r` is unchanged."""
@@ -246,8 +300,9 @@ class Context:
     def _all_durations(self) -> list[float]:
         out: list[float] = []
         ranks = self.snap.ranks
+        digests = self._digests
         for r in ranks[:: -(-len(ranks) // DURATION_RANKS) or 1]:  # every k-th (above)
-            out.extend(self.per_rank("durations", r, partial(self._durations, r)))
+            out.extend(digests[r.rank].durations_s())
         return out
 
     @cached_property
@@ -255,7 +310,7 @@ class Context:
         """(rank, collective window, node, GPU) of every rank: what collective matching
         reads. Compared with == against last pass's, a window that is the same object
         costs nothing, so a pass in which no window changed reuses the matching."""
-        return tuple((r.rank, r.collective, r.node, r.gpu) for r in self.snap.ranks)
+        return tuple(map(_WINDOW_KEY, self.snap.ranks))
 
     @cached_property
     def _sorted_durations_s(self) -> list[float]:
@@ -269,10 +324,6 @@ class Context:
         """Median of `recent_durations_s` (None when there is none)."""
         d = self._sorted_durations_s
         return median_sorted(d) if d else None
-
-    def _durations(self, r: RankState) -> list[float]:
-        steps = self.steps(r)[-RECENT_STEPS:]
-        return [s.duration_ms / 1000.0 for s in steps if s.duration_ms is not None]
 
     @cached_property
     def stall_threshold_s(self) -> float | None:
@@ -300,8 +351,8 @@ class Context:
         if snap.state in QUIET_STATES:
             into = [t.ts for t in snap.transitions if t.to_state == snap.state]
             return into[-1] if into else self.now
-        lasts = [s for s in (self.last_step(r) for r in snap.ranks) if s is not None]
-        newest_step = max((s.ts for s in lasts), default=None)
+        lasts = [d.cur[-1] for d in self._digests.values() if d.cur]  # each rank's last step
+        newest_step: datetime | None = max(map(_TS, lasts), default=None)
         # The last step spent time in the checkpoint phase: async staging may still run.
         ckpt_steps = [s.ts for s in lasts if (s.phases.checkpoint or 0) > 0]
         if ckpt_steps and newest_step is not None and max(ckpt_steps) == newest_step:

@@ -30,6 +30,7 @@ from console.diagnosis.findings import (
     SYMPTOM,
     UNDETERMINED,
     Finding,
+    fingerprint_of,
     gpu_subject,
     group_subject,
     node_subject,
@@ -588,11 +589,38 @@ def _wait_order(e: CollectiveEntry) -> tuple[Any, ...]:
     return (e.started_ts is None, e.started_ts.timestamp() if e.started_ts else 0.0, e.seq)
 
 
-@dataclass(slots=True)
 class Wait:
-    rank: int
-    entry: CollectiveEntry
-    since: datetime
+    """One rank's oldest started call and what a `collective_timeout` about it says that
+    does not change from pass to pass (its subject, fingerprint, the evidence about the
+    call): derived once per matching (`_Matched.waiters`), emitted every pass."""
+
+    __slots__ = ("entry", "fingerprint", "head", "id", "key", "prefix", "rank", "since",
+                 "subject", "suffix")  # fmt: skip
+
+    def __init__(self, ctx: Context, rank: int, e: CollectiveEntry, since: datetime) -> None:
+        r = ctx.ranks[rank]
+        self.rank, self.entry, self.since = rank, e, since
+        self.key = _target_key(rank, e)
+        self.subject = rank_subject(ctx.snap.group, rank)
+        self.fingerprint = fingerprint_of(
+            ctx.snap.group, ctx.snap.generation, "collective_timeout", self.subject, self.key
+        )
+        self.id = self.fingerprint[:16]  # as make_finding derives it
+        self.head: dict[str, Any] = {
+            "rank": rank,
+            "node": r.node,
+            "gpu": r.gpu,
+            "seq": e.seq,
+            "pg": e.pg,
+            "op": e.op,
+            "numel": e.numel,
+            "dtype": e.dtype,
+            **({"peer": e.peer, "p2p_seq": e.p2p_seq} if e.peer is not None else {}),
+            "started_ts": e.started_ts,
+        }
+        seq = e.p2p_seq if is_p2p(e) and e.p2p_seq is not None else e.seq
+        self.prefix = f"Rank {rank} waiting "  # the summary around the seconds waited
+        self.suffix = f"s in {e.op} on pg {e.pg} seq {seq}: "
 
 
 def _target_key(rank: int, e: CollectiveEntry) -> str:
@@ -639,6 +667,27 @@ class _Matched:
     matcher: Matcher
     desyncs: list[Desync]
     waits: list[tuple[int, CollectiveEntry, datetime]]  # each rank's oldest started call
+    # Derived from the above (and the group's name and generation) on first use, kept with
+    # it: each wait's `Wait`, and `_target` per (first waiter, target key). Read-only.
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def waiters(self, ctx: Context) -> list[Wait]:
+        key = (ctx.snap.group, ctx.snap.generation)
+        hit = self.cache.get("waiters")
+        if hit is None or hit[0] != key:
+            hit = self.cache["waiters"] = (key, [Wait(ctx, *w) for w in self.waits])
+        out: list[Wait] = hit[1]
+        return out
+
+    def target(self, rank: int, e: CollectiveEntry) -> tuple[str, str, list[int]]:
+        """`_target(self.matcher, rank, e)`, a function of the windows: computed once."""
+        got: dict[tuple[int, int], tuple[str, str, list[int]]]
+        got = self.cache.setdefault("targets", {})
+        k = (rank, id(e))  # `e` is held by `waits`: its id is not reused
+        hit = got.get(k)
+        if hit is None:
+            hit = got[k] = _target(self.matcher, rank, e)
+        return hit
 
 
 def _match(ctx: Context, windows: dict[int, CollectiveWindow]) -> _Matched:
@@ -664,7 +713,7 @@ def run(ctx: Context) -> None:
     # between two flight-recorder dumps, however many steps) reuses last pass's.
     match_key = (ctx.windows_key, ctx.snap.process_groups)
     matched: _Matched = ctx.keyed("collectives", match_key, partial(_match, ctx, windows))
-    m, desyncs = matched.matcher, matched.desyncs
+    desyncs = matched.desyncs
     found = _report(ctx, desyncs)
     if ctx.quiet:
         return  # ranks wait in barriers while a checkpoint is written: not a timeout
@@ -679,14 +728,16 @@ def run(ctx: Context) -> None:
             table[d.key] = (d.seq, f)
     pending: dict[str, list[Wait]] = defaultdict(list)
     targets: dict[str, tuple[str, list[int], Finding | None]] = {}
-    for rank, e, since in matched.waits:
-        if ctx.covered(rank):
+    covered = ctx.covered_ranks()  # no finding is added until the timeouts below
+    for w in matched.waiters(ctx):
+        if w.rank in covered:
             continue
-        key = _target_key(rank, e)
-        pending[key].append(Wait(rank, e, since))
+        key = w.key
+        pending[key].append(w)
         if key in targets:
             continue  # the members that never entered are the same for every waiter
-        _, what, missing = _target(m, rank, e)
+        rank, e = w.rank, w.entry
+        _, what, missing = matched.target(rank, e)
         cause = None
         if is_p2p(e) and e.peer is not None and e.p2p_seq is not None:
             kind = op_kind(e.op)
@@ -712,10 +763,10 @@ def run(ctx: Context) -> None:
         # or mismatched) is a symptom at once: the page names the cause within a second
         # instead of after a timeout. An unexplained wait must outlast the stall threshold.
         explained = mismatch is not None or any(ctx.rank_cause(rk) for rk in missing)
-        waiting = [
-            wt for wt in all_waiting
-            if explained or (ctx.now - wt.since).total_seconds() > threshold
-        ]  # fmt: skip
+        now = ctx.now
+        waiting = [(wt, (now - wt.since).total_seconds()) for wt in all_waiting]
+        if not explained:
+            waiting = [(wt, waited) for wt, waited in waiting if waited > threshold]
         if not waiting:
             continue
         causes: list[Finding] = []
@@ -743,7 +794,7 @@ def run(ctx: Context) -> None:
             ]
             role = UNDETERMINED
         elif not causes:
-            link = _link_cause(ctx, [wt.rank for wt in waiting])
+            link = _link_cause(ctx, [wt.rank for wt, _ in waiting])
             if link is not None:
                 causes = [link]
             else:
@@ -754,9 +805,8 @@ def run(ctx: Context) -> None:
                 )
         causes.sort(key=lambda f: (SEVERITY_RANK[f.severity], f.id))
         head = causes[0].summary if causes else None
-        for wt in waiting:
-            _timeout(ctx, wt, role, head, missing, unexplained, note, causes, threshold, key,
-                     direct)  # fmt: skip
+        _timeouts(ctx, waiting, role, head, missing, unexplained, note, causes, threshold,
+                  direct)  # fmt: skip
 
 
 def _chain(
@@ -789,9 +839,9 @@ def _chain(
     return sorted(roots), found
 
 
-def _timeout(
+def _timeouts(
     ctx: Context,
-    wt: Wait,
+    waiting: list[tuple[Wait, float]],
     role: str,
     head: str | None,
     missing: list[int],
@@ -799,12 +849,11 @@ def _timeout(
     note: str | None,
     causes: list[Finding],
     threshold: float,
-    key: str,
     direct: list[int],
 ) -> None:
-    r = ctx.ranks[wt.rank]
-    e = wt.entry
-    waited = (ctx.now - wt.since).total_seconds()
+    """One `collective_timeout` per (waiter, seconds waited) of one target. What every
+    waiter shares is worked out once, what a waiter's call says comes from its `Wait`: 16k
+    ranks waiting on one Xid'd rank are 16k findings a pass."""
     why = (
         f"caused by {head}"
         if role == SYMPTOM and head
@@ -814,35 +863,23 @@ def _timeout(
             else "cause undetermined"
         )
     )
-    seq = e.p2p_seq if is_p2p(e) and e.p2p_seq is not None else e.seq
-    ctx.put(
-        ctx.new(
-            kind="collective_timeout",
-            subject=rank_subject(ctx.snap.group, wt.rank),
-            role=role,
-            severity=MAJOR,
-            summary=f"Rank {wt.rank} waiting {waited:.0f}s in {e.op} on pg {e.pg} seq {seq}: {why}",
-            first_seen=wt.since,
-            last_seen=ctx.now,
-            evidence={
-                "rank": wt.rank,
-                "node": r.node,
-                "gpu": r.gpu,
-                "seq": e.seq,
-                "pg": e.pg,
-                "op": e.op,
-                "numel": e.numel,
-                "dtype": e.dtype,
-                **({"peer": e.peer, "p2p_seq": e.p2p_seq} if e.peer is not None else {}),
-                "started_ts": e.started_ts,
-                "waiting_s": round(waited, 3),
-                "threshold_s": round(threshold, 3),
-                "missing_ranks": ctx.capped(direct),
-                "blocking_ranks": ctx.capped(missing),
-                "unexplained_missing": ctx.capped(unexplained),
-                **({"missing_evidence": note} if note else {}),
-            },
-            caused_by=[c.id for c in causes[: ctx.cfg.max_evidence_items]],
-            key=key,
-        )
-    )
+    thr = round(threshold, 3)
+    shown = ctx.capped(direct), ctx.capped(missing), ctx.capped(unexplained)
+    extra = {"missing_evidence": note} if note else {}
+    caused_by = tuple([c.id for c in causes[: ctx.cfg.max_evidence_items]])
+    now = ctx.now
+    for wt, waited in waiting:
+        evidence = {
+            **wt.head,
+            "waiting_s": round(waited, 3),
+            "threshold_s": thr,
+            "missing_ranks": list(shown[0]),
+            "blocking_ranks": list(shown[1]),
+            "unexplained_missing": list(shown[2]),
+            **extra,
+        }
+        # `ctx.new` spelled out (positional, in Finding's field order): the id and the
+        # fingerprint are the wait's, made once.
+        summary = f"{wt.prefix}{waited:.0f}{wt.suffix}{why}"
+        ctx.put(Finding(wt.id, "collective_timeout", wt.subject, role, MAJOR, summary,
+                        wt.since, now, wt.fingerprint, evidence, caused_by))  # fmt: skip

@@ -260,16 +260,17 @@ def _soft_xids(ctx: Context, dev: DeviceState, judged: list[_Judged], hard: Find
                         "override once it is classified"})  # fmt: skip
 
 
-def _soft_faults(ctx: Context, dev: DeviceState) -> None:
+def _soft_faults(ctx: Context, dev: DeviceState) -> bool:
+    """The sample's soft faults; False when it has none (nothing emitted)."""
     s = dev.sample
     if s is None:
-        return
+        return False
     # Only hardware slowdowns here; a software power cap alone is normal on a busy GPU and
     # becomes a finding only when `stragglers` sees it inflate compute time.
     kind = throttle_kind(r for r in s.throttle_reasons if r in WARNING_REASONS)
     nvlink = (s.nvlink_errors or 0) > ctx.cfg.nvlink_errors_limit
     if not (s.retired_or_remapped_pending or nvlink or kind is not None):
-        return  # the common case, checked before building any evidence
+        return False  # the common case, checked before building any evidence
     subject = gpu_subject(dev.gpu)
     base = {"gpu": dev.gpu, "node": dev.node, "index": dev.index, "sample_ts": s.ts}
     where = _where(ctx, dev)
@@ -319,6 +320,7 @@ def _soft_faults(ctx: Context, dev: DeviceState) -> None:
                 },
             )
         )
+    return True
 
 
 def run(ctx: Context) -> None:
@@ -328,12 +330,28 @@ def run(ctx: Context) -> None:
     incident, not this one's. When no rank's GPU is known, every GPU of the group's nodes
     is judged (better one extra page than a missed Xid).
     """
-    used = {r.gpu for r in ctx.snap.ranks if r.gpu}
+    used = ctx.ranks_on_gpu  # the GPUs of the ranks that name one
+    # A GPU with no event whose sample shows no fault has nothing to say, whatever else the
+    # pass holds (its findings would depend on the sample, the events and the NVLink limit
+    # alone): one that is the very same DeviceState object as last pass (build_snapshot
+    # keeps an unchanged GPU's) is not judged again. At 16k GPUs judging every clean GPU
+    # was most of this rule's pass.
+    memo = ctx.slot("device_clean")
+    limit = ctx.cfg.nvlink_errors_limit
+    was: dict[str, DeviceState] = {}
+    if memo is not None and memo.get("limit") == limit:
+        was = memo.get("clean") or {}
+    clean: dict[str, DeviceState] = {}
     for dev in ctx.snap.devices:
         if used and dev.gpu not in used:
+            continue
+        if was.get(dev.gpu) is dev:
+            clean[dev.gpu] = dev
             continue
         judged = [_Judged(ctx, e) for e in dev.events if e.event == "xid"]
         hard = _hard_fault(ctx, dev, judged)
         _soft_xids(ctx, dev, judged, hard)
-        if hard is None:
-            _soft_faults(ctx, dev)
+        if hard is None and not _soft_faults(ctx, dev) and not dev.events:
+            clean[dev.gpu] = dev
+    if memo is not None:
+        memo["limit"], memo["clean"] = limit, clean

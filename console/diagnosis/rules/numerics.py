@@ -11,7 +11,7 @@ from functools import partial
 from math import isfinite
 
 from console.diagnosis.findings import CRITICAL, MAJOR, ROOT_CAUSE, group_subject
-from console.diagnosis.rules.base import RECENT_STEPS, Context
+from console.diagnosis.rules.base import Context
 from console.diagnosis.snapshot import StepRecord
 from console.diagnosis.stats import median
 
@@ -71,28 +71,26 @@ def run(ctx: Context) -> None:
 def _judge(ctx: Context) -> list[_Emission]:
     """What `run` emits, as `_emit` arguments (plain data, kept between passes)."""
     out: list[_Emission] = []
-    # Plain loops over per-rank slices: at 4,096 ranks, building a (rank, step) tuple per
-    # record costs more in garbage collection than the checks themselves.
-    per_rank = [(r.rank, ctx.steps(r)[-RECENT_STEPS:]) for r in ctx.snap.ranks]
-    per_rank = [(rk, ss) for rk, ss in per_rank if ss]
-    if not per_rank:
-        return out
-    # One walk over every recent step for the three group-wide reads below (non-finite
-    # losses, earlier finite grad norms, the peak loss scale): at 16k ranks a walk each
-    # was ~0.1 s of the pass.
-    last_step = max(ss[-1].step for _, ss in per_rank)
+    # Each rank's recent steps and whether one has a non-finite loss come from its digest
+    # (rules/digest.py: derived once per RankState, from the appended steps alone when its
+    # steps slid). The walks over every recent step (the earlier grad norms, the peak loss
+    # scale) run only when their check can fire: a pass whose newest steps report no grad
+    # norm and no loss scale reads nothing else.
+    per_rank: list[tuple[int, tuple[StepRecord, ...]]] = []
     nan: list[tuple[int, StepRecord]] = []
-    earlier: list[float] = []
-    peak: float | None = None
-    for rk, ss in per_rank:
-        for s in ss:
-            loss, gn, scale = s.loss, s.grad_norm, s.loss_scale
-            if loss is not None and not isfinite(loss):
-                nan.append((rk, s))
-            if gn is not None and s.step < last_step and isfinite(gn):
-                earlier.append(gn)
-            if scale is not None and (peak is None or scale > peak):
-                peak = scale
+    last_step: int | None = None
+    for rk, d in ctx.digests.items():
+        win = d.win
+        if not win:
+            continue
+        per_rank.append((rk, win))
+        step = win[-1].step
+        if last_step is None or step > last_step:
+            last_step = step
+        if d.bad:
+            nan += [(rk, s) for s in d.nan_steps()]
+    if last_step is None:
+        return out
     if nan:
         rk, s = min(nan, key=lambda x: (x[1].step, x[0]))
         out.append(
@@ -105,11 +103,15 @@ def _judge(ctx: Context) -> list[_Emission]:
             )
         )
     # Explosion: the newest grad norm against the median of the group's earlier ones.
-    latest = [
-        (rk, ss[-1])
-        for rk, ss in per_rank
-        if ss[-1].step == last_step and ss[-1].grad_norm is not None
-    ]
+    newest: list[tuple[int, StepRecord]] = []
+    latest: list[tuple[int, StepRecord]] = []
+    for rk, ss in per_rank:
+        s = ss[-1]
+        if s.step == last_step:
+            newest.append((rk, s))
+            if s.grad_norm is not None:
+                latest.append((rk, s))
+    earlier = _earlier(per_rank, last_step) if latest else []
     if earlier and latest:
         base = median(earlier)
         limit = ctx.cfg.grad_explosion_factor * base
@@ -126,8 +128,8 @@ def _judge(ctx: Context) -> list[_Emission]:
                     {"grad_norm": worst, "median_grad_norm": base, "limit": limit},
                 )
             )
-    newest = [(rk, ss[-1]) for rk, ss in per_rank if ss[-1].step == last_step]
     scales = [s.loss_scale for _, s in newest if s.loss_scale is not None]
+    peak = _peak(per_rank) if scales else None
     if peak is None or not scales:
         return out
     now_scale = min(scales)
@@ -152,3 +154,26 @@ def _judge(ctx: Context) -> list[_Emission]:
             )
         )
     return out
+
+
+def _earlier(per_rank: list[tuple[int, tuple[StepRecord, ...]]], last_step: int) -> list[float]:
+    """The finite grad norms of the recent steps before `last_step`, rank by rank."""
+    out: list[float] = []
+    for _, ss in per_rank:
+        for s in ss:
+            gn = s.grad_norm
+            if gn is not None and s.step < last_step and isfinite(gn):
+                out.append(gn)
+    return out
+
+
+def _peak(per_rank: list[tuple[int, tuple[StepRecord, ...]]]) -> float | None:
+    """The largest loss scale of the recent steps (the first of equals; a NaN, never
+    larger, stays only if it came first), rank by rank."""
+    peak: float | None = None
+    for _, ss in per_rank:
+        for s in ss:
+            scale = s.loss_scale
+            if scale is not None and (peak is None or scale > peak):
+                peak = scale
+    return peak

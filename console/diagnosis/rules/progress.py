@@ -155,7 +155,8 @@ def run(ctx: Context) -> None:
         judged_at = lagging.get(r.node or "", ctx.now)
         if last is None or (judged_at - last).total_seconds() > thr:
             stalled.append((r.rank, last))
-    uncovered = [(rk, ts) for rk, ts in stalled if not ctx.covered(rk)]
+    covered = ctx.covered_ranks()  # one look per subject, not three per stalled rank
+    uncovered = [(rk, ts) for rk, ts in stalled if rk not in covered]
     if not uncovered:
         return  # every stalled rank is already explained: no second story
     everyone = len(stalled) == len(snap.ranks)

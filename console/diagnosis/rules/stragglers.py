@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import partial
+from operator import itemgetter
 
 from agents.gpu_health import throttle_kind
 
@@ -34,15 +35,10 @@ from console.diagnosis.stats import mad_sorted, median, median_sorted, percentil
 
 
 def _means(ctx: Context, r: RankState) -> tuple[float, dict[str, float]] | None:
-    steps = [s for s in ctx.steps(r)[-RECENT_STEPS:] if s.duration_ms is not None]
-    if not steps:
-        return None
-    n = len(steps)
-    total = sum([s.duration_ms or 0.0 for s in steps]) / n  # None filtered above
-    # Each phase summed over the steps in step order, from 0.0 (sum() over the columns of
-    # each step's `Phases.values`: C loops, where a getattr per phase per step dominated).
-    cols = zip(*[s.phases.values for s in steps], strict=True)
-    return total, dict(zip(PHASES, [sum(col, 0.0) / n for col in cols], strict=True))
+    """Mean step time and mean per phase over the rank's recent steps that have a duration
+    (a phase a step did not report counts 0): derived once per RankState, with the rank's
+    other per-step values (rules/digest.py)."""
+    return ctx.digest(r).means
 
 
 def _throttling(ctx: Context, r: RankState) -> tuple[DeviceState, DeviceSample, str] | None:
@@ -109,30 +105,34 @@ class _Stats:
     over: list[int]  # ranks over either limit, sorted
 
 
+_MEAN = itemgetter(0)
+_PHASE_MEANS = itemgetter(1)
+
+
 def _group_stats(ctx: Context) -> _Stats | None:
     cfg = ctx.cfg
     stats: dict[int, tuple[float, dict[str, float]]] = {}
-    for r in ctx.snap.ranks:
+    least = cfg.straggler_min_steps
+    for rk, d in ctx.digests.items():
         # Every rank with history counts toward the tail ratio; only unexplained ranks
         # may be called stragglers below.
-        if len(ctx.steps(r)) >= cfg.straggler_min_steps:
-            m = ctx.per_rank("straggler_means", r, partial(_means, ctx, r))
-            if m is not None:
-                stats[r.rank] = m
+        if len(d.cur) >= least and d.means is not None:
+            stats[rk] = d.means
     if len(stats) < 2:
         return None
     # In synchronous training every rank's step lasts as long as the slowest one's: the
     # straggler shows in its busy time (step minus collective wait), its peers in waiting.
     busy = {rk: m - ph["collective"] for rk, (m, ph) in stats.items()}
     # Each list sorted once for its median, tail percentile and MAD.
-    means = sorted(m for m, _ in stats.values())
+    means = sorted(map(_MEAN, stats.values()))  # C loops over 16k ranks
     busies = sorted(busy.values())
     med = median_sorted(means)
     busy_med = median_sorted(busies)
     if med <= 0 or busy_med <= 0:
         return None
     tail_ratio = max(percentile_sorted(means, 99) / med, percentile_sorted(busies, 99) / busy_med)
-    ph_med = {p: median([ph[p] for _, ph in stats.values()]) for p in PHASES}
+    phases = list(map(_PHASE_MEANS, stats.values()))
+    ph_med = {p: median(list(map(itemgetter(p), phases))) for p in PHASES}
     limit = _limit(cfg.straggler_ratio, cfg.straggler_mad_k, means, med)
     busy_limit = _limit(cfg.straggler_ratio, cfg.straggler_mad_k, busies, busy_med)
     over = sorted(rk for rk, (m, _) in stats.items() if m > limit or busy[rk] > busy_limit)
