@@ -59,7 +59,7 @@ SAMPLE: dict[str, Any] = {
     "sm_clock_mhz": 1980.0,
     "mem_clock_mhz": 2619.0,
     "util_pct": 97.0,
-    "mem_used_bytes": 6e10,
+    "mem_used_bytes": 60_000_000_000,
     "ecc_sbe": 0,
     "ecc_dbe": 0,
     "retired_or_remapped_pending": 0,
