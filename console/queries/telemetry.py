@@ -317,30 +317,40 @@ def _collective_ts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # The per-rank reads are the bulk of a pass at fleet scale (16k rows a step at 16k ranks,
 # ~200k for a full read), so they skip the ORM (console.queries.binary): one binary-format
 # query per table, each row zipped into the same contract-shaped dict `_rows` builds.
-_JSON_FIELDS = frozenset({"phases", "entries", "groups"})
+# jsonb columns of the per-rank and node-scoped tables: read as text, decoded by orjson.
+_JSON_FIELDS = frozenset({"phases", "entries", "groups", "counters", "disks"})
 _fetch = binary.fetch
+
+
+def _columns(fields: list[str]) -> str:
+    return ", ".join(f"{f}::text" if f in _JSON_FIELDS else f for f in fields)
 
 
 def _select(kind: str, fields: list[str], newest_per_rank: bool = False) -> str:
     """The column list of a per-rank read: id, ts, node id, then `fields` (jsonb as text);
     `newest_per_rank`: DISTINCT ON (rank), for a read ordered by rank, newest first."""
-    cols = ", ".join(f"{f}::text" if f in _JSON_FIELDS else f for f in fields)
     distinct = "DISTINCT ON (rank) " if newest_per_rank else ""
     table = RANK_TABLES[kind][0]._meta.db_table
-    return f"SELECT {distinct}id, ts, node_id, {cols} FROM {table}"  # noqa: S608 (our columns)
+    return f"SELECT {distinct}id, ts, node_id, {_columns(fields)} FROM {table}"  # noqa: S608
 
 
 def _records(
-    rows: list[tuple[Any, ...]], kind: str, fields: list[str], node_names: dict[int, str]
+    rows: list[tuple[Any, ...]],
+    kind: str,
+    fields: list[str],
+    node_names: dict[int, str],
+    lead: tuple[str, ...] = ("id", "ts", "node"),
 ) -> list[dict[str, Any]]:
-    """Rows of `_select(kind, fields)` as contract-shaped dicts (what `_rows` makes)."""
-    keys = ("id", "ts", "node", *fields)
-    decode = [(f, 3 + i) for i, f in enumerate(fields) if f in _JSON_FIELDS]
+    """Rows of `lead` columns (ending with the node id) then `fields`, as contract-shaped
+    dicts (what `_rows` makes): `node` is the node's name, jsonb decoded."""
+    keys = (*lead, *fields)
+    at = len(lead)
+    decode = [(f, at + i) for i, f in enumerate(fields) if f in _JSON_FIELDS]
     names = node_names.get
     out: list[dict[str, Any]] = []
     for row in rows:
         rec = dict(zip(keys, row, strict=True))
-        rec["node"] = names(row[2])
+        rec["node"] = names(row[at - 1])
         for f, i in decode:
             raw = row[i]
             rec[f] = None if raw is None else binary.json.decode(raw)
@@ -613,25 +623,11 @@ def _node_rows(
 ) -> list[dict[str, Any]]:
     """`_rows` of a node-scoped table (node_id = ANY(the first parameter) AND `where`), read
     in binary: a group's ~2k node ids were ~10 ms of Django's query compiling per query."""
-    cols = ", ".join(f"{f}::text" if f in _NODE_JSON else f for f in fields)
     lead = f"DISTINCT ON ({distinct}) " if distinct else ""
     table = model._meta.db_table
-    sql = f"SELECT {lead}ts, node_id, {cols} FROM {table} WHERE node_id = ANY(%s)"  # noqa: S608
-    sql += f" AND {where} {tail}"
-    keys = ("ts", "node", *fields)
-    decode = [(f, 2 + i) for i, f in enumerate(fields) if f in _NODE_JSON]
-    out: list[dict[str, Any]] = []
-    for row in _fetch(sql, params):
-        rec = dict(zip(keys, row, strict=True))
-        rec["node"] = node_names.get(row[1])
-        for f, i in decode:
-            rec[f] = None if row[i] is None else binary.json.decode(row[i])
-        rec["kind"] = kind
-        out.append(rec)
-    return out
-
-
-_NODE_JSON = frozenset({"counters", "disks"})
+    sql = f"SELECT {lead}ts, node_id, {_columns(fields)} FROM {table}"  # noqa: S608
+    sql += f" WHERE node_id = ANY(%s) AND {where} {tail}"
+    return _records(_fetch(sql, params), kind, fields, node_names, lead=("ts", "node"))
 
 
 # -- recovery objectives and checkpoint advice (issue 20) ---------------------------------

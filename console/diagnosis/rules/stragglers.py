@@ -34,13 +34,6 @@ from console.diagnosis.snapshot import RankState
 from console.diagnosis.stats import mad_sorted, median, median_sorted, percentile_sorted
 
 
-def _means(ctx: Context, r: RankState) -> tuple[float, dict[str, float]] | None:
-    """Mean step time and mean per phase over the rank's recent steps that have a duration
-    (a phase a step did not report counts 0): derived once per RankState, with the rank's
-    other per-step values (rules/digest.py)."""
-    return ctx.digest(r).means
-
-
 def _throttling(ctx: Context, r: RankState) -> tuple[DeviceState, DeviceSample, str] | None:
     """The rank's GPU and the sample that shows it throttled while the judged steps ran:
     the newest sample, or the newest throttled one if the clocks recovered after the
