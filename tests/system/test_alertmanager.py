@@ -122,8 +122,12 @@ def test_it_takes_an_alert_from_a_real_alertmanager_and_its_resolve(
           body=[{**alert, "endsAt": ended.isoformat().replace("+00:00", "Z")}])  # fmt: skip
 
     def resolved() -> dict[str, Any] | None:
+        # The list reads the incidents and then their alerts in a second query (a prefetch),
+        # so one response can hold the alert's resolve and not yet the incident's, committed
+        # together: wait for both.
         found = _node_incident(faultline)
-        return found if found and found["external_alerts"][0]["status"] == "resolved" else None
+        done = found and found["state"] == "resolved"
+        return found if done and found["external_alerts"][0]["status"] == "resolved" else None
 
     incident = wait_for(resolved, 60, "Alertmanager's resolve to reach Faultline")
     assert incident["state"] == "resolved"
