@@ -19,6 +19,8 @@ import pytest
 from agents import sockdiag
 from agents.host import HostMonitor, HostPaths
 from agents.sockdiag import SockDiag, TcpSocket
+from console.diagnosis.rules.network import LOSS_SHARE
+from console.diagnosis.rules.network import lossy as rule_calls_lossy
 from faultline.drill.netns import DrillNet
 from faultline.drill.prereqs import network_missing
 
@@ -156,16 +158,19 @@ def test_a_lossy_drill_node_shows_as_resent_segments_on_its_peers_sockets(tmp_pa
         net = DrillNet(f"sd{os.getpid() % 1000}{int(lossy)}", 2).create()
         try:
             net.expose(view)
-            if lossy:
-                net.lossy(1, percent=20)
             procs = _traffic(net, 0, 1)
             time.sleep(1.0)
+            if lossy:  # once connected, as a link degrades under a job: a lost SYN stalls
+                net.lossy(1, percent=20)  # the connect for 1-3 s (CI saw 37 segments in 8 s)
             if lossy:
-                # 20 % of the segments and of their acks dropped: far over the 1 % (and the
-                # 3 segments) the rule calls lossy (console/diagnosis/rules/network.py).
+                # 20 % of the packets dropped shows as resends well over the share (and the
+                # 3 segments) the rule calls lossy (console/diagnosis/rules/network.py). Not
+                # 20 % of the segments: cumulative and selective acks make up for lost acks,
+                # and a backed-off sender resends less than it lost (CI saw 23 of 549).
                 got = _loss_towards(mon, net.ip(1), lambda g: g["retrans_segs"] >= 10)
                 assert got["retrans_segs"] >= 10, got
-                assert got["retrans_segs"] > 0.05 * got["data_segs_out"], got
+                assert rule_calls_lossy(got), got
+                assert got["retrans_segs"] > 2 * LOSS_SHARE * got["data_segs_out"], got
             else:  # enough traffic that no resend means a clean link
                 got = _loss_towards(mon, net.ip(1), lambda g: g["data_segs_out"] > 100)
                 assert got["data_segs_out"] > 100, got
