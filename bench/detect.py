@@ -359,8 +359,26 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
+def _profiler(on: bool) -> cProfile.Profile | None:
+    """A started profiler when `on` (the pass it wraps is slower by about half)."""
+    if not on:
+        return None
+    prof = cProfile.Profile()
+    prof.enable()
+    return prof
+
+
+def _report(prof: cProfile.Profile | None, mode: str) -> None:
+    if prof is None:
+        return
+    prof.disable()
+    print(f"cProfile of the last {mode} pass, the project's own functions:")
+    stats = pstats.Stats(prof).sort_stats("cumulative")
+    stats.print_stats(r"/(console|ingest)/", 40)
+
+
 def pipeline_curve(
-    sizes: list[int], steps: int, runs: int = 3, profile: bool = False
+    sizes: list[int], steps: int, runs: int = 3, profile: str | None = None
 ) -> dict[int, dict[str, float]]:
     """Diagnosis passes for groups of each size straight on the database (in-process): a
     full rebuild (no live state), a live pass after every rank stepped once more, and a
@@ -438,6 +456,13 @@ def pipeline_curve(
                     [at, k % 5, [n.pk for n in nodes]],
                 )
 
+        # Statistics, as autovacuum keeps them on a table that grows for minutes: without
+        # them the planner takes the freshly bulk-loaded partition for 8 rows and reads a
+        # cursor's new rows through the group's index (every row of the group, ~35 ms).
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            cur.execute("ANALYZE ingest_steprecord, console_device")
         modes = ("full", "stepped", "fleet", "idle", "idle_cold")
         times: dict[str, list[float]] = {m: [] for m in modes}
         cpu: dict[str, list[float]] = {m: [] for m in modes}
@@ -451,9 +476,11 @@ def pipeline_curve(
             cpu["full"].append(time.process_time() - c0)
             rows["full"] = snapshots.last_pass.get("rows", 0)
             StepRecord.objects.bulk_create(step_rows(steps + 2 * k, at), batch_size=20_000)
+            prof = _profiler(profile == "stepped" and k == runs - 1)
             t0, c0 = time.perf_counter(), time.process_time()
             pipeline.diagnose(group_name=name, now=at + timedelta(seconds=1))
             times["stepped"].append(time.perf_counter() - t0)
+            _report(prof, "stepped")
             cpu["stepped"].append(time.process_time() - c0)
             rows["stepped"] = snapshots.last_pass.get("rows", 0)
             # A pass after every rank stepped and every GPU sent a sample (a live fleet).
@@ -465,16 +492,12 @@ def pipeline_curve(
             times["fleet"].append(time.perf_counter() - t0)
             cpu["fleet"].append(time.process_time() - c0)
             rows["fleet"] = snapshots.last_pass.get("rows", 0)
-            prof = cProfile.Profile() if profile and k == runs - 1 else None
+            prof = _profiler(profile == "idle" and k == runs - 1)
             t0, c0 = time.perf_counter(), time.process_time()
-            if prof:
-                prof.enable()
             pipeline.diagnose(group_name=name, now=at + timedelta(seconds=1.5))
             times["idle"].append(time.perf_counter() - t0)
             cpu["idle"].append(time.process_time() - c0)
-            if prof:
-                prof.disable()
-                pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+            _report(prof, "idle")
             rows["idle"] = snapshots.last_pass.get("rows", 0)
             # The baseline: the same idle pass decoding every GPU's sample again (what every
             # pass did before the per-GPU cache, console.snapshots._device_records).
@@ -530,7 +553,9 @@ def main() -> int:
     )
     parser.add_argument("--big-steps", type=int, default=20)
     parser.add_argument("--pipeline-only", action="store_true", help="skip the live trials")
-    parser.add_argument("--profile", action="store_true", help="cProfile the last idle pass")
+    parser.add_argument(
+        "--profile", choices=("idle", "stepped"), help="cProfile the last pass of this kind"
+    )
     parser.add_argument("--flood-groups", type=int, default=0)
     parser.add_argument("--explicit-only", action="store_true")
     parser.add_argument(

@@ -438,16 +438,23 @@ def rank_records_since(
         floor, seen = after.get(kind, 0), skip.get(kind) or set()
         high = max(seen, default=floor)
         # Between the floor and the highest id applied, only rows not applied yet (a
-        # writer's that was in flight): their ids first, compared here, not in SQL (a
-        # 16k-id NOT IN costs more than the read).
+        # writer's that was in flight). Rows are never updated and `seen` came through this
+        # filter or a stricter one, so when the range holds as many rows as `seen` it holds
+        # `seen` and nothing late: one count in SQL, not 16k ids to Python after a stepped
+        # pass (~75 ms of an idle pass at 16k ranks). Otherwise the ids, compared here, not
+        # in SQL (a 16k-id NOT IN costs more than the read).
         rows: list[dict[str, Any]] = []
         if high > floor:
             table = model._meta.db_table
-            sql = f"SELECT id FROM {table} WHERE {where} AND id > %s AND id <= %s"  # noqa: S608
-            ids = _fetch(sql, [*params, floor, high])
-            late = sorted({i for (i,) in ids} - seen)
-            if late:
-                rows = _kind_rows(kind, f"{where} AND id = ANY(%s)", [*params, late], node_names)
+            span = f"FROM {table} WHERE {where} AND id > %s AND id <= %s"
+            ((held,),) = _fetch(f"SELECT count(*) {span}", [*params, floor, high])
+            if held != len(seen):
+                ids = _fetch(f"SELECT id {span}", [*params, floor, high])
+                late = sorted({i for (i,) in ids} - seen)
+                if late:
+                    rows = _kind_rows(
+                        kind, f"{where} AND id = ANY(%s)", [*params, late], node_names
+                    )
         # ORDER BY id LIMIT walks the primary key from the cursor: without it the planner
         # may take the group's (group, generation, ts) index and read every row of the group.
         new = _kind_rows(kind, f"{where} AND id > %s", [*params, high], node_names,

@@ -95,6 +95,75 @@ def test_a_live_pass_reads_only_new_rows_and_equals_a_full_read(post_batch):
     assert snapshots.last_pass["mode"] == "full"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_row_committed_late_below_the_cursor_is_read_by_the_next_pass(post_batch, monkeypatch):
+    """A writer in flight at a pass commits a row whose id is below rows that pass read:
+    the pass after the commit reads it, and only it. Until then a pass finds nothing late by
+    counting the rows between the floor and the newest id applied, not by reading their ids
+    (16k of them after a stepped pass at 16k ranks)."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from console.models import ConsistencyGroup, Node
+    from console.queries import telemetry
+    from ingest.models import StepRecord
+
+    start = datetime.now(UTC) - timedelta(seconds=30)
+    _history(post_batch, ranks=4, per_node=4, start=start, steps=5)
+    now = start + timedelta(seconds=6)
+    snapshots.load(group_name=GROUP, now=now)
+    assert snapshots.last_pass["mode"] == "full"
+    group, node = ConsistencyGroup.objects.get(name=GROUP), Node.objects.get(name="node-0")
+    t = start + timedelta(seconds=5)
+    holding, release = threading.Event(), threading.Event()
+
+    def late_writer() -> None:
+        try:
+            with transaction.atomic():  # the row's id is drawn now, visible at commit
+                StepRecord.objects.create(
+                    ts=t, node=node, group=group, generation=1, rank=1, step=5, tokens=2048,
+                    duration_ms=1000.0, phases={"compute": 700.0}, loss=2.5,
+                )  # fmt: skip
+                holding.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=late_writer)
+    writer.start()
+    try:
+        assert holding.wait(30)
+        batch = [_step(rk, 5, t) for rk in (0, 2, 3)]  # ids above the late row's
+        assert post_batch(make_batch(batch, node="node-0", sent_at=t)).status_code == 202
+        snapshots.load(group_name=GROUP, now=now + timedelta(seconds=1))
+        assert snapshots.last_pass["rows"] == 3
+        sql: list[str] = []
+        real = telemetry._fetch
+
+        def spy(query: str, params: list[Any]) -> list[tuple[Any, ...]]:
+            sql.append(query)
+            return real(query, params)
+
+        monkeypatch.setattr(telemetry, "_fetch", spy)
+        snapshots.load(group_name=GROUP, now=now + timedelta(seconds=2))
+        assert snapshots.last_pass["rows"] == 0  # the late row is not visible yet
+        assert any(q.startswith("SELECT count(*)") for q in sql), sql
+        assert not any(q.startswith("SELECT id ") for q in sql), sql
+    finally:
+        release.set()
+        writer.join(30)
+    sql.clear()
+    later = now + timedelta(seconds=3)
+    live = snapshots.load(group_name=GROUP, now=later)
+    assert snapshots.last_pass["mode"] == "incremental"
+    assert snapshots.last_pass["rows"] == 1  # the late row, once
+    assert any(q.startswith("SELECT id ") for q in sql), sql
+    assert live == snapshots.load(group_name=GROUP, now=later, incremental=False)
+    rank1 = next(r for r in live.ranks if r.rank == 1)
+    assert 5 in [s.step for s in rank1.steps]
+
+
 def test_an_earlier_now_or_a_new_generation_rebuilds(post_batch):
     start = datetime.now(UTC) - timedelta(seconds=30)
     _history(post_batch, ranks=4, per_node=4, start=start, steps=5)
