@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from console import collector
 from console.diagnosis import GroupSnapshot, build_snapshot
@@ -96,8 +96,28 @@ def _node_ids(group: ConsistencyGroup) -> set[int]:
     return set(ids) - {None}
 
 
+class NodeRow(NamedTuple):
+    """What a pass reads of a node: ~2k ORM instances a pass at 16k ranks cost ~40 ms."""
+
+    pk: int
+    name: str
+    pool: str
+    last_seen: datetime | None
+
+
+_NODES = "SELECT id, name, pool, last_seen FROM console_node WHERE id = ANY(%s)"
+_GROUP_NODES = (
+    "SELECT id, name, pool, last_seen FROM console_node WHERE id IN"
+    " (SELECT node_id FROM console_rank WHERE group_id = %s AND node_id IS NOT NULL)"
+)
+
+
+def _nodes(sql: str, params: list[Any]) -> dict[int, NodeRow]:
+    return {row[0]: NodeRow(*row) for row in binary.fetch(sql, params)}
+
+
 def _inputs(
-    group: ConsistencyGroup, nodes: dict[int, Node], now: datetime
+    group: ConsistencyGroup, nodes: dict[int, NodeRow], now: datetime
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The non-rank records of `nodes` and the group, and build_snapshot's other arguments."""
     names = {pk: n.name for pk, n in nodes.items()}
@@ -138,7 +158,7 @@ def load_located(
         scope |= set(named)
     if not scope:
         return None
-    located = {n.pk: n for n in Node.objects.filter(pk__in=scope)}
+    located = _nodes(_NODES, [sorted(scope)])
     names = {pk: n.name for pk, n in located.items()}
     records, kwargs = _inputs(group, located, now)
     ranks = sorted(group.ranks.filter(node_id__in=scope).values_list("rank", flat=True))
@@ -156,7 +176,7 @@ def load(*, group_name: str, now: datetime, incremental: bool = True) -> GroupSn
     if group is None:
         forget(group_name)
         return None
-    nodes = {n.pk: n for n in Node.objects.filter(pk__in=_node_ids(group))}
+    nodes = _nodes(_GROUP_NODES, [group.pk])
     names = {pk: n.name for pk, n in nodes.items()}
     records, kwargs = _inputs(group, nodes, now)
     if not incremental:

@@ -10,8 +10,9 @@ not write.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.db.models import Count
@@ -37,12 +38,19 @@ def _nodes(group: ConsistencyGroup) -> list[Node]:
     )
 
 
-def group_pool(group: ConsistencyGroup, nodes: list[Node] | None = None) -> str:
+class _Pooled(Protocol):
+    """A node as far as its pool goes: a Node, or a diagnosis pass's lighter row."""
+
+    @property
+    def pool(self) -> str: ...
+
+
+def group_pool(group: ConsistencyGroup, nodes: Sequence[_Pooled] | None = None) -> str:
     pools = Counter(n.pool for n in (nodes if nodes is not None else _nodes(group)) if n.pool)
     return pools.most_common(1)[0][0] if pools else ""
 
 
-def effective(group: ConsistencyGroup, nodes: list[Node] | None = None) -> dict[str, Any]:
+def effective(group: ConsistencyGroup, nodes: Sequence[_Pooled] | None = None) -> dict[str, Any]:
     """The objectives in force, with `sources`. The goodput SLO is the group's SLO key
     (`slo.goodput_target`, shared with the serving SLO): when set there it wins."""
     pool = group_pool(group, nodes)
