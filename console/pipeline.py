@@ -50,12 +50,14 @@ def diagnose(*, group_name: str, now: datetime) -> None:
     t5 = time.perf_counter()
     if t5 - t0 > SLOW_PASS_S:
         p = snapshots.last_pass
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in snapshots.last_parts.items())
         log.warning(
             "diagnosis %s: slow pass %.2f s (%s read of %s rows, %s ranks rebuilt; snapshot "
-            "%.2f s, engine %.2f s, incidents %.2f s, recovery costs %.2f s, remediation "
+            "%.2f s [%s], engine %.2f s, incidents %.2f s, recovery costs %.2f s, remediation "
             "%.2f s; %d ranks, %d findings)",
             group_name, t5 - t0, p.get("mode"), p.get("rows"), p.get("touched"), t1 - t0,
-            t2 - t1, t3 - t2, t4 - t3, t5 - t4, len(snapshot.ranks), len(result.findings),
+            parts, t2 - t1, t3 - t2, t4 - t3, t5 - t4, len(snapshot.ranks),
+            len(result.findings),
         )  # fmt: skip
 
 

@@ -71,6 +71,17 @@ _states: OrderedDict[str, _Entry] = OrderedDict()
 _lock = threading.Lock()
 # The last pass's figures for the benchmark: "full" or "incremental", rows read, ranks rebuilt.
 last_pass: dict[str, Any] = {}
+# ...and where its load's time went, seconds by part (the slow-pass log prints them): at 16k
+# ranks one full read took 6 s on a quiet box and 47 s on a loaded one, and "snapshot" alone
+# could not say whether the garbage collector, the writers' wait or the read was to blame.
+last_parts: dict[str, float] = {}
+
+
+def _part(name: str, since: float) -> float:
+    """Add the time since `since` to `name`; returns now (perf_counter)."""
+    now = time.perf_counter()
+    last_parts[name] = last_parts.get(name, 0.0) + now - since
+    return now
 
 
 def forget(group_name: str | None = None) -> None:
@@ -172,6 +183,8 @@ def load_located(
 
 
 def load(*, group_name: str, now: datetime, incremental: bool = True) -> GroupSnapshot | None:
+    last_parts.clear()
+    t = time.perf_counter()
     group = ConsistencyGroup.objects.filter(name=group_name).first()
     if group is None:
         forget(group_name)
@@ -179,6 +192,7 @@ def load(*, group_name: str, now: datetime, incremental: bool = True) -> GroupSn
     nodes = _nodes(_GROUP_NODES, [group.pk])
     names = {pk: n.name for pk, n in nodes.items()}
     records, kwargs = _inputs(group, nodes, now)
+    t = _part("evidence", t)
     if not incremental:
         records += telemetry.rank_records(group, node_names=names, now=now)
         last_pass.update(mode="full-snapshot", rows=len(records), touched=None)
@@ -186,7 +200,9 @@ def load(*, group_name: str, now: datetime, incremental: bool = True) -> GroupSn
             group=group.name, generation=group.generation, **kwargs, records=records
         )
     entry = _entry(group, names, now)
+    t = time.perf_counter()
     snap = entry.live.snapshot(records=records, **kwargs)
+    _part("build", t)
     last_pass["touched"] = entry.live.touched
     return snap
 
@@ -220,7 +236,9 @@ def _rebuild(group: ConsistencyGroup, names: dict[int, str], now: datetime) -> _
     """A full read of the per-rank tables, with a cursor that starts at their heads."""
     # What passes froze since the last rebuild (console.collector) is collected here, once:
     # the old state of this group is about to become garbage anyway.
+    t = time.perf_counter()
     collector.release()
+    t = _part("gc", t)
     heads = telemetry.rank_table_heads()
     # Rows at or below the heads may still be in flight: let those writers end first, so
     # the full read sees every one of them (ingest commits a batch in milliseconds).
@@ -233,7 +251,9 @@ def _rebuild(group: ConsistencyGroup, names: dict[int, str], now: datetime) -> _
         log.warning(
             "diagnosis %s: %d writers still in flight at a full read", group.name, len(waiting)
         )
+    t = _part("writers", t)
     rows = telemetry.rank_records(group, node_names=names, now=now)
+    t = _part("read", t)
     ranks = len({r["rank"] for r in rows})
     retention = Retention(
         step_window=telemetry.STEP_WINDOW,
@@ -247,6 +267,7 @@ def _rebuild(group: ConsistencyGroup, names: dict[int, str], now: datetime) -> _
     for r in rows:
         if r["id"] > heads[r["kind"]]:
             seen.setdefault(r["kind"], set()).add(r["id"])
+    _part("apply", t)
     last_pass.update(mode="full", rows=len(rows))
     return _Entry((group.pk, group.generation), live, _Cursor(floor=heads, seen=seen), now)
 
@@ -255,8 +276,10 @@ def _advance(entry: _Entry, group: ConsistencyGroup, names: dict[int, str]) -> b
     """Apply the rows written since the last pass, then move the cursor past the ids whose
     writers have all ended (a row's id is drawn before the row becomes visible)."""
     cur = entry.cursor
+    t = time.perf_counter()
     before = telemetry.writers_in_flight()
     rows = telemetry.rank_records_since(group, node_names=names, after=cur.floor, skip=cur.seen)
+    t = _part("read", t)
     if rows is None or len(cur.pending) > MAX_PENDING:
         return False  # a flood since the last pass, or a writer in flight for minutes
     entry.live.apply(rows)
@@ -280,6 +303,7 @@ def _advance(entry: _Entry, group: ConsistencyGroup, names: dict[int, str]) -> b
     for kind, ids in cur.seen.items():
         floor = cur.floor.get(kind, 0)
         cur.seen[kind] = {i for i in ids if i > floor}
+    _part("apply", t)
     last_pass.update(mode="incremental", rows=len(rows))
     return True
 
