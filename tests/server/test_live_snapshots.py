@@ -187,6 +187,34 @@ def test_an_earlier_now_or_a_new_generation_rebuilds(post_batch):
     assert [r.rank for r in snap.ranks] == [0]
 
 
+def test_the_passes_across_a_restart_equal_a_full_read(post_batch):
+    """A restart's first pass rebuilds on the transition alone (the new generation has no
+    rows yet); the next one reads the new generation's processes and steps and judges
+    every restarted rank, as a full read does."""
+    start = datetime.now(UTC) - timedelta(seconds=30)
+    _history(post_batch, ranks=4, per_node=4, start=start, steps=5)
+    t = datetime.now(UTC) - timedelta(seconds=10)
+    snapshots.load(group_name=GROUP, now=t)
+    restart = {"kind": "transition", "group": GROUP, "generation": 2, "to_state": "running",
+               "world_size": 4, "ts": iso(t)}  # fmt: skip
+    assert post_batch(make_batch([restart], node="node-0")).status_code == 202
+    first = snapshots.load(group_name=GROUP, now=t + timedelta(seconds=1))
+    assert snapshots.last_pass["mode"] == "full"
+    assert first is not None and first.generation == 2 and first.ranks == ()
+    news: list[dict[str, Any]] = [
+        {"kind": "process", "group": GROUP, "generation": 2, "rank": rk, "event": "started",
+         "pid": 50 + rk, "ts": iso(t + timedelta(seconds=1))}
+        for rk in range(4)
+    ]  # fmt: skip
+    news += [_step(rk, 0, t + timedelta(seconds=2), gen=2) for rk in range(4)]
+    assert post_batch(make_batch(news, node="node-0")).status_code == 202
+    later = t + timedelta(seconds=3)
+    live = snapshots.load(group_name=GROUP, now=later)
+    assert snapshots.last_pass == {"mode": "incremental", "rows": 8, "touched": 4}
+    assert live is not None and [r.rank for r in live.ranks] == [0, 1, 2, 3]
+    assert live == snapshots.load(group_name=GROUP, now=later, incremental=False)
+
+
 def test_a_silent_hang_is_found_by_live_passes(post_batch):
     """Ranks keep stepping, one stops: passes on the live state open its hang incident."""
     start = datetime.now(UTC) - timedelta(seconds=60)
