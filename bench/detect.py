@@ -480,8 +480,8 @@ def pipeline_curve(
             t0, c0 = time.perf_counter(), time.process_time()
             pipeline.diagnose(group_name=name, now=at + timedelta(seconds=1))
             times["stepped"].append(time.perf_counter() - t0)
-            _report(prof, "stepped")
             cpu["stepped"].append(time.process_time() - c0)
+            _report(prof, "stepped")
             rows["stepped"] = snapshots.last_pass.get("rows", 0)
             # A pass after every rank stepped and every GPU sent a sample (a live fleet).
             at2 = at + timedelta(seconds=1.25)
