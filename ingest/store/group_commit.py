@@ -13,6 +13,10 @@ revoked token, a lock timeout, Postgres down), the group's transaction rolls bac
 of its batches is stored again on its own, so one bad batch costs the others only a retry
 and every batch gets the answer it would have had alone. The (agent, seq) receipt keeps a
 replay idempotent as before: within a group a retried batch sees its original's receipt.
+
+Each web process runs its own groups, and a group's batches hold their training groups'
+row locks until its commit, so the groups of two processes must take those locks in one
+order or they deadlock (`_shareable`).
 """
 
 from __future__ import annotations
@@ -35,11 +39,13 @@ from ingest.store.batch import (
     writer_result,
 )
 from ingest.store.tables import copy_rows
+from ingest.store.writer import GROUP_LOCKING
 
 
 @dataclass
 class _Item:
     kwargs: dict[str, Any]
+    order: tuple[str, str] = ("", "")  # its place in a shared transaction (`_shareable`)
     done: threading.Event = field(default_factory=threading.Event)
     finished: bool = False  # result or error set; False when woken only to lead
     result: IngestResult | None = None
@@ -80,7 +86,10 @@ def store(
     if settings.INGEST_GROUP_COMMIT_MAX <= 1:
         return ingest_batch(**kwargs)
     check_batch(batch, now, max_future_s)  # a 400 before it can fail anyone's group
-    item = _Item(kwargs)
+    order = _shareable(batch)
+    if order is None:
+        return ingest_batch(**kwargs)
+    item = _Item(kwargs, order)
     global _leading
     with _lock:
         _queue.append(item)
@@ -112,6 +121,32 @@ def store(
     return item.outcome()
 
 
+def _shareable(batch: p.Batch) -> tuple[str, str] | None:
+    """The place of `batch` in a shared transaction (its training group's name, its agent),
+    or None when it is to be stored in a transaction of its own.
+
+    A shared transaction holds each of its batches' group row locks until it commits: the
+    FOR KEY SHARE of the read and the update of the group's activity (ingest.store.writer).
+    Two processes' groups that took two training groups in opposite orders deadlocked, and
+    Postgres breaks a deadlock only after `deadlock_timeout` (1 s), after which each batch
+    is stored again alone: the backlog shape (4 nodes a training group) lost ~2/3 of its
+    throughput (docs/performance.md). So every shared transaction stores its batches in
+    group-name order, and a batch that would break that order is stored alone, as before
+    group commit, its locks taken in name order within it: one that names several groups,
+    or one that locks its group FOR UPDATE (a transition or a checkpoint waits for the
+    groups sharing the row; held in a shared transaction it would also hold the others).
+    """
+    name = ""
+    for rec in batch.records:
+        group = getattr(rec, "group", None)
+        if group is None:
+            continue
+        if isinstance(rec, GROUP_LOCKING) or (name and group != name):
+            return None
+        name = group
+    return name, batch.agent.id
+
+
 def _alone(item: _Item) -> None:
     try:
         item.result = ingest_batch(**item.kwargs)
@@ -125,6 +160,7 @@ def _run(group: list[_Item]) -> None:
     if len(group) == 1:
         _alone(group[0])
         return
+    group = sorted(group, key=lambda item: item.order)  # one lock order (`_shareable`)
     results: list[IngestResult] = []
     try:
         with transaction.atomic(), connection.wrap_database_errors:

@@ -72,6 +72,10 @@ _JSON = msgspec.json.Encoder()
 
 _NO_GROUP = {"gpu", "node"}
 
+# Records that change a group's state: a batch holding one locks its groups FOR UPDATE
+# (`BatchWriter._load_groups`); every other batch shares them FOR KEY SHARE.
+GROUP_LOCKING = (p.Transition, p.Checkpoint)
+
 
 def _plain(struct: Any) -> Any:
     return msgspec.to_builtins(struct) if struct is not None else None
@@ -256,7 +260,7 @@ class BatchWriter:
                 continue
             serving = isinstance(rec, p.Serving) or getattr(rec, "worker", None) is not None
             kind = GroupKind.SERVING if serving else GroupKind.TRAINING
-            if isinstance(rec, p.Transition | p.Checkpoint):
+            if isinstance(rec, GROUP_LOCKING):
                 lock = True
                 if isinstance(rec, p.Transition):
                     kind = wanted.get(name, GroupKind.UNKNOWN)

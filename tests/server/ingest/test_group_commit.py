@@ -8,8 +8,10 @@ its own answer while the others are stored.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -20,7 +22,7 @@ from django.utils import timezone
 from agents import protocol
 from ingest import auth
 from ingest.models import AgentCredential, BatchReceipt, StepRecord
-from ingest.store import group_commit
+from ingest.store import group_commit, writer
 from tests.conftest import make_batch
 
 
@@ -150,3 +152,101 @@ def test_a_group_without_a_bad_batch_commits_once_for_all(monkeypatch):
     assert all(i.finished and i.result and not i.result.duplicate for i in items)
     assert BatchReceipt.objects.count() == 4
     assert StepRecord.objects.count() == 4
+
+
+def _item(node: str, token: str, records: list[dict[str, Any]], **batch: Any) -> Any:
+    body = json.dumps(make_batch(records, node=node, **batch)).encode()
+    credential = auth.authenticate(f"Bearer {token}")
+    assert credential is not None
+    return group_commit._Item(
+        {"node": credential.node, "batch": protocol.decode_batch(body), "now": timezone.now(),
+         "max_future_s": 300, "want_card": False, "launcher_group": "",
+         "credential_id": credential.pk},
+        group_commit._shareable(protocol.decode_batch(body)) or ("", ""),
+    )  # fmt: skip
+
+
+def test_only_a_batch_of_one_group_that_locks_no_group_row_shares_a_transaction():
+    def shareable(records: list[dict[str, Any]]) -> Any:
+        return group_commit._shareable(
+            protocol.decode_batch(
+                json.dumps(make_batch(records, node="n", agent_id="agent-00")).encode()
+            )
+        )
+
+    assert shareable([{"kind": "heartbeat"}]) == ("", "agent-00")
+    assert shareable([{"kind": "heartbeat"}, _step(1), _step(2, rank=1)]) == ("job-gc", "agent-00")
+    # Two groups, or a checkpoint or a transition (FOR UPDATE): a transaction of its own.
+    assert shareable([_step(1), {**_step(1), "group": "job-other"}]) is None
+    checkpoint = {"kind": "checkpoint", "group": "job-gc", "generation": 1,
+                  "checkpoint_id": "ck-1", "phase": "committed", "step": 1}  # fmt: skip
+    assert shareable([_step(1), checkpoint]) is None
+    transition = {"kind": "transition", "group": "job-gc", "generation": 2, "to_state": "running"}
+    assert shareable([transition]) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_processes_groups_naming_two_jobs_in_opposite_orders_do_not_deadlock(monkeypatch):
+    """Two web processes' shared transactions, each holding the first job's row (its
+    activity update) when it reaches the second: stored in job order, the second waits for
+    the first instead of deadlocking (which Postgres breaks after a second, and then every
+    batch of the aborted group is stored again alone)."""
+    tokens = {
+        n: auth.issue_token(node_name=n) for n in ("node-dA", "node-dB", "node-dC", "node-dD")
+    }
+    jobs = {"node-dA": ("job-dl-1", 0), "node-dD": ("job-dl-1", 1),
+            "node-dB": ("job-dl-2", 0), "node-dC": ("job-dl-2", 1)}  # fmt: skip
+    for node, (job, rank) in jobs.items():  # the jobs and their ranks exist
+        group_commit._run([_item(node, tokens[node], [{**_step(1, rank=rank), "group": job}])])
+    # Every batch moves its job's activity: a row lock held to the commit.
+    monkeypatch.setattr(writer, "ACTIVITY_STEP", timedelta(0))
+
+    def items(*nodes: str) -> list[Any]:
+        return [
+            _item(node, tokens[node], [{**_step(2, rank=jobs[node][1]), "group": jobs[node][0]}])
+            for node in nodes
+        ]
+
+    first = items("node-dA", "node-dB")  # job-dl-1, then job-dl-2
+    second = items("node-dC", "node-dD")  # job-dl-2, then job-dl-1, as queued
+    store, alone, run_alone = group_commit.store_batch, [], group_commit._alone
+    barrier, stored = threading.Barrier(2), threading.local()
+
+    def held_store(**kwargs: Any) -> Any:
+        writer = store(**kwargs)
+        import time
+
+        print("stored", kwargs["node"].name, time.monotonic(), flush=True)
+        if not getattr(stored, "one", False):  # both hold their first job's row, then go on
+            stored.one = True
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=3)
+        return writer
+
+    monkeypatch.setattr(group_commit, "store_batch", held_store)
+    monkeypatch.setattr(group_commit, "_alone", lambda item: (alone.append(item), run_alone(item)))
+
+    def deadlocks() -> int:
+        with connection.cursor() as cur:
+            cur.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+            return int(cur.fetchone()[0])
+
+    before = deadlocks()
+
+    def run(group: list[Any]) -> None:
+        try:
+            group_commit._run(group)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(g,)) for g in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+
+    assert alone == []  # neither group was rolled back
+    assert all(i.finished and i.result and not i.result.duplicate for i in first + second)
+    assert StepRecord.objects.filter(step=2).count() == 4
+    connection.close()  # pg_stat_database is read from a snapshot per transaction
+    assert deadlocks() == before
