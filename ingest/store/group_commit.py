@@ -14,9 +14,9 @@ of its batches is stored again on its own, so one bad batch costs the others onl
 and every batch gets the answer it would have had alone. The (agent, seq) receipt keeps a
 replay idempotent as before: within a group a retried batch sees its original's receipt.
 
-Each web process runs its own groups, and a group's batches hold their training groups'
-row locks until its commit, so the groups of two processes must take those locks in one
-order or they deadlock (`_shareable`).
+Each web process runs its own shared transactions; each holds its batches' consistency-group
+row locks until it commits, so the shared transactions of two processes take those rows in
+one order or they deadlock (`_shareable`).
 """
 
 from __future__ import annotations
@@ -122,13 +122,13 @@ def store(
 
 
 def _shareable(batch: p.Batch) -> tuple[str, str] | None:
-    """The place of `batch` in a shared transaction (its training group's name, its agent),
+    """The place of `batch` in a shared transaction (its group's name, its agent),
     or None when it is to be stored in a transaction of its own.
 
     A shared transaction holds each of its batches' group row locks until it commits: the
     FOR KEY SHARE of the read and the update of the group's activity (ingest.store.writer).
-    Two processes' groups that took two training groups in opposite orders deadlocked, and
-    Postgres breaks a deadlock only after `deadlock_timeout` (1 s), after which each batch
+    Two processes' shared transactions that took two groups in opposite orders deadlocked,
+    and Postgres breaks a deadlock only after `deadlock_timeout` (1 s), after which each batch
     is stored again alone: the backlog shape (4 nodes a training group) lost ~2/3 of its
     throughput (docs/performance.md). So every shared transaction stores its batches in
     group-name order, and a batch that would break that order is stored alone, as before
