@@ -133,8 +133,8 @@ def _shareable(batch: p.Batch) -> tuple[str, str] | None:
     throughput (docs/performance.md). So every shared transaction stores its batches in
     group-name order, and a batch that would break that order is stored alone, as before
     group commit, its locks taken in name order within it: one that names several groups,
-    or one that locks its group FOR UPDATE (a transition or a checkpoint waits for the
-    groups sharing the row; held in a shared transaction it would also hold the others).
+    or one that locks its group FOR UPDATE (a transition or a checkpoint waits for every
+    batch sharing the row; in a shared transaction it would also hold up the others).
     """
     name = ""
     for rec in batch.records:
