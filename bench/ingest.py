@@ -164,6 +164,7 @@ class Result:
     server_cpu_s: float = 0.0  # web server process tree, user + system
     client_cpu_s: float = 0.0  # this process: the simulated agents (encode, gzip, HTTP)
     postgres_cpu_s: float = 0.0
+    deadlocks: int = 0  # broken by Postgres during the load: each cost ~1 s and a retry
     ratio: float = 0.0  # to the raw COPY of the same rows, once measured
 
     @property
@@ -326,6 +327,7 @@ def run_load(
         for t in senders:
             t.start()
         start.ready.wait()  # every node has started its job
+        deadlocks = _deadlocks(env["DATABASE_URL"])
         cpu0 = _cpu(pid), _postgres_cpu(), time.process_time()
         start.deadline = time.monotonic() + seconds
         t0 = time.perf_counter()
@@ -336,7 +338,22 @@ def run_load(
         result.server_cpu_s = _cpu(pid) - cpu0[0]
         result.postgres_cpu_s = _postgres_cpu() - cpu0[1]
         result.client_cpu_s = time.process_time() - cpu0[2]
+    # After the server stopped: its backends report their counts as they exit.
+    result.deadlocks = _deadlocks(env["DATABASE_URL"]) - deadlocks
     return result
+
+
+def _deadlocks(database_url: str) -> int:
+    """Deadlocks Postgres has broken in the database so far. Each held its transactions for
+    `deadlock_timeout` (1 s) before one was aborted and its batches stored again (group
+    commit's shared transactions did this until 2026-12-05: docs/performance.md)."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def _cpu(pid: int) -> float:
@@ -467,7 +484,7 @@ def _report(r: Result, copy: Result | None) -> str:
         f"p50_ms {r.pct(0.5):6.1f}  p99_ms {r.pct(0.99):6.1f}  errors {r.errors}  "
         f"ratio {ratio:.2f}  cpu_ms/batch web {r.server_cpu_s / max(r.batches, 1) * 1000:.1f} "
         f"pg {r.postgres_cpu_s / max(r.batches, 1) * 1000:.1f} "
-        f"client {r.client_cpu_s / max(r.batches, 1) * 1000:.1f}"
+        f"client {r.client_cpu_s / max(r.batches, 1) * 1000:.1f}  deadlocks {r.deadlocks}"
     )
 
 
