@@ -39,6 +39,19 @@ def _step(step: int, **fields: object) -> dict[str, Any]:
     return {"kind": "step", "group": "job-gc", "generation": 1, "rank": 0, "step": step, **fields}
 
 
+def _item(node: str, token: str, records: list[dict[str, Any]]) -> Any:
+    """A queued batch of `node`'s, as `group_commit.store` makes it."""
+    batch = protocol.decode_batch(json.dumps(make_batch(records, node=node)).encode())
+    credential = auth.authenticate(f"Bearer {token}")
+    assert credential is not None
+    return group_commit._Item(
+        {"node": credential.node, "batch": batch, "now": timezone.now(),
+         "max_future_s": 300, "want_card": False, "launcher_group": "",
+         "credential_id": credential.pk},
+        group_commit._shareable(batch) or ("", ""),
+    )  # fmt: skip
+
+
 @pytest.mark.django_db
 def test_a_token_revoked_elsewhere_is_refused_on_its_next_batch_although_cached(client):
     token = auth.issue_token(node_name="node-rv")
@@ -134,36 +147,12 @@ def test_a_group_without_a_bad_batch_commits_once_for_all(monkeypatch):
     tokens = {f"node-gk{i}": auth.issue_token(node_name=f"node-gk{i}") for i in range(4)}
     alone: list[Any] = []
     monkeypatch.setattr(group_commit, "_alone", lambda item: alone.append(item))
-    items = []
-    for i, node in enumerate(tokens):
-        body = json.dumps(make_batch([_step(i + 1, rank=i)], node=node)).encode()
-        batch = protocol.decode_batch(body)
-        credential = auth.authenticate(f"Bearer {tokens[node]}")
-        assert credential is not None
-        items.append(
-            group_commit._Item(
-                {"node": credential.node, "batch": batch, "now": timezone.now(),
-                 "max_future_s": 300, "want_card": False, "launcher_group": "",
-                 "credential_id": credential.pk}
-            )
-        )  # fmt: skip
+    items = [_item(node, tokens[node], [_step(i + 1, rank=i)]) for i, node in enumerate(tokens)]
     group_commit._run(items)
     assert alone == []  # stored together, nobody retried alone
     assert all(i.finished and i.result and not i.result.duplicate for i in items)
     assert BatchReceipt.objects.count() == 4
     assert StepRecord.objects.count() == 4
-
-
-def _item(node: str, token: str, records: list[dict[str, Any]], **batch: Any) -> Any:
-    body = json.dumps(make_batch(records, node=node, **batch)).encode()
-    credential = auth.authenticate(f"Bearer {token}")
-    assert credential is not None
-    return group_commit._Item(
-        {"node": credential.node, "batch": protocol.decode_batch(body), "now": timezone.now(),
-         "max_future_s": 300, "want_card": False, "launcher_group": "",
-         "credential_id": credential.pk},
-        group_commit._shareable(protocol.decode_batch(body)) or ("", ""),
-    )  # fmt: skip
 
 
 def test_only_a_batch_of_one_group_that_locks_no_group_row_shares_a_transaction():
@@ -213,15 +202,12 @@ def test_two_processes_groups_naming_two_jobs_in_opposite_orders_do_not_deadlock
     barrier, stored = threading.Barrier(2), threading.local()
 
     def held_store(**kwargs: Any) -> Any:
-        writer = store(**kwargs)
-        import time
-
-        print("stored", kwargs["node"].name, time.monotonic(), flush=True)
+        written = store(**kwargs)
         if not getattr(stored, "one", False):  # both hold their first job's row, then go on
             stored.one = True
             with contextlib.suppress(threading.BrokenBarrierError):
                 barrier.wait(timeout=3)
-        return writer
+        return written
 
     monkeypatch.setattr(group_commit, "store_batch", held_store)
     monkeypatch.setattr(group_commit, "_alone", lambda item: (alone.append(item), run_alone(item)))
