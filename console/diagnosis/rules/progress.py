@@ -9,7 +9,9 @@ a group with no step history only stalls after the warm-up timeout. Silence is j
 up to what the rank's node has delivered: a node whose newest record lags the clock by
 more than `DELIVERY_SLACK_S` (its agent replays a spool after a telemetry outage) has its
 ranks judged at that newest record, not now — the steps it has not delivered yet are not
-missing steps — until the heartbeat timeout, when the nodes rule speaks for it. Must run
+missing steps — until the heartbeat timeout, when the nodes rule speaks for it. A rank is hung only
+beside a rank known to have advanced: while every other rank is merely not delivered yet,
+the rule waits rather than name each rank of a group that stopped as one. Must run
 after every evidence rule: a rank some finding already explains gets no second story.
 
 A group stall is a symptom whenever something located explains it (a stopping root cause
@@ -150,11 +152,21 @@ def run(ctx: Context) -> None:
         return
     stalled: list[tuple[int, datetime | None]] = []
     lagging = _delivered(ctx)
+    deferred = 0  # silent past the threshold by the clock, judged later: their node lags
     for r in snap.ranks:
         last = ctx.last_progress(r)
-        judged_at = lagging.get(r.node or "", ctx.now)
+        delivered = lagging.get(r.node or "")
+        judged_at = ctx.now if delivered is None else delivered
         if last is None or (judged_at - last).total_seconds() > thr:
             stalled.append((r.rank, last))
+        elif delivered is not None and (ctx.now - last).total_seconds() > thr:
+            deferred += 1
+    if stalled and len(stalled) < len(snap.ranks) == len(stalled) + deferred:
+        # No rank is known to have advanced: the others are only not delivered yet (an
+        # agent sends every few seconds). Calling the stalled ranks hung would page each
+        # rank of a group that stopped as one; wait for the late nodes (at most until the
+        # heartbeat timeout, when the nodes rule speaks for them).
+        return
     covered = ctx.covered_ranks()  # one look per subject, not three per stalled rank
     uncovered = [(rk, ts) for rk, ts in stalled if rk not in covered]
     if not uncovered:
