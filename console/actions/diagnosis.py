@@ -42,6 +42,11 @@ def record_diagnosis(*, group_name: str, diagnosis: Diagnosis, now: datetime) ->
     changes nothing (idempotent under Celery redelivery).
     """
     group = ConsistencyGroup.objects.select_for_update().get(name=group_name)
+    if diagnosis.generation < group.generation:
+        # Read before a restart committed: it judged a generation that has ended. Its
+        # stall would open as an incident of the new one (seen at 16k ranks: it then held
+        # the new generation's own stall); the next pass reads the new generation.
+        return []
     findings = [f.to_dict() for f in diagnosis.findings]
     by_id = {f["id"]: f for f in findings}
     heads, followers = _fold(findings, by_id)
@@ -50,7 +55,9 @@ def record_diagnosis(*, group_name: str, diagnosis: Diagnosis, now: datetime) ->
     live_fps: set[str] = set()
     for head in heads:
         live_fps.add(head["fingerprint"])
-        incident, was_changed = _upsert_incident(group, head, followers[head["id"]], now)
+        incident, was_changed = _upsert_incident(
+            group, head, followers[head["id"]], now, generation=diagnosis.generation
+        )
         if was_changed:
             changed.append(incident.pk)
     for incident in group.incidents.exclude(state=IncidentState.RESOLVED).exclude(
@@ -109,8 +116,9 @@ def record_located(
         if head["subject"] not in subjects:
             continue
         incident, was_changed = _upsert_incident(
-            group, {**head, "recovery": ADVICE_PENDING}, followers[head["id"]], now, located=True
-        )
+            group, {**head, "recovery": ADVICE_PENDING}, followers[head["id"]], now,
+            located=True, generation=diagnosis.generation,
+        )  # fmt: skip
         incident.timeline = {**incident.timeline, "urgent_lane": now.isoformat()}
         incident.save(update_fields=["timeline", "updated_at"])
         if was_changed:
@@ -164,9 +172,12 @@ def _upsert_incident(
     symptoms: list[dict[str, Any]],
     now: datetime,
     located: bool = False,
+    *,
+    generation: int,
 ) -> tuple[Incident, bool]:
     """`located`: the urgent lane's partial view (record_located): an existing incident
-    keeps its advice, its symptom count and its alerts; new alerts are added."""
+    keeps its advice, its symptom count and its alerts; new alerts are added. A new
+    incident belongs to `generation`, the one its findings were judged in."""
     fp = head["fingerprint"]
     incident = (
         Incident.objects.select_for_update()
@@ -179,7 +190,7 @@ def _upsert_incident(
     if incident is None:
         incident = Incident(
             group=group,
-            generation=group.generation,
+            generation=generation,
             fingerprint=fp,
             opened_at=now,
             timeline={"first_evidence": head["first_seen"], "detected": now.isoformat()},
