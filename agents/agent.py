@@ -245,6 +245,9 @@ class Agent:
         if rec.get("kind") not in SAMPLE_KINDS:
             # Fencing needs the newest generation per group; workload records carry it.
             self.executor.observe(rec.get("group"), rec.get("generation"))
+            if self.watcher is not None and "rank" in rec:
+                # Which ranks run here decides who reports a shared checkpoint root.
+                self.watcher.saw(rec.get("group"), rec.get("generation"), rec.get("rank"))
             self.sender.wake()
 
     def tick(self) -> None:

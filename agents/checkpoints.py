@@ -15,6 +15,13 @@ a restore resumes the data, issue 20), else from the root's config, with the ste
 from the directory name (`step_000100` -> 100).
 Hashing runs in one low-priority thread at a bounded read rate so it cannot starve the
 trainer's own checkpoint I/O.
+A `shared` root is one every node mounts (Lustre, GPFS, NFS, a shared PVC): reported by
+one node per group, the one hosting the group's rank 0 (known from the workload's own
+records, `saw`), so 2,000 nodes neither send 2,000 copies of each record, each locking the
+group's row, nor hash every shard 2,000 times. A node hosting other ranks of the group
+follows the checkpoints without reporting or hashing them, so when the job restarts with
+rank 0 on it, it reports only what changes from then on; a node that hosts none of the
+group's ranks does not look inside its checkpoints at all.
 """
 
 from __future__ import annotations
@@ -46,11 +53,35 @@ TRANSIENT = ".tmp"  # the suffix of a file being written, to be renamed into pla
 _NAME_RE = re.compile(r"[^A-Za-z0-9_.:@/\-]+")
 
 
+# A shared root's checkpoint of a group is handled by this node as:
+LEAD = "lead"  # it hosts the group's rank 0: it reports and hashes
+FOLLOW = "follow"  # it hosts other ranks: it follows phases silently (a later takeover)
+SKIP = "skip"  # it hosts none (or its ranks just started): it does not look inside
+# After a new generation's first record here, this long for its rank 0 to speak before the
+# node settles as a follower: the ranks of a restart start one by one.
+SETTLE_S = 30.0
+# A node that heard nothing of a group for this long no longer hosts it (the job moved or
+# ended). Far longer than a synchronous checkpoint, which pauses the steps.
+HOSTED_FOR_S = 3600.0
+
+
 @dataclass(frozen=True)
 class RootConfig:
     path: Path
     group: str | None = None
     generation: int | None = None
+    shared: bool = False  # every node mounts it: only the group's rank-0 node reports
+
+
+@dataclass
+class _Hosted:
+    """What this node's workload said of a group: its newest generation here, whether rank
+    0 of it runs here, when that generation was first and last heard (wall clock)."""
+
+    generation: int
+    rank0: bool
+    since: float
+    heard: float
 
 
 @dataclass
@@ -60,9 +91,15 @@ class _Seen:
     sizes: dict[str, int] | None = None
     snapshot: dict[str, list[int]] | None = None
     verified: bool = False
+    elsewhere: bool = False  # committed while another node led its group: its to hash
 
     def as_json(self) -> dict[str, Any]:
-        return {"phase": self.phase, "snapshot": self.snapshot, "verified": self.verified}
+        return {
+            "phase": self.phase,
+            "snapshot": self.snapshot,
+            "verified": self.verified,
+            **({"elsewhere": True} if self.elsewhere else {}),
+        }
 
 
 def _files(directory: Path) -> dict[str, tuple[int, int]]:
@@ -111,6 +148,7 @@ class CheckpointWatcher:
         self.interval_s = interval_s
         self.verify_rate_bytes = max(1, verify_rate_bytes)
         self._state_path = Path(state_dir) / "checkpoints.json"
+        self._hosted_path = Path(state_dir) / "checkpoint-groups.json"
         self._state_path.parent.mkdir(parents=True, exist_ok=True)
         saved = read_json(self._state_path, {})
         self._seen: dict[str, _Seen] = {
@@ -118,14 +156,57 @@ class CheckpointWatcher:
                 phase=v.get("phase", ""),
                 snapshot=v.get("snapshot"),
                 verified=bool(v.get("verified")),
+                elsewhere=bool(v.get("elsewhere")),
             )
             for key, v in saved.items()
         }
+        # Kept across restarts: an agent restarted mid-job still knows which groups it leads.
+        self._hosted: dict[str, _Hosted] = {}
+        hosted = read_json(self._hosted_path, {})
+        for name, v in (hosted if isinstance(hosted, dict) else {}).items():
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                self._hosted[name] = _Hosted(
+                    int(v["generation"]), bool(v["rank0"]), float(v["since"]), float(v["heard"])
+                )
+        self._hosted_lock = threading.Lock()
+        self._hosted_saved = ""  # what the file holds, as written by this process
         self._verify: queue.Queue[tuple[Path, dict[str, Any]] | None] = queue.Queue()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._warned: set[str] = set()
         self._queued: set[str] = set()
+
+    # -- which groups this node reports a shared root for --------------------------------
+    def saw(self, group: object, generation: object, rank: object) -> None:
+        """A workload record of this node (step, process, collective...): which ranks of
+        which generation run here. Records of an older generation than the newest heard
+        are late and change nothing."""
+        if not isinstance(group, str) or not group:
+            return
+        if not isinstance(generation, int) or not isinstance(rank, int):
+            return
+        if isinstance(generation, bool) or isinstance(rank, bool):
+            return
+        name, now = _NAME_RE.sub("_", group)[:128], time.time()
+        with self._hosted_lock:
+            h = self._hosted.get(name)
+            if h is None or generation > h.generation:
+                self._hosted[name] = _Hosted(generation, rank == 0, now, now)
+            elif generation == h.generation:
+                h.heard = now
+                h.rank0 = h.rank0 or rank == 0
+
+    def role(self, group: str) -> str:
+        """LEAD, FOLLOW or SKIP: what this node does with `group`'s checkpoints in a
+        shared root (every checkpoint of an unshared root is this node's own: LEAD)."""
+        now = time.time()
+        with self._hosted_lock:
+            h = self._hosted.get(group)
+            if h is None or now - h.heard > HOSTED_FOR_S:
+                return SKIP
+            if h.rank0:
+                return LEAD
+            return FOLLOW if now - h.since >= SETTLE_S else SKIP
 
     # -- identity of a checkpoint --------------------------------------------------------
     def _describe(self, root: RootConfig, directory: Path) -> dict[str, Any] | None:
@@ -176,18 +257,33 @@ class CheckpointWatcher:
 
     def _check(self, root: RootConfig, directory: Path) -> None:
         key = str(directory)
+        role = LEAD
+        if root.shared:
+            # Who it belongs to before walking it: on a shared filesystem most nodes
+            # host none of the group's ranks and must not stat its shards every scan.
+            ident = self._describe(root, directory)
+            if ident is None or (role := self.role(ident["group"])) == SKIP:
+                return
         seen = self._seen.setdefault(key, _Seen(first_seen=time.monotonic()))
         if not seen.first_seen:
             seen.first_seen = time.monotonic()
         files = _files(directory)
         if not files:
             return
-        ident = self._describe(root, directory)
-        if ident is None:
-            return
+        if not root.shared:
+            ident = self._describe(root, directory)
+            if ident is None:
+                return
+        quiet = role == FOLLOW
         if seen.phase in ("committed", "verified", "corrupt", "modified"):
-            self._check_modified(directory, ident, seen, files)
-            if seen.phase == "committed" and not seen.verified and key not in self._queued:
+            self._check_modified(directory, ident, seen, files, quiet=quiet)
+            if (
+                seen.phase == "committed"
+                and not seen.verified
+                and not seen.elsewhere
+                and not quiet
+                and key not in self._queued
+            ):
                 # Committed before a restart, never verified: verify it now.
                 fmt, manifest, _ = self._phase(directory, files, seen)
                 self._queue_verify(directory, {**ident, "manifest": manifest, "format": fmt})
@@ -196,11 +292,14 @@ class CheckpointWatcher:
         if phase == seen.phase:
             return
         duration = (time.monotonic() - seen.first_seen) * 1000.0 if phase == "committed" else None
-        self._emit(ident, phase, manifest=manifest, duration_ms=duration)
+        if not quiet:
+            self._emit(ident, phase, manifest=manifest, duration_ms=duration)
         seen.phase = phase
         if phase == "committed":
             seen.snapshot = {k: list(v) for k, v in files.items() if k not in _NOT_SHARDS}
-            if not seen.verified:
+            # Followed, not led: the leading node hashes it (one read of each shard).
+            seen.elsewhere = quiet
+            if not seen.verified and not quiet:
                 self._queue_verify(directory, {**ident, "manifest": manifest, "format": fmt})
 
     def _queue_verify(self, directory: Path, job: dict[str, Any]) -> None:
@@ -244,6 +343,8 @@ class CheckpointWatcher:
         ident: dict[str, Any],
         seen: _Seen,
         files: dict[str, tuple[int, int]],
+        *,
+        quiet: bool = False,
     ) -> None:
         now = {k: list(v) for k, v in files.items() if k not in _NOT_SHARDS}
         before = seen.snapshot or {}
@@ -254,7 +355,8 @@ class CheckpointWatcher:
             f"{k} {'removed' if k not in now else 'added' if k not in before else 'changed'}"
             for k in changed[:5]
         )
-        self._emit(ident, "modified", detail=f"committed checkpoint changed: {what}"[:256])
+        if not quiet:
+            self._emit(ident, "modified", detail=f"committed checkpoint changed: {what}"[:256])
         seen.phase = "modified"
         seen.snapshot = now  # report each change once
 
@@ -377,8 +479,19 @@ class CheckpointWatcher:
 
     def _save(self) -> None:
         body = {k: v.as_json() for k, v in self._seen.items() if v.phase}
+        now = time.time()
+        with self._hosted_lock:
+            for name in [n for n, h in self._hosted.items() if now - h.heard > HOSTED_FOR_S]:
+                del self._hosted[name]
+            # `heard` to the minute: the file changes when a role does, not at every step.
+            hosted = json.dumps(
+                {n: {**vars(h), "heard": h.heard // 60 * 60} for n, h in self._hosted.items()}
+            )
         with contextlib.suppress(OSError):
             write_atomic(self._state_path, json.dumps(body).encode())
+            if hosted != self._hosted_saved:
+                write_atomic(self._hosted_path, hosted.encode())
+                self._hosted_saved = hosted
 
     def start(self) -> None:
         for target, name in ((self._scan_loop, "ckpt-scan"), (self._verify_loop, "ckpt-verify")):

@@ -120,11 +120,16 @@ def _roots(flags: list[str] | None, toml: dict[str, Any]) -> list[RootConfig]:
         if isinstance(item, str):
             roots.append(RootConfig(Path(item)))
         elif isinstance(item, dict) and "path" in item:
-            roots.append(RootConfig(Path(item["path"]), item.get("group"), item.get("generation")))
+            shared = item.get("shared", False)
+            if not isinstance(shared, bool):
+                raise ConfigError(f"checkpoint_roots entry {item!r}: shared must be true or false")
+            roots.append(
+                RootConfig(Path(item["path"]), item.get("group"), item.get("generation"), shared)
+            )
         else:
             raise ConfigError(
                 f"checkpoint_roots entry {item!r} must be a path or "
-                "{path=..., group=..., generation=...}"
+                "{path=..., group=..., generation=..., shared=...}"
             )
     return roots
 
