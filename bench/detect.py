@@ -336,22 +336,39 @@ class Watcher:
         return None if hit is None else hit[2] - since
 
     def wait_for(
-        self, group: str, generation: int | None, kinds: set[str], since: float, timeout: float
+        self,
+        group: str,
+        generation: int | None,
+        kinds: set[str],
+        since: float,
+        timeout: float,
+        subjects: dict[str, str] | None = None,
     ) -> tuple[float, str, float] | None:
         """(seconds from `since`, kind, arrival) of the first incident of `kinds` in `group`
-        (and `generation`, unless None) that arrived at or after `since`."""
+        (and `generation`, unless None) that arrived at or after `since`; a kind named in
+        `subjects` counts only on that subject (a rank_hang of another rank is wrong)."""
         deadline = time.monotonic() + timeout
+        only = subjects or {}
         while time.monotonic() < deadline:
             hits = [
                 (t, k)
-                for (g, gen, k, _), t in list(self.seen.items())
+                for (g, gen, k, subject), t in list(self.seen.items())
                 if g == group and generation in (None, gen) and k in kinds and t >= since
-            ]
+                and only.get(k, subject) == subject
+            ]  # fmt: skip
             if hits:
                 t, kind = min(hits)
                 return t - since, kind, t
             time.sleep(0.01)
         return None
+
+    def arrived(self, group: str, generation: int) -> list[str]:
+        """'kind subject' of every incident of `group`'s `generation` seen so far: on a
+        miss, what the service named instead (or that it named nothing)."""
+        return sorted(
+            f"{k} {subject}" for (g, gen, k, subject) in list(self.seen)
+            if g == group and gen == generation
+        )  # fmt: skip
 
 
 def pct(values: list[float], p: float) -> float:
@@ -581,6 +598,10 @@ def main() -> int:
     parser.add_argument(
         "--worker-memory-mb", type=int, default=0,
         help="--scale: FAULTLINE_WORKER_MAX_MEMORY_MB for the service (default: its own)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--scale-trials", default="explicit,silent,straggler",
+        help="--scale: which trials to run, comma-separated (each --trials times)",
     )  # fmt: skip
     args = parser.parse_args()
     if (args.scale or args.ranks >= 1024) and not args.pipeline_only:

@@ -151,16 +151,19 @@ class ScaleFleet:
         posts = []
         for i, node in enumerate(self.nodes):
             records: list[dict[str, Any]] = []
-            if i == 0:
-                records.append({"kind": "transition", "group": self.group, "generation": 1,
-                                "to_state": "running", "world_size": self.ranks,
-                                "ts": now})  # fmt: skip
             for local in range(PER_NODE):
                 rank = i * PER_NODE + local
                 if rank < self.ranks:
                     records.append({"kind": "process", "group": self.group, "generation": 1,
                                     "rank": rank, "event": "started", "pid": 1000 + local,
                                     "gpu": f"GPU-{node}-{local}", "ts": now})  # fmt: skip
+            if i == 0:
+                # After its ranks, as a launcher announces the job (faultline.demo): the
+                # group may have been created by a peer's batch, and a transition from a
+                # node that has placed none of its ranks is refused as unauthorized.
+                records.append({"kind": "transition", "group": self.group, "generation": 1,
+                                "to_state": "running", "world_size": self.ranks,
+                                "ts": now})  # fmt: skip
             records += self._samples(i, now)
             posts.append(self.pool.submit(self.post, node, records))
         for p in posts:
@@ -366,6 +369,7 @@ def run_scale(args: Any) -> int:
     fleet = ScaleFleet(service, ranks, step_s, args.http_nodes, not args.no_device_refresh)
     results: dict[str, list[float]] = {"explicit": [], "silent": [], "straggler_steps": []}
     passes: dict[str, float] = {}
+    hung_in: dict[int, str] = {}  # generation -> its silent trial's right rank_hang
     try:
         t0 = time.monotonic()
         fleet.issue_tokens()
@@ -404,7 +408,11 @@ def run_scale(args: Any) -> int:
             f"{statistics.median(fleet.ticks) * 1000:.0f} ms; load {os.getloadavg()[0]:.1f}",
             flush=True,
         )
-        plan = (["explicit"] * trials) + (["silent"] * trials) + (["straggler"] * trials)
+        chosen = set(args.scale_trials.split(","))
+        if chosen - {"explicit", "silent", "straggler"} or not chosen:
+            raise SystemExit(f"--scale-trials: explicit, silent, straggler; not {chosen}")
+        kinds = [k for k in ("explicit", "silent", "straggler") if k in chosen]
+        plan = [kind for kind in kinds for _ in range(trials)]
         for i, kind in enumerate(plan):
             if fleet.error is not None:
                 raise RuntimeError("the fleet's pump stopped") from fleet.error
@@ -417,13 +425,16 @@ def run_scale(args: Any) -> int:
                                    "code": 79, "ts": iso(datetime.now(UTC))}])  # fmt: skip
                 fleet.dead.add(rank)
                 fleet.stop_all_at = fleet.step + 1
-                hit = watcher.wait_for(fleet.group, gen, {"xid"}, t0, timeout=120)
+                want = {"xid"}
+                hit = watcher.wait_for(fleet.group, gen, want, t0, timeout=120)
                 results["explicit"].append(hit[0] if hit else float("inf"))
             elif kind == "silent":
                 t0 = time.monotonic()
                 fleet.stopped.add(rank)
                 fleet.stop_all_at = fleet.step + 1
-                hit = watcher.wait_for(fleet.group, gen, {"rank_hang", "group_stall"}, t0, 120)
+                want = {"rank_hang", "group_stall"}
+                hung = {"rank_hang": f"rank:{fleet.group}/{rank}"}  # not another rank
+                hit = watcher.wait_for(fleet.group, gen, want, t0, 120, subjects=hung)
                 results["silent"].append(hit[0] if hit else float("inf"))
             else:
                 # Every other straggler trial has the GPU say why (thermal throttle, named
@@ -439,13 +450,27 @@ def run_scale(args: Any) -> int:
                 hit = watcher.wait_for(fleet.group, gen, want, t0, timeout=max(60.0, 80 * step_s))
                 steps = (fleet.step - first) if hit else float("inf")
                 results["straggler_steps"].append(steps)
+            # A rank_hang of a rank that did not stop is a false root cause.
+            right = f"rank_hang rank:{fleet.group}/{rank}"
+            wrong = [
+                a for a in watcher.arrived(fleet.group, gen)
+                if a.startswith("rank_hang ") and not (kind == "silent" and a == right)
+            ]  # fmt: skip
+            if kind == "silent":
+                hung_in[gen] = right
             print(
                 f"[scale] trial {i + 1}/{len(plan)} {kind}"
                 + (" (throttled GPU)" if kind == "straggler" and (i % 2) == 0 else "")
                 + f" on rank {rank} ({gpu}), generation "
                 f"{gen}: "
-                + (f"{hit[1]} after {hit[0]:.2f} s" if hit else "no incident")
+                + (
+                    f"{hit[1]} after {hit[0]:.2f} s"
+                    if hit
+                    else f"none of {want} within the wait; this generation's incidents: "
+                    f"{watcher.arrived(fleet.group, gen) or 'none'}"
+                )
                 + (f" = {results['straggler_steps'][-1]} steps" if kind == "straggler" else "")
+                + (f"; {len(wrong)} other ranks called hung" if wrong else "")
                 + f"; load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
@@ -456,19 +481,32 @@ def run_scale(args: Any) -> int:
     finally:
         fleet.stop.set()
         stop_service(service)
+    # Counted over the whole run (some arrive after their trial): rank_hang incidents of
+    # ranks that did not stop are false root causes.
+    false_hangs = sum(
+        1 for (g, gen, kind, subject) in list(watcher.seen)
+        if g == fleet.group and kind == "rank_hang" and hung_in.get(gen) != f"{kind} {subject}"
+    )  # fmt: skip
     median_step = step_s * 1.0
     goal_silent = max(3 * median_step, 5.0) + 1.0
     ex, si, st = results["explicit"], results["silent"], results["straggler_steps"]
+
+    def p(values: list[float], q: float) -> str:
+        return f"{pct(values, q):.2f}" if values else "-"
+
+    most = f"{max(st)}" if st else "-"
     print(
-        f"[scale] {ranks} ranks: Xid -> incident on the websocket p50 {pct(ex, 50):.2f} s "
-        f"p99 {pct(ex, 99):.2f} s (goal p99 <= 1 s); silent hang p50 {pct(si, 50):.2f} s p99 "
-        f"{pct(si, 99):.2f} s (goal <= {goal_silent:.0f} s); straggler named after "
-        f"{max(st)} steps at most (goal <= 10); relay ticks late {fleet.late} of "
-        f"{len(fleet.ticks)}"
+        f"[scale] {ranks} ranks: Xid -> incident on the websocket p50 {p(ex, 50)} s "
+        f"p99 {p(ex, 99)} s (goal p99 <= 1 s); silent hang p50 {p(si, 50)} s p99 "
+        f"{p(si, 99)} s (goal <= {goal_silent:.0f} s); straggler named after "
+        f"{most} steps at most (goal <= 10); ranks wrongly called hung {false_hangs}; "
+        f"relay ticks late {fleet.late} of "
+        f"{len(fleet.ticks)}; the service's log: {service.log}"
     )
     print(
-        f"scale_ranks {ranks} explicit_p99_s {pct(ex, 99):.2f} silent_p99_s {pct(si, 99):.2f} "
-        f"straggler_steps_max {max(st)} pass_mean_ms {passes.get('mean_s', 0) * 1000:.0f} "
+        f"scale_ranks {ranks} explicit_p99_s {p(ex, 99)} silent_p99_s {p(si, 99)} "
+        f"straggler_steps_max {most} false_hangs {false_hangs} "
+        f"pass_mean_ms {passes.get('mean_s', 0) * 1000:.0f} "
         f"worker_cpu_per_s {passes.get('worker_cpu_per_s', 0):.2f}"
     )
     return 0
