@@ -257,7 +257,7 @@ class CheckpointWatcher:
 
     def _check(self, root: RootConfig, directory: Path) -> None:
         key = str(directory)
-        role = LEAD
+        role, ident = LEAD, None
         if root.shared:
             # Who it belongs to before walking it: on a shared filesystem most nodes
             # host none of the group's ranks and must not stat its shards every scan.
@@ -270,7 +270,7 @@ class CheckpointWatcher:
         files = _files(directory)
         if not files:
             return
-        if not root.shared:
+        if ident is None:
             ident = self._describe(root, directory)
             if ident is None:
                 return
