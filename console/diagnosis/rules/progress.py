@@ -9,10 +9,11 @@ a group with no step history only stalls after the warm-up timeout. Silence is j
 up to what the rank's node has delivered: a node whose newest record lags the clock by
 more than `DELIVERY_SLACK_S` (its agent replays a spool after a telemetry outage) has its
 ranks judged at that newest record, not now — the steps it has not delivered yet are not
-missing steps — until the heartbeat timeout, when the nodes rule speaks for it. A rank is hung only
-beside a rank known to have advanced: while every other rank is merely not delivered yet,
-the rule waits rather than name each rank of a group that stopped as one. Must run
-after every evidence rule: a rank some finding already explains gets no second story.
+missing steps — until the heartbeat timeout, when the nodes rule speaks for it. A rank
+is hung only beside a rank known to have advanced: while every other rank is merely not
+delivered yet, the rule waits rather than name each rank of a group that stopped as one.
+Must run after every evidence rule: a rank some finding already explains gets no second
+story.
 
 A group stall is a symptom whenever something located explains it (a stopping root cause
 anywhere in the group, or a rank hang, device or node fault, or the cause of a collective
