@@ -38,18 +38,15 @@ def _run(nodes: int, job_nodes: int, mb: int, shared: bool, work: Path) -> dict[
     (ckpt / "faultline.json").write_text(json.dumps({"group": "llama", "generation": 3}))
     sent: list[dict[str, Any]] = []
     hashed = [0]
+
+    class Counting(ck.CheckpointWatcher):
+        def _hash(self, path: Path) -> str:
+            hashed[0] += path.stat().st_size
+            return super()._hash(path)
+
     watchers = []
     for i in range(nodes):
-        w = ck.CheckpointWatcher(
-            [ck.RootConfig(root, shared=shared)], sent.append, state_dir=work / f"n{i}"
-        )
-        real = w._hash
-
-        def counting(path: Path, real: Any = real) -> str:
-            hashed[0] += path.stat().st_size
-            return real(path)
-
-        w._hash = counting  # type: ignore[method-assign]
+        w = Counting([ck.RootConfig(root, shared=shared)], sent.append, state_dir=work / f"n{i}")
         if i < job_nodes:
             for local in range(8):
                 w.saw("llama", 3, i * 8 + local)
@@ -62,7 +59,7 @@ def _run(nodes: int, job_nodes: int, mb: int, shared: bool, work: Path) -> dict[
         stats[0] += len(out)
         return out
 
-    ck._files = files  # type: ignore[assignment]
+    ck._files = files  # type: ignore[assignment] -- counts the files each scan lists
     shard = os.urandom(mb * 1024 * 1024 // SHARDS)
     t0 = time.perf_counter()
     try:

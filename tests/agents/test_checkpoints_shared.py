@@ -20,32 +20,38 @@ from .conftest import StubIngest, validate
 from .test_actions_contract import shipped_configs
 
 
+class CountingWatcher(CheckpointWatcher):
+    """A watcher that counts the bytes it reads to hash shards."""
+
+    hashed = 0
+
+    def _hash(self, path: Path) -> str:
+        self.hashed += path.stat().st_size
+        return super()._hash(path)
+
+
 class Node:
-    """One node's watcher over the shared root, with its own state dir, and the bytes it
-    read to hash shards."""
+    """One node's watcher over the shared root, with its own state dir."""
 
     def __init__(self, tmp_path: Path, name: str, root: Path) -> None:
         self.got: list[dict[str, Any]] = []
         self.state = tmp_path / name
         self.root = root
-        self.hashed = 0
+        self.before = 0  # bytes hashed by this node's earlier watchers (agent restarts)
         self.watcher = self._watcher()
 
-    def _watcher(self) -> CheckpointWatcher:
-        watcher = CheckpointWatcher(
+    def _watcher(self) -> CountingWatcher:
+        return CountingWatcher(
             [RootConfig(self.root, shared=True)], self.got.append, state_dir=self.state
         )
-        real = watcher._hash
 
-        def counting(path: Path) -> str:
-            self.hashed += path.stat().st_size
-            return real(path)
-
-        watcher._hash = counting  # type: ignore[method-assign]
-        return watcher
+    @property
+    def hashed(self) -> int:
+        return self.before + self.watcher.hashed
 
     def restart(self) -> None:
         """The agent process restarts: a new watcher on the same state dir."""
+        self.before = self.hashed
         self.watcher = self._watcher()
 
     def scan(self) -> None:
@@ -238,7 +244,9 @@ def test_two_agents_on_one_shared_root_send_one_copy_through_the_reporter_s_rank
                            rank=rank, generation=3)  # fmt: skip
             rep.step(41, tokens=1000)
         deadline = time.monotonic() + 10
-        while agents[0].watcher.role("llama") != LEAD and time.monotonic() < deadline:  # type: ignore[union-attr]
+        lead = agents[0].watcher
+        assert lead is not None
+        while lead.role("llama") != LEAD and time.monotonic() < deadline:
             time.sleep(0.05)
         _committed(root, 100, 3)
         while time.monotonic() < deadline and not any(
