@@ -43,21 +43,20 @@ def diagnose(*, group_name: str, now: datetime) -> None:
     t2 = time.perf_counter()
     actions.record_diagnosis(group_name=group_name, diagnosis=result, now=now)
     t3 = time.perf_counter()
-    measure_recovery(group_name=group_name, now=now)
-    t4 = time.perf_counter()
     # The remediation policy reads the incidents just recorded (console.actions.proposals).
+    # Recovery costs are not measured here: a pass waits for nothing but judging
+    # (measure_recovery, its own beat task).
     actions.remediate_group(group_name=group_name, now=now)
-    t5 = time.perf_counter()
-    if t5 - t0 > SLOW_PASS_S:
+    t4 = time.perf_counter()
+    if t4 - t0 > SLOW_PASS_S:
         p = snapshots.last_pass
         parts = ", ".join(f"{k} {v:.2f}" for k, v in snapshots.last_parts.items())
         log.warning(
             "diagnosis %s: slow pass %.2f s (%s read of %s rows, %s ranks rebuilt; snapshot "
-            "%.2f s [%s], engine %.2f s, incidents %.2f s, recovery costs %.2f s, remediation "
-            "%.2f s; %d ranks, %d findings)",
-            group_name, t5 - t0, p.get("mode"), p.get("rows"), p.get("touched"), t1 - t0,
-            parts, t2 - t1, t3 - t2, t4 - t3, t5 - t4, len(snapshot.ranks),
-            len(result.findings),
+            "%.2f s [%s], engine %.2f s, incidents %.2f s, remediation %.2f s; %d ranks, "
+            "%d findings)",
+            group_name, t4 - t0, p.get("mode"), p.get("rows"), p.get("touched"), t1 - t0,
+            parts, t2 - t1, t3 - t2, t4 - t3, len(snapshot.ranks), len(result.findings),
         )  # fmt: skip
 
 
@@ -82,13 +81,15 @@ def diagnose_urgent(*, group_name: str, node: str | None, now: datetime) -> None
 
 
 # A resolved incident's costs are measured again at most this often until final: each
-# measurement aggregates the group's steps around the restart (at 16k ranks 0.5-1.4 s of a
-# pass, every pass for up to an hour: bench/detect.py --ranks 16384). Per worker process.
+# measurement aggregates the steps thrown away and redone (at 1k ranks 0.7 s for 600 lost
+# steps: bench/recovery_costs.py). Per worker process.
 MEASURE_EVERY = timedelta(seconds=30)
-# A pass measures until this much time is spent; the rest wait for the next pass, the
-# least recently measured first. Unbounded, one pass measured 128 resolved incidents of a
-# 16k-rank group (0.7 s each) and no pass ran for 96 s (bench/detect.py --ranks 16384).
-MEASURE_BUDGET_S = 0.5
+# A run measures until this much time is spent; the rest wait for the next run, the least
+# recently measured first. Measured inside each diagnosis pass (before 2026-12-05), 128
+# resolved incidents of a 16k-rank group (0.7 s each) held its next pass for 96 s
+# (bench/detect.py --ranks 16384); now a beat task of its own measures, and this bounds
+# how long it holds a worker process.
+MEASURE_BUDGET_S = 2.0
 _measured_at: dict[int, datetime] = {}
 
 
@@ -97,11 +98,12 @@ def forget_recent() -> None:
     _measured_at.clear()
 
 
-def measure_recovery(*, group_name: str, now: datetime) -> None:
-    """The seed's recovery costs of the group's resolved incidents, until they are final
-    (the restored generation has caught up with where the failed one stopped), each at most
-    once per MEASURE_EVERY in this process, and for at most MEASURE_BUDGET_S a pass: the
-    group's next diagnosis waits for this one."""
+def measure_recovery(*, now: datetime, group_name: str | None = None) -> None:
+    """The seed's recovery costs of resolved incidents (the fleet's, or one group's), until
+    they are final (the restored generation has caught up with where the failed one
+    stopped), each at most once per MEASURE_EVERY in this process, for at most
+    MEASURE_BUDGET_S a run. Beat runs it (console.measure_recovery_costs), apart from
+    diagnosis: no group's next pass waits for its accounting."""
     for pk, at in list(_measured_at.items()):
         if now - at > recovery.MEASURE_FOR or at > now:
             del _measured_at[pk]
@@ -115,7 +117,7 @@ def measure_recovery(*, group_name: str, now: datetime) -> None:
     started = time.perf_counter()
     for incident in due:
         if time.perf_counter() - started > MEASURE_BUDGET_S:
-            break  # the next pass goes on with the least recently measured
+            break  # the next run goes on with the least recently measured
         _measured_at[incident.pk] = now
         costs = recovery.measure(incident)
         if costs is not None:

@@ -1,4 +1,4 @@
-"""Celery tasks of the console: diagnosis and the sweep. Thin wrappers over names/ids.
+"""Celery tasks of the console: diagnosis, the sweep, recovery costs. Thin wrappers.
 
 Stable explicit names; idempotent (a redelivered task re-diagnoses and converges on the same
 incidents because the database allows one open incident per fingerprint). Nothing imports
@@ -34,6 +34,13 @@ def diagnose_group(group: str, lane: str = "", node: str = "") -> None:
         pipeline.diagnose_urgent(group_name=group, node=node or None, now=timezone.now())
     else:
         pipeline.diagnose(group_name=group, now=timezone.now())
+
+
+@shared_task(name="console.measure_recovery_costs", acks_late=True, expires=10)
+def measure_recovery_costs() -> None:
+    """Resolved incidents' recovery costs, until final: apart from diagnosis, whose passes
+    must not wait for accounting (pipeline.measure_recovery)."""
+    pipeline.measure_recovery(now=timezone.now())
 
 
 @shared_task(name="console.sweep", acks_late=True, expires=5)

@@ -23,6 +23,7 @@ metrics.connect_celery()  # task runs, diagnosis passes, notification outcomes
 app.conf.beat_schedule = {
     "sweep": {"task": "console.sweep", "schedule": 1.0},
     "escalation-sweep": {"task": "console.escalation_sweep", "schedule": 10.0},
+    "recovery-costs": {"task": "console.measure_recovery_costs", "schedule": 10.0},
     "step-bins": {"task": "console.rollup_step_bins", "schedule": 5.0},
     "rollup": {"task": "console.rollup_telemetry", "schedule": 60.0},
     "maintain-telemetry": {"task": "console.maintain_telemetry", "schedule": 3600.0},

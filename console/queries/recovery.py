@@ -24,8 +24,8 @@ from console.models import ConsistencyGroup, Incident
 from console.queries import objectives as group_objectives
 from console.queries import telemetry
 
-# Costs of a resolved incident are re-measured by each diagnosis of its group until they
-# are final (the new generation caught up) or this long after it resolved.
+# Costs of a resolved incident are re-measured (console.pipeline.measure_recovery, a beat
+# task) until they are final (the new generation caught up) or this long after it resolved.
 MEASURE_FOR = timedelta(hours=1)
 # The fleet report measures incidents this young live when they have no final costs yet.
 LIVE_FOR = timedelta(hours=2)
@@ -92,14 +92,18 @@ def incident_records(incident: Incident) -> rc.IncidentRecords | None:
     world: int | None = next(
         (t.world_size for t in transitions if t.generation == g and t.world_size), None
     )
+    # Every read below is bounded by the interruption's own rows (the work thrown away and
+    # redone), not by the window: a 16k-rank generation's window is every rank's step for
+    # hours, and a resolved incident is measured every 30 s until its costs are final.
+    failed_lo: datetime | None = None
     min_step: int | None = None
     if restart is not None:
         new_first = telemetry.first_step_of(group, restart.generation, since)
         if new_first is not None:
             min_step = new_first - 1
-            redone = telemetry.recovery_steps(group, restart.generation, since)
-            steps += _points(redone, restart.generation)
-            for c in telemetry.checkpoints_at_step(group, min_step):
+            saved = telemetry.checkpoints_at_step(group, min_step)
+            failed_lo = _minus_skew(_resumed_at(group, g, min_step, since, saved))
+            for c in saved:
                 cursor = c["data_cursor"]
                 checkpoints.append(
                     rc.CheckpointPoint(
@@ -111,8 +115,14 @@ def incident_records(incident: Incident) -> rc.IncidentRecords | None:
                     )
                 )
         world = world or restart.world_size
-    failed = telemetry.recovery_steps(group, g, since, min_step=min_step)
+    if min_step is None:
+        # No redo to compare with yet: the failed generation's newest step is all it costs.
+        failed_lo = _minus_skew(telemetry.newest_step_at(group, g, since))
+    failed = telemetry.recovery_steps(group, g, since, min_step=min_step, lo=failed_lo)
     steps += _points(failed, g)
+    if restart is not None and min_step is not None:
+        redone = _redone(group, restart.generation, restart.ts, since, failed)
+        steps += _points(redone, restart.generation)
     if world is None:
         world = max((r["ranks"] for r in failed), default=None) or group.world_size
     alerts = {a.kind for a in incident.alerts.all()} | {incident.kind}
@@ -130,6 +140,52 @@ def incident_records(incident: Incident) -> rc.IncidentRecords | None:
         rpo_steps=None if objectives["rpo_steps"] is None else int(objectives["rpo_steps"]),
         rpo_s=objectives["rpo_s"],
     )
+
+
+def _minus_skew(ts: datetime | None) -> datetime | None:
+    return None if ts is None else ts - telemetry.STEP_SKEW
+
+
+def _resumed_at(
+    group: ConsistencyGroup,
+    generation: int,
+    step: int,
+    since: datetime,
+    saved: list[dict[str, Any]],
+) -> datetime | None:
+    """When the failed generation finished the step the restart resumed from: looked for
+    just before that step's checkpoint first (a few of rank 0's rows), else in the window."""
+    if saved:
+        first = min(c["ts"] for c in saved)
+        lo, hi = first - telemetry.CHECKPOINT_LAG, first + telemetry.STEP_SKEW
+        found = telemetry.step_reached_at(group, generation, step, since, lo=lo, hi=hi)
+        if found is not None:
+            return found
+    return telemetry.step_reached_at(group, generation, step, since)
+
+
+def _redone(
+    group: ConsistencyGroup,
+    generation: int,
+    launched: float,
+    since: datetime,
+    failed: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The restored generation's steps until it caught up with the failed one's last step
+    (what the redo costs are made of; steps after it are no longer recovery), all of them
+    while it has not; and all of them if none of those was valid (the restore's end is its
+    first valid step, wherever that lies)."""
+    last = max((r["step"] for r in failed), default=None)
+    lo = datetime.fromtimestamp(launched, UTC) - telemetry.STEP_SKEW
+    caught_up = (
+        None if last is None else telemetry.step_reached_at(group, generation, last, since, lo=lo)
+    )
+    if caught_up is None:
+        return telemetry.recovery_steps(group, generation, since)
+    rows = telemetry.recovery_steps(group, generation, since, hi=caught_up + telemetry.STEP_SKEW)
+    if any(not r["bad"] for r in rows):
+        return rows
+    return telemetry.recovery_steps(group, generation, since)
 
 
 def _points(rows: list[dict[str, Any]], generation: int) -> list[rc.StepPoint]:
@@ -171,14 +227,14 @@ def costs_of(incident: Incident) -> dict[str, Any] | None:
     return measure(incident) if incident.group_id else None
 
 
-def to_measure(group_name: str, now: datetime) -> QuerySet[Incident]:
-    """The group's resolved incidents whose costs are not final yet (and not too old)."""
+def to_measure(group_name: str | None, now: datetime) -> QuerySet[Incident]:
+    """Resolved incidents (of the group, or the fleet's) whose costs are not final yet
+    (and not too old)."""
+    qs = Incident.objects.filter(state=IncidentState.RESOLVED, resolved_at__gte=now - MEASURE_FOR)
+    if group_name is not None:
+        qs = qs.filter(group__name=group_name)
     return (
-        Incident.objects.filter(
-            group__name=group_name,
-            state=IncidentState.RESOLVED,
-            resolved_at__gte=now - MEASURE_FOR,
-        )
+        qs.filter(group__isnull=False)
         .exclude(role="symptom")
         .exclude(costs__contains={"complete": True})  # a missing key is NULL: not `=`
         .select_related("group")

@@ -667,6 +667,12 @@ def advice_transitions(group: ConsistencyGroup, *, now: datetime) -> list[dict[s
 # An interruption's records lie within this much of its first evidence: the failed
 # generation's steps since its checkpoint before it, the restart and redone work after it.
 RECOVERY_WINDOW = timedelta(hours=6)
+# The ranks of one synchronous job report the same step within this of each other (step
+# time, delivery and clock skew): the margin of a time bound derived from one rank's row.
+STEP_SKEW = timedelta(minutes=2)
+# A checkpoint's first record follows the step it saved within this (an asynchronous
+# save's first record is its staging, not its upload's commit).
+CHECKPOINT_LAG = timedelta(minutes=15)
 _NON_FINITE = [float("nan"), float("inf"), float("-inf")]
 
 
@@ -682,17 +688,28 @@ def recovery_transitions(group: ConsistencyGroup, since: datetime) -> list[dict[
 
 
 def recovery_steps(
-    group: ConsistencyGroup, generation: int, around: datetime, *, min_step: int | None = None
+    group: ConsistencyGroup,
+    generation: int,
+    around: datetime,
+    *,
+    min_step: int | None = None,
+    lo: datetime | None = None,
+    hi: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """One row per step of `generation` near `around`: when the last rank finished it,
     tokens summed over ranks, the highest data cursor, ranks, and whether every rank's
-    numbers were finite (Postgres compares NaN equal to NaN, so `IN` finds them)."""
+    numbers were finite (Postgres compares NaN equal to NaN, so `IN` finds them).
+
+    `lo`/`hi` narrow the time range inside the window: the (group, generation, ts) index
+    is what bounds the rows read, and a generation's whole window is every rank's step
+    for hours (`step >= min_step` alone still reads them all)."""
+    start, end = around - RECOVERY_WINDOW, around + RECOVERY_WINDOW
     qs = m.StepRecord.objects.filter(
         group=group,
         generation=generation,
         stale=False,
-        ts__gte=around - RECOVERY_WINDOW,
-        ts__lt=around + RECOVERY_WINDOW,
+        ts__gte=max(start, lo) if lo is not None else start,
+        ts__lt=min(end, hi) if hi is not None else end,
     )
     if min_step is not None:
         qs = qs.filter(step__gte=min_step)
@@ -703,22 +720,57 @@ def recovery_steps(
             ts=Max("ts"),
             tokens=Sum("tokens"),
             cursor=Max("data_cursor"),
-            ranks=Count("rank", distinct=True),
+            ranks=Count("id"),  # rows, not DISTINCT: a sort of every row otherwise
             bad=Count("id", filter=bad),
         )
         .order_by("step")[:20000]
     )
 
 
-def first_step_of(group: ConsistencyGroup, generation: int, around: datetime) -> int | None:
-    """The lowest step `generation` reported near `around` (None: none yet)."""
+def _window(group: ConsistencyGroup, generation: int, around: datetime) -> QuerySet[Any]:
     return m.StepRecord.objects.filter(
         group=group,
         generation=generation,
         stale=False,
         ts__gte=around - RECOVERY_WINDOW,
         ts__lt=around + RECOVERY_WINDOW,
-    ).aggregate(s=Min("step"))["s"]
+    )
+
+
+def first_step_of(group: ConsistencyGroup, generation: int, around: datetime) -> int | None:
+    """The lowest step `generation` reported near `around` (None: none yet), from its
+    first STEP_SKEW of records: its whole window is every rank's every step since."""
+    window = _window(group, generation, around)
+    first = window.order_by("ts").values_list("ts", flat=True).first()
+    if first is None:
+        return None
+    return window.filter(ts__lt=first + STEP_SKEW).aggregate(s=Min("step"))["s"]
+
+
+def newest_step_at(group: ConsistencyGroup, generation: int, around: datetime) -> datetime | None:
+    """When `generation` last reported a step near `around` (the newest row of the index)."""
+    return _window(group, generation, around).order_by("-ts").values_list("ts", flat=True).first()
+
+
+def step_reached_at(
+    group: ConsistencyGroup,
+    generation: int,
+    step: int,
+    around: datetime,
+    *,
+    lo: datetime | None = None,
+    hi: datetime | None = None,
+) -> datetime | None:
+    """When rank 0 of `generation` reported `step` near `around` (None: it did not): the
+    (group, rank, ts) index reads one rank's rows, not the world's, and `lo`/`hi` narrow
+    them. Every launcher has a rank 0, and the ranks of a synchronous job finish a step
+    within STEP_SKEW of it."""
+    qs = _window(group, generation, around).filter(rank=0, step=step)
+    if lo is not None:
+        qs = qs.filter(ts__gte=lo)
+    if hi is not None:
+        qs = qs.filter(ts__lt=hi)
+    return qs.order_by("-ts").values_list("ts", flat=True).first()
 
 
 def checkpoints_at_step(group: ConsistencyGroup, step: int) -> list[dict[str, Any]]:

@@ -3,8 +3,9 @@
 The job: 2 ranks on one node, a verified checkpoint at step 20 whose manifest names the
 data cursor, rank 1 killed after step 25, the launcher quiesces, recovers, and launches
 generation 2 from step 20; generation 2 redoes steps 21..30. Every record goes through
-POST /api/v1/ingest; the incident is opened and resolved by the real pipeline, which
-measures the costs (console.queries.recovery) and stores them (console.actions).
+POST /api/v1/ingest; the incident is opened and resolved by the real pipeline, and the
+beat task's run measures the costs (console.queries.recovery) and stores them
+(console.actions).
 """
 
 from __future__ import annotations
@@ -86,10 +87,14 @@ def test_the_five_costs_of_a_replayed_kill_equal_the_hand_computed_ones(post_bat
     assert send([restart], 33).status_code == 202
     redo = [_step(2, r, s, at(36 + s - 21)) for s in range(21, 31) for r in range(2)]
     assert send(redo, 46).status_code == 202
-    for s in (47, 48 + 16):  # settle clock starts, then runs out: resolved and measured
+    for s in (47, 48 + 16):  # settle clock starts, then runs out: resolved
         pipeline.diagnose(group_name=GROUP, now=at(s))
     incident.refresh_from_db()
     assert incident.state == "resolved"
+    assert not incident.costs  # a diagnosis pass waits for no accounting
+    pipeline.forget_recent()
+    pipeline.measure_recovery(now=at(65))  # beat's console.measure_recovery_costs
+    incident.refresh_from_db()
 
     # By hand, from the records above.
     gpus = 2
@@ -177,3 +182,67 @@ def test_a_pass_measures_for_its_budget_and_the_next_goes_on_with_the_rest(monke
     pipeline.measure_recovery(group_name="g", now=t0 + timedelta(seconds=31))
     assert calls[-3:] == [100, 101, 102]
     pipeline.forget_recent()
+
+
+@pytest.mark.parametrize("case", ["checkpointed", "no_checkpoint_record", "redo_invalid_at_first"])
+def test_a_long_jobs_costs_come_from_the_interruption_not_the_window(post_batch, case):
+    """The costs read the failed generation's steps from its resume step on and the
+    restored generation's until it caught up (bench/recovery_costs.py: the window is every
+    rank's every step for hours), and come out as by hand: with the checkpoint's records
+    (its step looked up just before them) or without (looked up in the window); a NaN
+    after the catch-up is no longer the recovery's; a redo whose first steps were all
+    invalid restores at its first valid step, wherever that lies."""
+    from console.models import ConsistencyGroup
+    from console.queries import recovery
+
+    t0 = (datetime.now(UTC) - timedelta(seconds=1000)).replace(microsecond=0)
+    at = lambda s: t0 + timedelta(seconds=s)  # noqa: E731
+    send = lambda recs: post_batch(make_batch(recs, node=NODE))  # noqa: E731
+    redo_at = lambda s: at(660 + 30 + 10 * (s - 50))  # noqa: E731  generation 2's step s
+
+    start = _transition(1, "initializing", "running", at(0))
+    failed = [_step(1, r, s, at(10 * s)) for s in range(1, 61) for r in range(2)]
+    saved = []
+    if case != "no_checkpoint_record":
+        for phase, dt in (("committed", 3), ("verified", 4)):
+            rec = _ckpt(phase, at(500 + dt))
+            rec.update(checkpoint_id="ckpt-50", step=50, data_cursor=50 * CURSOR_PER_STEP)
+            saved.append(rec)
+    assert send([start, *failed, *saved]).status_code == 202
+    stops = [_transition(1, "running", "quiescing", at(615)),
+             _transition(1, "quiescing", "recovering", at(620)),
+             _transition(2, "recovering", "running", at(660), restart_count=1)]  # fmt: skip
+    redo = []
+    for s in range(51, 91):
+        for r in range(2):
+            rec = _step(2, r, s, redo_at(s))
+            invalid = s == 80 or (case == "redo_invalid_at_first" and s <= 65)
+            if invalid:
+                rec["loss"] = "NaN"
+            redo.append(rec)
+    assert send([*stops, *redo]).status_code == 202
+    group = ConsistencyGroup.objects.get(name=GROUP)
+    incident = Incident.objects.create(
+        group=group, generation=1, fingerprint="long", kind="process_exit",
+        subject=f"rank:{GROUP}/1", severity="major", summary="rank 1 exited",
+        state="resolved", opened_at=at(607), resolved_at=at(660),
+        timeline={"first_evidence": at(605).isoformat(), "detected": at(607).isoformat()},
+    )  # fmt: skip
+
+    costs = recovery.measure(incident)
+    assert costs is not None
+    first_valid = 66 if case == "redo_invalid_at_first" else 51
+    want = {
+        "lost_steps": 10,
+        "lost_tokens": 10 * 2 * TOKENS,
+        "lost_work_s": 100.0,  # step 50 finished at t0+500, step 60 at t0+600
+        "repeated_steps": 10,
+        "repeated_samples": 10 * CURSOR_PER_STEP,
+        "restore_s": (redo_at(first_valid) - at(660)).total_seconds(),
+        "last_step": 60,
+        "resume_step": 50,
+        "checkpoint": None if case == "no_checkpoint_record" else "ckpt-50",
+        "numbers_held": case != "redo_invalid_at_first",  # step 80's NaN is after catch-up
+        "complete": True,
+    }
+    assert {k: costs.get(k) for k in want} == want
