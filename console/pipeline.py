@@ -11,6 +11,7 @@ import logging
 import time
 from datetime import datetime, timedelta
 
+from django.core.cache import cache
 from django.db.models import F, Q
 
 from console import actions, collector, snapshots
@@ -82,7 +83,7 @@ def diagnose_urgent(*, group_name: str, node: str | None, now: datetime) -> None
 
 # A resolved incident's costs are measured again at most this often until final: each
 # measurement aggregates the steps thrown away and redone (at 1k ranks 0.7 s for 600 lost
-# steps: bench/recovery_costs.py). Per worker process.
+# steps: bench/recovery_costs.py).
 MEASURE_EVERY = timedelta(seconds=30)
 # A run measures until this much time is spent; the rest wait for the next run, the least
 # recently measured first. Measured inside each diagnosis pass (before 2026-12-05), 128
@@ -90,40 +91,56 @@ MEASURE_EVERY = timedelta(seconds=30)
 # (bench/detect.py --ranks 16384); now a beat task of its own measures, and this bounds
 # how long it holds a worker process.
 MEASURE_BUDGET_S = 2.0
-_measured_at: dict[int, datetime] = {}
+# When each incident was last measured, shared by the worker processes (the beat task runs
+# on any of them), and one run at a time: unshared, four processes measured each incident
+# four times as often, and a slow run overlapped the next.
+MEASURED_KEY = "recovery-costs:measured-at"
+RUN_KEY = "recovery-costs:running"
+RUN_LOCK_S = 120  # a run that died holds the lock no longer than this
 
 
 def forget_recent() -> None:
-    """Drop this process's memory of when it measured which incident (tests)."""
-    _measured_at.clear()
+    """Forget when which incident was measured, and any run's lock (tests)."""
+    cache.delete_many([MEASURED_KEY, RUN_KEY])
 
 
-def measure_recovery(*, now: datetime, group_name: str | None = None) -> None:
+def measure_recovery(*, now: datetime, group_name: str | None = None) -> bool:
     """The seed's recovery costs of resolved incidents (the fleet's, or one group's), until
     they are final (the restored generation has caught up with where the failed one
-    stopped), each at most once per MEASURE_EVERY in this process, for at most
-    MEASURE_BUDGET_S a run. Beat runs it (console.measure_recovery_costs), apart from
-    diagnosis: no group's next pass waits for its accounting."""
-    for pk, at in list(_measured_at.items()):
-        if now - at > recovery.MEASURE_FOR or at > now:
-            del _measured_at[pk]
-    due = [
-        incident
-        for incident in recovery.to_measure(group_name, now)
-        if (last := _measured_at.get(incident.pk)) is None or now - last >= MEASURE_EVERY
-    ]
-    never = datetime.min.replace(tzinfo=now.tzinfo)
-    due.sort(key=lambda incident: (_measured_at.get(incident.pk, never), incident.pk))
-    started = time.perf_counter()
-    for incident in due:
-        if time.perf_counter() - started > MEASURE_BUDGET_S:
-            break  # the next run goes on with the least recently measured
-        _measured_at[incident.pk] = now
-        costs = recovery.measure(incident)
-        if costs is not None:
-            actions.record_incident_costs(
-                incident_id=incident.pk, costs=costs, actor=SYSTEM, now=now
-            )
+    stopped), each at most once per MEASURE_EVERY, for at most MEASURE_BUDGET_S a run.
+    Beat runs it (console.measure_recovery_costs), apart from diagnosis: no group's next
+    pass waits for its accounting. False: another run was under way (nothing done)."""
+    if not cache.add(RUN_KEY, 1, timeout=RUN_LOCK_S):
+        return False
+    try:
+        measured: dict[int, datetime] = {
+            pk: at
+            for pk, at in (cache.get(MEASURED_KEY) or {}).items()
+            if timedelta(0) <= now - at <= recovery.MEASURE_FOR
+        }
+        due = [
+            incident
+            for incident in recovery.to_measure(group_name, now)
+            if (last := measured.get(incident.pk)) is None or now - last >= MEASURE_EVERY
+        ]
+        never = datetime.min.replace(tzinfo=now.tzinfo)
+        due.sort(key=lambda incident: (measured.get(incident.pk, never), incident.pk))
+        started = time.perf_counter()
+        try:
+            for incident in due:
+                if time.perf_counter() - started > MEASURE_BUDGET_S:
+                    break  # the next run goes on with the least recently measured
+                measured[incident.pk] = now
+                costs = recovery.measure(incident)
+                if costs is not None:
+                    actions.record_incident_costs(
+                        incident_id=incident.pk, costs=costs, actor=SYSTEM, now=now
+                    )
+        finally:
+            cache.set(MEASURED_KEY, measured, timeout=int(recovery.MEASURE_FOR.total_seconds()))
+    finally:
+        cache.delete(RUN_KEY)
+    return True
 
 
 def mark_silent_nodes(*, now: datetime) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.core.cache import cache
 
 from console import pipeline
 from console.models import AuditLog, Incident
@@ -134,21 +135,30 @@ def test_the_five_costs_of_a_replayed_kill_equal_the_hand_computed_ones(post_bat
 
 
 def test_a_resolved_incidents_costs_are_measured_at_most_every_half_minute(monkeypatch):
-    """Each measurement aggregates the group's steps around the restart (at 16k ranks 0.5-1.4
-    s): passes a second apart measure an unfinished incident once per MEASURE_EVERY."""
+    """Each measurement aggregates the steps lost and redone (bench/recovery_costs.py): runs
+    a second apart measure an unfinished incident once per MEASURE_EVERY, whichever worker
+    process runs them (the times are shared through the cache), one run at a time."""
     from types import SimpleNamespace
 
     calls: list[int] = []
     incident = SimpleNamespace(pk=987654)
     monkeypatch.setattr(pipeline.recovery, "to_measure", lambda group, now: [incident])
     monkeypatch.setattr(pipeline.recovery, "measure", lambda i: calls.append(i.pk))
+    pipeline.forget_recent()
     t0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
-    for s in range(0, 61):  # a pass a second for a minute
+    for s in range(0, 61):  # a run a second for a minute
         pipeline.measure_recovery(group_name="g", now=t0 + timedelta(seconds=s))
     assert calls == [987654] * 3  # at 0, 30 and 60 s
-    pipeline.forget_recent()
-    pipeline.measure_recovery(group_name="g", now=t0 + timedelta(seconds=61))
+    # Another process's run is under way: this one does nothing.
+    assert cache.add(pipeline.RUN_KEY, 1, timeout=60)
+    assert pipeline.measure_recovery(now=t0 + timedelta(seconds=95)) is False
+    assert calls == [987654] * 3
+    cache.delete(pipeline.RUN_KEY)
+    assert pipeline.measure_recovery(now=t0 + timedelta(seconds=95)) is True
     assert len(calls) == 4
+    pipeline.forget_recent()
+    pipeline.measure_recovery(group_name="g", now=t0 + timedelta(seconds=96))
+    assert len(calls) == 5
 
 
 def test_a_pass_measures_for_its_budget_and_the_next_goes_on_with_the_rest(monkeypatch):
