@@ -61,10 +61,11 @@ def test_it_renders_the_incident_page_in_queries_independent_of_symptoms(
     client.force_login(cast["operator"])
     incident = training_group["incident"]
     _add_symptoms(incident, 300)
-    # + the incident's actions; + 2 bounded telemetry reads for its recovery costs
-    # (transitions since its first evidence, the failed generation's steps by step); + the
-    # group's nodes, for the pool whose default objectives the costs are judged against.
-    with django_assert_max_num_queries(11):
+    # + the incident's actions; + 3 bounded telemetry reads for its recovery costs
+    # (transitions since its first evidence, when the failed generation last stepped, its
+    # steps of the 2 min before that by step); + the group's nodes, for the pool whose
+    # default objectives the costs are judged against.
+    with django_assert_max_num_queries(12):
         assert client.get(_url(incident)).status_code == 200
 
 
