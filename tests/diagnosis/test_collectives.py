@@ -476,3 +476,35 @@ def test_it_takes_the_membership_most_ranks_reported_and_the_world_when_ranks_ar
     by_pg = {g.pg: g for g in s.process_groups}
     assert by_pg["default"].ranks == (0, 1, 2, 3)
     assert by_pg["tp"].ranks == (0, 1) and by_pg["tp"].reported_by == (0, 1, 2, 3)
+
+
+def _late_member(wait_s: float, late_s: float) -> list[tuple[str, str]]:
+    """Ranks 0-7 (node 1, up to date) have waited `wait_s` in all_reduce seq 45; ranks 8-15
+    (node 2) had not entered it in the newest window their node delivered, `late_s` ago:
+    an agent sends every few seconds (the shipped send_interval is 5 s)."""
+    wait = T0 + timedelta(seconds=1)
+    now = wait + timedelta(seconds=wait_s)
+    delivered = now - timedelta(seconds=late_s)
+    recs = [*training(ranks=16)]
+    for rk in range(16):
+        ents = [entry(40 + i, "completed", T0 - timedelta(seconds=5 - i)) for i in range(5)]
+        if rk < 8:
+            ents.append(entry(45, "started", wait))
+        recs.append(collective(rk, now - timedelta(seconds=0.5) if rk < 8 else delivered, ents))
+    nodes = heartbeats(16, now - timedelta(seconds=0.5))
+    nodes[sorted(nodes)[1]] = delivered
+    d = diagnose(snap(recs, now=now, nodes=nodes), now)
+    return sorted({(f.kind, f.role) for f in d.findings})
+
+
+def test_a_member_whose_node_has_not_delivered_yet_is_not_called_missing() -> None:
+    """6 s of waiting by the clock, but the members' node delivered 4.5 s ago: as far as
+    anyone knows they were 1.5 s late, under the 5 s floor. No suspect, no timeout."""
+    assert _late_member(wait_s=6, late_s=4.5) == []
+
+
+def test_a_member_absent_from_what_its_node_delivered_is_still_found() -> None:
+    # The same wait with the members' node up to date: they never entered.
+    assert ("rank_hang", UNDETERMINED) in _late_member(wait_s=6, late_s=0.5)
+    # Late, but absent for longer than the threshold in what was delivered: named too.
+    assert ("rank_hang", UNDETERMINED) in _late_member(wait_s=11, late_s=4.5)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cached_property
 from operator import attrgetter
 from typing import Any
@@ -50,6 +50,8 @@ TERMINAL_STATES = frozenset({"completed", "finished", "stopped", "failed", "canc
 # time, and 4,096 ranks' recent steps (~130k durations) pin it down as well as 16k ranks'
 # 520k, which cost a 16k-rank pass ~0.1 s to collect and sort. Smaller groups: all.
 DURATION_RANKS = 4096
+# An agent delivers a batch every second or so; a lag beyond this is a backlog, not cadence.
+DELIVERY_SLACK_S = 3.0
 _WINDOW_KEY = attrgetter("rank", "collective", "node", "gpu")
 _TS = attrgetter("ts")
 
@@ -401,6 +403,25 @@ class Context:
         """Checkpointing or quiescing, and still within its grace (`quiet_grace_s`)."""
         since = self.quiet_since
         return since is not None and (self.now - since).total_seconds() <= self.quiet_grace_s
+
+    @cached_property
+    def lagging_nodes(self) -> dict[str, datetime]:
+        """node -> the newest record it delivered, for nodes that lag the clock by more
+        than DELIVERY_SLACK_S (an agent between sends, or replaying a spool) but are not
+        yet silent. What such a node's ranks did after that is not known yet: rules judge
+        them as of that time. Past the heartbeat timeout the nodes rule judges the node,
+        and its ranks are judged now again."""
+        slack = timedelta(seconds=DELIVERY_SLACK_S)
+        silent = timedelta(seconds=self.cfg.heartbeat_timeout_s)
+        return {
+            n.name: n.last_heartbeat
+            for n in self.snap.nodes
+            if n.last_heartbeat is not None and slack < self.now - n.last_heartbeat <= silent
+        }
+
+    def known_at(self, node: str | None) -> datetime:
+        """Up to when a node's evidence is known: its newest delivery if it lags, else now."""
+        return self.lagging_nodes.get(node or "", self.now)
 
     @cached_property
     def generation_start(self) -> datetime | None:

@@ -9,7 +9,10 @@ is `undetermined`. Send/recv pair by (pg, src, dst, p2p_seq); all_to_all is judg
 split matrix (what i sends to j is what j expects from i) or its totals. Ranks blocked in
 a started call that a member never entered get `collective_timeout` symptoms linked to
 whatever stopped that member (mismatch, GPU, node, process); with no such evidence they
-are `undetermined` and say what is missing. Must run after `device`, `nodes` and
+are `undetermined` and say what is missing. An unexplained wait is judged on what the
+nodes delivered: it must outlast the threshold up to the newest record of every lagging
+node involved (a member that may have entered since, a waiter that may have left). Must
+run after `device`, `nodes` and
 `process`, whose findings it links to. Pure: plain data in, findings out.
 """
 
@@ -766,7 +769,15 @@ def run(ctx: Context) -> None:
         now = ctx.now
         waiting = [(wt, (now - wt.since).total_seconds()) for wt in all_waiting]
         if not explained:
-            waiting = [(wt, waited) for wt, waited in waiting if waited > threshold]
+            # Judged on what was delivered: a member whose node lags (an agent between
+            # sends) may have entered the call since, and a waiter on such a node may have
+            # left it. The wait seen is up to the earliest of those deliveries.
+            seen = min((_known_at(ctx, rk) for rk in missing), default=now)
+            waiting = [
+                (wt, waited)
+                for wt, waited in waiting
+                if (min(seen, _known_at(ctx, wt.rank)) - wt.since).total_seconds() > threshold
+            ]
         if not waiting:
             continue
         causes: list[Finding] = []
@@ -807,6 +818,12 @@ def run(ctx: Context) -> None:
         head = causes[0].summary if causes else None
         _timeouts(ctx, waiting, role, head, missing, unexplained, note, causes, threshold,
                   direct)  # fmt: skip
+
+
+def _known_at(ctx: Context, rank: int) -> datetime:
+    """Up to when the rank's node has delivered its evidence (Context.known_at)."""
+    r = ctx.ranks.get(rank)
+    return ctx.known_at(r.node if r is not None else None)
 
 
 def _chain(

@@ -7,11 +7,12 @@ Phase-aware: a checkpoint in progress or a quiescing group is not hung, for a gr
 relative to the checkpoint's own measured duration (Context.quiet_grace_s, capped);
 a group with no step history only stalls after the warm-up timeout. Silence is judged
 up to what the rank's node has delivered: a node whose newest record lags the clock by
-more than `DELIVERY_SLACK_S` (its agent replays a spool after a telemetry outage) has its
-ranks judged at that newest record, not now — the steps it has not delivered yet are not
-missing steps — until the heartbeat timeout, when the nodes rule speaks for it. A rank
-is hung only beside a rank known to have advanced: while every other rank is merely not
-delivered yet, the rule waits rather than name each rank of a group that stopped as one.
+more than `base.DELIVERY_SLACK_S` (its agent replays a spool after a telemetry outage)
+has its ranks judged at that newest record (`Context.lagging_nodes`), not now — the
+steps it has not delivered yet are not missing steps — until the heartbeat timeout, when
+the nodes rule speaks for it. A rank is hung only beside a rank known to have advanced:
+while every other rank is merely not delivered yet, the rule waits rather than name each
+rank of a group that stopped as one.
 Must run after every evidence rule: a rank some finding already explains gets no second
 story.
 
@@ -29,7 +30,7 @@ later, beside it).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from console.diagnosis.findings import (
     CRITICAL,
@@ -65,23 +66,6 @@ ROLE_ORDER = {ROOT_CAUSE: 0, UNDETERMINED: 1, SYMPTOM: 2}
 
 # Besides the stopping root causes: what a finding on a stalled rank may blame for it.
 HOLDS_RANK = STOPPING | {"rank_hang"}
-
-
-# An agent delivers a batch every second or so; a lag beyond this is a backlog, not cadence.
-DELIVERY_SLACK_S = 3.0
-
-
-def _delivered(ctx: Context) -> dict[str, datetime]:
-    """node -> the newest record it delivered, for nodes that lag the clock (replaying)
-    but are not yet silent: past the heartbeat timeout the nodes rule judges them, and
-    their ranks are judged now again."""
-    slack = timedelta(seconds=DELIVERY_SLACK_S)
-    silent = timedelta(seconds=ctx.cfg.heartbeat_timeout_s)
-    return {
-        n.name: n.last_heartbeat
-        for n in ctx.snap.nodes
-        if n.last_heartbeat is not None and slack < ctx.now - n.last_heartbeat <= silent
-    }
 
 
 def _threshold(ctx: Context) -> float | None:
@@ -152,7 +136,7 @@ def run(ctx: Context) -> None:
     if thr is None:
         return
     stalled: list[tuple[int, datetime | None]] = []
-    lagging = _delivered(ctx)
+    lagging = ctx.lagging_nodes
     deferred = 0  # silent past the threshold by the clock, judged later: their node lags
     for r in snap.ranks:
         last = ctx.last_progress(r)

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from console.diagnosis.findings import CRITICAL, MAJOR, ROOT_CAUSE, worker_subject
 from console.diagnosis.records import ServingSlo
 from console.diagnosis.rules.base import Context
-from console.diagnosis.rules.progress import DELIVERY_SLACK_S
 from console.diagnosis.snapshot import ServingWindow
 
 
@@ -141,13 +140,8 @@ def silence_threshold_s(w: ServingWindow) -> float:
 
 
 def _judged_at(ctx: Context, w: ServingWindow) -> datetime:
-    slack = timedelta(seconds=DELIVERY_SLACK_S)
-    timeout = timedelta(seconds=ctx.cfg.heartbeat_timeout_s)
-    for n in ctx.snap.nodes:
-        seen = n.last_heartbeat
-        if n.name == w.node and seen is not None and slack < ctx.now - seen <= timeout:
-            return seen  # the node's agent is behind: judge what it has delivered so far
-    return ctx.now
+    """The node's agent may be behind: judge what it has delivered so far."""
+    return ctx.known_at(w.node)
 
 
 def _lost_workers(ctx: Context) -> None:
