@@ -31,9 +31,11 @@ def send_notification(incident_id: int, key: str, channel: str, event: str) -> s
     )
 
 
-@shared_task(name="console.escalation_sweep", acks_late=True, expires=10)
+@shared_task(name="console.escalation_sweep", acks_late=True, expires=60)
 def escalation_sweep() -> dict[str, Any]:
-    """Every 10 s: expire stale actions, freeze policies, schedule due pages."""
+    """Every 10 s: expire stale actions, freeze policies, schedule due pages. On the
+    housekeeping queue (console.scheduling.HOUSEKEEPING_QUEUE); a late sweep still pages,
+    so it expires after a minute, not before the next (idempotent: rows are locked)."""
     now = timezone.now()
     expired = actions.expire_actions(now=now)
     enqueued = actions.schedule_due(now=now)

@@ -38,6 +38,12 @@ SEND_NOTIFICATION: Final = "console.send_notification"
 # queue; the ordinary worker consumes only Celery's default queue.
 URGENT_QUEUE: Final = "diagnose-urgent"
 URGENT: Final = "urgent"  # the task's lane argument: which debounce key it clears
+# Paging's sweep (the first page of every incident and each escalation) goes to a queue
+# that both workers drain: the lane's worker, idle but for device events, takes it at once,
+# and the ordinary worker still does if the lane's is not running. On the default queue
+# alone it waited behind diagnosis passes: with a 16k-rank group one sweep in ~40 ran
+# (bench/detect.py --ranks 16384), so a page could wait minutes.
+HOUSEKEEPING_QUEUE: Final = "housekeeping"
 # An urgent run this late is no longer urgent (the ordinary lane has run since): a lane
 # worker that was down must not start with a backlog of them.
 URGENT_EXPIRES_S = 60

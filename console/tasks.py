@@ -36,10 +36,13 @@ def diagnose_group(group: str, lane: str = "", node: str = "") -> None:
         pipeline.diagnose(group_name=group, now=timezone.now())
 
 
-@shared_task(name="console.measure_recovery_costs", acks_late=True, expires=10)
+@shared_task(name="console.measure_recovery_costs", acks_late=True, expires=60)
 def measure_recovery_costs() -> None:
     """Resolved incidents' recovery costs, until final: apart from diagnosis, whose passes
-    must not wait for accounting (pipeline.measure_recovery)."""
+    must not wait for accounting (pipeline.measure_recovery). It may wait in the queue
+    behind diagnoses: on a saturated worker (16k ranks, bench/detect.py) a run queued for
+    more than 10 s, and with a 10 s expiry one of ~48 ran. A late run is still worth
+    running; a run that finds nothing due costs one query."""
     pipeline.measure_recovery(now=timezone.now())
 
 

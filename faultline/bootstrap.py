@@ -263,9 +263,10 @@ def service_commands(
 ) -> dict[str, list[str]]:
     """The children of the service: HTTP, websockets, the Celery workers and beat.
 
-    Two workers: `worker` drains the default queue (every task), `worker-urgent` only the
+    Two workers: `worker` drains the default queue (every task), `worker-urgent` the
     urgent diagnosis lane (console.scheduling.URGENT_QUEUE), one process, so an
-    established group's Xid starts at once however far behind the first one is."""
+    established group's Xid starts at once however far behind the first one is. Both
+    drain the housekeeping queue (paging's sweep), which the idle lane takes at once."""
     py = sys.executable
     return {
         "web": [
@@ -281,12 +282,13 @@ def service_commands(
             "--port", str(ws_port), "--lifespan", "off", "--log-level", "warning",
         ],
         "worker": [
-            py, "-m", "celery", "-A", "faultline", "worker", "--concurrency",
-            str(worker_concurrency), "--loglevel", "WARNING", "--without-heartbeat",
-            "--without-gossip", "--without-mingle",
+            py, "-m", "celery", "-A", "faultline", "worker", "--queues", "celery,housekeeping",
+            "--concurrency", str(worker_concurrency), "--loglevel", "WARNING",
+            "--without-heartbeat", "--without-gossip", "--without-mingle",
         ],
         "worker-urgent": [
-            py, "-m", "celery", "-A", "faultline", "worker", "--queues", "diagnose-urgent",
+            py, "-m", "celery", "-A", "faultline", "worker",
+            "--queues", "diagnose-urgent,housekeeping",
             "--hostname", "urgent@%h", "--concurrency", "1", "--loglevel", "WARNING",
             "--without-heartbeat", "--without-gossip", "--without-mingle",
         ],

@@ -10,6 +10,7 @@ import os
 
 from celery import Celery
 
+from console.scheduling import HOUSEKEEPING_QUEUE
 from faultline import metrics
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "faultline.settings")
@@ -22,7 +23,12 @@ app.autodiscover_tasks(["ingest"])
 metrics.connect_celery()  # task runs, diagnosis passes, notification outcomes
 app.conf.beat_schedule = {
     "sweep": {"task": "console.sweep", "schedule": 1.0},
-    "escalation-sweep": {"task": "console.escalation_sweep", "schedule": 10.0},
+    # Paging must not wait behind diagnosis passes (console.scheduling.HOUSEKEEPING_QUEUE).
+    "escalation-sweep": {
+        "task": "console.escalation_sweep",
+        "schedule": 10.0,
+        "options": {"queue": HOUSEKEEPING_QUEUE},
+    },
     "recovery-costs": {"task": "console.measure_recovery_costs", "schedule": 10.0},
     "step-bins": {"task": "console.rollup_step_bins", "schedule": 5.0},
     "rollup": {"task": "console.rollup_telemetry", "schedule": 60.0},

@@ -344,10 +344,20 @@ def test_it_opens_one_incident_when_the_celery_worker_is_killed_mid_task(svc):
 def test_an_established_groups_xid_is_diagnosed_while_the_ordinary_worker_is_stuck(svc):
     """The urgent lane has a worker of its own (issue 22, High 4): with every process of
     the ordinary worker stopped (SIGSTOP: a saturated worker that runs nothing else in
-    time), an established group's Xid still becomes its incident."""
+    time), an established group's Xid still becomes its incident, and its page is
+    scheduled by the escalation sweep on the housekeeping queue, which the lane's worker
+    drains too (a 16k-rank group's passes starved the sweep on the default queue: one
+    in ~40 ran). The page itself goes out once the ordinary worker runs again."""
     import redis
 
     node, group, gpu = "node-urgent-lane", "g-urgent-lane", "GPU-urgent-lane-0"
+    receiver = _Receiver(fail=0)
+    _api_post(svc, "/api/v1/notification-channels/",
+              {"name": "lane-hook", "kind": "webhook", "url": receiver.url,
+               "secret": "lane-hmac-key"})  # fmt: skip
+    _api_post(svc, "/api/v1/escalation-policies/",
+              {"name": "lane-pages", "position": 1, "labels": {"group": group},
+               "steps": [{"delay_s": 0, "channels": ["lane-hook"]}]})  # fmt: skip
     token = svc.token(node)
     start = [
         {"kind": "transition", "group": group, "generation": 1, "to_state": "running"},
@@ -371,10 +381,30 @@ def test_an_established_groups_xid_is_diagnosed_while_the_ordinary_worker_is_stu
         assert h.post_batch(svc, token, make_batch(xid, node=node)).status == 202
         wait_for(lambda: ("xid", "open") in _incidents(svc, group), 20, "the Xid's incident")
         took_s = time.monotonic() - t0
+
+        def scheduled() -> bool:
+            rows = h.sql(
+                svc,
+                "SELECT e.sent FROM console_incidentescalation e JOIN console_incident i"
+                " ON i.id = e.incident_id JOIN console_consistencygroup g ON g.id = i.group_id"
+                " WHERE g.name = %s",
+                (group,),
+            )
+            return any(sent for (sent,) in rows)
+
+        wait_for(scheduled, 30, "the page scheduled while the ordinary worker is stuck")
+        paged_s = time.monotonic() - t0
+        assert receiver.posts == []  # delivery is the ordinary worker's: still stopped
     finally:
         h.kill([p.pid for p in stuck], signal.SIGCONT)
+    try:
+        wait_for(receiver.accepted, 60, "the page once the ordinary worker runs again")
+    finally:
+        receiver.server.shutdown()
     ARTIFACTS.mkdir(exist_ok=True)
-    (ARTIFACTS / "chaos-urgent-lane.json").write_text(json.dumps({"xid_incident_s": took_s}))
+    (ARTIFACTS / "chaos-urgent-lane.json").write_text(
+        json.dumps({"xid_incident_s": took_s, "page_scheduled_s": paged_s})
+    )
 
 
 # 5 ------------------------------------------------------------------------------------

@@ -134,8 +134,9 @@ def test_off_the_lane_sends_nothing_there(post_batch, sent, settings):
 
 
 def test_the_shipped_topologies_run_a_worker_for_the_lane_and_keep_the_other_off_it():
-    """`faultline up` and docker-compose (as shipped): one worker drains only the lane;
-    the ordinary worker must not reserve lane messages while it is busy."""
+    """`faultline up` and docker-compose (as shipped): one worker drains the lane (and
+    paging's sweep); the ordinary worker must not reserve lane messages while it is busy,
+    and drains paging's sweep too, so a page goes out if the lane's worker is down."""
     from pathlib import Path
 
     import yaml
@@ -150,6 +151,14 @@ def test_the_shipped_topologies_run_a_worker_for_the_lane_and_keep_the_other_off
         (commands["worker"], commands["worker-urgent"]),
         (compose["services"]["worker"]["command"], compose["services"]["worker-urgent"]["command"]),
     ):
-        assert lane[lane.index("--queues") + 1] == scheduling.URGENT_QUEUE
-        assert "--queues" not in ordinary and "-Q" not in ordinary  # Celery's default queue
+        lane_queues = lane[lane.index("--queues") + 1].split(",")
+        assert lane_queues == [scheduling.URGENT_QUEUE, scheduling.HOUSEKEEPING_QUEUE]
+        # Celery's default queue and paging's sweep; never the lane's.
+        assert "-Q" not in ordinary
+        ordinary_queues = ordinary[ordinary.index("--queues") + 1].split(",")
+        assert ordinary_queues == ["celery", scheduling.HOUSEKEEPING_QUEUE]
         assert "--hostname" in lane  # its own node name beside the ordinary worker's
+    from faultline.celery import app
+
+    sweep = app.conf.beat_schedule["escalation-sweep"]
+    assert sweep["options"]["queue"] == scheduling.HOUSEKEEPING_QUEUE  # pages wait for no pass
