@@ -285,16 +285,21 @@ class _Receiver:
         return [body for status, body in self.posts if status == 200]
 
 
+def _page_group_to(svc: Service, receiver: _Receiver, group: str, name: str) -> None:
+    """A webhook channel to `receiver` and a policy paging it at once for `group`."""
+    _api_post(svc, "/api/v1/notification-channels/",
+              {"name": f"{name}-hook", "kind": "webhook", "url": receiver.url,
+               "secret": f"{name}-hmac-key"})  # fmt: skip
+    _api_post(svc, "/api/v1/escalation-policies/",
+              {"name": f"{name}-pages", "position": 1, "labels": {"group": group},
+               "steps": [{"delay_s": 0, "channels": [f"{name}-hook"]}]})  # fmt: skip
+
+
 def test_it_retries_a_failing_notification_without_paging_twice(svc):
     node, group = "node-notify", "g-notify"
     receiver = _Receiver(fail=2)
     try:
-        _api_post(svc, "/api/v1/notification-channels/",
-                  {"name": "chaos-hook", "kind": "webhook", "url": receiver.url,
-                   "secret": "chaos-hmac-key"})  # fmt: skip
-        _api_post(svc, "/api/v1/escalation-policies/",
-                  {"name": "chaos-notify", "position": 1, "labels": {"group": group},
-                   "steps": [{"delay_s": 0, "channels": ["chaos-hook"]}]})  # fmt: skip
+        _page_group_to(svc, receiver, group, "chaos")
         token = svc.token(node)
         assert h.post_batch(svc, token, _nan_batch(node, "agent-notify", group, 1)).status == 202
         wait_for(receiver.accepted, 60, "the page to get through after two 503s")
@@ -352,12 +357,7 @@ def test_an_established_groups_xid_is_diagnosed_while_the_ordinary_worker_is_stu
 
     node, group, gpu = "node-urgent-lane", "g-urgent-lane", "GPU-urgent-lane-0"
     receiver = _Receiver(fail=0)
-    _api_post(svc, "/api/v1/notification-channels/",
-              {"name": "lane-hook", "kind": "webhook", "url": receiver.url,
-               "secret": "lane-hmac-key"})  # fmt: skip
-    _api_post(svc, "/api/v1/escalation-policies/",
-              {"name": "lane-pages", "position": 1, "labels": {"group": group},
-               "steps": [{"delay_s": 0, "channels": ["lane-hook"]}]})  # fmt: skip
+    _page_group_to(svc, receiver, group, "lane")
     token = svc.token(node)
     start = [
         {"kind": "transition", "group": group, "generation": 1, "to_state": "running"},
