@@ -545,11 +545,15 @@ def test_it_keeps_the_training_loop_fast_with_the_telemetry_backend_down(svc, tm
     )  # fmt: skip
     svc.extra_procs.append(agent)
     up = Reporter(socket_path=str(h.wait_agent_socket(state)), group="g-bench", rank=0)
-    # Interleave rounds so machine noise hits both conditions alike.
-    with_down, with_up = [], []
-    for _ in range(5):
-        with_down += _loop(down, 400)
-        with_up += _loop(up, 400)
+    # Interleave rounds so machine noise hits both conditions alike, and compare each
+    # round with its neighbour: one noisy round moves one pair, not the verdict (pooled
+    # medians failed once at 0.356 against 0.311 ms on a busy CI box).
+    with_down, with_up, excess = [], [], []
+    for _ in range(9):
+        d, u = _loop(down, 400), _loop(up, 400)
+        with_down += d
+        with_up += u
+        excess.append(_median(d) * 1e3 - (_median(u) * 1e3 * 1.05 + 0.02))
     h.stop_agent(agent)
     down_ms, up_ms = _median(with_down) * 1e3, _median(with_up) * 1e3
     ARTIFACTS.mkdir(exist_ok=True)
@@ -563,7 +567,9 @@ def test_it_keeps_the_training_loop_fast_with_the_telemetry_backend_down(svc, tm
     # is reported, not bounded (an absolute 20 us failed at 22 us on a busy CI box); the
     # comparison below is the same run's baseline.
     assert longest < 0.05, longest
-    assert down_ms <= up_ms * 1.05 + 0.02, (down_ms, up_ms)  # no slower with the agent gone
+    # No slower with the agent gone: in the typical round, the down loop's median step is
+    # within 5 % + 20 us of the listening one's (a blocking send would be many times it).
+    assert _median(excess) <= 0, (down_ms, up_ms, excess)
 
 
 # 9 ------------------------------------------------------------------------------------
