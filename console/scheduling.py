@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 
 DIAGNOSE_GROUP: Final = "console.diagnose_group"
 SEND_NOTIFICATION: Final = "console.send_notification"
-# The urgent lane: established groups' device events. Its own worker consumes only this
-# queue; the ordinary worker consumes only Celery's default queue.
+# The urgent lane: established groups' device events. Its own worker consumes this queue
+# (and HOUSEKEEPING_QUEUE); the ordinary worker never this one.
 URGENT_QUEUE: Final = "diagnose-urgent"
 URGENT: Final = "urgent"  # the task's lane argument: which debounce key it clears
 # Paging's sweep (the first page of every incident and each escalation) goes to a queue

@@ -703,14 +703,7 @@ def recovery_steps(
     `lo`/`hi` narrow the time range inside the window: the (group, generation, ts) index
     is what bounds the rows read, and a generation's whole window is every rank's step
     for hours (`step >= min_step` alone still reads them all)."""
-    start, end = around - RECOVERY_WINDOW, around + RECOVERY_WINDOW
-    qs = m.StepRecord.objects.filter(
-        group=group,
-        generation=generation,
-        stale=False,
-        ts__gte=max(start, lo) if lo is not None else start,
-        ts__lt=min(end, hi) if hi is not None else end,
-    )
+    qs = _between(_window(group, generation, around), lo, hi)
     if min_step is not None:
         qs = qs.filter(step__gte=min_step)
     bad = Q(overflow=True) | Q(loss__in=_NON_FINITE) | Q(grad_norm__in=_NON_FINITE)
@@ -735,6 +728,15 @@ def _window(group: ConsistencyGroup, generation: int, around: datetime) -> Query
         ts__gte=around - RECOVERY_WINDOW,
         ts__lt=around + RECOVERY_WINDOW,
     )
+
+
+def _between(qs: QuerySet[Any], lo: datetime | None, hi: datetime | None) -> QuerySet[Any]:
+    """`qs` narrowed to [lo, hi) where given (the window's own bounds still hold)."""
+    if lo is not None:
+        qs = qs.filter(ts__gte=lo)
+    if hi is not None:
+        qs = qs.filter(ts__lt=hi)
+    return qs
 
 
 def first_step_of(group: ConsistencyGroup, generation: int, around: datetime) -> int | None:
@@ -765,11 +767,7 @@ def step_reached_at(
     (group, rank, ts) index reads one rank's rows, not the world's, and `lo`/`hi` narrow
     them. Every launcher has a rank 0, and the ranks of a synchronous job finish a step
     within STEP_SKEW of it."""
-    qs = _window(group, generation, around).filter(rank=0, step=step)
-    if lo is not None:
-        qs = qs.filter(ts__gte=lo)
-    if hi is not None:
-        qs = qs.filter(ts__lt=hi)
+    qs = _between(_window(group, generation, around), lo, hi).filter(rank=0, step=step)
     return qs.order_by("-ts").values_list("ts", flat=True).first()
 
 
