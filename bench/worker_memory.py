@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             tracemalloc.start()
         started = time.monotonic()
         for i in range(1, args.iterations + 1):
+            tasks.sweep_nodes()
             tasks.sweep()
             for name in groups:
                 tasks.diagnose_group(name)

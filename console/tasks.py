@@ -46,14 +46,29 @@ def measure_recovery_costs() -> None:
     pipeline.measure_recovery(now=timezone.now())
 
 
-@shared_task(name="console.sweep", acks_late=True, expires=5)
-def sweep() -> None:
-    """Silence emits no records: find what went quiet and diagnose it."""
+@shared_task(name="console.sweep_nodes", acks_late=True, expires=5)
+def sweep_nodes() -> None:
+    """Fleet health's sweep: nodes whose agent went quiet are marked down (each opens its
+    silent-node incident), and repaired nodes whose validation window passed are proposed
+    back. Beat sends it to the housekeeping queue (console.scheduling.HOUSEKEEPING_QUEUE):
+    in the one-second sweep on the default queue it waited behind diagnosis passes, and at
+    16k ranks 16 of ~480 ran in 8 minutes, so a dead node's incident opened late. At rest
+    it is two indexed queries (bench/sweep.py: ~1 ms at 2,048 nodes), cheap enough for the
+    urgent lane's process; a late run is dropped, the next second's covers it."""
     now = timezone.now()
     for name in pipeline.mark_silent_nodes(now=now):
         log.info("sweep: node %s stopped reporting", name)
     for action_id in actions.propose_returns(now=now):
         log.info("sweep: proposed action %s to return validated hardware", action_id)
+
+
+@shared_task(name="console.sweep", acks_late=True, expires=5)
+def sweep() -> None:
+    """Silence emits no records: re-judge every recently active group (hang thresholds,
+    stalls) with no new record. On the default queue: it only schedules diagnoses, which
+    run there anyway, and it costs a send per group (~300 ms for 256 jobs, bench/sweep.py),
+    too much for the urgent lane's one process."""
+    now = timezone.now()
     # Queue, don't run inline: workers diagnose groups in parallel, and the debounce key
     # keeps at most one pending diagnosis per group however often the sweep fires.
     for name in pipeline.groups_to_sweep(now=now, window=timedelta(minutes=30)):

@@ -7,6 +7,7 @@ scheduled here by their stable names; nothing else imports a tasks module.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from celery import Celery
 
@@ -21,9 +22,16 @@ app.autodiscover_tasks(["console"])
 app.autodiscover_tasks(["console"], related_name="notify_tasks")
 app.autodiscover_tasks(["ingest"])
 metrics.connect_celery()  # task runs, diagnosis passes, notification outcomes
-app.conf.beat_schedule = {
+# Module-level so a bench can read the periods without loading Django's settings.
+BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "sweep": {"task": "console.sweep", "schedule": 1.0},
-    # Paging must not wait behind diagnosis passes (console.scheduling.HOUSEKEEPING_QUEUE).
+    # Paging and fleet health must not wait behind diagnosis passes
+    # (console.scheduling.HOUSEKEEPING_QUEUE).
+    "sweep-nodes": {
+        "task": "console.sweep_nodes",
+        "schedule": 1.0,
+        "options": {"queue": HOUSEKEEPING_QUEUE},
+    },
     "escalation-sweep": {
         "task": "console.escalation_sweep",
         "schedule": 10.0,
@@ -34,3 +42,4 @@ app.conf.beat_schedule = {
     "rollup": {"task": "console.rollup_telemetry", "schedule": 60.0},
     "maintain-telemetry": {"task": "console.maintain_telemetry", "schedule": 3600.0},
 }
+app.conf.beat_schedule = BEAT_SCHEDULE

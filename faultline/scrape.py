@@ -24,13 +24,19 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from console.scheduling import HOUSEKEEPING_QUEUE, URGENT_QUEUE
 from faultline.metrics_dir import ENV
 
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# Celery's Redis transport keeps one list per priority step of a queue.
-CELERY_QUEUES = {"celery": ["celery", *(f"celery\x06\x16{p}" for p in (3, 6, 9))]}
+# Celery's Redis transport keeps one list per priority step of a queue. Housekeeping's
+# depth is the one to alert on: its sweeps (pages, silent nodes) wait only when both
+# workers are behind (docs/operations.md).
+CELERY_QUEUES = {
+    queue: [queue, *(f"{queue}\x06\x16{p}" for p in (3, 6, 9))]
+    for queue in ("celery", HOUSEKEEPING_QUEUE, URGENT_QUEUE)
+}
 
 
 def allowed(request: HttpRequest) -> tuple[bool, int, str]:

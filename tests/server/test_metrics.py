@@ -141,16 +141,23 @@ def test_it_times_requests_by_route_pattern_never_by_path(client: Any, token: st
 def test_it_reports_postgres_and_valkey_up_and_the_queue_depth(client: Any, token: str) -> None:
     from django.core.cache import cache
 
+    from console.scheduling import HOUSEKEEPING_QUEUE, URGENT_QUEUE
+
     redis = cache._cache.get_client(write=True)
-    redis.delete("celery")
+    queues = ("celery", HOUSEKEEPING_QUEUE, URGENT_QUEUE)
+    redis.delete(*queues)
     redis.rpush("celery", "m1", "m2")
+    redis.rpush(HOUSEKEEPING_QUEUE, "m1", "m2", "m3")
     try:
         samples = scrape(client)
     finally:
-        redis.delete("celery")
+        redis.delete(*queues)
     assert value(samples, "faultline_dependency_up", dependency="postgres") == 1
     assert value(samples, "faultline_dependency_up", dependency="valkey") == 1
     assert value(samples, "faultline_celery_queue_depth", queue="celery") >= 2
+    # Both workers behind: the sweeps that page and mark silent nodes down wait.
+    assert value(samples, "faultline_celery_queue_depth", queue=HOUSEKEEPING_QUEUE) == 3
+    assert samples[("faultline_celery_queue_depth", (("queue", URGENT_QUEUE),))] == 0
 
 
 def test_it_counts_task_runs_diagnosis_passes_and_notification_outcomes(

@@ -352,10 +352,12 @@ def test_an_established_groups_xid_is_diagnosed_while_the_ordinary_worker_is_stu
     time), an established group's Xid still becomes its incident, and its page is
     scheduled by the escalation sweep on the housekeeping queue, which the lane's worker
     drains too (a 16k-rank group's passes starved the sweep on the default queue: one
-    in ~40 ran). The page itself goes out once the ordinary worker runs again."""
+    in ~40 ran). So is fleet health's sweep: a node whose agent went quiet is marked down
+    and its incident opens. The page itself goes out once the ordinary worker runs again."""
     import redis
 
     node, group, gpu = "node-urgent-lane", "g-urgent-lane", "GPU-urgent-lane-0"
+    quiet = "node-urgent-lane-quiet"  # its agent dies while the ordinary worker is stuck
     receiver = _Receiver(fail=0)
     _page_group_to(svc, receiver, group, "lane")
     token = svc.token(node)
@@ -366,6 +368,8 @@ def test_an_established_groups_xid_is_diagnosed_while_the_ordinary_worker_is_stu
         {"kind": "device_sample", "gpu": gpu, "index": 0, "temp_c": 50.0},
     ]  # fmt: skip
     assert h.post_batch(svc, token, make_batch(start, node=node)).status == 202
+    sample = [{"kind": "device_sample", "gpu": f"GPU-{quiet}-0", "index": 0, "temp_c": 50.0}]
+    assert h.post_batch(svc, svc.token(quiet), make_batch(sample, node=quiet)).status == 202
     # Established: as if created longer ago than FAULTLINE_DIAGNOSIS_YOUNG_GROUP_S.
     client = redis.Redis.from_url(h.runtime(svc)["REDIS_URL"])
     assert client.delete(f"faultline:1:diag-young:{group}") == 1
@@ -394,6 +398,20 @@ def test_an_established_groups_xid_is_diagnosed_while_the_ordinary_worker_is_stu
 
         wait_for(scheduled, 30, "the page scheduled while the ordinary worker is stuck")
         paged_s = time.monotonic() - t0
+
+        def quiet_down() -> bool:
+            rows = h.sql(
+                svc,
+                "SELECT n.health, count(i.id) FROM console_node n LEFT JOIN console_incident i"
+                " ON i.node_id = n.id AND i.kind = 'node_silent' AND i.state = 'open'"
+                " WHERE n.name = %s GROUP BY n.health",
+                (quiet,),
+            )
+            return rows == [("down", 1)]
+
+        # Silent after NODE_SILENT_AFTER (10 s) from its one batch, then the next sweep.
+        wait_for(quiet_down, 30, "the quiet node marked down while the ordinary worker is stuck")
+        quiet_s = time.monotonic() - t0
         assert receiver.posts == []  # delivery is the ordinary worker's: still stopped
     finally:
         h.kill([p.pid for p in stuck], signal.SIGCONT)
@@ -403,7 +421,9 @@ def test_an_established_groups_xid_is_diagnosed_while_the_ordinary_worker_is_stu
         receiver.server.shutdown()
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "chaos-urgent-lane.json").write_text(
-        json.dumps({"xid_incident_s": took_s, "page_scheduled_s": paged_s})
+        json.dumps(
+            {"xid_incident_s": took_s, "page_scheduled_s": paged_s, "quiet_node_down_s": quiet_s}
+        )
     )
 
 

@@ -160,5 +160,11 @@ def test_the_shipped_topologies_run_a_worker_for_the_lane_and_keep_the_other_off
         assert "--hostname" in lane  # its own node name beside the ordinary worker's
     from faultline.celery import app
 
-    sweep = app.conf.beat_schedule["escalation-sweep"]
-    assert sweep["options"]["queue"] == scheduling.HOUSEKEEPING_QUEUE  # pages wait for no pass
+    beat = app.conf.beat_schedule
+    # Pages and fleet health wait for no pass; the group sweep, a send per group, stays
+    # off the lane's one process (bench/sweep.py).
+    assert beat["escalation-sweep"]["options"]["queue"] == scheduling.HOUSEKEEPING_QUEUE
+    assert beat["sweep-nodes"]["task"] == "console.sweep_nodes"
+    assert beat["sweep-nodes"]["options"]["queue"] == scheduling.HOUSEKEEPING_QUEUE
+    assert beat["sweep"]["task"] == "console.sweep"
+    assert "queue" not in beat["sweep"].get("options", {})
