@@ -35,14 +35,17 @@ log = logging.getLogger(__name__)
 DIAGNOSE_GROUP: Final = "console.diagnose_group"
 SEND_NOTIFICATION: Final = "console.send_notification"
 # The urgent lane: established groups' device events. Its own worker consumes this queue
-# (and HOUSEKEEPING_QUEUE); the ordinary worker never this one.
+# alone; the ordinary worker never this one.
 URGENT_QUEUE: Final = "diagnose-urgent"
 URGENT: Final = "urgent"  # the task's lane argument: which debounce key it clears
-# Paging's sweep (the first page of every incident and each escalation) goes to a queue
-# that both workers drain: the lane's worker, idle but for device events, takes it at once,
-# and the ordinary worker still does if the lane's is not running. On the default queue
-# alone it waited behind diagnosis passes: with a 16k-rank group one sweep in ~40 ran
-# (bench/detect.py --ranks 16384), so a page could wait minutes.
+# Beat's sweeps (faultline.celery.BEAT_SCHEDULE: pages scheduled, silent nodes marked
+# down, quiet groups re-judged, step bins rolled) go to a queue a worker of its own drains
+# (`worker-housekeeping`, one process). On the default queue they waited behind diagnosis
+# passes past their expiry: with a 16k-rank group 16 of ~480 sweeps and one escalation
+# sweep in ~40 ran (bench/detect.py --ranks 16384), so a page could wait minutes. Shared
+# with the lane's worker, the group sweep's send per group (~0.3 s a second for 256 jobs,
+# bench/sweep.py) would have cost device events time, and the ordinary worker, draining it
+# too, took sweeps it then held behind its passes.
 HOUSEKEEPING_QUEUE: Final = "housekeeping"
 # An urgent run this late is no longer urgent (the ordinary lane has run since): a lane
 # worker that was down must not start with a backlog of them.

@@ -3,7 +3,7 @@ commands share before anything is supervised.
 
 Owns the data directory and its `runtime.json`, starting (or adopting) the embedded
 Postgres and Valkey and exporting their URLs, Django set-up and migrations, the first admin
-user and how its password is shown, and the four service children's command lines. `faultline
+user and how its password is shown, and the service children's command lines. `faultline
 drill` reaches all of this through a real `faultline up` child (faultline.testing.service).
 Must not run or restart processes (faultline.supervisor does) and must not parse arguments
 (faultline.cli does).
@@ -263,10 +263,12 @@ def service_commands(
 ) -> dict[str, list[str]]:
     """The children of the service: HTTP, websockets, the Celery workers and beat.
 
-    Two workers: `worker` drains the default queue (every task), `worker-urgent` the
-    urgent diagnosis lane (console.scheduling.URGENT_QUEUE), one process, so an
-    established group's Xid starts at once however far behind the first one is. Both
-    drain the housekeeping queue (paging's sweep), which the idle lane takes at once."""
+    Three workers, one queue each, so no queue waits behind another's work: `worker`
+    drains the default queue (diagnosis passes, deliveries), `worker-urgent` the urgent
+    diagnosis lane (console.scheduling.URGENT_QUEUE), one process, so an established
+    group's Xid starts at once however far behind the first one is, and
+    `worker-housekeeping` beat's sweeps (HOUSEKEEPING_QUEUE: pages scheduled, silent nodes
+    marked down, quiet groups re-judged, step bins rolled), one process."""
     py = sys.executable
     return {
         "web": [
@@ -282,14 +284,18 @@ def service_commands(
             "--port", str(ws_port), "--lifespan", "off", "--log-level", "warning",
         ],
         "worker": [
-            py, "-m", "celery", "-A", "faultline", "worker", "--queues", "celery,housekeeping",
+            py, "-m", "celery", "-A", "faultline", "worker", "--queues", "celery",
             "--concurrency", str(worker_concurrency), "--loglevel", "WARNING",
             "--without-heartbeat", "--without-gossip", "--without-mingle",
         ],
         "worker-urgent": [
-            py, "-m", "celery", "-A", "faultline", "worker",
-            "--queues", "diagnose-urgent,housekeeping",
+            py, "-m", "celery", "-A", "faultline", "worker", "--queues", "diagnose-urgent",
             "--hostname", "urgent@%h", "--concurrency", "1", "--loglevel", "WARNING",
+            "--without-heartbeat", "--without-gossip", "--without-mingle",
+        ],
+        "worker-housekeeping": [
+            py, "-m", "celery", "-A", "faultline", "worker", "--queues", "housekeeping",
+            "--hostname", "housekeeping@%h", "--concurrency", "1", "--loglevel", "WARNING",
             "--without-heartbeat", "--without-gossip", "--without-mingle",
         ],
         "beat": [

@@ -6,7 +6,8 @@ drills are faultline.demo and faultline.drill. Must not hold the logic of any of
 
 `faultline up` starts (or adopts) the embedded Postgres and Valkey when DATABASE_URL /
 REDIS_URL are unset, migrates, creates the first admin, then runs gunicorn (HTTP), uvicorn
-(websockets), a Celery worker and Celery beat as children, restarts a child that dies, and
+(websockets), three Celery workers (default queue, urgent lane, housekeeping) and Celery
+beat as children, restarts a child that dies, and
 stops everything on Ctrl-C or SIGTERM.
 """
 

@@ -31,8 +31,8 @@ log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Celery's Redis transport keeps one list per priority step of a queue. Housekeeping's
-# depth is the one to alert on: its sweeps (pages, silent nodes) wait only when both
-# workers are behind (docs/operations.md).
+# depth is one to alert on: its sweeps (pages, silent nodes) wait only when its worker is
+# down or behind (docs/operations.md).
 CELERY_QUEUES = {
     queue: [queue, *(f"{queue}\x06\x16{p}" for p in (3, 6, 9))]
     for queue in ("celery", HOUSEKEEPING_QUEUE, URGENT_QUEUE)

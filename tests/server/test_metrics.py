@@ -155,7 +155,7 @@ def test_it_reports_postgres_and_valkey_up_and_the_queue_depth(client: Any, toke
     assert value(samples, "faultline_dependency_up", dependency="postgres") == 1
     assert value(samples, "faultline_dependency_up", dependency="valkey") == 1
     assert value(samples, "faultline_celery_queue_depth", queue="celery") >= 2
-    # Both workers behind: the sweeps that page and mark silent nodes down wait.
+    # Its worker down: the sweeps that page and mark silent nodes down wait.
     assert value(samples, "faultline_celery_queue_depth", queue=HOUSEKEEPING_QUEUE) == 3
     assert samples[("faultline_celery_queue_depth", (("queue", URGENT_QUEUE),))] == 0
 

@@ -350,10 +350,10 @@ def test_an_established_groups_xid_is_diagnosed_while_the_ordinary_worker_is_stu
     """The urgent lane has a worker of its own (issue 22, High 4): with every process of
     the ordinary worker stopped (SIGSTOP: a saturated worker that runs nothing else in
     time), an established group's Xid still becomes its incident, and its page is
-    scheduled by the escalation sweep on the housekeeping queue, which the lane's worker
-    drains too (a 16k-rank group's passes starved the sweep on the default queue: one
-    in ~40 ran). So is fleet health's sweep: a node whose agent went quiet is marked down
-    and its incident opens. The page itself goes out once the ordinary worker runs again."""
+    scheduled by the escalation sweep, which the housekeeping worker runs (a 16k-rank
+    group's passes starved the sweeps on the default queue: one in ~40 ran). So is fleet
+    health's sweep: a node whose agent went quiet is marked down and its incident opens.
+    The page itself goes out once the ordinary worker runs again."""
     import redis
 
     node, group, gpu = "node-urgent-lane", "g-urgent-lane", "GPU-urgent-lane-0"
@@ -373,11 +373,10 @@ def test_an_established_groups_xid_is_diagnosed_while_the_ordinary_worker_is_stu
     # Established: as if created longer ago than FAULTLINE_DIAGNOSIS_YOUNG_GROUP_S.
     client = redis.Redis.from_url(h.runtime(svc)["REDIS_URL"])
     assert client.delete(f"faultline:1:diag-young:{group}") == 1
-    stuck = [
-        p for p in h.find(svc, "celery", "worker") if "diagnose-urgent" not in " ".join(p.cmdline())
-    ]
-    lane = h.find(svc, "celery", "worker", "diagnose-urgent")
-    assert stuck and lane
+    stuck = h.find(svc, "celery", "worker", "--queues celery ")
+    lane = h.find(svc, "celery", "worker", "--queues diagnose-urgent ")
+    sweeper = h.find(svc, "celery", "worker", "--queues housekeeping ")
+    assert stuck and lane and sweeper and not {*stuck} & {*lane, *sweeper}
     h.kill([p.pid for p in stuck], signal.SIGSTOP)
     try:
         xid = [{"kind": "device_event", "gpu": gpu, "event": "xid", "code": 79}]

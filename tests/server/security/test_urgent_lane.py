@@ -133,10 +133,12 @@ def test_off_the_lane_sends_nothing_there(post_batch, sent, settings):
     assert cache.get(scheduling.pending_key("ul-off"))
 
 
-def test_the_shipped_topologies_run_a_worker_for_the_lane_and_keep_the_other_off_it():
-    """`faultline up` and docker-compose (as shipped): one worker drains the lane (and
-    paging's sweep); the ordinary worker must not reserve lane messages while it is busy,
-    and drains paging's sweep too, so a page goes out if the lane's worker is down."""
+def test_the_shipped_topologies_run_a_worker_for_each_queue_and_beat_routes_the_sweeps():
+    """`faultline up` and docker-compose (as shipped): one worker drains the lane, one
+    beat's sweeps, one the default queue, each its own queue alone. The ordinary worker
+    must not reserve lane or sweep messages while it is busy (it held sweeps behind its
+    passes until they expired), and the lane's worker must not spend device events' time
+    on the sweeps."""
     from pathlib import Path
 
     import yaml
@@ -147,24 +149,26 @@ def test_the_shipped_topologies_run_a_worker_for_the_lane_and_keep_the_other_off
         host="127.0.0.1", port=1, ws_port=2, workers=1, worker_concurrency=2, directory=Path(".")
     )
     compose = yaml.safe_load((Path(__file__).parents[3] / "docker-compose.yml").read_text())
-    for ordinary, lane in (
-        (commands["worker"], commands["worker-urgent"]),
-        (compose["services"]["worker"]["command"], compose["services"]["worker-urgent"]["command"]),
-    ):
-        lane_queues = lane[lane.index("--queues") + 1].split(",")
-        assert lane_queues == [scheduling.URGENT_QUEUE, scheduling.HOUSEKEEPING_QUEUE]
-        # Celery's default queue and paging's sweep; never the lane's.
-        assert "-Q" not in ordinary
-        ordinary_queues = ordinary[ordinary.index("--queues") + 1].split(",")
-        assert ordinary_queues == ["celery", scheduling.HOUSEKEEPING_QUEUE]
-        assert "--hostname" in lane  # its own node name beside the ordinary worker's
+    want = {
+        "worker": ["celery"],
+        "worker-urgent": [scheduling.URGENT_QUEUE],
+        "worker-housekeeping": [scheduling.HOUSEKEEPING_QUEUE],
+    }
+    for role, queues in want.items():
+        for command in (commands[role], compose["services"][role]["command"]):
+            assert "-Q" not in command
+            assert command[command.index("--queues") + 1].split(",") == queues, role
+            if role != "worker":  # a node name of its own beside the ordinary worker's
+                assert "--hostname" in command
+                assert command[command.index("--concurrency") + 1] == "1"
     from faultline.celery import app
 
     beat = app.conf.beat_schedule
-    # Pages and fleet health wait for no pass; the group sweep, a send per group, stays
-    # off the lane's one process (bench/sweep.py).
-    assert beat["escalation-sweep"]["options"]["queue"] == scheduling.HOUSEKEEPING_QUEUE
+    # Pages, fleet health, silence and the charts' bins wait for no pass; what may run for
+    # seconds stays on the default queue, where a late run is still run.
+    for entry in ("sweep", "sweep-nodes", "escalation-sweep", "step-bins"):
+        assert beat[entry]["options"]["queue"] == scheduling.HOUSEKEEPING_QUEUE, entry
+    for entry in ("recovery-costs", "rollup", "maintain-telemetry"):
+        assert "queue" not in beat[entry].get("options", {}), entry
     assert beat["sweep-nodes"]["task"] == "console.sweep_nodes"
-    assert beat["sweep-nodes"]["options"]["queue"] == scheduling.HOUSEKEEPING_QUEUE
     assert beat["sweep"]["task"] == "console.sweep"
-    assert "queue" not in beat["sweep"].get("options", {})
