@@ -1,12 +1,13 @@
 """Benchmark: the one-second sweeps at 2,048 nodes / 16,384 GPUs.
 
-Beat sends two sweeps every second. The node sweep (`console.sweep_nodes`: silent nodes
-marked down, validated ones proposed back) goes to the housekeeping queue, which the
-urgent lane's one process drains too; the group sweep (`console.sweep`: a diagnosis
-scheduled per recently active group) stays on the default queue. They were one task on
-the default queue, where it waited behind diagnosis passes and expired (16 of ~480 ran in
-8 minutes of `bench/detect.py --ranks 16384`), so a dead node's incident opened late. This
-bench says what each sweep costs, next to the lane's own work measured in the same run.
+Beat sends two sweeps every second to the housekeeping queue, which one worker process
+drains alone (`worker-housekeeping`): the node sweep (`console.sweep_nodes`: silent nodes
+marked down, validated ones proposed back) and the group sweep (`console.sweep`: a
+diagnosis scheduled per recently active group). They were one task on the default queue,
+where it waited behind diagnosis passes and expired (16 of ~480 ran in 8 minutes of
+`bench/detect.py --ranks 16384`), so a dead node's incident opened late. This bench says
+what each sweep costs that process, next to one urgent-lane run measured in the same run
+(why the sweeps do not share the lane's process).
 
 Writes the fleet `bench/console.py` writes (2,048 nodes x 8 GPUs, one 16,384-rank group)
 plus `--jobs` small groups of 8 ranks on the same nodes (a fleet of many jobs is the
@@ -16,7 +17,8 @@ reporting. Then it times, in-process against Postgres and Valkey:
 - the node sweep of the fleet at rest (the common case: nothing to mark), `--runs` times;
 - the group sweep: the first run of a second (every group's diagnosis sent, as when the
   workers keep up) and the rest (pending keys held: nothing sent);
-- the node sweep that finds 1 % of the nodes silent (marks each down, opens its incident);
+- the node sweep that finds 1 % of the nodes silent (marks each down, opens its incident),
+  and a third of them silent together (one fleet incident), then the sweep resolving it;
 - baselines: a `SELECT 1` round trip, and one urgent-lane run for a node of the 16k group
   (`pipeline.diagnose_urgent`, what the lane exists for).
 
@@ -170,6 +172,13 @@ def main(argv: list[str] | None = None) -> None:
         marking = _timed(sweep_nodes)
         down = Node.objects.filter(name__in=silent, health="down").count()
         assert down == len(silent), (down, len(silent))
+        # The path to the service breaks: a third of the fleet silent in one sweep, one
+        # fleet incident (fleet_health.mass_silence), and then the sweep that settles it.
+        many = reporting(silent=NODES // 3)
+        together = _timed(sweep_nodes)
+        assert Node.objects.filter(name__in=many, health="down").count() == len(many)
+        reporting()
+        settled = _timed(sweep_nodes)
         rest_ms = [ms for ms, _ in rest]
         due_ms = [ms for ms, _ in due]
         held_ms = [ms for ms, _ in held]
@@ -180,11 +189,16 @@ def main(argv: list[str] | None = None) -> None:
         rest_p50 = statistics.median(rest_ms)
         print(
             f"node sweep at rest      p50 {rest_p50:7.2f} ms  p95 {_pct(rest_ms, 0.95):7.2f} ms"
-            f"  {rest[0][1]} queries  share of the lane's second {rest_p50 / 10:.2f} %"
+            f"  {rest[0][1]} queries  share of a process's second {rest_p50 / 10:.2f} %"
         )
         print(
             f"node sweep, {len(silent)} silent   {marking[0]:7.1f} ms  {marking[1]} queries  "
             f"({marking[0] / len(silent):.1f} ms a node marked down)"
+        )
+        print(
+            f"node sweep, {len(many)} silent  {together[0]:7.1f} ms  {together[1]} queries  "
+            f"(together: one fleet incident, {together[0] / len(many):.2f} ms a node); "
+            f"the sweep that resolves it {settled[0]:.1f} ms"
         )
         print(
             f"group sweep, all sent   p50 {statistics.median(due_ms):7.1f} ms  "

@@ -19,6 +19,7 @@ from console.actions.audit import SYSTEM
 from console.choices import GroupState, Health, IncidentState
 from console.diagnosis import diagnose as run_engine
 from console.models import ConsistencyGroup, Node
+from console.policy import fleet_health as fh
 from console.queries import recovery
 
 NODE_SILENT_AFTER = timedelta(seconds=10)
@@ -144,17 +145,27 @@ def measure_recovery(*, now: datetime, group_name: str | None = None) -> bool:
 
 
 def mark_silent_nodes(*, now: datetime) -> list[str]:
+    """Mark down the nodes that stopped reporting; many at once (fleet_health.mass_silence)
+    are one fleet incident, not one each. Then settle an open fleet silence."""
     cutoff = now - NODE_SILENT_AFTER
     silent = list(
         Node.objects.filter(last_seen__lt=cutoff)
         .exclude(health=Health.DOWN)
         .values_list("name", flat=True)
     )
-    for name in silent:
-        actions.set_node_health(
-            name=name, health=Health.DOWN, actor=SYSTEM, now=now,
-            reason=f"no report for {NODE_SILENT_AFTER.total_seconds():.0f} s",
-        )  # fmt: skip
+    reason = f"no report for {NODE_SILENT_AFTER.total_seconds():.0f} s"
+    reporting = Node.objects.exclude(health=Health.DOWN).count() if silent else 0
+    if silent and fh.mass_silence(len(silent), reporting):
+        log.warning("sweep: %d of %d nodes stopped reporting together", len(silent), reporting)
+        actions.mark_silent_together(
+            names=silent, reporting=reporting, actor=SYSTEM, now=now, reason=reason
+        )
+    else:
+        for name in silent:
+            actions.set_node_health(
+                name=name, health=Health.DOWN, actor=SYSTEM, now=now, reason=reason
+            )
+    actions.settle_fleet_silence(actor=SYSTEM, now=now)
     return silent
 
 

@@ -50,7 +50,9 @@ TASK_DURATION = Histogram(
     buckets=BUCKETS,
 )
 TASKS = Counter(
-    "faultline_celery_tasks", "Celery task runs by task name and final state.", ["task", "state"]
+    "faultline_celery_tasks",
+    "Celery task runs by task name and final state; EXPIRED: dropped unrun, past its expiry.",
+    ["task", "state"],
 )
 DIAGNOSIS_DURATION = Histogram(
     "faultline_diagnosis_duration_seconds",
@@ -161,9 +163,17 @@ def _on_postrun(
         NOTIFICATIONS.labels(outcome).inc()
 
 
+def _on_revoked(sender: Any = None, expired: bool = False, **_: Any) -> None:
+    """A task dropped unrun: EXPIRED when it waited past its expiry (beat's sweeps behind
+    a busy worker, docs/operations.md), else REVOKED."""
+    TASKS.labels(_task_name(sender), "EXPIRED" if expired else "REVOKED").inc()
+
+
 def connect_celery() -> None:
-    """Count every task run of this process (the Celery worker and its pool children)."""
+    """Count every task run (and every one dropped unrun) of this process: the Celery
+    worker and its pool children."""
     from celery import signals
 
     signals.task_prerun.connect(_on_prerun, weak=False, dispatch_uid="faultline-metrics-pre")
     signals.task_postrun.connect(_on_postrun, weak=False, dispatch_uid="faultline-metrics-post")
+    signals.task_revoked.connect(_on_revoked, weak=False, dispatch_uid="faultline-metrics-rev")

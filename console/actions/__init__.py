@@ -49,10 +49,12 @@ from console.actions.fleet import (
     mark_node,
     mark_out_of_service,
     mark_returned,
+    mark_silent_together,
     node_reporting,
     record_repair_evidence,
     return_to_service,
     set_node_health,
+    settle_fleet_silence,
 )
 from console.actions.groups import SLO_KEYS, set_group_objectives, set_group_slo
 from console.actions.incidents import acknowledge_incident, assign_incident, comment_on_incident
@@ -117,6 +119,7 @@ __all__ = [
     "mark_node",
     "mark_out_of_service",
     "mark_returned",
+    "mark_silent_together",
     "node_reporting",
     "propose_action",
     "propose_returns",
@@ -136,6 +139,7 @@ __all__ = [
     "set_group_objectives",
     "set_group_slo",
     "set_node_health",
+    "settle_fleet_silence",
     "vote_on_action",
     "withdraw_action",
 ]

@@ -36,9 +36,14 @@ NodeMark = Literal["quarantined", "cordoned"]
 
 def publish_node(name: str) -> None:
     """Push the node's fleet card once the transaction commits."""
+    publish_nodes([name])
+
+
+def publish_nodes(names: list[str]) -> None:
+    """Push these nodes' fleet cards once the transaction commits: one read for all."""
 
     def publish() -> None:
-        for payload in queries.node_payloads(names=[name]):
+        for payload in queries.node_payloads(names=names):
             events.publish(events.FLEET, "node.changed", payload)
 
     transaction.on_commit(publish)
@@ -87,6 +92,96 @@ def _silent_incident(node: Node, *, reason: str, now: datetime) -> None:
         timeline={"detected": now.isoformat()},
     )  # fmt: skip
     publish_incident(incident)
+
+
+FLEET_SILENT = "fleet_silent"
+_LIVE = (IncidentState.OPEN, IncidentState.ACKNOWLEDGED)
+
+
+def _fleet_silences() -> Any:
+    return Incident.objects.filter(state__in=_LIVE, kind=FLEET_SILENT, group=None, node=None)
+
+
+def _open_fleet_silence() -> Incident | None:
+    return _fleet_silences().select_for_update().order_by("opened_at").first()
+
+
+@transaction.atomic
+def mark_silent_together(
+    *, names: list[str], reporting: int, actor: str, now: datetime, reason: str
+) -> list[str]:
+    """Many nodes silent at once (fleet_health.mass_silence): each is marked down and
+    audited as `set_node_health` would, but ONE fleet-scope incident (no group, no node)
+    names them all, instead of an incident and a page per node. A later batch of silent
+    nodes while it is open joins it. Returns the nodes marked down."""
+    nodes = list(
+        Node.objects.select_for_update()
+        .filter(name__in=names)
+        .exclude(health="down")
+        .order_by("name")
+    )
+    marked = [node.name for node in nodes]
+    if not nodes:
+        return []
+    Node.objects.filter(pk__in=[node.pk for node in nodes]).update(health="down")
+    for node in nodes:
+        audit(actor=actor, verb="node.health", obj=node, reason=reason, now=now,
+              data={"before": node.health, "after": "down", "together": len(nodes)})  # fmt: skip
+    incident = _open_fleet_silence()
+    silent = sorted({*marked, *(incident.root_cause.get("nodes", []) if incident else [])})
+    summary = (
+        f"{len(silent)} nodes stopped reporting together ({reason}): more likely the path "
+        "to Faultline (ingest, a proxy, the network) than a fault on each node"
+    )[:512]
+    cause = {"kind": FLEET_SILENT, "subject": "fleet", "nodes": silent,
+             "evidence": {"silent": len(silent), "reporting_before": reporting}}  # fmt: skip
+    if incident is None:
+        incident = Incident.objects.create(
+            fingerprint=FLEET_SILENT, kind=FLEET_SILENT, subject="fleet", role="root_cause",
+            severity="critical", opened_at=now, summary=summary, root_cause=cause,
+            timeline={"detected": now.isoformat()},
+        )  # fmt: skip
+    else:
+        incident.summary, incident.root_cause = summary, cause
+        incident.version += 1
+        incident.save(update_fields=["summary", "root_cause", "version"])
+    publish_incident(incident)
+    publish_nodes(marked)
+    return marked
+
+
+def settle_fleet_silence(*, actor: str, now: datetime) -> list[str] | None:
+    """Resolve the open fleet silence once what is left of it is no longer one: the
+    nodes still silent (not reporting again) each get their own silent-node incident,
+    as if they had gone quiet alone. None while none is open or it still holds; else the
+    nodes still silent. The sweep calls it every second: with none open, one read."""
+    if not _fleet_silences().exists():
+        return None
+    with transaction.atomic():
+        return _settle_fleet_silence(actor=actor, now=now)
+
+
+def _settle_fleet_silence(*, actor: str, now: datetime) -> list[str] | None:
+    incident = _open_fleet_silence()
+    if incident is None:
+        return None
+    names = list(incident.root_cause.get("nodes", []))
+    still = list(Node.objects.filter(name__in=names, health="down").order_by("name"))
+    reporting = Node.objects.exclude(health="down").count() + len(still)
+    if still and fh.mass_silence(len(still), reporting):
+        return None
+    for node in still:
+        _silent_incident(node, reason="still silent after the fleet's silence ended", now=now)
+    why = f"{len(names) - len(still)} of {len(names)} nodes report again" + (
+        f"; {len(still)} still silent, each with an incident of its own" if still else ""
+    )
+    incident.state, incident.resolved_at = IncidentState.RESOLVED, now
+    incident.version += 1
+    incident.timeline = {**incident.timeline, "resolved": now.isoformat()}
+    incident.save()
+    audit(actor=actor, verb="incident.resolved", obj=incident, now=now, reason=why)
+    publish_incident(incident)
+    return [node.name for node in still]
 
 
 @transaction.atomic

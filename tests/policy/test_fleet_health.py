@@ -82,3 +82,22 @@ def test_it_holds_a_return_of_a_repeat_offender_or_of_someone_elses_node():
     assert "taken out by the scheduler" in held
     # Taking capacity out is not a return: these gates do not apply.
     assert return_holds(_request(ActionKind.CORDON_NODE, replace_flagged=True)) == []
+
+
+@pytest.mark.parametrize(
+    ("silent", "reporting", "together"),
+    [
+        (15, 20, False),  # a small fleet: each node its own incident, however many
+        (16, 20, True),
+        (16, 64, True),  # exactly a quarter
+        (16, 65, False),  # a rack in a big fleet: 16 node faults, each its own
+        (512, 2048, True),
+        (511, 2048, False),
+        (1345, 2048, True),  # the 16k bench's paused liveness
+        (16, 0, True),  # nothing counted as reporting: never divide by zero
+    ],
+)
+def test_many_nodes_silent_together_are_the_fleets_event_above_a_count_and_a_share(
+    silent: int, reporting: int, together: bool
+) -> None:
+    assert fh.mass_silence(silent, reporting) is together

@@ -180,6 +180,7 @@ def test_it_counts_task_runs_diagnosis_passes_and_notification_outcomes(
     ):
         metrics._on_prerun(task_id=f"t{n}")
         metrics._on_postrun(task_id=f"t{n}", task=Task(name), retval=retval, state=state)
+    metrics._on_revoked(sender=Task("console.sweep"), expired=True)  # waited past expiry
     after = scrape(client)
 
     def delta(name: str, **labels: str) -> float:
@@ -190,6 +191,7 @@ def test_it_counts_task_runs_diagnosis_passes_and_notification_outcomes(
     assert delta("faultline_notifications_total", outcome="retrying") == 1
     assert delta("faultline_celery_tasks_total", task="other", state="FAILURE") == 1
     assert delta("faultline_celery_task_duration_seconds_count", task="console.diagnose_group") == 1
+    assert delta("faultline_celery_tasks_total", task="console.sweep", state="EXPIRED") == 1
 
 
 # -- fleet state, read per scrape -----------------------------------------------------------

@@ -270,6 +270,74 @@ def test_it_opens_a_node_incident_for_a_silent_node_and_resolves_it_when_it_repo
     assert _node_incidents() == []
 
 
+def _report(post_batch, names: list[str]) -> None:
+    for name in names:
+        sample = {"kind": "device_sample", "gpu": f"GPU-{name}-0", "index": 0, "temp_c": 50.0}
+        assert post_batch(make_batch([sample], node=name)).status_code == 202
+
+
+def test_many_nodes_silent_together_are_one_fleet_incident_and_the_rest_their_own_after(
+    post_batch, client, cast
+):
+    """The path to Faultline breaks (its ingest, a proxy, the network): 20 of 24 nodes go
+    quiet in one sweep. Each is marked down and audited, but one fleet incident names
+    them, not 20 node incidents and 20 pages (a 16k bench whose nodes' liveness paused
+    had one sweep open 1,345). When the path is back and 18 report again it resolves; the 2 still
+    silent are then each a node incident of their own."""
+    from console import pipeline
+
+    names = [f"rack-{i:02d}" for i in range(24)]
+    _report(post_batch, names)
+    quiet = names[:20]
+    Node.objects.filter(name__in=quiet).update(last_seen=timezone.now() - timedelta(minutes=1))
+    assert sorted(pipeline.mark_silent_nodes(now=timezone.now())) == quiet
+    assert sorted(Node.objects.filter(health="down").values_list("name", flat=True)) == quiet
+    downs = AuditLog.objects.filter(verb="node.health", object_type="node")
+    assert downs.count() == 20
+    assert not Incident.objects.filter(kind="node_silent").exists()
+    (fleet,) = Incident.objects.filter(kind="fleet_silent")
+    assert (fleet.group, fleet.node, fleet.severity, fleet.state) == (
+        None, None, "critical", "open"
+    )  # fmt: skip
+    assert fleet.root_cause["nodes"] == quiet
+    assert "20 nodes stopped reporting together" in fleet.summary
+    pipeline.mark_silent_nodes(now=timezone.now())  # the next sweep: nothing new, it holds
+    assert Incident.objects.filter(kind="fleet_silent").exclude(state="resolved").count() == 1
+    # Shown and paged like any incident: no group, no node.
+    client.force_login(cast["viewer"])
+    page = client.get(f"/incidents/{fleet.pk}/")
+    assert page.status_code == 200 and "20 nodes stopped reporting" in page.content.decode()
+    api = client.get(f"/api/v1/incidents/{fleet.pk}/")
+    assert api.status_code == 200 and api.json()["kind"] == "fleet_silent"
+    from console.actions.notifications import incident_labels
+
+    labels = incident_labels(fleet)
+    assert labels == {"kind": "fleet_silent", "severity": "critical"}
+
+    _report(post_batch, quiet[2:])
+    assert pipeline.mark_silent_nodes(now=timezone.now()) == []
+    fleet.refresh_from_db()
+    assert fleet.state == "resolved"
+    assert AuditLog.objects.get(verb="incident.resolved", object_id=str(fleet.pk)).reason == (
+        "18 of 20 nodes report again; 2 still silent, each with an incident of its own"
+    )
+    alone = Incident.objects.filter(kind="node_silent", state="open")
+    assert sorted(i.node.name for i in alone) == quiet[:2]
+
+
+def test_a_few_nodes_silent_together_are_each_their_own_incident(post_batch):
+    """Below the fleet's threshold (16 nodes and a quarter of those reporting) silence is
+    each node's own: 15 of 24 quiet at once is 15 node incidents, no fleet incident."""
+    from console import pipeline
+
+    names = [f"row-{i:02d}" for i in range(24)]
+    _report(post_batch, names)
+    Node.objects.filter(name__in=names[:15]).update(last_seen=timezone.now() - timedelta(minutes=1))
+    assert len(pipeline.mark_silent_nodes(now=timezone.now())) == 15
+    assert Incident.objects.filter(kind="node_silent", state="open").count() == 15
+    assert not Incident.objects.filter(kind="fleet_silent").exists()
+
+
 def test_it_reads_a_recorded_gpu_reset_as_repair_of_a_reset_need_but_not_of_a_reboot_need(
     post_batch,
 ):
