@@ -20,7 +20,7 @@ from django.db import transaction
 
 from console.actions.audit import audit
 from console.actions.fleet import latch_fault, open_node_incident, publish_node
-from console.actions.incidents import publish_incident
+from console.actions.incidents import publish_incident, resolve_held
 from console.choices import IncidentState
 from console.models import ConsistencyGroup, Device, ExternalAlert, HealthEvent, Incident, Node
 
@@ -129,13 +129,7 @@ def _settle_alert_incident(incident: Incident | None, now: datetime) -> bool:
         or incident.external_alerts.filter(status="firing").exists()
     ):
         return False
-    incident.state, incident.resolved_at = IncidentState.RESOLVED, now
-    incident.version += 1
-    incident.timeline = {**incident.timeline, "resolved": now.isoformat()}
-    incident.save()
-    audit(actor=ACTOR, verb="incident.resolved", obj=incident, now=now,
-          reason="Alertmanager resolved its alerts")  # fmt: skip
-    publish_incident(incident)
+    resolve_held(incident, actor=ACTOR, reason="Alertmanager resolved its alerts", now=now)
     return True
 
 

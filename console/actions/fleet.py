@@ -25,7 +25,7 @@ from django.db import transaction
 from console import events, queries
 from console.actions.audit import actor_name, audit, role_refused
 from console.actions.errors import ChangeError, NotFound
-from console.actions.incidents import publish_incident
+from console.actions.incidents import publish_incident, resolve_held
 from console.choices import IncidentState, UserRole
 from console.models import Device, HealthEvent, Incident, Node
 from console.policy import fleet_health as fh
@@ -175,12 +175,7 @@ def _settle_fleet_silence(*, actor: str, now: datetime) -> list[str] | None:
     why = f"{len(names) - len(still)} of {len(names)} nodes report again" + (
         f"; {len(still)} still silent, each with an incident of its own" if still else ""
     )
-    incident.state, incident.resolved_at = IncidentState.RESOLVED, now
-    incident.version += 1
-    incident.timeline = {**incident.timeline, "resolved": now.isoformat()}
-    incident.save()
-    audit(actor=actor, verb="incident.resolved", obj=incident, now=now, reason=why)
-    publish_incident(incident)
+    resolve_held(incident, actor=actor, reason=why, now=now)
     return [node.name for node in still]
 
 
@@ -193,13 +188,7 @@ def node_reporting(*, node_id: int, actor: str, now: datetime) -> int:
         .filter(group=None, node_id=node_id, kind="node_silent")
         .exclude(state=IncidentState.RESOLVED)
     ):
-        incident.state, incident.resolved_at = IncidentState.RESOLVED, now
-        incident.version += 1
-        incident.timeline = {**incident.timeline, "resolved": now.isoformat()}
-        incident.save()
-        audit(actor=actor, verb="incident.resolved", obj=incident, now=now,
-              reason="the node reports again")  # fmt: skip
-        publish_incident(incident)
+        resolve_held(incident, actor=actor, reason="the node reports again", now=now)
         resolved += 1
     return resolved
 
@@ -494,12 +483,7 @@ def mark_returned(*, node_id: int, actor: str, reason: str, now: datetime, gpu: 
             and Device.objects.filter(uuid=uuid, lifecycle="healthy").exists() is False
         ):
             continue
-        incident.state, incident.resolved_at = IncidentState.RESOLVED, now
-        incident.version += 1
-        incident.timeline = {**incident.timeline, "resolved": now.isoformat()}
-        incident.save()
-        audit(actor=actor, verb="incident.resolved", obj=incident, reason=reason, now=now)
-        publish_incident(incident)
+        resolve_held(incident, actor=actor, reason=reason, now=now)
     publish_node(node.name)
 
 

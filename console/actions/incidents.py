@@ -33,6 +33,18 @@ def publish_incident(incident: Incident) -> None:
     events.publish_on_commit(events.FLEET, "incident.changed", payload)
 
 
+def resolve_held(incident: Incident, *, actor: str, reason: str, now: datetime) -> None:
+    """Resolve an incident the caller holds locked, in its transaction: an incident no
+    diagnosis pass owns (a node's, the fleet's, Alertmanager's). Versioned, audited,
+    published after commit."""
+    incident.state, incident.resolved_at = IncidentState.RESOLVED, now
+    incident.version += 1
+    incident.timeline = {**incident.timeline, "resolved": now.isoformat()}
+    incident.save()
+    audit(actor=actor, verb="incident.resolved", obj=incident, reason=reason, now=now)
+    publish_incident(incident)
+
+
 def _locked_incident(incident_id: int, expected_version: int | None) -> Incident:
     incident = (
         Incident.objects.select_for_update(of=("self",)).select_related("group").get(pk=incident_id)
