@@ -65,8 +65,9 @@ def sweep_nodes() -> None:
 @shared_task(name="console.sweep", acks_late=True, expires=5)
 def sweep() -> None:
     """Silence emits no records: re-judge every recently active group (hang thresholds,
-    stalls) with no new record. A job whose every rank blocks in a collective sends none,
-    so only this finds it: on the housekeeping queue, not behind other groups' passes. It
+    stalls) with no new record. A job whose every rank blocks in a collective usually
+    sends none (its loop is blocked; its agents send GPU samples), so this is what finds
+    it: on the housekeeping queue, not behind other groups' passes. It
     schedules (the diagnoses run on the default queue), a send per group due (~0.3 s for
     256 jobs, bench/sweep.py)."""
     now = timezone.now()
