@@ -316,13 +316,18 @@ class ScaleFleet:
             self.stop.wait(max(0.0, self.step_s - spent))
 
 
-def _metrics(service: Service) -> tuple[float, float]:
-    """(count, sum) of faultline_diagnosis_duration_seconds over every process."""
+def _scrape(service: Service) -> str:
+    """The service's /metrics text, every process's samples."""
     request = urllib.request.Request(
         service.url + "/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}
     )
     with urllib.request.urlopen(request, timeout=30) as response:
-        text = response.read().decode()
+        return str(response.read().decode())
+
+
+def _metrics(service: Service) -> tuple[float, float]:
+    """(count, sum) of faultline_diagnosis_duration_seconds over every process."""
+    text = _scrape(service)
     count = total = 0.0
     for line in text.splitlines():
         if line.startswith("faultline_diagnosis_duration_seconds_count"):
@@ -335,11 +340,7 @@ def _metrics(service: Service) -> tuple[float, float]:
 def _task_runs(service: Service) -> dict[tuple[str, str], float]:
     """(task, what) -> total over every process, from the scrape: `ran` (every final
     state), `expired` (dropped unrun past its expiry), `seconds` (run time)."""
-    request = urllib.request.Request(
-        service.url + "/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        text = response.read().decode()
+    text = _scrape(service)
     out: dict[tuple[str, str], float] = {}
     for line in text.splitlines():
         if line.startswith("faultline_celery_tasks_total{"):

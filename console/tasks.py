@@ -53,7 +53,7 @@ def sweep_nodes() -> None:
     back. Beat sends it to the housekeeping queue (console.scheduling.HOUSEKEEPING_QUEUE):
     in the one-second sweep on the default queue it waited behind diagnosis passes, and at
     16k ranks 16 of ~480 ran in 8 minutes, so a dead node's incident opened late. At rest
-    it is two queries (bench/sweep.py: ~4 ms at 2,048 nodes); a late run is dropped, the
+    it is three queries (bench/sweep.py: ~5 ms at 2,048 nodes); a late run is dropped, the
     next second's covers it."""
     now = timezone.now()
     for name in pipeline.mark_silent_nodes(now=now):
@@ -67,9 +67,9 @@ def sweep() -> None:
     """Silence emits no records: re-judge every recently active group (hang thresholds,
     stalls) with no new record. A job whose every rank blocks in a collective usually
     sends none (its loop is blocked; its agents send GPU samples), so this is what finds
-    it: on the housekeeping queue, not behind other groups' passes. It
-    schedules (the diagnoses run on the default queue), a send per group due (~0.3 s for
-    256 jobs, bench/sweep.py)."""
+    it: on the housekeeping queue, not behind other groups' passes. It only schedules
+    (the diagnoses run on the default queue): a send per group due, ~0.3 s for 256 jobs
+    (bench/sweep.py)."""
     now = timezone.now()
     # Queue, don't run inline: workers diagnose groups in parallel, and the debounce key
     # keeps at most one pending diagnosis per group however often the sweep fires.

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet
 
 from console import events, queries
 from console.actions.audit import actor_name, audit, role_refused
@@ -98,7 +99,7 @@ FLEET_SILENT = "fleet_silent"
 _LIVE = (IncidentState.OPEN, IncidentState.ACKNOWLEDGED)
 
 
-def _fleet_silences() -> Any:
+def _fleet_silences() -> QuerySet[Incident]:
     return Incident.objects.filter(state__in=_LIVE, kind=FLEET_SILENT, group=None, node=None)
 
 
