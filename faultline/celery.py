@@ -24,15 +24,21 @@ app.autodiscover_tasks(["ingest"])
 metrics.connect_celery()  # task runs, diagnosis passes, notification outcomes
 # Module-level so a bench can read the periods without loading Django's settings.
 # The sweeps go to the housekeeping worker (console.scheduling.HOUSEKEEPING_QUEUE): on the
-# default queue they waited behind diagnosis passes past their expiry. What may run long
-# (recovery costs: up to 2 s; the minute rollup; hourly maintenance) stays there, late
-# but never dropped, so it never holds a sweep.
+# default queue they waited behind diagnosis passes past their expiry. So does a new
+# partition's first ANALYZE: it keeps the passes fast in a new day's first minute. What
+# may run long (recovery costs: up to 2 s; the minute rollup; hourly maintenance) stays
+# there, late but never dropped, so it never holds a sweep.
 _SWEEP = {"queue": HOUSEKEEPING_QUEUE}
 BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "sweep": {"task": "console.sweep", "schedule": 1.0, "options": _SWEEP},
     "sweep-nodes": {"task": "console.sweep_nodes", "schedule": 1.0, "options": _SWEEP},
     "escalation-sweep": {"task": "console.escalation_sweep", "schedule": 10.0, "options": _SWEEP},
     "step-bins": {"task": "console.rollup_step_bins", "schedule": 5.0, "options": _SWEEP},
+    "analyze-partitions": {
+        "task": "ingest.analyze_partitions",
+        "schedule": 5.0,
+        "options": _SWEEP,
+    },
     "recovery-costs": {"task": "console.measure_recovery_costs", "schedule": 10.0},
     "rollup": {"task": "console.rollup_telemetry", "schedule": 60.0},
     "maintain-telemetry": {"task": "console.maintain_telemetry", "schedule": 3600.0},

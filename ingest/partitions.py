@@ -2,9 +2,11 @@
 
 Owns the DDL around partitions: converting a table to `PARTITION BY RANGE (ts)` (used by
 migration 0002), creating the days around now (`ensure_partitions`) and dropping whole days
-for retention (`drop_partitions_before`). Each table has a DEFAULT partition, so an insert
-never fails for lack of a day; rows that landed there move into their day when it is
-created. Must not hold ORM logic: plain SQL over the connection it is given.
+for retention (`drop_partitions_before`), and a new day's first statistics
+(`analyze_young`: a day read before autovacuum first analyzes it plans badly). Each table
+has a DEFAULT partition, so an insert never fails for lack of a day; rows that landed
+there move into their day when it is created. Must not hold ORM logic: plain SQL over
+the connection it is given.
 """
 
 from __future__ import annotations
@@ -145,6 +147,57 @@ def drop_partitions_before(cutoff: datetime, *, conn: Any = None) -> dict[str, i
                 cur.execute(f"DROP TABLE {part.name}")
         removed[table] = count
     return removed
+
+
+# A day partition is read by the diagnosis passes from its first second, long before
+# autovacuum first looks at it (autovacuum_naptime, 60 s by default). Without statistics
+# the planner walks the group's (group, generation, ts) index over all the group's rows
+# for a read of the newest ids: at 16k ranks, passes of 11-21 s in a new day's first minute.
+ANALYZE_MIN_ROWS = 10_000
+
+
+def needs_analyze(*, analyzed: bool, tuples_at_analyze: float, changed: int, min_rows: int) -> bool:
+    """Whether a partition's statistics are too young to plan by.
+
+    Never analyzed, or more rows written since the last ANALYZE than it then counted (the
+    table at least doubled): a day partition grows 60x in autovacuum's first minute, and
+    autovacuum's own 10 % rule only looks once a minute. Below `min_rows` any plan is cheap.
+    """
+    if changed < min_rows:
+        return False
+    return not analyzed or tuples_at_analyze < 0 or changed >= tuples_at_analyze
+
+
+def analyze_young(min_rows: int = ANALYZE_MIN_ROWS, *, conn: Any = None) -> list[str]:
+    """ANALYZE each partition of the telemetry tables whose statistics are too young.
+
+    One catalog read when none is (every few seconds from beat). SKIP_LOCKED: a partition
+    autovacuum is working on is skipped, not waited for, so the housekeeping worker never
+    blocks. Returns the partitions due (one skipped that way comes due again next time).
+    """
+    conn = conn or default_connection
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT c.relname, c.reltuples, s.n_mod_since_analyze, "
+            "(s.last_analyze IS NOT NULL OR s.last_autoanalyze IS NOT NULL) "
+            "FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent "
+            "JOIN pg_class c ON c.oid = i.inhrelid "
+            "JOIN pg_stat_user_tables s ON s.relid = i.inhrelid "
+            "WHERE p.relname = ANY(%s) AND s.n_mod_since_analyze >= %s",
+            [list(PARTITIONED), min_rows],
+        )
+        rows = cur.fetchall()
+    due = [
+        name
+        for name, tuples, changed, analyzed in rows
+        if needs_analyze(
+            analyzed=analyzed, tuples_at_analyze=tuples, changed=changed, min_rows=min_rows
+        )
+    ]
+    for name in sorted(due):
+        with conn.cursor() as cur:
+            cur.execute(f"ANALYZE (SKIP_LOCKED) {name}")
+    return sorted(due)
 
 
 # -- migration SQL ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Ingest's periodic tasks: step bins, minute rollups, partitions and retention.
+"""Ingest's periodic tasks: step bins, minute rollups, partitions, statistics, retention.
 
 Thin Celery wrappers (stable names, idempotent, scheduled by name in the beat schedule of
 faultline/celery.py). The work is ingest.step_bins', ingest.rollups' and
@@ -13,13 +13,14 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from ingest import retention, rollups, step_bins
+from ingest import partitions, retention, rollups, step_bins
 
 # Names kept from when these ran as console tasks: a beat schedule or a queued message
 # from before the move still finds them.
 ROLLUP_STEP_BINS = "console.rollup_step_bins"
 ROLLUP_TELEMETRY = "console.rollup_telemetry"
 MAINTAIN_TELEMETRY = "console.maintain_telemetry"
+ANALYZE_PARTITIONS = "ingest.analyze_partitions"
 
 
 @shared_task(name=ROLLUP_STEP_BINS, acks_late=True, expires=5)
@@ -48,3 +49,10 @@ def maintain_telemetry() -> None:
         event_days=settings.EVENT_RETENTION_DAYS,
     )
     retention.run(now=timezone.now(), keep_days=policy.keep_days, policy=policy)
+
+
+@shared_task(name=ANALYZE_PARTITIONS, acks_late=True, expires=5)
+def analyze_partitions() -> None:
+    """Every 5 s: first statistics for a telemetry partition filling faster than autovacuum
+    looks (one catalog read when there is nothing to do)."""
+    partitions.analyze_young()

@@ -159,7 +159,7 @@ def test_it_schedules_only_tasks_that_autodiscovery_registers():
     names |= {scheduling.DIAGNOSE_GROUP, scheduling.SEND_NOTIFICATION}
     assert names - set(app.tasks) == set()
     assert {"console.rollup_step_bins", "console.maintain_telemetry",
-            "console.measure_recovery_costs"} <= names  # fmt: skip
+            "console.measure_recovery_costs", "ingest.analyze_partitions"} <= names  # fmt: skip
 
 
 @pytest.mark.django_db

@@ -3,6 +3,7 @@ catches the rest and hands it over, retention drops whole days."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -98,3 +99,131 @@ def test_it_keeps_the_orm_usable_for_reads_and_deletes_on_a_partitioned_table(po
     assert StepRecord.objects.filter(pk=row.pk, ts=row.ts).count() == 1
     row.delete()
     assert StepRecord.objects.count() == 0
+
+
+# -- first statistics of a new day (analyze_young) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("analyzed", "tuples", "changed", "due"),
+    [
+        (False, -1.0, 499, False),  # too small to plan badly
+        (False, -1.0, 500, True),  # never analyzed
+        (False, 900.0, 600, True),  # vacuumed (reltuples known) but never analyzed
+        (True, 600.0, 599, False),  # grew less than the rows it was analyzed with
+        (True, 600.0, 600, True),  # doubled since its last ANALYZE
+        (True, 1_000_000.0, 90_000, False),  # a full day's small change: autovacuum's job
+    ],
+)
+def test_it_finds_statistics_too_young_to_plan_by(analyzed, tuples, changed, due):
+    assert (
+        partitions.needs_analyze(
+            analyzed=analyzed, tuples_at_analyze=tuples, changed=changed, min_rows=500
+        )
+        is due
+    )
+
+
+STATS_DAY = datetime(2032, 5, 1, 12, 0, tzinfo=UTC)
+STATS_PART = partitions.partition_name("ingest_steprecord", STATS_DAY.date())
+
+
+@pytest.fixture
+def stats_day():
+    """A day partition of its own, committed (statistics count committed rows only)."""
+    created = partitions.ensure_partitions(days_ahead=0, days_back=0, now=STATS_DAY)
+    yield
+    with connection.cursor() as cur:
+        for name in created:
+            cur.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def _steps(group, node, n: int, start: int) -> None:
+    rows = [
+        StepRecord(
+            ts=STATS_DAY + timedelta(milliseconds=i),
+            node=node,
+            group=group,
+            generation=1,
+            rank=i % 8,
+            step=i // 8,
+        )
+        for i in range(start, start + n)
+    ]
+    StepRecord.objects.bulk_create(rows)
+
+
+def _stats(name: str, want: tuple[int, bool]) -> tuple[int, bool]:
+    """(rows changed since the last ANALYZE, analyzed at all), polled until it reads
+    `want` or 10 s passed: a backend flushes its writes' statistics at most once a second."""
+    deadline = time.monotonic() + 10
+    while True:
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_stat_force_next_flush()")
+            cur.execute("SELECT pg_stat_clear_snapshot()")
+            cur.execute(
+                "SELECT n_mod_since_analyze, last_analyze IS NOT NULL "
+                "FROM pg_stat_user_tables WHERE relname = %s",
+                [name],
+            )
+            got = cur.fetchone()
+        if got == want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_analyzes_a_new_day_before_autovacuum_would_and_again_when_it_doubles(stats_day):
+    from console.models import ConsistencyGroup
+
+    node = Node.objects.create(name="node-stats")
+    group = ConsistencyGroup.objects.create(name="job-stats", generation=1)
+    with connection.cursor() as cur:  # autovacuum must not do it for us meanwhile
+        cur.execute(f"ALTER TABLE {STATS_PART} SET (autovacuum_enabled = off)")
+
+    _steps(group, node, 400, 0)
+    assert _stats(STATS_PART, (400, False)) == (400, False)
+    assert STATS_PART not in partitions.analyze_young(min_rows=500)
+
+    _steps(group, node, 200, 400)
+    assert _stats(STATS_PART, (600, False)) == (600, False)
+    assert STATS_PART in partitions.analyze_young(min_rows=500)
+    assert _stats(STATS_PART, (0, True)) == (0, True)
+    assert STATS_PART not in partitions.analyze_young(min_rows=500)
+
+    _steps(group, node, 599, 600)  # grew, but by less than the 600 rows analyzed
+    assert _stats(STATS_PART, (599, True)) == (599, True)
+    assert STATS_PART not in partitions.analyze_young(min_rows=500)
+    _steps(group, node, 1, 1199)  # now doubled
+    assert _stats(STATS_PART, (600, True)) == (600, True)
+    assert STATS_PART in partitions.analyze_young(min_rows=500)
+    assert _stats(STATS_PART, (0, True)) == (0, True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_skips_a_partition_another_session_holds_instead_of_waiting(stats_day):
+    import psycopg
+
+    from console.models import ConsistencyGroup
+
+    node = Node.objects.create(name="node-stats")
+    group = ConsistencyGroup.objects.create(name="job-stats", generation=1)
+    with connection.cursor() as cur:
+        cur.execute(f"ALTER TABLE {STATS_PART} SET (autovacuum_enabled = off)")
+    _steps(group, node, 600, 0)
+    assert _stats(STATS_PART, (600, False)) == (600, False)
+
+    db = connection.settings_dict
+    with psycopg.connect(
+        host=db["HOST"], port=db["PORT"], user=db["USER"], password=db["PASSWORD"],
+        dbname=db["NAME"], autocommit=False,
+    ) as holder:  # fmt: skip
+        # What a running autovacuum or another ANALYZE holds.
+        holder.execute(f"LOCK TABLE {STATS_PART} IN SHARE UPDATE EXCLUSIVE MODE")
+        t0 = time.monotonic()
+        assert STATS_PART in partitions.analyze_young(min_rows=500)
+        assert time.monotonic() - t0 < 2
+        holder.rollback()
+    assert _stats(STATS_PART, (600, False)) == (600, False)  # skipped, due next time
+    partitions.analyze_young(min_rows=500)
+    assert _stats(STATS_PART, (0, True)) == (0, True)

@@ -166,7 +166,7 @@ def test_the_shipped_topologies_run_a_worker_for_each_queue_and_beat_routes_the_
     beat = app.conf.beat_schedule
     # Pages, fleet health, silence and the charts' bins wait for no pass; what may run for
     # seconds stays on the default queue, where a late run is still run.
-    for entry in ("sweep", "sweep-nodes", "escalation-sweep", "step-bins"):
+    for entry in ("sweep", "sweep-nodes", "escalation-sweep", "step-bins", "analyze-partitions"):
         assert beat[entry]["options"]["queue"] == scheduling.HOUSEKEEPING_QUEUE, entry
     for entry in ("recovery-costs", "rollup", "maintain-telemetry"):
         assert "queue" not in beat[entry].get("options", {}), entry
