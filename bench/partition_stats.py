@@ -2,9 +2,10 @@
 
 A diagnosis pass reads the rows since its cursor (`telemetry.rank_records_since`). On a
 partition autovacuum has not analyzed yet (its first look comes up to `autovacuum_naptime`,
-60 s, after the day starts filling) the planner has no statistics, and at 16k ranks the
-passes of that first minute took 11-21 s (docs/performance.md). Beat now runs
-`partitions.analyze_young` every 5 s. This bench says what that buys and what it costs:
+60 s, after the day starts filling) the planner has no statistics and walks the group's
+`(group, generation, ts)` index over the day's rows instead of the primary key from the
+cursor. Beat now runs `partitions.analyze_young` every 5 s. This bench says what that buys
+and what it costs:
 
 - writes a 16,384-rank group's steps into a day partition of its own, with autovacuum off
   for it (so the "before" stays before), `--steps` steps in arrival order;
