@@ -53,6 +53,11 @@ def diagnose(*, group_name: str, now: datetime) -> None:
     if t4 - t0 > SLOW_PASS_S:
         p = snapshots.last_pass
         parts = ", ".join(f"{k} {v:.2f}" for k, v in snapshots.last_parts.items())
+        read = snapshots.last_read
+        if read:  # which part of an incremental read, and how many rows it re-checked
+            parts += "; read: " + ", ".join(
+                f"{k} {v:.2f}" if k.endswith(" s") else f"{k} {v:.0f}" for k, v in read.items()
+            )
         log.warning(
             "diagnosis %s: slow pass %.2f s (%s read of %s rows, %s ranks rebuilt; snapshot "
             "%.2f s [%s], engine %.2f s, incidents %.2f s, remediation %.2f s; %d ranks, "

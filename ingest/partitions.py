@@ -184,7 +184,7 @@ def analyze_young(min_rows: int = ANALYZE_MIN_ROWS, *, conn: Any = None) -> list
             "FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent "
             "JOIN pg_class c ON c.oid = i.inhrelid "
             "JOIN pg_stat_user_tables s ON s.relid = i.inhrelid "
-            "WHERE p.relname = ANY(%s) AND s.n_mod_since_analyze >= %s",
+            "WHERE p.relname = ANY(%s::name[]) AND s.n_mod_since_analyze >= %s",
             [list(PARTITIONED), min_rows],
         )
         rows = cur.fetchall()

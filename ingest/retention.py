@@ -172,8 +172,9 @@ def delete_batched(
     if keep_live_groups:
         keep = (
             " AND (t.group_id IS NULL OR t.group_id IN (SELECT id FROM console_consistencygroup"
-            " WHERE state = ANY(%(terminal)s)) AND NOT EXISTS (SELECT 1 FROM console_incident i"
-            " WHERE i.group_id = t.group_id AND i.state = ANY(%(open)s)))"
+            " WHERE state = ANY(%(terminal)s::text[]))"
+            " AND NOT EXISTS (SELECT 1 FROM console_incident i"
+            " WHERE i.group_id = t.group_id AND i.state = ANY(%(open)s::text[])))"
         )
         params |= {"terminal": [str(s) for s in _TERMINAL], "open": [str(s) for s in _OPEN]}
     sql = (

@@ -9,6 +9,7 @@ the telemetry indexes; chart reads aggregate in Postgres. Must not write.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -101,7 +102,8 @@ SELECT rank, avg(duration_ms),
        avg((phases->>'optimizer')::float)
 FROM ingest_steprecord
 WHERE group_id = %(group)s AND generation = %(generation)s AND NOT stale
-  AND ts >= %(since)s AND ts <= %(until)s AND rank = ANY(%(ranks)s) AND duration_ms IS NOT NULL
+  AND ts >= %(since)s AND ts <= %(until)s AND rank = ANY(%(ranks)s::int[])
+  AND duration_ms IS NOT NULL
 GROUP BY rank ORDER BY 2 DESC LIMIT %(limit)s
 """
 
@@ -385,7 +387,7 @@ def rank_records(
     reports, processes), each with its row `id`, bounded as a snapshot needs them; `ranks`:
     those ranks' only (the urgent lane's read of the ranks on a node, console.snapshots)."""
     gen, gid = group.generation, group.pk
-    only, some = ("AND rank = ANY(%s)", [ranks]) if ranks is not None else ("", [])
+    only, some = ("AND rank = ANY(%s::int[])", [ranks]) if ranks is not None else ("", [])
     current = f"group_id = %s AND generation = %s AND NOT stale {only}"
     steps = _kind_rows(
         "step", f"{current} AND ts >= %s", [gid, gen, *some, now - STEP_WINDOW], node_names,
@@ -399,7 +401,7 @@ def rank_records(
     quiet = set(members.values_list("rank", flat=True)) - {row["rank"] for row in steps}
     if quiet:
         steps += _kind_rows(
-            "step", f"{current} AND rank = ANY(%s) AND ts >= %s",
+            "step", f"{current} AND rank = ANY(%s::int[]) AND ts >= %s",
             [gid, gen, *some, sorted(quiet), now - HISTORY_WINDOW], node_names,
             newest_per_rank=True,
         )  # fmt: skip
@@ -426,10 +428,14 @@ def rank_records_since(
     node_names: dict[int, str],
     after: dict[str, int],
     skip: dict[str, set[int]],
+    costs: dict[str, float] | None = None,
 ) -> list[dict[str, Any]] | None:
     """The group's per-rank records with an id above `after[kind]` (minus the ids in
     `skip[kind]`, already applied), oldest id first: what arrived since the last pass.
-    None when a table has more than MAX_SINCE_ROWS new rows (a full read is cheaper)."""
+    None when a table has more than MAX_SINCE_ROWS new rows (a full read is cheaper).
+    `costs`, when given, gains the seconds of each part of the read and the size of the
+    range re-checked (a slow pass's log says which part it was)."""
+    costs = {} if costs is None else costs
     records: list[dict[str, Any]] = []
     for kind, (model, _, current_only) in RANK_TABLES.items():
         where, params = "group_id = %s AND NOT stale", [group.pk]
@@ -444,25 +450,39 @@ def rank_records_since(
         # pass (~75 ms of an idle pass at 16k ranks). Otherwise the ids, compared here, not
         # in SQL (a 16k-id NOT IN costs more than the read).
         rows: list[dict[str, Any]] = []
+        t = time.perf_counter()
         if high > floor:
             table = model._meta.db_table
             span = f"FROM {table} WHERE {where} AND id > %s AND id <= %s"
             ((held,),) = _fetch(f"SELECT count(*) {span}", [*params, floor, high])
+            costs["recheck rows"] = costs.get("recheck rows", 0) + held
             if held != len(seen):
                 ids = _fetch(f"SELECT id {span}", [*params, floor, high])
                 late = sorted({i for (i,) in ids} - seen)
+                costs["late rows"] = costs.get("late rows", 0) + len(late)
                 if late:
+                    # ::bigint[]: psycopg sends small ints as smallint[], and a bigint =
+                    # smallint ANY is not hashed, so as a filter it scanned the array per
+                    # row: 10.7 s for 14k late ids among 47k rows at 16k ranks.
                     rows = _kind_rows(
-                        kind, f"{where} AND id = ANY(%s)", [*params, late], node_names
+                        kind, f"{where} AND id = ANY(%s::bigint[])", [*params, late], node_names
                     )
+        t = _cost(costs, "recheck s", t)
         # ORDER BY id LIMIT walks the primary key from the cursor: without it the planner
         # may take the group's (group, generation, ts) index and read every row of the group.
         new = _kind_rows(kind, f"{where} AND id > %s", [*params, high], node_names,
                          f"ORDER BY id LIMIT {MAX_SINCE_ROWS}")  # fmt: skip
+        _cost(costs, "new s", t)
         if len(new) >= MAX_SINCE_ROWS:
             return None
         records += rows + new
     return _collective_ts(records)
+
+
+def _cost(costs: dict[str, float], name: str, since: float) -> float:
+    now = time.perf_counter()
+    costs[name] = costs.get(name, 0.0) + now - since
+    return now
 
 
 def rank_table_heads() -> dict[str, int]:
@@ -633,7 +653,7 @@ def _node_rows(
     lead = f"DISTINCT ON ({distinct}) " if distinct else ""
     table = model._meta.db_table
     sql = f"SELECT {lead}ts, node_id, {_columns(fields)} FROM {table}"  # noqa: S608
-    sql += f" WHERE node_id = ANY(%s) AND {where} {tail}"
+    sql += f" WHERE node_id = ANY(%s::bigint[]) AND {where} {tail}"
     return _records(_fetch(sql, params), kind, fields, node_names, lead=("ts", "node"))
 
 

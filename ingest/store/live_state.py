@@ -118,7 +118,8 @@ def forget_recent() -> None:
 
 
 ACTIONS_PENDING = """
-SELECT EXISTS (SELECT 1 FROM console_action WHERE node_id = %(node)s AND state = ANY(%(live)s))
+SELECT EXISTS (SELECT 1 FROM console_action
+  WHERE node_id = %(node)s AND state = ANY(%(live)s::text[]))
 """
 
 _GROUP_ATTNAMES = [f.attname for f in ConsistencyGroup._meta.concrete_fields]
@@ -126,10 +127,10 @@ GROUP_NAME, GROUP_KIND = _GROUP_ATTNAMES.index("name"), _GROUP_ATTNAMES.index("k
 
 GROUPS_AND_RANKS = f"""
 SELECT {columns(ConsistencyGroup, "g")} FROM console_consistencygroup g
-WHERE g.name = ANY(%(names)s) ORDER BY g.name FOR KEY SHARE;
+WHERE g.name = ANY(%(names)s::text[]) ORDER BY g.name FOR KEY SHARE;
 SELECT g.name, r.rank, {", ".join(f"r.{c}" for c in RANK_STATE)}
 FROM console_consistencygroup g JOIN console_rank r ON r.group_id = g.id
-WHERE g.name = ANY(%(names)s) AND r.rank = ANY(%(ranks)s)
+WHERE g.name = ANY(%(names)s::text[]) AND r.rank = ANY(%(ranks)s::int[])
 """  # noqa: S608 - constant column names
 # The ranks read are every named group's ranks among the numbers named (a superset of the
 # pairs, looked up by pair): both lists are tiny and go through (name) and (group, rank)
@@ -140,6 +141,6 @@ _HOSTED = """;
 SELECT g.name,
     EXISTS (SELECT 1 FROM console_rank r WHERE r.group_id = g.id AND r.node_id = %(node)s),
     EXISTS (SELECT 1 FROM console_rank r WHERE r.group_id = g.id)
-FROM console_consistencygroup g WHERE g.name = ANY(%(names)s)
+FROM console_consistencygroup g WHERE g.name = ANY(%(names)s::text[])
 """
 GROUPS_AND_RANKS_LOCKED = GROUPS_AND_RANKS.replace("FOR KEY SHARE;", "FOR UPDATE;") + _HOSTED

@@ -44,7 +44,7 @@ SELECT {", ".join(_AGENT_COLUMNS)} FROM ingest_agentstate WHERE agent_id = %(age
 """  # noqa: S608 - constant column names
 # Only when the batch names GPUs: who owns them, and how many GPUs this node has.
 _DEVICE_OWNERS = """;
-SELECT uuid, node_id, last_seen FROM console_device WHERE uuid = ANY(%(gpus)s);
+SELECT uuid, node_id, last_seen FROM console_device WHERE uuid = ANY(%(gpus)s::text[]);
 SELECT count(*) FROM console_device WHERE node_id = %(node)s
 """
 
