@@ -12,6 +12,9 @@ and what it costs:
 - times the incremental read of the newest step (cursor one step behind) and of the newest
   `--behind` steps, first with the partition never analyzed, then after `analyze_young`;
 - times `analyze_young` itself: the run that analyzes, and the run at rest (nothing due);
+- times the late-row re-check's `id = ANY(ids)` filter over the newest three steps with a
+  third of their ids, the array as psycopg sends it (int[] here: not hashed against a
+  bigint column) against the same array cast to `::bigint[]` (what the read sends);
 - baseline in the same run: a `SELECT 1` round trip.
 
     python bench/partition_stats.py [--ranks 16384] [--steps 45] [--runs 5]
@@ -142,6 +145,25 @@ def main(argv: list[str] | None = None) -> None:
                 results[stage][f"{behind} step(s) behind"] = ms
                 print(f"  {stage:20s} read {behind} step(s) behind: {read(behind):6d} rows "
                       f"{ms:8.1f} ms  plan: {plan(behind)}")  # fmt: skip
+        # The late-row re-check's `id = ANY(ids)` as a filter over rows (the plan a live 16k
+        # pass got): psycopg sends ints as smallint[] or int[], and a cross-type = is not
+        # hashed, so the array is scanned per row. OFFSET 0 keeps the filter off the index.
+        span = 3 * args.ranks
+        late = list(range(top - span + 1, top + 1, 3))
+        any_sql = (
+            f"SELECT count(*) FROM (SELECT id FROM {part} WHERE id > %s OFFSET 0) s "  # noqa: S608
+            "WHERE s.id = ANY(%s{cast})"
+        )
+
+        def any_filter(cast: str) -> None:
+            with connection.cursor() as cur:
+                cur.execute(any_sql.format(cast=cast), [top - span, late])
+                assert cur.fetchone()[0] == len(late)
+
+        uncast = _ms(lambda: any_filter(""), 1)
+        cast = _ms(lambda: any_filter("::bigint[]"), args.runs)
+        print(f"late-row filter, {len(late):,} ids over {span:,} rows: uncast {uncast:.0f} ms, "
+              f"::bigint[] {cast:.1f} ms, ratio {cast / uncast:.4f}")  # fmt: skip
         rest = _ms(partitions.analyze_young, args.runs)
         base = _ms(select_1, 50)
         print(f"analyze_young at rest (nothing due): {rest:.2f} ms")

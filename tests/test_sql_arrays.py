@@ -1,7 +1,7 @@
 """Every array parameter compared with `= ANY(...)` in our SQL carries an explicit cast.
 
-psycopg types a Python list by its values (small ints become smallint[]), so an uncast
-`id = ANY(%s)` on a bigint column compares bigint with smallint. Postgres hashes the array
+psycopg types a Python list by its values (ints become smallint[] or int[]), so an uncast
+`id = ANY(%s)` on a bigint column compares across types. Postgres hashes the array
 of an `= ANY` filter only when both sides share a hash function, which cross-type integer
 operators do not: the filter then scans the whole array for every row. A diagnosis pass at
 16k ranks spent 10.7 s that way on 14k ids among 47k rows (docs/performance.md)."""

@@ -461,8 +461,8 @@ def rank_records_since(
                 late = sorted({i for (i,) in ids} - seen)
                 costs["late rows"] = costs.get("late rows", 0) + len(late)
                 if late:
-                    # ::bigint[]: psycopg sends small ints as smallint[], and a bigint =
-                    # smallint ANY is not hashed, so as a filter it scanned the array per
+                    # ::bigint[]: psycopg sends ints as smallint[] or int[] by value, and a
+                    # cross-type ANY is not hashed, so as a filter it scanned the array per
                     # row: 10.7 s for 14k late ids among 47k rows at 16k ranks.
                     rows = _kind_rows(
                         kind, f"{where} AND id = ANY(%s::bigint[])", [*params, late], node_names
