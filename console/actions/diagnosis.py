@@ -4,7 +4,8 @@ Owns how findings fold into incidents (one per root cause, or per undetermined c
 symptoms attached by their `caused_by` chain), the settle window before a resolve, the
 reopen window, the alerts of each incident and the group's diagnosis summary. A root
 cause that is a node's hardware fault links to the node's incident (`root_incident`): the
-group's incident may resolve when the job moves on, the node's stays open until repaired. The actor
+group's incident may resolve when the job moves on, the node's stays open until repaired.
+One that blames a node quiet in a fleet silence links to that fleet incident. The actor
 is the engine ("system"); nothing here is audited per finding (the incident timeline is
 the record). It must not run the engine or read telemetry: console.pipeline does both.
 """
@@ -19,7 +20,12 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from console import events
-from console.actions.fleet import HARDWARE_KINDS, open_node_incident
+from console.actions.fleet import (
+    HARDWARE_KINDS,
+    SILENCE_KINDS,
+    open_fleet_silence_of,
+    open_node_incident,
+)
 from console.actions.incidents import publish_incident
 from console.choices import IncidentState
 from console.diagnosis.engine import Diagnosis
@@ -213,6 +219,9 @@ def _upsert_incident(
         # The fault is the node's: its fleet-scope incident owns it, this one links to it.
         root = open_node_incident(str(where))
         incident.root_incident = root
+    elif head["kind"] in SILENCE_KINDS and where and incident.root_incident_id is None:
+        # The node is one of many quiet together: the fleet's silence owns it.
+        incident.root_incident = open_fleet_silence_of(str(where))
     after = (incident.state, incident.symptom_count, incident.severity, incident.clear_since)
     changed = created or before != after
     if changed:

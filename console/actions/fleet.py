@@ -146,9 +146,37 @@ def mark_silent_together(
         incident.summary, incident.root_cause = summary, cause
         incident.version += 1
         incident.save(update_fields=["summary", "root_cause", "version"])
+    _link_silent_groups(incident, marked)
     publish_incident(incident)
     publish_nodes(marked)
     return marked
+
+
+# A group's findings about a node that only went quiet: under a fleet silence they are the
+# fleet's, not each node's (every group on the silent nodes finds each node "down").
+SILENCE_KINDS = frozenset({"node_down", "agent_silent"})
+
+
+def open_fleet_silence_of(node_name: str) -> Incident | None:
+    """The open fleet silence that names `node_name`, if any: a group's node_down or
+    agent_silent there is a symptom of it (linked as its root incident)."""
+    return _fleet_silences().filter(root_cause__nodes__contains=[node_name]).first()
+
+
+def _link_silent_groups(incident: Incident, names: list[str]) -> None:
+    """Open group incidents that blame one of these silent nodes name the fleet silence."""
+    Incident.objects.filter(
+        group__isnull=False, kind__in=SILENCE_KINDS, root_cause__evidence__node__in=names,
+        root_incident__isnull=True,
+    ).exclude(state=IncidentState.RESOLVED).update(root_incident=incident)  # fmt: skip
+
+
+def held_by_fleet_silence(incident: Incident) -> bool:
+    """Whether the incident's pages wait for its fleet silence: one page for the fleet,
+    not one per group and node (16 nodes of one job quiet together opened 16 critical
+    node_down incidents). Paged as usual if it is still open once the silence resolves."""
+    root = incident.root_incident
+    return root is not None and root.kind == FLEET_SILENT and root.state in _LIVE
 
 
 def settle_fleet_silence(*, actor: str, now: datetime) -> list[str] | None:

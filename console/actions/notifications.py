@@ -28,6 +28,7 @@ from django.db import transaction
 from console import scheduling
 from console.actions.audit import actor_name, audit, role_refused
 from console.actions.errors import NotFound, RemediationError
+from console.actions.fleet import held_by_fleet_silence
 from console.actions.paging import active_silences, policy_input
 from console.choices import UserRole
 from console.models import (
@@ -97,11 +98,12 @@ def schedule_due(*, now: datetime) -> list[tuple[int, str, str, str]]:
     rows = (
         IncidentEscalation.objects.select_for_update(skip_locked=True, of=("self",))
         .filter(done=False)
-        .select_related("incident__group")
+        .select_related("incident__group", "incident__root_incident")
     )
     for row in rows:
         incident = row.incident
         sent = list(row.sent)
+        held = held_by_fleet_silence(incident)
         due = esc.due_steps(
             row.snapshot,
             incident.opened_at,
@@ -112,6 +114,8 @@ def schedule_due(*, now: datetime) -> list[tuple[int, str, str, str]]:
         )
         silenced_by = None
         for item in due:
+            if item.kind == "trigger" and held:
+                continue  # the fleet silence's page covers it; it pages if still open after
             if item.kind == "trigger":
                 silence = esc.is_silenced(
                     incident.subject, incident_labels(incident), silences, now

@@ -393,3 +393,61 @@ def test_a_repaired_nodes_old_xid_is_not_the_root_cause_of_the_next_generation_o
     t.collectives(seq=40, at=now + 0.4, entered=[r for r in range(t.ranks) if r != 5])
     (again,) = [i for i in t.diagnose(at=now + 1.5) if i.kind == "xid" and i.generation == 2]
     assert (again.subject, again.clear_since) == (f"gpu:{t.gpu(5)}", None)
+
+
+def _silent_job(post_batch, group: str) -> Any:
+    from tests.server.scenarios.timeline import Timeline
+
+    t = Timeline(post=post_batch, group=group, ranks=64)  # 16 nodes of 4 GPUs
+    t.boot(at=0)
+    t.steps(first=0, count=30, at=1)
+    t.heartbeats(until=30)
+    t.send()
+    return t
+
+
+def test_a_fleet_silence_holds_the_node_down_incidents_of_the_groups_on_its_nodes(post_batch):
+    """Every node of a 64-rank job goes quiet together with the path to Faultline. Each
+    group's diagnosis finds each of its nodes down: 16 critical node_down incidents per
+    job, each paging, each blaming a node that may be fine. They name the fleet silence
+    as their root incident, whether they opened before the sweep saw it or after, and
+    only the fleet incident pages while it is open. Once it resolves, what is still open
+    pages as usual."""
+    from console import pipeline
+    from console.models import EscalationPolicy, NotificationChannel
+
+    NotificationChannel.objects.create(name="hook", kind="webhook", url="https://pager.test/h")
+    EscalationPolicy.objects.create(
+        name="all", severities=["critical"], steps=[{"delay_s": 0, "channels": ["hook"]}]
+    )
+    first = _silent_job(post_batch, "job-a")
+    _report(post_batch, [f"spare-{i}" for i in range(4)])
+    before = first.diagnose(at=125)  # before the sweep: nothing to link to yet
+    quiet = sorted({first.node(r) for r in range(first.ranks)})
+    assert sorted(i.subject for i in before) == sorted(f"node:{n}" for n in quiet)
+    assert {i.kind for i in before} == {"node_down"}
+    Node.objects.filter(name__in=quiet).update(last_seen=timezone.now() - timedelta(minutes=1))
+
+    assert sorted(pipeline.mark_silent_nodes(now=timezone.now())) == quiet
+    fleet = Incident.objects.get(kind="fleet_silent")
+    second = _silent_job(post_batch, "job-b")  # the same nodes; diagnosed after the sweep
+    Node.objects.filter(name__in=quiet).update(last_seen=timezone.now() - timedelta(minutes=1))
+    after = second.diagnose(at=125)
+    groups = Incident.objects.filter(group__isnull=False)
+    assert groups.count() == 32 and {i.kind for i in after} == {"node_down"}
+    assert set(groups.values_list("root_incident", flat=True)) == {fleet.pk}
+
+    soon = timezone.now() + timedelta(minutes=1)  # the diagnoses ran at the timeline's +125 s
+    paged = {incident for incident, *_ in actions.schedule_due(now=soon)}
+    assert paged == {fleet.pk}
+    assert actions.schedule_due(now=soon + timedelta(seconds=30)) == []
+
+    # The path is back for 14 of the 16 nodes: the fleet silence resolves (2 quiet nodes
+    # are no mass), and the group incidents still open page now.
+    _report(post_batch, quiet[2:])
+    pipeline.mark_silent_nodes(now=timezone.now())
+    fleet.refresh_from_db()
+    assert fleet.state == "resolved"
+    paged = {incident for incident, *_ in actions.schedule_due(now=soon + timedelta(minutes=1))}
+    assert paged == {fleet.pk, *groups.exclude(state="resolved").values_list("pk", flat=True)}
+    assert len(paged) == 33  # the fleet's resolve, and each group incident's first page
