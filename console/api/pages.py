@@ -228,7 +228,7 @@ def compute_group_charts(group: ConsistencyGroup, *, rollups: bool = True) -> di
 
 
 def incident_query() -> Any:
-    return Incident.objects.select_related("group", "acknowledged_by", "assignee")
+    return Incident.objects.select_related("group", "acknowledged_by", "assignee", "root_incident")
 
 
 def incident_data(incident: Incident) -> dict[str, Any]:
@@ -267,7 +267,15 @@ def incident_data(incident: Incident) -> dict[str, Any]:
         "timeline": charts.timeline(incident.timeline or {}, comments),
         "comments": comments,
         "trace": incident_trace(incident),
+        "part_of": _part_of(incident.root_incident),
     }
+
+
+def _part_of(root: Incident | None) -> dict[str, Any] | None:
+    """The incident this one is folded under (a node's hardware fault, a fleet silence)."""
+    if root is None:
+        return None
+    return {"id": root.pk, "kind": root.kind, "state": root.state, "summary": root.summary}
 
 
 def incident_trace(incident: Incident) -> dict[str, Any] | None:

@@ -406,7 +406,9 @@ def _silent_job(post_batch, group: str) -> Any:
     return t
 
 
-def test_a_fleet_silence_holds_the_node_down_incidents_of_the_groups_on_its_nodes(post_batch):
+def test_a_fleet_silence_holds_the_node_down_incidents_of_the_groups_on_its_nodes(
+    post_batch, client, cast
+):
     """Every node of a 64-rank job goes quiet together with the path to Faultline. Each
     group's diagnosis finds each of its nodes down: 16 critical node_down incidents per
     job, each paging, each blaming a node that may be fine. They name the fleet silence
@@ -440,6 +442,9 @@ def test_a_fleet_silence_holds_the_node_down_incidents_of_the_groups_on_its_node
     soon = timezone.now() + timedelta(minutes=1)  # the diagnoses ran at the timeline's +125 s
     paged = {incident for incident, *_ in actions.schedule_due(now=soon)}
     assert paged == {fleet.pk}
+    client.force_login(cast["viewer"])  # the group incident's page says what it is part of
+    page = client.get(f"/incidents/{after[0].pk}/").content.decode()
+    assert f'Part of <a href="/incidents/{fleet.pk}/">#{fleet.pk}</a> (<code>fleet_silent' in page
     assert actions.schedule_due(now=soon + timedelta(seconds=30)) == []
 
     # The path is back for 14 of the 16 nodes: the fleet silence resolves (2 quiet nodes
