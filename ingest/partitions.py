@@ -188,17 +188,17 @@ def analyze_young(min_rows: int = ANALYZE_MIN_ROWS, *, conn: Any = None) -> list
             [list(PARTITIONED), min_rows],
         )
         rows = cur.fetchall()
-    due = [
+    due = sorted(
         name
         for name, tuples, changed, analyzed in rows
         if needs_analyze(
             analyzed=analyzed, tuples_at_analyze=tuples, changed=changed, min_rows=min_rows
         )
-    ]
-    for name in sorted(due):
+    )
+    for name in due:
         with conn.cursor() as cur:
             cur.execute(f"ANALYZE (SKIP_LOCKED) {name}")
-    return sorted(due)
+    return due
 
 
 # -- migration SQL ---------------------------------------------------------------------------
