@@ -600,6 +600,10 @@ def main() -> int:
         help="--scale: FAULTLINE_WORKER_MAX_MEMORY_MB for the service (default: its own)",
     )  # fmt: skip
     parser.add_argument(
+        "--no-checks", action="store_true",
+        help="--scale: no pass queued for a hang threshold's moment (FAULTLINE_DIAGNOSIS_CHECKS=0)",
+    )  # fmt: skip
+    parser.add_argument(
         "--scale-trials", default="explicit,silent,straggler",
         help="--scale: which trials to run, comma-separated (each --trials times)",
     )  # fmt: skip

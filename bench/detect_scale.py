@@ -337,6 +337,16 @@ def _metrics(service: Service) -> tuple[float, float]:
     return count, total
 
 
+def _checks(service: Service) -> dict[str, float]:
+    """faultline_diagnosis_checks_total by outcome (ran, moved), over every process."""
+    out: dict[str, float] = {}
+    for line in _scrape(service).splitlines():
+        if line.startswith("faultline_diagnosis_checks_total{"):
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            out[outcome] = out.get(outcome, 0.0) + float(line.split()[-1])
+    return out
+
+
 def _task_runs(service: Service) -> dict[tuple[str, str], float]:
     """(task, what) -> total over every process, from the scrape: `ran` (every final
     state), `expired` (dropped unrun past its expiry), `seconds` (run time)."""
@@ -412,6 +422,8 @@ def run_scale(args: Any) -> int:
     env = {"FAULTLINE_METRICS_TOKEN": METRICS_TOKEN}
     if args.worker_memory_mb:
         env["FAULTLINE_WORKER_MAX_MEMORY_MB"] = str(args.worker_memory_mb)
+    if args.no_checks:  # the baseline: silence judged at the sweep's ticks only
+        env["FAULTLINE_DIAGNOSIS_CHECKS"] = "0"
     service = start_service(data, env=env)
     fleet = ScaleFleet(service, ranks, step_s, args.http_nodes, not args.no_device_refresh)
     results: dict[str, list[float]] = {"explicit": [], "silent": [], "straggler_steps": []}
@@ -529,6 +541,10 @@ def run_scale(args: Any) -> int:
         took = time.monotonic() - beat_t0
         print(f"[scale] beat tasks run in {took:.0f} s: "
               f"{_beat_report(beat0, _task_runs(service), took)}", flush=True)  # fmt: skip
+        checks = _checks(service)
+        print(f"[scale] passes queued for a hang threshold's moment (console.check_group): "
+              f"{checks.get('ran', 0):.0f} ran, {checks.get('moved', 0):.0f} found it moved",
+              flush=True)  # fmt: skip
     finally:
         fleet.stop.set()
         stop_service(service)

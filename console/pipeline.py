@@ -32,14 +32,16 @@ URGENT_SCOPE = timedelta(minutes=1)
 log = logging.getLogger(__name__)
 
 
-def diagnose(*, group_name: str, now: datetime) -> None:
+def diagnose(*, group_name: str, now: datetime) -> datetime | None:
+    """One pass over the group; returns when a verdict may next change with no new record
+    (Diagnosis.next_check), for the caller to schedule a pass then, or None."""
     t0 = time.perf_counter()
     # The live state is millions of long-lived objects at 16k ranks: no gen-2 walk of
     # them inside a pass (console.collector; a full rebuild releases and collects).
     with collector.paused():
         snapshot = snapshots.load(group_name=group_name, now=now)
         if snapshot is None:
-            return
+            return None
         t1 = time.perf_counter()
         result = run_engine(snapshot, now, memo=snapshots.memo(group_name))
     t2 = time.perf_counter()
@@ -65,6 +67,7 @@ def diagnose(*, group_name: str, now: datetime) -> None:
             group_name, t4 - t0, p.get("mode"), p.get("rows"), p.get("touched"), t1 - t0,
             parts, t2 - t1, t3 - t2, t4 - t3, len(snapshot.ranks), len(result.findings),
         )  # fmt: skip
+    return result.next_check
 
 
 def diagnose_urgent(*, group_name: str, node: str | None, now: datetime) -> None:

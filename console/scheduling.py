@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 import time
+from datetime import datetime
 from typing import Any, Final
 
 import redis
@@ -33,11 +34,19 @@ from django.core.cache import cache
 log = logging.getLogger(__name__)
 
 DIAGNOSE_GROUP: Final = "console.diagnose_group"
+# A pass at the moment a verdict may change with no new record (schedule_check).
+CHECK_GROUP: Final = "console.check_group"
 SEND_NOTIFICATION: Final = "console.send_notification"
 # The urgent lane: established groups' device events. Its own worker consumes this queue
 # alone; the ordinary worker never this one.
 URGENT_QUEUE: Final = "diagnose-urgent"
 URGENT: Final = "urgent"  # the task's lane argument: which debounce key it clears
+# A deadline further ahead than this is left to later passes (the sweep's, every second,
+# at least): a silent rank's comes closer with each, while a healthy group's oldest rank
+# stays a threshold ahead (3 steps). So groups with long steps queue no check that their
+# next step would void, and none is held in a worker's memory for long.
+CHECK_HORIZON_S = 10.0
+_CHECK_SAME_S = 0.001  # two deadlines this close are the same one
 # Beat's sweeps (faultline.celery.BEAT_SCHEDULE: pages scheduled, silent nodes marked
 # down, quiet groups re-judged, step bins rolled) go to a queue a worker of its own drains
 # (`worker-housekeeping`, one process). On the default queue they waited behind diagnosis
@@ -222,6 +231,67 @@ def schedule_diagnosis(
         _queued_at[group] = now
     except Exception:  # broker down: the sweep catches up
         log.warning("scheduling: could not schedule diagnosis of %s", group, exc_info=True)
+
+
+def check_key(group: str) -> str:
+    return f"diag-check:{group}"
+
+
+def check_queued_key(group: str) -> str:
+    return f"diag-check-queued:{group}"
+
+
+def schedule_check(group: str, at: datetime) -> None:
+    """A pass just found that a verdict of `group` may change at `at` with no new record (a
+    rank's hang threshold: Diagnosis.next_check): queue one pass for then, on the ordinary
+    lane. Without it a silent rank is judged at the first sweep tick after its threshold,
+    plus the debounce and any pass in front: at 16k ranks up to 2 s more (bench/detect.py).
+
+    Only a deadline that two passes in a row computed is queued: in a healthy stepping
+    group it moves forward every step (its oldest rank stepped), and queueing each one
+    would send a message a pass for a check that always finds the deadline moved. The
+    stable one is the silent rank's. One queued check per group and deadline; the sweep
+    stays the safety net (a lost message costs at most its tick). Ordinary lane: the
+    process that holds the group's live state (console.snapshots) runs it."""
+    due = at.timestamp()
+    delay = due - time.time()
+    if delay > CHECK_HORIZON_S:
+        return
+    try:
+        r = _redis()
+        ttl = int(max(delay, 0.0)) + PENDING_TIMEOUT_S + 1
+        pipe = r.pipeline(transaction=False)
+        pipe.set(cache.make_key(check_key(group)), repr(due), ex=ttl, get=True)
+        pipe.get(cache.make_key(check_queued_key(group)))
+        previous, queued = pipe.execute()
+        if previous is None or abs(float(previous) - due) > _CHECK_SAME_S:
+            return  # not stable yet
+        if queued is not None and abs(float(queued) - due) <= _CHECK_SAME_S:
+            return  # already queued for this deadline
+        r.set(cache.make_key(check_queued_key(group)), repr(due), ex=ttl)
+        enqueue(CHECK_GROUP, group, due, countdown=max(delay, 0.0))
+    except Exception:  # broker down: the sweep judges it at its next tick
+        log.warning("scheduling: no deadline check of %s", group, exc_info=True)
+
+
+def check_still_due(group: str, at: float) -> bool:
+    """The queued check for deadline `at` is starting: run its pass only if it is still
+    the group's queued check and no later pass moved the deadline past it (the rank
+    stepped after all, or was judged, and the next deadline is another's)."""
+    try:
+        r = _redis()
+        queued_key = cache.make_key(check_queued_key(group))
+        pipe = r.pipeline(transaction=False)
+        pipe.get(queued_key)
+        pipe.get(cache.make_key(check_key(group)))
+        queued, latest = pipe.execute()
+        if queued is None or abs(float(queued) - at) > _CHECK_SAME_S:
+            return False  # superseded by a sooner deadline's check
+        r.delete(queued_key)
+    except Exception:  # Redis down: a pass too many is harmless
+        log.warning("scheduling: deadline check of %s unverified", group, exc_info=True)
+        return True
+    return latest is None or float(latest) <= at + _CHECK_SAME_S
 
 
 def forget_recent() -> None:

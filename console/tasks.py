@@ -11,6 +11,7 @@ import logging
 from datetime import timedelta
 
 from celery import shared_task
+from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
@@ -23,7 +24,8 @@ log = logging.getLogger(__name__)
 def diagnose_group(group: str, lane: str = "", node: str = "") -> None:
     """`lane`: scheduling.URGENT for a run on the urgent lane (its own debounce key): the
     run judges the nodes that reported an urgent event (`node`, and any other of the group's
-    in the last minute), not the whole group (pipeline.diagnose_urgent)."""
+    in the last minute), not the whole group (pipeline.diagnose_urgent). An ordinary pass
+    queues the check its verdicts next depend on (check_group)."""
     urgent = lane == scheduling.URGENT
     key = scheduling.urgent_key(group) if urgent else scheduling.pending_key(group)
     try:
@@ -33,7 +35,24 @@ def diagnose_group(group: str, lane: str = "", node: str = "") -> None:
     if urgent:
         pipeline.diagnose_urgent(group_name=group, node=node or None, now=timezone.now())
     else:
-        pipeline.diagnose(group_name=group, now=timezone.now())
+        _diagnose(group)
+
+
+@shared_task(name=scheduling.CHECK_GROUP, acks_late=True, max_retries=3, default_retry_delay=1)
+def check_group(group: str, at: float) -> bool:
+    """The pass scheduling.schedule_check queued for deadline `at` (epoch s): run only if
+    the deadline still holds (no later pass moved it). True: it ran (counted as a pass,
+    faultline.metrics)."""
+    if not scheduling.check_still_due(group, at):
+        return False
+    _diagnose(group)
+    return True
+
+
+def _diagnose(group: str) -> None:
+    due = pipeline.diagnose(group_name=group, now=timezone.now())
+    if due is not None and settings.DIAGNOSIS_CHECKS:
+        scheduling.schedule_check(group, due)
 
 
 @shared_task(name="console.measure_recovery_costs", acks_late=True, expires=60)

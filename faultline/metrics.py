@@ -59,6 +59,12 @@ DIAGNOSIS_DURATION = Histogram(
     "One diagnosis pass over one group: snapshot, engine, write.",
     buckets=BUCKETS,
 )
+DIAGNOSIS_CHECKS = Counter(
+    "faultline_diagnosis_checks",
+    "Passes queued for the moment a silent rank crosses its hang threshold, by outcome "
+    "(ran; moved: a later pass found the deadline moved, nothing run).",
+    ["outcome"],
+)
 NOTIFICATIONS = Counter(
     "faultline_notifications",
     "Notification deliveries by outcome (sent, refused, retrying, failed).",
@@ -155,6 +161,10 @@ def _on_postrun(
         TASK_DURATION.labels(name).observe(seconds)
         if name == "console.diagnose_group" and state == "SUCCESS":
             DIAGNOSIS_DURATION.observe(seconds)
+        elif name == "console.check_group" and state == "SUCCESS":
+            if retval is True:  # a pass ran; a check the deadline moved past is not one
+                DIAGNOSIS_DURATION.observe(seconds)
+            DIAGNOSIS_CHECKS.labels("ran" if retval is True else "moved").inc()
     if name == "console.send_notification":
         if state == "SUCCESS":
             outcome = retval if retval in NOTIFICATION_OUTCOMES else "other"

@@ -378,6 +378,9 @@ DIAGNOSIS_YOUNG_PER_S = env_int("FAULTLINE_DIAGNOSIS_YOUNG_PER_S", 10, minimum=1
 # a second per reporting node. Off: device events wait in the ordinary worker's queue.
 DIAGNOSIS_URGENT_LANE = env_bool("FAULTLINE_DIAGNOSIS_URGENT_LANE", True)
 DIAGNOSIS_URGENT_PER_S = env_int("FAULTLINE_DIAGNOSIS_URGENT_PER_S", 10, minimum=1)
+# A pass queued for the moment a silent rank crosses its hang threshold
+# (console.scheduling.schedule_check). Off: silence is judged at the sweep's ticks only.
+DIAGNOSIS_CHECKS = env_bool("FAULTLINE_DIAGNOSIS_CHECKS", True)
 # Fleet health (console.policy.fleet_health): after repair evidence (a new boot_id, a GPU
 # reset) the hardware must run this long with no fault before it is proposed for return;
 # FAULTS faults within DAYS flag it for replacement (returning it then needs an approver).

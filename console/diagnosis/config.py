@@ -19,7 +19,8 @@ class DiagnosisConfig:
     hang_mad_k: float = 5.0
     hang_multiplier: float = 3.0
     # 4 s leaves room for the sweep (1 s) inside the goal: silent hang seen within
-    # max(3 x median step, 5 s). The MAD term keeps jittery groups quiet.
+    # max(3 x median step, 5 s); a pass queued for the crossing itself usually comes
+    # sooner (Diagnosis.next_check). The MAD term keeps jittery groups quiet.
     hang_floor_s: float = 4.0
     # a group that never reported a step is only stalled after this long in its generation
     warmup_timeout_s: float = 1800.0

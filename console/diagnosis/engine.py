@@ -112,6 +112,9 @@ class Diagnosis:
     checkpoint: str | None = None  # newest valid checkpoint id
     recovery: Recovery | None = None  # group-level advice; None when nothing is wrong
     serving_state: dict[str, Any] | None = None  # serving groups only (rules.serving)
+    # When a verdict may next change with no new record (a rank's hang threshold): the
+    # pipeline schedules a pass for then (console.scheduling.schedule_check).
+    next_check: datetime | None = None
 
     @property
     def root_causes(self) -> list[Finding]:
@@ -317,4 +320,5 @@ def diagnose(
             if snapshot.kind == "serving" or snapshot.serving
             else None
         ),
+        next_check=ctx.next_check,
     )

@@ -242,3 +242,30 @@ def test_a_big_groups_step_time_is_read_from_every_kth_rank(monkeypatch: Any) ->
     ctx = base.Context(s, T0, DiagnosisConfig())
     assert ctx.median_duration_s == 1.0  # ranks 0 and 2
     assert len(ctx.recent_durations_s) == 10
+
+
+def test_it_names_the_moment_a_silent_rank_crosses_its_threshold() -> None:
+    # Rank 3 stopped two steps before the others: nothing is hung yet, and the pass says
+    # when rank 3's silence becomes a hang with no new record (the pipeline's next check).
+    s = snap(_stop_rank(training(ranks=8), rank=3, after=117))
+    first = diagnose(s, T0 + timedelta(seconds=1))
+    assert of_kind(first, "rank_hang") == []
+    assert first.next_check is not None and first.next_check > T0 + timedelta(seconds=1)
+    just_before = diagnose(s, first.next_check - timedelta(milliseconds=1))
+    assert of_kind(just_before, "rank_hang") == []
+    assert just_before.next_check == first.next_check
+    just_after = diagnose(s, first.next_check + timedelta(milliseconds=1))
+    assert [f.subject for f in of_kind(just_after, "rank_hang")] == ["rank:llama-70b/3"]
+    # The next moment is the other ranks' (they stopped two steps later), then none.
+    assert just_after.next_check is not None
+    assert just_after.next_check - first.next_check == timedelta(seconds=2)
+    everyone = diagnose(s, just_after.next_check + timedelta(milliseconds=1))
+    assert of_kind(everyone, "group_stall") and everyone.next_check is None
+
+
+def test_a_group_in_warm_up_is_due_when_its_warm_up_ends() -> None:
+    recs = [r for r in training(ranks=4) if r["kind"] != "step"]
+    d = diagnose(snap(recs), T0 + timedelta(seconds=5))
+    assert d.findings == () and d.next_check is not None
+    stalled = diagnose(snap(recs), d.next_check + timedelta(milliseconds=1))
+    assert of_kind(stalled, "group_stall")

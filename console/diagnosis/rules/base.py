@@ -124,6 +124,15 @@ class Context:
         self.restart_unsafe: str | None = None  # set by `objectives`: any restart, why not
         self.tail_ratio: float | None = None  # set by `stragglers`
         self.phase_medians_ms: dict[str, float] = {}  # set by `stragglers`
+        # The soonest moment after `now` a verdict may change with no new record (a hang
+        # threshold crossed): the caller runs a pass then rather than at the sweep's next
+        # tick (`due`; Diagnosis.next_check).
+        self.next_check: datetime | None = None
+
+    def due(self, at: datetime) -> None:
+        """A rule's verdict may change at `at` by the clock alone: keep the soonest."""
+        if at > self.now and (self.next_check is None or at < self.next_check):
+            self.next_check = at
 
     # -- emitting ------------------------------------------------------------------
     def new(self, *, generation: int | None = None, **kw: Any) -> Finding:

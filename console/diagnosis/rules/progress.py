@@ -30,7 +30,7 @@ later, beside it).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from console.diagnosis.findings import (
     CRITICAL,
@@ -79,6 +79,8 @@ def _threshold(ctx: Context) -> float | None:
     start = ctx.generation_start or (min(starts) if starts else None)
     age = ctx.age_s(start)
     if age is None or age <= ctx.cfg.warmup_timeout_s:
+        if start is not None:  # the warm-up ends then, with or without a record
+            ctx.due(start + timedelta(seconds=ctx.cfg.warmup_timeout_s))
         return None
     return ctx.cfg.warmup_timeout_s
 
@@ -138,6 +140,7 @@ def run(ctx: Context) -> None:
     stalled: list[tuple[int, datetime | None]] = []
     lagging = ctx.lagging_nodes
     deferred = 0  # silent past the threshold by the clock, judged later: their node lags
+    soonest: datetime | None = None  # the oldest progress of a rank not (yet) stalled
     for r in snap.ranks:
         last = ctx.last_progress(r)
         delivered = lagging.get(r.node or "")
@@ -146,6 +149,12 @@ def run(ctx: Context) -> None:
             stalled.append((r.rank, last))
         elif delivered is not None and (ctx.now - last).total_seconds() > thr:
             deferred += 1
+        elif soonest is None or last < soonest:
+            soonest = last
+    if soonest is not None:
+        # With no new step, that rank crosses the threshold then: judged then, not at
+        # whichever sweep tick follows (at 16k ranks a tick plus a pass is seconds).
+        ctx.due(soonest + timedelta(seconds=thr))
     if stalled and len(stalled) < len(snap.ranks) == len(stalled) + deferred:
         # No rank is known to have advanced: the others are only not delivered yet (an
         # agent sends every few seconds). Calling the stalled ranks hung would page each
