@@ -19,8 +19,9 @@ reporting. Then it times, in-process against Postgres and Valkey:
   workers keep up) and the rest (pending keys held: nothing sent);
 - the node sweep that finds 1 % of the nodes silent (marks each down, opens its incident),
   and a third of them silent together (one fleet incident), then the sweep resolving it;
-- baselines: a `SELECT 1` round trip, and one urgent-lane run for a node of the 16k group
-  (`pipeline.diagnose_urgent`, what the lane exists for).
+- baselines: a `SELECT 1` round trip, one urgent-lane run for a node of the 16k group
+  (`pipeline.diagnose_urgent`, what the lane exists for), and the group sweep's runs sent
+  a claim and a message a group (as before `scheduling.schedule_sweep`).
 
     python bench/sweep.py [--jobs 255] [--runs 20]
 
@@ -158,16 +159,28 @@ def main(argv: list[str] | None = None) -> None:
             scheduling.forget_recent()
             sweep()
 
+        def sweep_one_by_one() -> None:
+            """The baseline: the same runs sent as before 2026-12-06, a debounce claim
+            and a message a group (schedule_diagnosis per group)."""
+            from django.core.cache import cache
+
+            cache.delete_many([scheduling.pending_key(g) for g in groups])
+            scheduling.forget_recent()
+            for name in pipeline.groups_to_sweep(now=timezone.now(), window=timedelta(minutes=30)):
+                scheduling.schedule_diagnosis(name)
+
         reporting()
         groups = pipeline.groups_to_sweep(now=timezone.now(), window=timedelta(minutes=30))
         urgent()  # warm: the first run on a process reads more
-        rest, base, lane, due, held = [], [], [], [], []
+        rest, base, lane, due, held, single = [], [], [], [], [], []
         for _ in range(args.runs):
+            reporting()  # a run is seconds with the baseline: no node goes 10 s silent
             rest.append(_timed(sweep_nodes))
             base.append(_timed(select_1))
             lane.append(_timed(urgent))
             due.append(_timed(sweep_all_due))
             held.append(_timed(sweep))
+            single.append(_timed(sweep_one_by_one))
         silent = reporting(silent=NODES // 100)
         marking = _timed(sweep_nodes)
         down = Node.objects.filter(name__in=silent, health="down").count()
@@ -207,6 +220,11 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"group sweep, all held   p50 {statistics.median(held_ms):7.1f} ms  "
             f"p95 {_pct(held_ms, 0.95):7.1f} ms"
+        )
+        single_ms = statistics.median(ms for ms, _ in single)
+        print(
+            f"baseline: all sent, a message a group  p50 {single_ms:7.1f} ms  -> group "
+            f"sweep all sent {statistics.median(due_ms) / max(single_ms, 0.001):.3f}x"
         )
         print(
             f"baseline SELECT 1       p50 {base_ms:7.2f} ms  -> node sweep at rest "

@@ -161,6 +161,9 @@ def _on_postrun(
         TASK_DURATION.labels(name).observe(seconds)
         if name == "console.diagnose_group" and state == "SUCCESS":
             DIAGNOSIS_DURATION.observe(seconds)
+        elif name == "console.diagnose_groups" and state == "SUCCESS":
+            for pass_s in retval if isinstance(retval, list) else ():
+                DIAGNOSIS_DURATION.observe(pass_s)  # the sweep's chunk: each pass
         elif name == "console.check_group" and state == "SUCCESS":
             if retval is True:  # a pass ran; a check the deadline moved past is not one
                 DIAGNOSIS_DURATION.observe(seconds)

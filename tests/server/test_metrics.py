@@ -173,6 +173,7 @@ def test_it_counts_task_runs_diagnosis_passes_and_notification_outcomes(
     for n, (name, state, retval) in enumerate(
         [
             ("console.diagnose_group", "SUCCESS", None),
+            ("console.diagnose_groups", "SUCCESS", [0.2, 0.3]),  # the sweep's: two passes
             ("console.check_group", "SUCCESS", True),  # a deadline's pass ran
             ("console.check_group", "SUCCESS", False),  # moved: no pass
             ("console.send_notification", "SUCCESS", "sent"),
@@ -188,7 +189,7 @@ def test_it_counts_task_runs_diagnosis_passes_and_notification_outcomes(
     def delta(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 
-    assert delta("faultline_diagnosis_duration_seconds_count") == 2
+    assert delta("faultline_diagnosis_duration_seconds_count") == 4
     assert delta("faultline_diagnosis_checks_total", outcome="ran") == 1
     assert delta("faultline_diagnosis_checks_total", outcome="moved") == 1
     assert delta("faultline_notifications_total", outcome="sent") == 1

@@ -156,7 +156,8 @@ def test_it_schedules_only_tasks_that_autodiscovery_registers():
 
     app.loader.import_default_modules()
     names = {entry["task"] for entry in app.conf.beat_schedule.values()}
-    names |= {scheduling.DIAGNOSE_GROUP, scheduling.CHECK_GROUP, scheduling.SEND_NOTIFICATION}
+    names |= {scheduling.DIAGNOSE_GROUP, scheduling.DIAGNOSE_GROUPS, scheduling.CHECK_GROUP,
+              scheduling.SEND_NOTIFICATION}  # fmt: skip
     assert names - set(app.tasks) == set()
     assert {"console.rollup_step_bins", "console.maintain_telemetry",
             "console.measure_recovery_costs", "ingest.analyze_partitions"} <= names  # fmt: skip
