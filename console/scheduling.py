@@ -39,9 +39,12 @@ DIAGNOSE_GROUP: Final = "console.diagnose_group"
 CHECK_GROUP: Final = "console.check_group"
 # The sweep's runs, many groups to a message (schedule_sweep).
 DIAGNOSE_GROUPS: Final = "console.diagnose_groups"
-# Groups a sweep message carries: fewer messages (each ~0.6 ms to publish), yet enough
-# messages that every worker process of the ordinary queue gets some.
+# Groups a sweep message carries at most: fewer messages (each ~0.6 ms to publish)...
 SWEEP_CHUNK = 64
+# ...yet at least this many messages (or one a group): every worker process of the
+# ordinary queue gets some, so a few large groups are not judged one after another on one
+# process while the others idle.
+SWEEP_MESSAGES = 8
 SEND_NOTIFICATION: Final = "console.send_notification"
 # The urgent lane: established groups' device events. Its own worker consumes this queue
 # alone; the ordinary worker never this one.
@@ -244,9 +247,9 @@ def _queue_claimed(group: str, *, young: bool, now: float, sweep: bool) -> None:
 
 
 def schedule_sweep(groups: list[str]) -> int:
-    """The sweep's runs (`sweep` in schedule_diagnosis' terms), for many groups at once:
-    every debounce claim in one Redis round trip, and the established groups' runs
-    SWEEP_CHUNK to a message (DIAGNOSE_GROUPS). One message and one round trip a group
+    """The sweep's runs, for many groups at once: every debounce claim in one Redis round
+    trip, and the established groups' runs up to SWEEP_CHUNK to a message
+    (DIAGNOSE_GROUPS), in at least SWEEP_MESSAGES messages. One message and one round trip a group
     cost ~0.8 ms each: at 2,048 small jobs a sweep took 1.6 s of its one-second period
     (bench/sweep.py). Young groups keep the per-group path (their budget, their longer
     countdown). Returns how many established groups' runs it queued."""
@@ -284,8 +287,9 @@ def schedule_sweep(groups: list[str]) -> int:
             except Exception:
                 log.warning("scheduling: could not schedule diagnosis of %s", g, exc_info=True)
     queued = 0
-    for i in range(0, len(established), SWEEP_CHUNK):
-        chunk = established[i : i + SWEEP_CHUNK]
+    size = max(1, min(SWEEP_CHUNK, -(-len(established) // SWEEP_MESSAGES)))
+    for i in range(0, len(established), size):
+        chunk = established[i : i + size]
         try:
             enqueue(DIAGNOSE_GROUPS, chunk, countdown=window)
         except Exception:  # broker down: release the claims, the next tick tries again

@@ -85,7 +85,7 @@ def test_the_sweep_claims_every_group_at_once_and_sends_them_in_chunks(sent_all,
     assert scheduling.schedule_sweep(groups) == 149
     assert len(trips) == 1  # one round trip for every claim
     chunks = [args[0] for name, args in sent_all if name == scheduling.DIAGNOSE_GROUPS]
-    assert [len(c) for c in chunks] == [64, 64, 21]
+    assert [len(c) for c in chunks] == [19] * 7 + [16]  # 8 messages: every worker gets some
     assert [g for c in chunks for g in c] == [g for g in groups if g != "g-sw-007"]
     assert all(cache.get(scheduling.pending_key(g)) == 1 for g in groups)
     assert scheduling.schedule_sweep(groups) == 0  # within the window: not even a trip
@@ -93,7 +93,15 @@ def test_the_sweep_claims_every_group_at_once_and_sends_them_in_chunks(sent_all,
     scheduling.forget_recent()
     cache.delete_many([scheduling.pending_key(g) for g in groups[:10]])  # those started
     assert scheduling.schedule_sweep(groups) == 10
-    assert sent_all[-1] == (scheduling.DIAGNOSE_GROUPS, (groups[:10],))
+    pairs = [(scheduling.DIAGNOSE_GROUPS, (groups[i : i + 2],)) for i in range(0, 10, 2)]
+    assert sent_all[-5:] == pairs  # 10 groups: 5 messages of 2
+
+
+def test_a_large_sweep_sends_at_most_sweep_chunk_groups_a_message(sent_all):
+    groups = [f"g-sw-big-{i:04d}" for i in range(1000)]
+    assert scheduling.schedule_sweep(groups) == 1000
+    sizes = [len(args[0]) for _, args in sent_all]
+    assert sizes == [scheduling.SWEEP_CHUNK] * 15 + [1000 - 15 * scheduling.SWEEP_CHUNK]
 
 
 def test_the_sweep_sends_young_groups_alone_on_their_budget(sent_all, settings):
