@@ -249,10 +249,10 @@ def _queue_claimed(group: str, *, young: bool, now: float, sweep: bool) -> None:
 def schedule_sweep(groups: list[str]) -> int:
     """The sweep's runs, for many groups at once: every debounce claim in one Redis round
     trip, and the established groups' runs up to SWEEP_CHUNK to a message
-    (DIAGNOSE_GROUPS), in at least SWEEP_MESSAGES messages. One message and one round trip a group
-    cost ~0.8 ms each: at 2,048 small jobs a sweep took 1.6 s of its one-second period
-    (bench/sweep.py). Young groups keep the per-group path (their budget, their longer
-    countdown). Returns how many established groups' runs it queued."""
+    (DIAGNOSE_GROUPS), in at least SWEEP_MESSAGES messages. A message and a round trip
+    a group cost ~0.8 ms each: at 2,048 small jobs a sweep took 1.6 s of its one-second
+    period (bench/sweep.py). Young groups keep the per-group path (their budget, their
+    longer countdown). Returns how many established groups' runs it queued."""
     delay_ms = settings.DIAGNOSIS_DEBOUNCE_MS
     now = time.monotonic()
     window = delay_ms / 1000
