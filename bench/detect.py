@@ -309,6 +309,7 @@ class Watcher:
         self.url = f"ws://127.0.0.1:{service.ws_port}/ws/live/fleet/"
         self.headers = {"Cookie": cookie, "Origin": service.url}
         self.seen: dict[tuple[str, int, str, str], float] = {}
+        self.summaries: dict[tuple[str, int, str, str], str] = {}  # as it first arrived
         self.ready = threading.Event()
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self.thread.start()
@@ -327,8 +328,16 @@ class Watcher:
                         d = event["data"]
                         key = (d["group"], d["generation"], d["kind"], d["subject"])
                         self.seen.setdefault(key, time.monotonic())
+                        self.summaries.setdefault(key, str(d.get("summary") or ""))
             except websockets.ConnectionClosed:
                 return  # the service is shutting down at the end of the run
+
+    def summary(self, group: str, generation: int, kind: str) -> str:
+        """The first-arrived summary of `group`'s `generation`'s first `kind` incident."""
+        firsts = sorted(
+            (t, key) for key, t in list(self.seen.items()) if key[:3] == (group, generation, kind)
+        )
+        return self.summaries.get(firsts[0][1], "") if firsts else ""
 
     def wait(self, group: str, kinds: set[str], since: float, timeout: float) -> float | None:
         """Seconds from `since` to the first incident of `kinds` in `group` (any time)."""

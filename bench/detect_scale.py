@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -337,6 +338,12 @@ def _metrics(service: Service) -> tuple[float, float]:
     return count, total
 
 
+def _threshold(summary: str) -> str:
+    """'threshold N s' out of a rank_hang/group_stall summary, or the summary's end."""
+    found = re.search(r"threshold [0-9.]+ ?s", summary)
+    return found.group(0) if found else summary[-60:]
+
+
 def _checks(service: Service) -> dict[str, float]:
     """faultline_diagnosis_checks_total by outcome (ran, moved), over every process."""
     out: dict[str, float] = {}
@@ -530,6 +537,13 @@ def run_scale(args: Any) -> int:
                     f"{watcher.arrived(fleet.group, gen) or 'none'}"
                 )
                 + (f" = {results['straggler_steps'][-1]} steps" if kind == "straggler" else "")
+                # The threshold the engine used (the group's step jitter can raise it above
+                # the 4 s floor): what a silent trial can be judged against.
+                + (
+                    f" ({_threshold(watcher.summary(fleet.group, gen, hit[1]))})"
+                    if kind == "silent" and hit
+                    else ""
+                )
                 + (f"; {len(wrong)} other ranks called hung" if wrong else "")
                 + f"; load {os.getloadavg()[0]:.1f}",
                 flush=True,
