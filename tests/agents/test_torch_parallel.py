@@ -90,7 +90,12 @@ def _judge(got: list[dict[str, Any]]):
 @pytest.mark.torch
 @pytest.mark.slow
 def test_it_judges_a_healthy_tp_dp_pp_job_healthy(short_dir: Path) -> None:
-    got = _run(short_dir)
+    # 12 steps, not 4: on a loaded CI box one rank descheduled once in 4 steps of a few ms
+    # made its mean step over 1.25x the median (a straggler, and before the stragglers
+    # rule asked a phase to explain it, an `input_stall` root cause of "0 ms vs median
+    # 0 ms"). Checked under three busy loops on the two cores: 2 of 3 runs clean, one
+    # an undetermined straggler.
+    got = _run(short_dir, "--steps", "12")
     groups = {r["rank"]: r["groups"] for r in got if r["kind"] == "process_groups"}
     assert sorted(groups) == list(range(WORLD))
     tp_of_4 = next(g for g in groups[4] if g.get("desc") == "tp")
@@ -105,7 +110,11 @@ def test_it_judges_a_healthy_tp_dp_pp_job_healthy(short_dir: Path) -> None:
     coalesced = [e for e in windows[0].entries if e.coalesced is not None and e.op == "all_reduce"]
     assert len(coalesced) >= 2 and coalesced[0].seq == coalesced[1].seq
     assert [f.kind for f in d.findings if f.kind.startswith("collective")] == []
-    assert [f for f in d.findings if f.role != "symptom" and f.kind != "group_stall"] == []
+    # No root cause on a healthy job. Six CPU ranks share this box's two cores with
+    # whatever else runs: a rank the host really slowed may be an undetermined straggler
+    # (the engine says it suspects host contention), never anything it blames.
+    judged = [f for f in d.findings if f.role != "symptom" and f.kind != "group_stall"]
+    assert [f for f in judged if (f.kind, f.role) != ("straggler", "undetermined")] == []
 
 
 @pytest.mark.torch

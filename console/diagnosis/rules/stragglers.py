@@ -153,7 +153,13 @@ def run(ctx: Context) -> None:
         r = ctx.ranks[rk]
         mean, ph = stats[rk]
         excess = {p: ph[p] - ph_med[p] for p in PHASES}
-        dominant = max(PHASES, key=lambda p: excess[p])
+        most = max(PHASES, key=lambda p: excess[p])
+        # A phase names the cause only when it explains most of what makes the rank slow
+        # (its step, or its busy time, over the median). A rank slow outside every phase
+        # (descheduled, shape skew) has none: a CI run's healthy CPU job got an
+        # `input_stall` root cause reading "input 0 ms vs median 0 ms".
+        gap = max(mean - med, busy[rk] - busy_med)
+        dominant = most if excess[most] > 0 and excess[most] >= 0.5 * gap else None
         ev: dict[str, object] = {
             "rank": rk,
             "node": r.node,
