@@ -166,11 +166,17 @@ def _young_and_claim(group: str, timeout_s: int) -> tuple[bool, bool]:
     """In one round trip: is the group young, and did this call set its pending key (the
     same keys as `cache.get(young_key)` and `cache.add(pending_key)`, so the task's
     `cache.delete` still clears it)."""
+    return _young_and_claim_many([group], timeout_s)[0]
+
+
+def _young_and_claim_many(groups: list[str], timeout_s: int) -> list[tuple[bool, bool]]:
+    """`_young_and_claim` for every group, still in one round trip (the sweep's)."""
     pipe = _redis().pipeline(transaction=False)
-    pipe.get(cache.make_key(young_key(group)))
-    pipe.set(cache.make_key(pending_key(group)), 1, nx=True, ex=timeout_s)
-    young, claimed = pipe.execute()
-    return young is not None, bool(claimed)
+    for group in groups:
+        pipe.get(cache.make_key(young_key(group)))
+        pipe.set(cache.make_key(pending_key(group)), 1, nx=True, ex=timeout_s)
+    replies = pipe.execute()
+    return [(replies[i] is not None, bool(replies[i + 1])) for i in range(0, len(replies), 2)]
 
 
 def _schedule_urgent(group: str, node: str | None) -> None:
@@ -264,19 +270,12 @@ def schedule_sweep(groups: list[str]) -> int:
     if not due:
         return 0
     try:
-        pipe = _redis().pipeline(transaction=False)
-        for g in due:
-            pipe.get(cache.make_key(young_key(g)))
-            pipe.set(
-                cache.make_key(pending_key(g)), 1, nx=True, ex=PENDING_TIMEOUT_S + delay_ms // 1000
-            )
-        replies = pipe.execute()
+        claims = _young_and_claim_many(due, PENDING_TIMEOUT_S + delay_ms // 1000)
     except Exception:  # broker down: the next tick tries again
         log.warning("scheduling: sweep of %d groups not scheduled", len(due), exc_info=True)
         return 0
     established: list[str] = []
-    for i, g in enumerate(due):
-        young, claimed = replies[2 * i] is not None, bool(replies[2 * i + 1])
+    for g, (young, claimed) in zip(due, claims, strict=True):
         if not claimed:
             _covered_at[g] = now
         elif not young:
