@@ -565,6 +565,9 @@ def main(argv: list[str] | None = None) -> int:
         if step % args.ckpt_every == 0:
             with fl_torch.phase("checkpoint"):
                 _save(args, dcp, dist, torch, model, step, rank, world, (tp, pp, ep), cursor)
+    # Every rank leaves together: a rank that exits while a peer's last gloo send to it
+    # is still in flight can make the peer abort (SIGABRT) instead of finishing cleanly.
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 

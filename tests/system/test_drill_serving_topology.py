@@ -270,7 +270,17 @@ def _torchrun(args: list[str], nproc: int, cwd: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     env.pop("FAULTLINE_SOCKET", None)  # no agent: the reporter drops its records
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.returncode == 0, _failure(done)
+
+
+def _failure(done: subprocess.CompletedProcess[str]) -> str:
+    """What a failed torchrun said: every line that names an error (a rank's traceback
+    can scroll out of a tail when the other rank aborts after it), then the tails."""
+    lines = (done.stdout + done.stderr).splitlines()
+    marks = ("Error", "Traceback", "terminate", "abort", "Signal", "exitcode", "failed")
+    named = [ln for ln in lines if any(m in ln for m in marks)]
+    return "\n".join([*named[:80], "--- stdout tail:", done.stdout[-4000:],
+                      "--- stderr tail:", done.stderr[-8000:]])  # fmt: skip
 
 
 def _free_port() -> int:
