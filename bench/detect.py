@@ -401,6 +401,7 @@ def _report(prof: cProfile.Profile | None, mode: str) -> None:
     print(f"cProfile of the last {mode} pass, the project's own functions:")
     stats = pstats.Stats(prof).sort_stats("cumulative")
     stats.print_stats(r"/(console|ingest)/", 40)
+    stats.sort_stats("tottime").print_stats(30)
 
 
 def pipeline_curve(
@@ -513,10 +514,12 @@ def pipeline_curve(
             at2 = at + timedelta(seconds=1.25)
             StepRecord.objects.bulk_create(step_rows(steps + 2 * k + 1, at2), batch_size=20_000)
             refresh(at2, k)
+            prof = _profiler(profile == "fleet" and k == runs - 1)
             t0, c0 = time.perf_counter(), time.process_time()
             pipeline.diagnose(group_name=name, now=at2 + timedelta(milliseconds=100))
             times["fleet"].append(time.perf_counter() - t0)
             cpu["fleet"].append(time.process_time() - c0)
+            _report(prof, "fleet")
             rows["fleet"] = snapshots.last_pass.get("rows", 0)
             prof = _profiler(profile == "idle" and k == runs - 1)
             t0, c0 = time.perf_counter(), time.process_time()
@@ -580,7 +583,7 @@ def main() -> int:
     parser.add_argument("--big-steps", type=int, default=20)
     parser.add_argument("--pipeline-only", action="store_true", help="skip the live trials")
     parser.add_argument(
-        "--profile", choices=("idle", "stepped"), help="cProfile the last pass of this kind"
+        "--profile", choices=("idle", "stepped", "fleet"), help="cProfile the last such pass"
     )
     parser.add_argument("--flood-groups", type=int, default=0)
     parser.add_argument("--explicit-only", action="store_true")

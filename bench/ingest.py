@@ -522,7 +522,7 @@ def run_shape(shape: Shape, env: dict[str, str], args: argparse.Namespace) -> Re
         f"{shape.senders} at a time, {per_batch} records per batch, {built} records built",
         flush=True,
     )
-    results = [run_load("gunicorn", agents, env, args.seconds, shape.senders)]
+    results = [run_load(args.server, agents, env, args.seconds, shape.senders)]
     if args.compare_asgi:
         results.append(run_load("uvicorn", agents, env, args.seconds, shape.senders))
     copy = copy_baseline(env["DATABASE_URL"], agents, results[0].sent)
@@ -543,6 +543,10 @@ def main() -> None:
         help="about a minute: the steady and the backlog shape, unless one is given",
     )  # fmt: skip
     parser.add_argument("--compare-asgi", action="store_true", help="also load uvicorn")
+    parser.add_argument(
+        "--server", default="gunicorn", choices=("gunicorn", "granian"),
+        help="the WSGI server under load (granian: pip install granian; not shipped)",
+    )  # fmt: skip
     parser.add_argument("--nodes", type=int, help="simulated 8-GPU nodes (default 8)")
     parser.add_argument("--senders", type=int, help="concurrent connections (default: nodes)")
     parser.add_argument("--seconds", type=float, default=20.0, help="load time per server")
