@@ -65,6 +65,13 @@ _CHECK_SAME_S = 0.001  # two deadlines this close are the same one
 # bench/sweep.py) would have cost device events time, and the ordinary worker, draining it
 # too, took sweeps it then held behind its passes.
 HOUSEKEEPING_QUEUE: Final = "housekeeping"
+# Pages and their resolves (console.send_notification) go to a queue a worker of its own
+# drains (`worker-notify`, threads: a send waits on a remote endpoint up to 10 s and
+# uses no CPU). On the default queue a page waited behind diagnosis passes: with the
+# ordinary worker saturated (a 16k-rank group's passes back to back) or stuck, the
+# incident opened in a second and its page went out when the passes let it. Not the
+# housekeeping queue: a slow endpoint would hold the sweeps that notice silence.
+NOTIFY_QUEUE: Final = "notify"
 # An urgent run this late is no longer urgent (the ordinary lane has run since): a lane
 # worker that was down must not start with a backlog of them.
 URGENT_EXPIRES_S = 60
@@ -97,7 +104,8 @@ def enqueue(
 
 
 def send_notification(incident_id: int, key: str, channel: str, event: str) -> None:
-    enqueue(SEND_NOTIFICATION, incident_id, key, channel, event)
+    """A page never expires: late, it is still a page (the delivery row dedups it)."""
+    enqueue(SEND_NOTIFICATION, incident_id, key, channel, event, queue=NOTIFY_QUEUE)
 
 
 def pending_key(group: str) -> str:

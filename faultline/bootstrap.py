@@ -263,12 +263,13 @@ def service_commands(
 ) -> dict[str, list[str]]:
     """The children of the service: HTTP, websockets, the Celery workers and beat.
 
-    Three workers, one queue each, so no queue waits behind another's work: `worker`
-    drains the default queue (diagnosis passes, deliveries), `worker-urgent` the urgent
-    diagnosis lane (console.scheduling.URGENT_QUEUE), one process, so an established
-    group's Xid starts at once however far behind the first one is, and
-    `worker-housekeeping` beat's sweeps (HOUSEKEEPING_QUEUE: pages scheduled, silent nodes
-    marked down, quiet groups re-judged, step bins rolled), one process."""
+    Four workers, one queue each, so no queue waits behind another's work: `worker`
+    drains the default queue (diagnosis passes), `worker-urgent` the urgent diagnosis
+    lane (console.scheduling.URGENT_QUEUE), one process, so an established group's Xid
+    starts at once however far behind the first one is, `worker-housekeeping` beat's
+    sweeps (HOUSEKEEPING_QUEUE: pages scheduled, silent nodes marked down, quiet groups
+    re-judged, step bins rolled), one process, and `worker-notify` the pages themselves
+    (NOTIFY_QUEUE), four threads of one process: a send waits on a remote endpoint."""
     py = sys.executable
     return {
         "web": [
@@ -297,6 +298,12 @@ def service_commands(
             py, "-m", "celery", "-A", "faultline", "worker", "--queues", "housekeeping",
             "--hostname", "housekeeping@%h", "--concurrency", "1", "--loglevel", "WARNING",
             "--without-heartbeat", "--without-gossip", "--without-mingle",
+        ],
+        "worker-notify": [
+            py, "-m", "celery", "-A", "faultline", "worker", "--queues", "notify",
+            "--hostname", "notify@%h", "--pool", "threads", "--concurrency", "4",
+            "--loglevel", "WARNING", "--without-heartbeat", "--without-gossip",
+            "--without-mingle",
         ],
         "beat": [
             py, "-m", "celery", "-A", "faultline", "beat", "--loglevel", "WARNING",

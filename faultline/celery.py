@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import Celery
 
-from console.scheduling import HOUSEKEEPING_QUEUE
+from console.scheduling import HOUSEKEEPING_QUEUE, NOTIFY_QUEUE, SEND_NOTIFICATION
 from faultline import metrics
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "faultline.settings")
@@ -44,3 +44,6 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "maintain-telemetry": {"task": "console.maintain_telemetry", "schedule": 3600.0},
 }
 app.conf.beat_schedule = BEAT_SCHEDULE
+# A retried send (a 503, a timeout) is published again by Celery itself: routed here, it
+# stays on the notify queue (console.scheduling.NOTIFY_QUEUE) like the first try.
+app.conf.task_routes = {SEND_NOTIFICATION: {"queue": NOTIFY_QUEUE}}

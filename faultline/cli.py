@@ -6,7 +6,7 @@ drills are faultline.demo and faultline.drill. Must not hold the logic of any of
 
 `faultline up` starts (or adopts) the embedded Postgres and Valkey when DATABASE_URL /
 REDIS_URL are unset, migrates, creates the first admin, then runs gunicorn (HTTP), uvicorn
-(websockets), three Celery workers (default queue, urgent lane, housekeeping) and Celery
+(websockets), four Celery workers (default queue, urgent lane, housekeeping, notify) and Celery
 beat as children, restarts a child that dies, and
 stops everything on Ctrl-C or SIGTERM.
 """

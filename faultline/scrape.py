@@ -24,7 +24,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from console.scheduling import HOUSEKEEPING_QUEUE, URGENT_QUEUE
+from console.scheduling import HOUSEKEEPING_QUEUE, NOTIFY_QUEUE, URGENT_QUEUE
 from faultline.metrics_dir import ENV
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # down or behind (docs/operations.md).
 CELERY_QUEUES = {
     queue: [queue, *(f"{queue}\x06\x16{p}" for p in (3, 6, 9))]
-    for queue in ("celery", HOUSEKEEPING_QUEUE, URGENT_QUEUE)
+    for queue in ("celery", HOUSEKEEPING_QUEUE, URGENT_QUEUE, NOTIFY_QUEUE)
 }
 
 

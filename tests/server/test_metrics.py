@@ -141,13 +141,14 @@ def test_it_times_requests_by_route_pattern_never_by_path(client: Any, token: st
 def test_it_reports_postgres_and_valkey_up_and_the_queue_depth(client: Any, token: str) -> None:
     from django.core.cache import cache
 
-    from console.scheduling import HOUSEKEEPING_QUEUE, URGENT_QUEUE
+    from console.scheduling import HOUSEKEEPING_QUEUE, NOTIFY_QUEUE, URGENT_QUEUE
 
     redis = cache._cache.get_client(write=True)
-    queues = ("celery", HOUSEKEEPING_QUEUE, URGENT_QUEUE)
+    queues = ("celery", HOUSEKEEPING_QUEUE, URGENT_QUEUE, NOTIFY_QUEUE)
     redis.delete(*queues)
     redis.rpush("celery", "m1", "m2")
     redis.rpush(HOUSEKEEPING_QUEUE, "m1", "m2", "m3")
+    redis.rpush(NOTIFY_QUEUE, "m1")
     try:
         samples = scrape(client)
     finally:
@@ -158,6 +159,8 @@ def test_it_reports_postgres_and_valkey_up_and_the_queue_depth(client: Any, toke
     # Its worker down: the sweeps that page and mark silent nodes down wait.
     assert value(samples, "faultline_celery_queue_depth", queue=HOUSEKEEPING_QUEUE) == 3
     assert samples[("faultline_celery_queue_depth", (("queue", URGENT_QUEUE),))] == 0
+    # Pages waiting: worker-notify is down or stuck on slow endpoints.
+    assert value(samples, "faultline_celery_queue_depth", queue=NOTIFY_QUEUE) == 1
 
 
 def test_it_counts_task_runs_diagnosis_passes_and_notification_outcomes(

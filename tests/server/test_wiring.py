@@ -72,12 +72,13 @@ def test_readiness_sees_a_migration_unapplied_after_it_was_ready(client):
 def test_it_ships_a_compose_file_with_every_role_and_healthchecks():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    roles = {"web", "ws", "worker", "worker-urgent", "worker-housekeeping", "beat"}
+    roles = {"web", "ws", "worker", "worker-urgent", "worker-housekeeping", "worker-notify",
+             "beat"}  # fmt: skip
     assert {"postgres", "redis", *roles} <= set(services)
     assert services["postgres"]["image"] == "postgres:16"
     assert services["redis"]["image"] == "redis:7"
     for name in ("postgres", "redis", "web", "ws", "worker", "worker-urgent",
-                 "worker-housekeeping"):  # fmt: skip
+                 "worker-housekeeping", "worker-notify"):  # fmt: skip
         assert "healthcheck" in services[name], name
     for name in sorted(roles):
         env = services[name]["environment"]

@@ -163,6 +163,29 @@ def test_it_declares_retries_with_backoff_on_the_send_task():
     assert task.retry_backoff and task.max_retries == 10
 
 
+def test_a_page_and_its_retries_go_to_the_notify_queue_not_behind_diagnosis(monkeypatch):
+    """Pages have a worker of their own (`worker-notify`): on the default queue a page
+    waited behind a saturated worker's diagnosis passes."""
+    from console import scheduling
+    from faultline.celery import app
+
+    sent: list[tuple[str, dict]] = []
+
+    class Broker:
+        def send_task(self, name: str, args: list, **options: object) -> None:
+            sent.append((name, options))
+
+    monkeypatch.setattr(scheduling, "current_app", Broker())
+    scheduling.send_notification(7, "step:0", "oncall", "trigger")
+    ((name, options),) = sent
+    assert name == scheduling.SEND_NOTIFICATION == notify_tasks.send_notification.name
+    assert options["queue"] == scheduling.NOTIFY_QUEUE and options["expires"] is None
+    # A retry is published by Celery itself, through its router: the same queue.
+    route = app.amqp.router.route({}, scheduling.SEND_NOTIFICATION)
+    assert route["queue"].name == scheduling.NOTIFY_QUEUE
+    assert app.amqp.router.route({}, scheduling.DIAGNOSE_GROUP)["queue"].name == "celery"
+
+
 def _admin():
     from console.accounts import create_user
 

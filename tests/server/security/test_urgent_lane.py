@@ -153,6 +153,7 @@ def test_the_shipped_topologies_run_a_worker_for_each_queue_and_beat_routes_the_
         "worker": ["celery"],
         "worker-urgent": [scheduling.URGENT_QUEUE],
         "worker-housekeeping": [scheduling.HOUSEKEEPING_QUEUE],
+        "worker-notify": [scheduling.NOTIFY_QUEUE],
     }
     for role, queues in want.items():
         for command in (commands[role], compose["services"][role]["command"]):
@@ -160,7 +161,11 @@ def test_the_shipped_topologies_run_a_worker_for_each_queue_and_beat_routes_the_
             assert command[command.index("--queues") + 1].split(",") == queues, role
             if role != "worker":  # a node name of its own beside the ordinary worker's
                 assert "--hostname" in command
+            if role in ("worker-urgent", "worker-housekeeping"):
                 assert command[command.index("--concurrency") + 1] == "1"
+            if role == "worker-notify":  # sends wait on endpoints: threads, several
+                assert command[command.index("--pool") + 1] == "threads"
+                assert int(command[command.index("--concurrency") + 1]) >= 2
     from faultline.celery import app
 
     beat = app.conf.beat_schedule
