@@ -317,6 +317,93 @@ class ScaleFleet:
             self.stop.wait(max(0.0, self.step_s - spent))
 
 
+class Pager:
+    """The page's far end: a webhook receiver, and a watch (every 50 ms, its own
+    connection) on when each of the group's incidents had its first page scheduled (the
+    escalation sweep's `sent` list). An explicit trial is then also timed Xid -> page
+    received, and scheduled -> received: the wait on the queue of the worker that sends."""
+
+    def __init__(self, service: Service, group: str) -> None:
+        import http.server
+
+        import psycopg
+
+        pager = self
+        self.group, self.lock, self.stop = group, threading.Lock(), threading.Event()
+        self.posts: list[tuple[float, dict[str, Any]]] = []
+        self.scheduled: dict[int, float] = {}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with pager.lock:
+                    pager.posts.append((time.monotonic(), body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        url = json.loads((service.data_dir / "runtime.json").read_text())["DATABASE_URL"]
+        self.db = psycopg.connect(url, autocommit=True)
+        in_service(service, PAGE_SETUP, self.url, group)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self.stop.wait(0.05):
+            rows = self.db.execute(
+                "SELECT e.incident_id FROM console_incidentescalation e"
+                " JOIN console_incident i ON i.id = e.incident_id"
+                " JOIN console_consistencygroup g ON g.id = i.group_id"
+                " WHERE g.name = %s AND e.sent <> '[]'::jsonb",
+                [self.group],
+            ).fetchall()
+            now = time.monotonic()
+            with self.lock:
+                for (pk,) in rows:
+                    self.scheduled.setdefault(pk, now)
+
+    def wait_page(self, gpu: str, t0: float, timeout: float) -> tuple[float, float] | None:
+        """(Xid -> page received, scheduled -> received) of the first trigger page after
+        t0 whose subject names `gpu`; None if none came within `timeout`."""
+        deadline = t0 + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                for at, body in self.posts:
+                    if (
+                        at >= t0
+                        and body.get("event") == "trigger"
+                        and gpu in str(body.get("subject"))
+                    ):
+                        scheduled = self.scheduled.get(int(body["incident"]), at)
+                        return at - t0, at - min(scheduled, at)
+            time.sleep(0.05)
+        return None
+
+    def close(self) -> None:
+        self.stop.set()
+        self.server.shutdown()
+
+
+# A webhook channel to the bench's receiver and a policy that pages it at once for the
+# group (argv: url, group), as an operator would set them up.
+PAGE_SETUP = """\
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from console import actions
+admin = get_user_model().objects.filter(is_superuser=True).order_by("id").first()
+admin = admin or get_user_model().objects.get(username="admin")
+actions.save_channel(actor=admin, now=timezone.now(), name="bench-hook", kind="webhook",
+                     url=sys.argv[2], secret="bench-hmac-key")
+actions.save_escalation_policy(actor=admin, now=timezone.now(), name="bench-pages",
+                               position=1, labels={"group": sys.argv[3]},
+                               steps=[{"delay_s": 0, "channels": ["bench-hook"]}])
+print("ok")"""
+
+
 def _scrape(service: Service) -> str:
     """The service's /metrics text, every process's samples."""
     request = urllib.request.Request(
@@ -426,14 +513,18 @@ def run_scale(args: Any) -> int:
     trials = args.trials
     print(f"load average (1 min) at start: {os.getloadavg()[0]:.1f}", flush=True)
     data = Path(tempfile.mkdtemp(prefix="faultline-detect-scale-"))
-    env = {"FAULTLINE_METRICS_TOKEN": METRICS_TOKEN}
+    # The bench's webhook receiver listens on 127.0.0.1 (channels reach only public
+    # addresses unless this is set).
+    env = {"FAULTLINE_METRICS_TOKEN": METRICS_TOKEN, "FAULTLINE_NOTIFY_ALLOW_PRIVATE": "1"}
     if args.worker_memory_mb:
         env["FAULTLINE_WORKER_MAX_MEMORY_MB"] = str(args.worker_memory_mb)
     if args.no_checks:  # the baseline: silence judged at the sweep's ticks only
         env["FAULTLINE_DIAGNOSIS_CHECKS"] = "0"
     service = start_service(data, env=env)
     fleet = ScaleFleet(service, ranks, step_s, args.http_nodes, not args.no_device_refresh)
-    results: dict[str, list[float]] = {"explicit": [], "silent": [], "straggler_steps": []}
+    results: dict[str, list[float]] = {"explicit": [], "silent": [], "straggler_steps": [],
+                                       "page": [], "page_wait": []}  # fmt: skip
+    pager: Pager | None = None
     passes: dict[str, float] = {}
     hung_in: dict[int, str] = {}  # generation -> its silent trial's right rank_hang
     try:
@@ -441,6 +532,7 @@ def run_scale(args: Any) -> int:
         fleet.issue_tokens()
         fleet.start()
         fleet.establish()
+        pager = Pager(service, fleet.group)
         print(
             f"[scale] {ranks} ranks on {len(fleet.nodes)} nodes x {PER_NODE} GPUs, step "
             f"{step_s:g} s: {fleet.http_nodes} nodes post over HTTP every step, the other "
@@ -495,6 +587,10 @@ def run_scale(args: Any) -> int:
                 want = {"xid"}
                 hit = watcher.wait_for(fleet.group, gen, want, t0, timeout=120)
                 results["explicit"].append(hit[0] if hit else float("inf"))
+                # The escalation sweep (every 10 s) schedules the page; a worker sends it.
+                page = pager.wait_page(gpu, t0, timeout=40) if hit else None
+                results["page"].append(page[0] if page else float("inf"))
+                results["page_wait"].append(page[1] if page else float("inf"))
             elif kind == "silent":
                 t0 = time.monotonic()
                 fleet.stopped.add(rank)
@@ -537,6 +633,12 @@ def run_scale(args: Any) -> int:
                     f"{watcher.arrived(fleet.group, gen) or 'none'}"
                 )
                 + (f" = {results['straggler_steps'][-1]} steps" if kind == "straggler" else "")
+                + (
+                    f"; paged after {results['page'][-1]:.2f} s (scheduled -> received "
+                    f"{results['page_wait'][-1]:.2f} s)"
+                    if kind == "explicit" and hit
+                    else ""
+                )
                 # The threshold the engine used (the group's step jitter can raise it above
                 # the 4 s floor): what a silent trial can be judged against.
                 + (
@@ -561,6 +663,8 @@ def run_scale(args: Any) -> int:
               flush=True)  # fmt: skip
     finally:
         fleet.stop.set()
+        if pager is not None:
+            pager.close()
         stop_service(service)
     # Counted over the whole run (some arrive after their trial): rank_hang incidents of
     # ranks that did not stop are false root causes.
@@ -581,13 +685,18 @@ def run_scale(args: Any) -> int:
         f"p99 {p(ex, 99)} s (goal p99 <= 1 s); silent hang p50 {p(si, 50)} s p99 "
         f"{p(si, 99)} s (goal <= {goal_silent:.0f} s); straggler named after "
         f"{most} steps at most (goal <= 10); ranks wrongly called hung {false_hangs}; "
-        f"relay ticks late {fleet.late} of "
+        f"Xid -> page received p50 {p(results['page'], 50)} s p99 {p(results['page'], 99)} s"
+        f" (page scheduled -> received p50 {p(results['page_wait'], 50)} s p99 "
+        f"{p(results['page_wait'], 99)} s); relay ticks late {fleet.late} of "
         f"{len(fleet.ticks)}; the service's log: {service.log}"
     )
     print(
         f"scale_ranks {ranks} explicit_p99_s {p(ex, 99)} silent_p99_s {p(si, 99)} "
         f"straggler_steps_max {most} false_hangs {false_hangs} "
         f"pass_mean_ms {passes.get('mean_s', 0) * 1000:.0f} "
-        f"worker_cpu_per_s {passes.get('worker_cpu_per_s', 0):.2f}"
+        f"worker_cpu_per_s {passes.get('worker_cpu_per_s', 0):.2f} "
+        f"page_p50_s {p(results['page'], 50)} page_p99_s {p(results['page'], 99)} "
+        f"page_wait_p50_s {p(results['page_wait'], 50)} "
+        f"page_wait_p99_s {p(results['page_wait'], 99)}"
     )
     return 0
