@@ -185,8 +185,11 @@ def _upsert_incident(
     keeps its advice, its symptom count and its alerts; new alerts are added. A new
     incident belongs to `generation`, the one its findings were judged in."""
     fp = head["fingerprint"]
+    # FOR NO KEY UPDATE: passes still exclude each other, but a row that points at the
+    # incident (its escalation, a delivery, an alert) checks its foreign key at commit
+    # with FOR KEY SHARE, which FOR UPDATE would hold until the pass commits.
     incident = (
-        Incident.objects.select_for_update()
+        Incident.objects.select_for_update(no_key=True)
         .filter(group=group, fingerprint=fp)
         .filter(Q(resolved_at=None) | Q(resolved_at__gte=now - REOPEN_WITHIN))
         .order_by("-opened_at")

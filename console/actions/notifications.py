@@ -63,7 +63,13 @@ def incident_labels(incident: Incident) -> dict[str, str]:
 
 
 def freeze_policies(*, now: datetime) -> int:
-    """Snapshot the matching policy onto every open incident that has none yet."""
+    """Snapshot the matching policy onto every open incident that has none yet.
+
+    An incident a diagnosis pass holds (its FOR UPDATE lock, until the pass commits) is
+    left to the next sweep: the escalation row's foreign key is checked at commit, which
+    waits for that lock, so one pass stuck mid-transaction (a frozen worker) held every
+    incident's page, and the one housekeeping process with it (the silent-node sweep too).
+    """
     rows = list(EscalationPolicy.objects.filter(enabled=True))
     policies = [policy_input(p) for p in rows]
     frozen = 0
@@ -72,17 +78,24 @@ def freeze_policies(*, now: datetime) -> int:
         .filter(escalation__isnull=True)
         .select_related("group")
     ):
-        chosen = esc.select_policy(policies, incident.severity, incident_labels(incident))
-        _, created = IncidentEscalation.objects.get_or_create(
-            incident=incident,
-            defaults={
-                "policy_name": chosen.name if chosen else "",
-                "snapshot": esc.snapshot_policy(chosen) if chosen else {},
-                "done": chosen is None,
-                "created_at": now,
-            },
-        )
-        frozen += created
+        with transaction.atomic():
+            # FOR NO KEY UPDATE: taken only if no pass holds the row; the foreign key's
+            # own check (FOR KEY SHARE) then never waits.
+            free = Incident.objects.select_for_update(skip_locked=True, no_key=True)
+            if not list(free.filter(pk=incident.pk).values_list("pk", flat=True)):
+                log.info("escalation: incident %s is held by a pass; next sweep", incident.pk)
+                continue
+            chosen = esc.select_policy(policies, incident.severity, incident_labels(incident))
+            _, created = IncidentEscalation.objects.get_or_create(
+                incident=incident,
+                defaults={
+                    "policy_name": chosen.name if chosen else "",
+                    "snapshot": esc.snapshot_policy(chosen) if chosen else {},
+                    "done": chosen is None,
+                    "created_at": now,
+                },
+            )
+            frozen += created
     return frozen
 
 

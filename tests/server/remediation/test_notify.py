@@ -163,6 +163,38 @@ def test_it_declares_retries_with_backoff_on_the_send_task():
     assert task.retry_backoff and task.max_retries == 10
 
 
+@pytest.mark.django_db(transaction=True)
+def test_an_incident_a_stuck_pass_holds_does_not_hold_the_other_incidents_pages(
+    incident, receiver, now
+):
+    """A diagnosis pass locks its group's incidents FOR UPDATE until it commits. The
+    escalation row's foreign key waited for that lock, so one pass stuck mid-transaction
+    (a frozen worker; seen in CI) held every incident's page and the housekeeping
+    process. The held incident is frozen by the first sweep after the pass ends."""
+    import psycopg
+    from django.db import connection
+
+    other = Incident.objects.create(
+        group=ConsistencyGroup.objects.create(name="other"), fingerprint="fp2", kind="xid",
+        subject="gpu:GPU-2", role="root_cause", severity="critical", opened_at=now,
+    )  # fmt: skip
+    params = connection.get_connection_params()
+    params.pop("pool", None)
+    stuck = psycopg.connect(**{k: v for k, v in params.items() if k != "cursor_factory"})
+    try:
+        stuck.execute("SELECT 1 FROM console_incident WHERE id = %s FOR UPDATE", [incident.pk])
+        with connection.cursor() as cur:  # never wait long, should the sweep still block
+            cur.execute("SET lock_timeout = '5s'")
+        enqueued = actions.schedule_due(now=now)
+        assert [row[0] for row in enqueued] == [other.pk]
+        assert not IncidentEscalation.objects.filter(incident=incident).exists()
+    finally:
+        stuck.close()  # the pass ends (here: rolls back)
+        with connection.cursor() as cur:
+            cur.execute("RESET lock_timeout")
+    assert [row[0] for row in actions.schedule_due(now=now)] == [incident.pk]
+
+
 def test_a_page_and_its_retries_go_to_the_notify_queue_not_behind_diagnosis(monkeypatch):
     """Pages have a worker of their own (`worker-notify`): on the default queue a page
     waited behind a saturated worker's diagnosis passes."""
