@@ -11,28 +11,50 @@ import logging
 import time
 from datetime import timedelta
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.conf import settings
 from django.core.cache import cache
+from django.db import OperationalError
 from django.utils import timezone
 
-from console import actions, pipeline, scheduling
+from console import actions, locks, pipeline, scheduling
 
 log = logging.getLogger(__name__)
+# Urgent retries beyond the idle-transaction timeout, for the stuck holder's rollback.
+URGENT_RETRY_MARGIN = 10
 
 
-@shared_task(name=scheduling.DIAGNOSE_GROUP, acks_late=True, max_retries=3, default_retry_delay=1)
-def diagnose_group(group: str, lane: str = "", node: str = "") -> None:
+@shared_task(
+    bind=True, name=scheduling.DIAGNOSE_GROUP, acks_late=True, max_retries=None,
+    default_retry_delay=1,
+)  # fmt: skip
+def diagnose_group(self: Task, group: str, lane: str = "", node: str = "") -> None:
     """`lane`: scheduling.URGENT for a run on the urgent lane (its own debounce key): the
     run judges the nodes that reported an urgent event (`node`, and any other of the group's
     in the last minute), not the whole group (pipeline.diagnose_urgent). An ordinary pass
-    queues the check its verdicts next depend on (check_group)."""
+    queues the check its verdicts next depend on (check_group).
+
+    An urgent run that found its rows held by a pass (console.locks) retries every second
+    until Postgres has ended a stuck holder's transaction (FAULTLINE_DB_IDLE_IN_TRANSACTION_S)
+    and a little beyond: each try waits half a second at most, so a stuck pass delays the
+    Xid by its own lifetime at worst, never the lane behind it."""
     urgent = lane == scheduling.URGENT
     _clear(scheduling.urgent_key(group) if urgent else scheduling.pending_key(group))
-    if urgent:
-        pipeline.diagnose_urgent(group_name=group, node=node or None, now=timezone.now())
-    else:
+    if not urgent:
         _diagnose(group)
+        return
+    try:
+        pipeline.diagnose_urgent(group_name=group, node=node or None, now=timezone.now())
+    except OperationalError as exc:
+        if not locks.held_elsewhere(exc):
+            raise
+        tries = settings.DB_IDLE_IN_TRANSACTION_S + URGENT_RETRY_MARGIN
+        if self.request.retries >= tries:
+            log.warning(
+                "urgent lane: %s still held after %d tries; the sweep judges it", group, tries
+            )
+            return
+        raise self.retry(countdown=1, max_retries=tries) from exc
 
 
 @shared_task(name=scheduling.DIAGNOSE_GROUPS, acks_late=True)
@@ -73,7 +95,17 @@ def check_group(group: str, at: float) -> bool:
 
 
 def _diagnose(group: str) -> None:
-    due = pipeline.diagnose(group_name=group, now=timezone.now())
+    try:
+        due = pipeline.diagnose(group_name=group, now=timezone.now())
+    except OperationalError as exc:
+        if not locks.held_elsewhere(exc):
+            raise
+        # Another pass (or a transaction stuck holding the group's rows) kept them past
+        # FAULTLINE_DB_LOCK_TIMEOUT_MS: the next batch or sweep runs the group again.
+        log.warning(
+            "diagnosis %s: its rows are held by another transaction; left to the next pass", group
+        )
+        return
     if due is not None and settings.DIAGNOSIS_CHECKS:
         scheduling.schedule_check(group, due)
 

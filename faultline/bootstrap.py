@@ -95,8 +95,14 @@ def django_setup() -> None:
 
 
 def migrate() -> None:
+    """Apply migrations. Without the service's lock timeout: a migration runs once, before
+    (or, in an upgrade, beside) the service, and is better waited for than failed half-way
+    through a deployment (docs/operations.md, "Lock waits")."""
     from django.core.management import call_command
+    from django.db import connection
 
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = 0")
     call_command("migrate", interactive=False, verbosity=0)
 
 

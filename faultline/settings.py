@@ -11,7 +11,7 @@ import secrets
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agents.wire import MAX_BATCH_BYTES
 from faultline.env import (
@@ -137,6 +137,26 @@ if env_bool("FAULTLINE_DB_POOL", True):
 # in CI: an ingest batch right after a restart). Without the pool, the same check runs
 # before a persistent connection is reused.
 _db["CONN_HEALTH_CHECKS"] = env_bool("FAULTLINE_DB_HEALTH_CHECKS", True)
+# Bounded waits (docs/operations.md, "Lock waits"). A statement waits at most this long for
+# a row or table lock, then fails (LockNotAvailable: ingest answers 503 with Retry-After,
+# a diagnosis pass leaves its group to the next one): a pass or a request stuck while
+# holding rows delays the others by this much, not for as long as it is stuck. Longer than
+# any wait the service has between its own live transactions (a transition behind a 16k-rank
+# pass's write, ~1-2 s).
+DB_LOCK_TIMEOUT_MS = env_int("FAULTLINE_DB_LOCK_TIMEOUT_MS", 10_000, minimum=0)
+# Postgres ends a transaction whose client sent nothing for this long (a frozen worker, a
+# SIGSTOPped process, a client paused by the kernel), and its locks with it. The service's
+# longest pause between two statements of one transaction is a pass computing its writes
+# (well under a second at 16k ranks); 0 turns it off.
+DB_IDLE_IN_TRANSACTION_S = env_int("FAULTLINE_DB_IDLE_IN_TRANSACTION_S", 30, minimum=0)
+_db_options = cast("dict[str, str]", _db["OPTIONS"])
+_db_options["options"] = " ".join(
+    filter(None, [
+        _db_options.get("options", ""),
+        f"-c lock_timeout={DB_LOCK_TIMEOUT_MS}",
+        f"-c idle_in_transaction_session_timeout={DB_IDLE_IN_TRANSACTION_S * 1000}",
+    ])
+)  # fmt: skip
 _db["CONN_MAX_AGE"] = 0
 _db["TEST"] = {"NAME": env_str("FAULTLINE_TEST_DB_NAME") or None}
 DATABASES = {"default": _db}

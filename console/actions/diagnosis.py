@@ -19,7 +19,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from console import events
+from console import events, locks
 from console.actions.fleet import (
     HARDWARE_KINDS,
     SILENCE_KINDS,
@@ -47,7 +47,10 @@ def record_diagnosis(*, group_name: str, diagnosis: Diagnosis, now: datetime) ->
     Returns the ids of incidents opened or changed. Re-running with the same findings
     changes nothing (idempotent under Celery redelivery).
     """
-    group = ConsistencyGroup.objects.select_for_update().get(name=group_name)
+    # FOR NO KEY UPDATE: passes exclude each other and a transition (FOR UPDATE) waits for
+    # this one, but the group's own batches (FOR KEY SHARE, and rows that point at it) do
+    # not: a pass stuck here (a frozen worker) must not hold its group's ingest.
+    group = ConsistencyGroup.objects.select_for_update(no_key=True).get(name=group_name)
     if diagnosis.generation < group.generation:
         # Read before a restart committed: it judged a generation that has ended. Its
         # stall would open as an incident of the new one (seen at 16k ranks: it then held
@@ -93,6 +96,10 @@ def record_diagnosis(*, group_name: str, diagnosis: Diagnosis, now: datetime) ->
     return changed
 
 
+# The urgent lane's wait for a row an ordinary pass holds, before its task retries: the
+# lane's Xid-to-incident goal is 2 s (tests/system/test_chaos.py).
+URGENT_LOCK_WAIT_MS = 500
+
 # The urgent lane's incidents carry this until the group's full pass writes its advice.
 ADVICE_PENDING = Recovery(
     auto_restart_safe=False,
@@ -110,8 +117,16 @@ def record_located(
     urgent event), from a diagnosis of just those nodes' evidence. It settles nothing,
     writes no group summary, prunes no alert and keeps what a full pass wrote (restart
     advice, symptom count): the group's full pass owns all of that. A new incident's advice
-    is ADVICE_PENDING (not restart-safe) until then. Returns the ids opened or changed."""
-    group = ConsistencyGroup.objects.select_for_update().get(name=group_name)
+    is ADVICE_PENDING (not restart-safe) until then. Returns the ids opened or changed.
+
+    It takes no lock on the group: the lane exists for the Xid that must not wait behind an
+    ordinary pass, which may be stuck inside its transaction holding the group's row. One
+    open incident per fingerprint is the database's (partial unique index), and an ordinary
+    pass leaves alone what this lane wrote after its read (`urgent_lane`). A row such a pass
+    holds (the same incident, judged by both) is waited for at most URGENT_LOCK_WAIT_MS:
+    then console.locks.held_elsewhere(exc) and the task retries."""
+    locks.wait_at_most(URGENT_LOCK_WAIT_MS)
+    group = ConsistencyGroup.objects.get(name=group_name)
     findings = [f.to_dict() for f in diagnosis.findings]
     by_id = {f["id"]: f for f in findings}
     heads, followers = _fold(findings, by_id)

@@ -56,7 +56,8 @@ def set_node_health(*, name: str, health: str, actor: str, now: datetime, reason
 
     `actor` is the name on the audit entry: "system" for the sweep.
     """
-    node = Node.objects.select_for_update().filter(name=name).exclude(health=health).first()
+    locked = Node.objects.select_for_update(no_key=True)
+    node = locked.filter(name=name).exclude(health=health).first()
     if node is None:
         return False
     before = node.health
@@ -104,7 +105,7 @@ def _fleet_silences() -> QuerySet[Incident]:
 
 
 def _open_fleet_silence() -> Incident | None:
-    return _fleet_silences().select_for_update().order_by("opened_at").first()
+    return _fleet_silences().select_for_update(no_key=True).order_by("opened_at").first()
 
 
 @transaction.atomic
@@ -116,7 +117,7 @@ def mark_silent_together(
     names them all, instead of an incident and a page per node. A later batch of silent
     nodes while it is open joins it. Returns the nodes marked down."""
     nodes = list(
-        Node.objects.select_for_update()
+        Node.objects.select_for_update(no_key=True)
         .filter(name__in=names)
         .exclude(health="down")
         .order_by("name")
@@ -213,7 +214,7 @@ def node_reporting(*, node_id: int, actor: str, now: datetime) -> int:
     """The node reports again: its silent-node incident resolves; how many did."""
     resolved = 0
     for incident in (
-        Incident.objects.select_for_update()
+        Incident.objects.select_for_update(no_key=True)
         .filter(group=None, node_id=node_id, kind="node_silent")
         .exclude(state=IncidentState.RESOLVED)
     ):
@@ -225,7 +226,7 @@ def node_reporting(*, node_id: int, actor: str, now: datetime) -> int:
 @transaction.atomic
 def mark_node(*, node_id: int, mark: NodeMark, actor: str, reason: str, now: datetime) -> None:
     """Mark a node quarantined or cordoned (the effect of a succeeded action)."""
-    node = Node.objects.select_for_update().get(pk=node_id)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
     setattr(node, mark, True)
     node.save(update_fields=[mark])
     audit(actor=actor, verb=f"node.{mark}", obj=node, now=now, reason=reason)
@@ -325,8 +326,9 @@ def latch_fault(
     needed = fh.repair_needed(event, code, recovery_action)
     if needed == fh.Repair.NONE:
         return None
-    node = Node.objects.select_for_update().get(pk=node_id)
-    device = Device.objects.select_for_update().filter(uuid=gpu, node=node).first() if gpu else None
+    node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
+    devices = Device.objects.select_for_update(no_key=True)
+    device = devices.filter(uuid=gpu, node=node).first() if gpu else None
     what = f"Xid {code}" if event == "xid" else event.replace("_", " ")
     reason = f"{what} on {_subject(node, device)}: needs {needed.replace('_', ' ')}"
     if detail:
@@ -386,7 +388,7 @@ def _node_incident(
     group's; group incidents on this node whose root cause is here link to it."""
     fingerprint = f"hardware:{device.uuid if device else node.name}"
     incident = (
-        Incident.objects.select_for_update()
+        Incident.objects.select_for_update(no_key=True)
         .filter(group=None, node=node, fingerprint=fingerprint)
         .exclude(state=IncidentState.RESOLVED)
         .first()
@@ -447,8 +449,8 @@ def record_repair_evidence(
     """Evidence of repair: the node rebooted (a new boot_id) or a GPU was reset. Every
     latched GPU (and the node) whose fault this repair answers starts its validation
     window; returns the subjects that did ("node", or GPU uuids)."""
-    node = Node.objects.select_for_update().get(pk=node_id)
-    devices = list(Device.objects.select_for_update().filter(node=node))
+    node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
+    devices = list(Device.objects.select_for_update(no_key=True).filter(node=node))
     if gpu:
         devices = [d for d in devices if d.uuid == gpu]
     moved: list[str] = []
@@ -483,8 +485,10 @@ def _return_reason(node: Node, window: timedelta) -> str:
 def mark_returned(*, node_id: int, actor: str, reason: str, now: datetime, gpu: str = "") -> None:
     """The hardware is back in service (a succeeded uncordon/release, or an approver):
     the latched GPUs (or the one GPU) and the node go healthy, their incidents resolve."""
-    node = Node.objects.select_for_update().get(pk=node_id)
-    devices = Device.objects.select_for_update().filter(node=node).exclude(lifecycle="healthy")
+    node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
+    devices = (
+        Device.objects.select_for_update(no_key=True).filter(node=node).exclude(lifecycle="healthy")
+    )
     if gpu:
         devices = devices.filter(uuid=gpu)
     for d in devices:
@@ -501,7 +505,7 @@ def mark_returned(*, node_id: int, actor: str, reason: str, now: datetime, gpu: 
         node.cordoned = node.quarantined = False
         node.save()
     for incident in (
-        Incident.objects.select_for_update()
+        Incident.objects.select_for_update(no_key=True)
         .filter(group=None, node=node)
         .exclude(state=IncidentState.RESOLVED)
     ):
@@ -522,9 +526,11 @@ def mark_out_of_service(
 ) -> None:
     """A take-out action succeeded (Faultline's), or found the node already out (someone
     else's: `taken_out_by="scheduler"`): latched hardware moves to out_of_service."""
-    node = Node.objects.select_for_update().get(pk=node_id)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
     rows: list[Node | Device] = list(
-        Device.objects.select_for_update().filter(node=node, **({"uuid": gpu} if gpu else {}))
+        Device.objects.select_for_update(no_key=True).filter(
+            node=node, **({"uuid": gpu} if gpu else {})
+        )
     )
     if not gpu:
         rows.append(node)

@@ -53,7 +53,7 @@ def set_group_slo(
 ) -> ConsistencyGroup:
     """Replace a serving group's SLO overrides (absent keys fall back to defaults)."""
     values = validated_slo(slo)
-    group = ConsistencyGroup.objects.select_for_update().get(name=group_name)
+    group = ConsistencyGroup.objects.select_for_update(no_key=True).get(name=group_name)
     before = group.slo
     group.slo = values
     group.save(update_fields=["slo"])
@@ -77,7 +77,7 @@ def set_group_objectives(
         values = pure_objectives.validated(objectives)
     except PolicyError as exc:
         raise ObjectivesError(str(exc)) from None
-    group = ConsistencyGroup.objects.select_for_update().get(name=group_name)
+    group = ConsistencyGroup.objects.select_for_update(no_key=True).get(name=group_name)
     before = dict(group.objectives or {})
     group.objectives = {**before, pure_objectives.OPERATOR: values}
     fields_changed = ["objectives"]

@@ -47,7 +47,9 @@ def resolve_held(incident: Incident, *, actor: str, reason: str, now: datetime) 
 
 def _locked_incident(incident_id: int, expected_version: int | None) -> Incident:
     incident = (
-        Incident.objects.select_for_update(of=("self",)).select_related("group").get(pk=incident_id)
+        Incident.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("group")
+        .get(pk=incident_id)
     )
     # Versioned updates: an acknowledge that raced an auto-resolve must not un-resolve it.
     if expected_version is not None and incident.version != expected_version:

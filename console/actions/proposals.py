@@ -136,7 +136,7 @@ def _record_no_restart(page: rp.Page, *, now: datetime) -> None:
     """
     if page.incident is None:
         return
-    incident = Incident.objects.select_for_update().filter(pk=page.incident).first()
+    incident = Incident.objects.select_for_update(no_key=True).filter(pk=page.incident).first()
     if incident is None or incident.timeline.get("no_restart"):
         return
     incident.timeline = {**incident.timeline, "no_restart": page.reason}

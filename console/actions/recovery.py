@@ -24,7 +24,9 @@ def record_incident_costs(
 ) -> bool:
     """Store `costs` on the incident; True when they changed. Audited when they are final."""
     incident = (
-        Incident.objects.select_for_update(of=("self",)).select_related("group").get(pk=incident_id)
+        Incident.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("group")
+        .get(pk=incident_id)
     )
     stored = {**costs, "measured_at": now.isoformat()}
     if {k: v for k, v in (incident.costs or {}).items() if k != "measured_at"} == costs:

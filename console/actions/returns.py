@@ -34,7 +34,7 @@ def propose_returns(*, now: datetime) -> list[int]:
 
 @transaction.atomic
 def _propose_for(node: Node, now: datetime) -> list[int]:
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     since = node.lifecycle_since or now
     if Action.objects.filter(
         node=node,

@@ -28,6 +28,10 @@ if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
 # Django's test database is created and dropped by the test run: a connection pool would
 # hold connections open across that and block DROP DATABASE.
 os.environ.setdefault("FAULTLINE_DB_POOL", "0")
+# pytest-django holds each test inside one transaction, idle while the test waits on a
+# subprocess or a browser: Postgres must not end it. Services the tests start run with the
+# shipped default (faultline.testing.service.service_env).
+os.environ.setdefault("FAULTLINE_DB_IDLE_IN_TRANSACTION_S", "0")
 os.environ.setdefault("FAULTLINE_TEST_DB_NAME", f"test_faultline_{os.getpid()}")
 
 

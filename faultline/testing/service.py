@@ -116,7 +116,9 @@ class Service:
 
 
 def service_env(data_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL"))}
+    # The test process's own database settings stay with it (faultline.testing.embedded).
+    own = ("DATABASE_URL", "REDIS_URL", "FAULTLINE_DB_IDLE_IN_TRANSACTION_S")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(own)}
     env.update(
         FAULTLINE_DATA_DIR=str(data_dir),
         FAULTLINE_ADMIN_USER=ADMIN[0],

@@ -105,10 +105,15 @@ UPDATE console_consistencygroup SET kind = %(g_kind)s WHERE id = %(g_id)s AND ki
 ACTIVITY_STEP = timedelta(seconds=1)
 # Per process: the newest last_activity this process committed for each group id.
 recent_activity: dict[int, datetime] = {}
-# Forward only; a concurrent writer's newer value wins (re-checked after its commit).
+# Forward only, and never a wait: a row another transaction holds (a diagnosis pass writing
+# the group's summary, a transition, a concurrent batch's own activity) is skipped, and the
+# next batch a second later moves it. Waiting here held every batch of a group behind a
+# pass stuck inside its transaction (a frozen worker): its Xids and steps with them.
 ACTIVITY_UPDATE = """
 UPDATE console_consistencygroup SET last_activity = %(g_last_activity)s
-WHERE id = %(g_id)s AND (last_activity IS NULL OR last_activity < %(g_last_activity)s)
+WHERE id = (SELECT id FROM console_consistencygroup WHERE id = %(g_id)s
+    AND (last_activity IS NULL OR last_activity < %(g_last_activity)s)
+    FOR NO KEY UPDATE SKIP LOCKED)
 """
 
 

@@ -346,14 +346,66 @@ def test_it_opens_one_incident_when_the_celery_worker_is_killed_mid_task(svc):
     )
 
 
+def _stop_inside_a_pass(svc: Service, group: str, incident_id: int, trigger: Any) -> list[Any]:
+    """Stop every process of the ordinary worker while its pass over `group` is inside its
+    write transaction, holding what a pass holds there (the group row, the incident), on
+    purpose and not by chance: a connection of the test's own locks the group's open
+    incident, `trigger` schedules a pass, the pass blocks on that lock after taking the
+    group's, the worker is stopped (SIGSTOP) and the test's lock let go: the pass's
+    backend takes it and then sits idle in its transaction, its client frozen."""
+    import psycopg
+
+    stuck = h.find(svc, "celery", "worker", "--queues celery ")
+    lane = h.find(svc, "celery", "worker", "--queues diagnose-urgent ")
+    sweeper = h.find(svc, "celery", "worker", "--queues housekeeping ")
+    assert stuck and lane and sweeper and not {*stuck} & {*lane, *sweeper}
+    with psycopg.connect(h.runtime(svc)["DATABASE_URL"], connect_timeout=5) as holder:
+        holder.execute(
+            "SELECT 1 FROM console_incident WHERE id = %s FOR NO KEY UPDATE", (incident_id,)
+        )
+        me = holder.info.backend_pid
+        trigger()
+
+        def the_pass_waits_on_us() -> list[int]:
+            return [
+                pid
+                for (pid,) in h.sql(
+                    svc,
+                    "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
+                    " AND query ILIKE %s",
+                    (me, "%console_incident%"),
+                )
+            ]
+
+        backend = wait_for(the_pass_waits_on_us, 30, "a pass over the group to block")[0]
+        h.kill([p.pid for p in stuck], signal.SIGSTOP)
+        holder.rollback()  # the pass's backend now takes the incident and goes idle
+
+    def idle_in_its_transaction() -> bool:
+        rows = h.sql(svc, "SELECT state FROM pg_stat_activity WHERE pid = %s", (backend,))
+        return rows == [("idle in transaction",)]
+
+    wait_for(idle_in_its_transaction, 10, "the stopped pass idle inside its transaction")
+    held = h.sql(
+        svc,
+        "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+        " WHERE l.pid = %s AND c.relname = 'console_consistencygroup'",
+        (backend,),
+    )[0][0]
+    assert held, "the stopped pass holds no lock on the group"
+    stuck.append(backend)  # for the caller: the backend the server must end
+    return stuck
+
+
 def test_an_established_groups_xid_is_diagnosed_while_the_ordinary_worker_is_stuck(svc):
-    """The urgent lane has a worker of its own (issue 22, High 4): with every process of
-    the ordinary worker stopped (SIGSTOP: a saturated worker that runs nothing else in
-    time), an established group's Xid still becomes its incident, and its page is
-    scheduled by the escalation sweep, which the housekeeping worker runs (a 16k-rank
-    group's passes starved the sweeps on the default queue: one in ~40 ran). So is fleet
-    health's sweep: a node whose agent went quiet is marked down and its incident opens.
-    The page itself goes out too: sends have a worker of their own (`worker-notify`)."""
+    """The urgent lane has a worker of its own: with every process of the ordinary worker
+    stopped (SIGSTOP: a frozen or saturated worker) *inside* a pass over the same group,
+    holding its rows, an established group's Xid still becomes its incident within 2 s.
+    No pass, sweep or page waits on the stopped pass's locks: a batch of the group's steps
+    is stored at once, the escalation sweep (housekeeping worker) schedules the page, the
+    notify worker delivers it, the silent-node sweep marks a quiet node down. Postgres ends
+    the frozen transaction after FAULTLINE_DB_IDLE_IN_TRANSACTION_S, and the ordinary
+    worker, resumed, diagnoses the group again."""
     import redis
 
     node, group, gpu = "node-urgent-lane", "g-urgent-lane", "GPU-urgent-lane-0"
@@ -368,36 +420,63 @@ def test_an_established_groups_xid_is_diagnosed_while_the_ordinary_worker_is_stu
         {"kind": "device_sample", "gpu": gpu, "index": 0, "temp_c": 50.0},
     ]  # fmt: skip
     assert h.post_batch(svc, token, make_batch(start, node=node)).status == 202
+
+    def step(n: int, loss: float | str = 2.0) -> list[dict[str, Any]]:
+        return [{"kind": "step", "group": group, "generation": 1, "rank": 0, "step": n,
+                 "tokens": 1024, "loss": loss}]  # fmt: skip
+
+    # An open incident every pass of the group takes (and the test's lock will stop one).
+    assert h.post_batch(svc, token, make_batch(step(1, "NaN"), node=node)).status == 202
+    wait_for(lambda: ("nan_loss", "open") in _incidents(svc, group), 30, "the NaN's incident")
+    (nan_incident,) = h.sql(
+        svc,
+        "SELECT i.id FROM console_incident i JOIN console_consistencygroup g"
+        " ON g.id = i.group_id WHERE g.name = %s AND i.kind = 'nan_loss'",
+        (group,),
+    )[0]
     sample = [{"kind": "device_sample", "gpu": f"GPU-{quiet}-0", "index": 0, "temp_c": 50.0}]
     assert h.post_batch(svc, svc.token(quiet), make_batch(sample, node=quiet)).status == 202
     # Established: as if created longer ago than FAULTLINE_DIAGNOSIS_YOUNG_GROUP_S.
     client = redis.Redis.from_url(h.runtime(svc)["REDIS_URL"])
-    assert client.delete(f"faultline:1:diag-young:{group}") == 1
-    stuck = h.find(svc, "celery", "worker", "--queues celery ")
-    lane = h.find(svc, "celery", "worker", "--queues diagnose-urgent ")
-    sweeper = h.find(svc, "celery", "worker", "--queues housekeeping ")
-    assert stuck and lane and sweeper and not {*stuck} & {*lane, *sweeper}
-    h.kill([p.pid for p in stuck], signal.SIGSTOP)
+    client.delete(f"faultline:1:diag-young:{group}")
+
+    def trigger() -> None:
+        assert h.post_batch(svc, token, make_batch(step(2), node=node)).status == 202
+
+    *stuck, backend = _stop_inside_a_pass(svc, group, nan_incident, trigger)
     try:
+        t0 = time.monotonic()
+        # The group's own batches do not wait on the stopped pass (its row lock).
+        assert h.post_batch(svc, token, make_batch(step(3), node=node), timeout=5).status == 202
+        assert time.monotonic() - t0 < 2, time.monotonic() - t0
         xid = [{"kind": "device_event", "gpu": gpu, "event": "xid", "code": 79}]
         t0 = time.monotonic()
         assert h.post_batch(svc, token, make_batch(xid, node=node)).status == 202
         wait_for(lambda: ("xid", "open") in _incidents(svc, group), 20, "the Xid's incident")
         took_s = time.monotonic() - t0
+        assert took_s < 2, f"the Xid's incident took {took_s:.2f} s behind a stopped pass"
+        (xid_incident,) = h.sql(
+            svc,
+            "SELECT i.id FROM console_incident i JOIN console_consistencygroup g"
+            " ON g.id = i.group_id WHERE g.name = %s AND i.kind = 'xid'",
+            (group,),
+        )[0]
 
         def scheduled() -> bool:
             rows = h.sql(
                 svc,
-                "SELECT e.sent FROM console_incidentescalation e JOIN console_incident i"
-                " ON i.id = e.incident_id JOIN console_consistencygroup g ON g.id = i.group_id"
-                " WHERE g.name = %s",
-                (group,),
+                "SELECT e.sent FROM console_incidentescalation e WHERE e.incident_id = %s",
+                (xid_incident,),
             )
             return any(sent for (sent,) in rows)
 
         wait_for(scheduled, 30, "the page scheduled while the ordinary worker is stuck")
         paged_s = time.monotonic() - t0
-        wait_for(receiver.accepted, 30, "the page delivered while the ordinary worker is stuck")
+
+        def xid_paged() -> bool:
+            return any(body["incident"] == str(xid_incident) for body in receiver.accepted())
+
+        wait_for(xid_paged, 30, "the page delivered while the ordinary worker is stuck")
         delivered_s = time.monotonic() - t0
 
         def quiet_down() -> bool:
@@ -413,10 +492,32 @@ def test_an_established_groups_xid_is_diagnosed_while_the_ordinary_worker_is_stu
         # Silent after NODE_SILENT_AFTER (10 s) from its one batch, then the next sweep.
         wait_for(quiet_down, 30, "the quiet node marked down while the ordinary worker is stuck")
         quiet_s = time.monotonic() - t0
+
+        # The server ends the frozen client's transaction (its locks with it).
+        def ended() -> bool:
+            return not h.sql(svc, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,))
+
+        wait_for(ended, 60, "Postgres to end the stopped pass's idle transaction")
+        ended_s = time.monotonic() - t0
     finally:
         h.kill([p.pid for p in stuck], signal.SIGCONT)
         receiver.server.shutdown()
-    assert [status for status, _ in receiver.posts] == [200]  # one page, sent once
+    # Resumed, the ordinary worker judges the group again (its stale connection replaced).
+    before = h.sql(
+        svc, "SELECT summary->>'diagnosed_at' FROM console_consistencygroup WHERE name = %s",
+        (group,),
+    )[0][0]  # fmt: skip
+    trigger()
+    wait_for(
+        lambda: h.sql(
+            svc, "SELECT summary->>'diagnosed_at' FROM console_consistencygroup WHERE name = %s",
+            (group,),
+        )[0][0] != before,
+        60, "a pass over the group after the worker resumed",
+    )  # fmt: skip
+    pages = [body["incident"] for status, body in receiver.posts]
+    assert all(status == 200 for status, _ in receiver.posts)
+    assert sorted(pages) == sorted(set(pages)) and str(xid_incident) in pages  # once each
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "chaos-urgent-lane.json").write_text(
         json.dumps(
@@ -425,6 +526,7 @@ def test_an_established_groups_xid_is_diagnosed_while_the_ordinary_worker_is_stu
                 "page_scheduled_s": paged_s,
                 "page_delivered_s": delivered_s,
                 "quiet_node_down_s": quiet_s,
+                "stuck_transaction_ended_s": ended_s,
             }
         )
     )
