@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agents import gpu_health
+from console import formats
 
 MAX_RANK_BINS = 256
 MAX_TIME_BINS = 120
@@ -336,9 +337,13 @@ def _sort_key(at: str) -> datetime:
 
 
 def evidence_rows(evidence: Mapping[str, Any], *, max_items: int = 20) -> list[dict[str, str]]:
-    """Evidence as label/value rows: lists capped with a count, mappings as compact JSON."""
+    """Evidence as label/value rows: lists capped with a count, mappings as compact JSON,
+    numbers in the console's format; a timestamp comes as `at` (the page shows it relative)."""
     rows = []
     for key, value in evidence.items():
+        row = {"key": str(key).replace("_", " ")}
+        if isinstance(value, str) and _is_time(value):
+            row["at"] = value
         if isinstance(value, list | tuple) and not value:
             text = "—"
         elif isinstance(value, list | tuple):
@@ -347,23 +352,41 @@ def evidence_rows(evidence: Mapping[str, Any], *, max_items: int = 20) -> list[d
             text = f"{shown} … ({more} more)" if more > 0 else shown
         else:
             text = _text(value)
-        rows.append({"key": str(key).replace("_", " "), "value": text})
+        rows.append({**row, "value": text})
     return rows
+
+
+def _is_time(value: str) -> bool:
+    return len(value) >= 19 and value[4] == "-" and value[10] == "T" and formats.parse(value) is not None
+
+
+def _tidy(value: Any) -> Any:
+    """Nested evidence for JSON display: floats to four significant digits, timestamps as
+    the absolute UTC time the pages show on hover (relative text would go stale in JSON)."""
+    if isinstance(value, dict):
+        return {k: _tidy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_tidy(v) for v in value]
+    if isinstance(value, float):
+        return formats.rounded(value) if math.isfinite(value) else str(value)
+    if isinstance(value, str) and _is_time(value):
+        ts = formats.parse(value)
+        return formats.absolute(ts) if ts else value
+    return value
 
 
 def _text(value: Any) -> str:
     if isinstance(value, dict | list):
-        return json.dumps(value, sort_keys=True, default=str)[:2000]
-    if isinstance(value, float):
-        return f"{value:.4g}"
+        return json.dumps(_tidy(value), sort_keys=True, default=str)[:2000]
+    if isinstance(value, float):  # a NaN loss is the evidence: shown as such, never "—"
+        return formats.number(value) if math.isfinite(value) else str(value)
+    if isinstance(value, str) and _is_time(value):
+        ts = formats.parse(value)
+        return formats.absolute(ts) if ts else value
     return "—" if value is None else str(value)
 
 
 def si(value: float | None, unit: str = "") -> str:
-    """1.1e7 -> '11.0 M' + unit: figures an on-call engineer reads at a glance."""
-    if value is None or not math.isfinite(value):
-        return "—"
-    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f} {prefix}{unit}"
-    return f"{value:.1f} {unit}".rstrip()
+    """1.1e7 -> '11 M' + unit: figures an on-call engineer reads at a glance
+    (console.formats.number: four significant digits, separators, SI from a million)."""
+    return formats.number(value, unit)

@@ -93,8 +93,8 @@
     div.dataset.safe = a.auto_restart_safe ? "1" : "0";
     div.append(el("strong", "", a.auto_restart_safe ? "Automatic restart is safe" : "Automatic restart is NOT safe — a human must decide"), a.reason || "");
     const dl = el("dl", "facts");
-    [["Restore from", a.checkpoint || "no valid checkpoint"], ["Lost steps", a.lost_steps], ["Lost tokens", a.lost_tokens], ["Lost GPU-hours", a.lost_gpu_hours]].forEach(function (kv) {
-      dl.append(el("dt", "", kv[0]), el("dd", "", kv[1] == null ? "—" : kv[1]));
+    [["Restore from", a.checkpoint || "no valid checkpoint"], ["Lost steps", count(a.lost_steps)], ["Lost tokens", C.num(a.lost_tokens)], ["Lost GPU-hours", C.num(a.lost_gpu_hours)]].forEach(function (kv) {
+      dl.append(el("dt", "", kv[0]), el("dd", "", kv[1]));
     });
     div.append(dl);
     box.append(div);
@@ -109,7 +109,8 @@
       const id = el("td"); id.append(el("code", "", c.id)); if (c.newest_valid) id.append(" ", el("span", "flag", "newest valid"));
       const valid = el("td");
       valid.append(c.valid ? el("span", "valid-yes", "valid") : c.valid === false ? el("span", "valid-no", "corrupt") : el("span", "valid-unknown", "not proven"));
-      tr.append(id, el("td", "num", c.step == null ? "—" : c.step), el("td", "", c.phase), valid, el("td", "num", c.generation), el("td", "", c.ts));
+      const at = el("td"); at.append(C.when(c.ts));
+      tr.append(id, el("td", "num", count(c.step)), el("td", "", c.phase), valid, el("td", "num", count(c.generation)), at);
       tbody.append(tr);
     });
     if (!rows.length) { const tr = el("tr", "empty"); const td = el("td", "", "No checkpoints reported."); td.colSpan = 6; tr.append(td); tbody.append(tr); }
@@ -118,21 +119,21 @@
   function render(g) {
     const state = document.querySelector('[data-field="state"]');
     state.className = "state state-" + g.state; state.textContent = g.state;
-    setField("generation", g.generation);
+    setField("generation", count(g.generation));
     if (g.serving_state) {
       setField("serving_reason", g.serving_state.reason);
       setField("workers_ready", g.serving_state.ready + " / " + g.serving_state.workers);
     }
-    setField("restart_count", g.restart_count);
-    setField("ranks_world", (g.ranks == null ? "—" : g.ranks) + " / " + (g.world_size == null ? "—" : g.world_size));
+    setField("restart_count", count(g.restart_count));
+    setField("ranks_world", count(g.ranks) + " / " + count(g.world_size));
     setField("goodput_label", g.goodput_label);
-    setField("tail_ratio", C.num(g.tail_ratio, 2));
+    setField("tail_ratio", C.num(g.tail_ratio));
     setField("open_incidents", g.open_incidents);
     setField("newest_valid_checkpoint", g.newest_valid_checkpoint || "none");
-    setField("diagnosed_at", g.diagnosed_at || "—");
+    document.querySelectorAll('[data-when="diagnosed_at"]').forEach(function (n) { n.replaceChildren(C.when(g.diagnosed_at)); });
     const gp = g.goodput || {};
-    setField("tokens", (gp.tokens_valid == null ? "—" : gp.tokens_valid) + " / " + (gp.tokens_total == null ? "—" : gp.tokens_total));
-    setField("wall_s", (gp.wall_s == null ? "—" : gp.wall_s) + " s");
+    setField("tokens", C.num(gp.tokens_valid) + " / " + C.num(gp.tokens_total));
+    setField("wall_s", C.dur(gp.wall_s));
     renderAdvice(g.recovery_advice);
     renderCheckpoints(g.checkpoints);
     C.fillIncidents(document.getElementById("incident-rows"), g.incidents, { withGroup: false, cols: 5, emptyText: "No incidents." });
@@ -141,7 +142,8 @@
     C.times(document);
   }
 
-  function pct(v) { return v == null ? "—" : (Math.round(v * 1000) / 10) + " %"; }
+  const pct = C.pct;
+  function count(v) { return v == null ? "—" : Number(v).toLocaleString("en-US"); }
 
   function drawServing(sv) {
     const t = sv.series.map(function (r) { return r.minute; });
@@ -153,15 +155,17 @@
       { type: "scatter", mode: "lines", name: "TPOT p99", x: t, y: sv.series.map(function (r) { return r.tpot_ms_p99; }), yaxis: "y2", line: { color: "#8e4ec6" } },
       { type: "scatter", mode: "lines", name: "TTFT SLO", x: t, y: t.map(function () { return sv.slo.ttft_ms_p99; }), line: { color: "#e5484d", dash: "dot" } },
     ], { yaxis: { title: { text: "TTFT ms" } }, yaxis2: { title: { text: "TPOT ms" }, overlaying: "y", side: "right" }, xaxis: { type: "date" } });
-    document.getElementById("slo-note").textContent = "SLO: TTFT ≤ " + sv.slo.ttft_ms_p99 + " ms, TPOT ≤ " +
-      sv.slo.tpot_ms_p99 + " ms, E2E ≤ " + sv.slo.e2e_ms_p99 + " ms, goodput ≥ " + pct(sv.slo.goodput_target);
+    document.getElementById("slo-note").textContent = "SLO: TTFT ≤ " + C.num(sv.slo.ttft_ms_p99, "ms") + ", TPOT ≤ " +
+      C.num(sv.slo.tpot_ms_p99, "ms") + ", E2E ≤ " + C.num(sv.slo.e2e_ms_p99, "ms") + ", goodput ≥ " + pct(sv.slo.goodput_target);
     const tbody = document.getElementById("version-rows");
     tbody.replaceChildren();
     sv.versions.forEach(function (v) {
       const tr = el("tr");
       tr.dataset.version = v.version;
-      tr.append(el("td", "", v.version), el("td", "num", v.workers), el("td", "num", v.requests), el("td", "num", pct(v.traffic_share)),
-        el("td", "num", pct(v.slo_met_ratio)), el("td", "", v.first_seen), el("td", "", v.last_seen));
+      const first = el("td"); first.append(C.when(v.first_seen));
+      const last = el("td"); last.append(C.when(v.last_seen));
+      tr.append(el("td", "", v.version), el("td", "num", count(v.workers)), el("td", "num", count(v.requests)), el("td", "num", pct(v.traffic_share)),
+        el("td", "num", pct(v.slo_met_ratio)), first, last);
       tbody.append(tr);
     });
     if (!sv.versions.length) { const tr = el("tr", "empty"); const td = el("td", "", "No serving windows in the last hour."); td.colSpan = 7; tr.append(td); tbody.append(tr); }
@@ -172,9 +176,9 @@
       tr.dataset.worker = w.worker;
       [w.worker, w.ready ? "yes" : "no", w.draining ? "yes" : "no", w.model_version || "—", w.adapter_version || "—", w.kv_schema || "—"]
         .forEach(function (v) { tr.append(el("td", "", v)); });
-      [w.requests, w.slo_met_ratio == null ? null : pct(w.slo_met_ratio), w.ttft_ms_p99, w.tpot_ms_p99, w.kv_used_pct]
-        .forEach(function (v) { tr.append(el("td", "num", v == null ? "—" : v)); });
-      tr.append(el("td", "", w.ts));
+      [count(w.requests), pct(w.slo_met_ratio), C.num(w.ttft_ms_p99), C.num(w.tpot_ms_p99), C.num(w.kv_used_pct)]
+        .forEach(function (v) { tr.append(el("td", "num", v)); });
+      const at = el("td"); at.append(C.when(w.ts)); tr.append(at);
       rows.append(tr);
     });
     C.times(document);

@@ -159,3 +159,16 @@ def test_it_inverts_rank_binning_exactly():
     world = 1000
     members = charts.ranks_in_bins([3, 249], world=world)
     assert members == [r for r in range(world) if r // charts.rank_block(world) in (3, 249)]
+
+
+def test_it_writes_evidence_numbers_and_times_in_the_console_format():
+    rows = charts.evidence_rows({
+        "goodput": 22090.181, "ratio": 1.0526315, "count": 12345,
+        "at": "2026-12-06T21:25:38.478510+00:00",
+        "window": {"started_ts": "2026-12-06T21:25:38.478510+00:00", "ms": 850.12345},
+    })  # fmt: skip
+    by_key = {r["key"]: r for r in rows}
+    assert by_key["goodput"]["value"] == "22,090" and by_key["ratio"]["value"] == "1.053"
+    assert by_key["count"]["value"] == "12345"  # an integer is shown exactly (an id, a count)
+    assert by_key["at"]["at"] == "2026-12-06T21:25:38.478510+00:00"  # the page writes it relative
+    assert by_key["window"]["value"] == '{"ms": 850.1, "started_ts": "2026-12-06 21:25:38 UTC"}'
