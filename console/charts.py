@@ -18,6 +18,7 @@ from typing import Any
 
 from agents import gpu_health
 from console import formats
+from console.diagnosis.config import DiagnosisConfig
 
 MAX_RANK_BINS = 256
 MAX_TIME_BINS = 120
@@ -114,6 +115,63 @@ def heatmap(
         "ranks_per_bin": rank_block(world),
         "bin_s": grid.width_s,
     }
+
+
+# The step-time scale's colours: faster than the median, the median (healthy), the
+# group's straggler limit, and beyond it.
+SCALE_COLOURS = ("#1f6f4c", "#2f9e6b", "#d9a400", "#e5484d")
+# The diagnosis' default straggler ratio, for a group not diagnosed yet.
+STRAGGLER_RATIO: float = DiagnosisConfig.__dataclass_fields__["straggler_ratio"].default
+
+
+def step_scale(
+    values: Iterable[float | None], diagnosed: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """The heatmap's colour scale and the percentile chart's axis, anchored to the group.
+
+    The median and the straggler limit are the ones the group's diagnosis used
+    (`diagnosed`: the summary's `step_scale_ms`, rules/stragglers.py); before a diagnosis,
+    the median of `values` and the default straggler ratio. The span from the median is at
+    least the limit's distance from it, so ranks a percent apart are one colour and a rank
+    past the limit is red, whatever the data's own min and max. None without data.
+    """
+    data = sorted(v for v in values if v is not None and math.isfinite(v))
+    if not data:
+        return None
+    source = "diagnosis"
+    median = _positive((diagnosed or {}).get("median"))
+    limit = _positive((diagnosed or {}).get("limit"))
+    if median is None or limit is None or limit <= median:
+        source = "chart"
+        mid = len(data) // 2
+        median = data[mid] if len(data) % 2 else (data[mid - 1] + data[mid]) / 2
+        if median <= 0:
+            return None
+        limit = median * STRAGGLER_RATIO
+    span = limit - median
+    zmin = min(median - span, data[0])
+    zmax = max(limit + span, data[-1])
+
+    def at(v: float) -> float:
+        return round((v - zmin) / (zmax - zmin), 4)
+
+    colours = [[0.0, SCALE_COLOURS[0]], [at(median), SCALE_COLOURS[1]],
+               [at(limit), SCALE_COLOURS[2]], [1.0, SCALE_COLOURS[3]]]  # fmt: skip
+    return {
+        "median_ms": round(median, 1),
+        "limit_ms": round(limit, 1),
+        "zmin": round(zmin, 1),
+        "zmax": round(zmax, 1),
+        "colorscale": colours,
+        "rho_max": round(max(limit / median, 1.0) + span / median, 3),
+        "source": source,
+    }
+
+
+def _positive(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
 
 
 def percentile_series(rows: Iterable[Sequence[Any]], *, grid: TimeGrid) -> dict[str, Any]:

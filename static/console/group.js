@@ -54,17 +54,31 @@
       });
       return;
     }
-    const h = c.heatmap;
-    draw("chart-heatmap", [{ type: "heatmap", x: h.x, y: h.y, z: h.z, colorscale: "Viridis", hoverongaps: false,
-      colorbar: { title: { text: "ms" } }, hovertemplate: "%{y} · %{x}<br>slowest step %{z} ms<extra></extra>" }],
-      { yaxis: { autorange: "reversed", title: { text: "ranks (" + Math.round(h.ranks_per_bin * 10) / 10 + " per row)" } }, xaxis: { type: "date" }, margin: { l: 90, r: 20, t: 10, b: 40 } });
+    // Colours and axes anchor to the group's median step and its straggler limit (the
+    // chart JSON's `scale`, console/charts.py step_scale): ranks a percent apart are one
+    // colour, a rank past the limit is red, whatever the data's own min and max.
+    const h = c.heatmap, sc = c.scale;
+    const heat = { type: "heatmap", x: h.x, y: h.y, z: h.z, hoverongaps: false,
+      colorbar: { title: { text: "ms" } }, hovertemplate: "%{y} · %{x}<br>slowest step %{z:,.4r} ms<extra></extra>" };
+    if (sc) Object.assign(heat, { zauto: false, zmin: sc.zmin, zmax: sc.zmax, colorscale: sc.colorscale,
+      colorbar: { title: { text: "ms" }, tickvals: [sc.median_ms, sc.limit_ms], ticktext: ["median " + C.num(sc.median_ms), "straggler " + C.num(sc.limit_ms)] } });
+    else heat.colorscale = "Viridis";
+    draw("chart-heatmap", [heat],
+      { yaxis: { autorange: "reversed", title: { text: "ranks (" + C.num(h.ranks_per_bin) + " per row)" } }, xaxis: { type: "date" }, margin: { l: 90, r: 20, t: 10, b: 40 } });
     const p = c.percentiles;
+    const lines = sc ? [["median", sc.median_ms, "#2f9e6b"], ["straggler limit", sc.limit_ms, "#d9a400"]].map(function (l) {
+      return { type: "line", xref: "paper", x0: 0, x1: 1, y0: l[1], y1: l[1], line: { color: l[2], width: 1, dash: "dash" } };
+    }) : [];
+    const top = Math.max.apply(null, [sc ? sc.zmax : 0].concat(p.p99.filter(function (v) { return v != null; })));
+    const rhoTop = Math.max.apply(null, [sc ? sc.rho_max : 1.5].concat(p.rho.filter(function (v) { return v != null; })));
     draw("chart-percentiles", [
       { type: "scatter", mode: "lines", name: "p50", x: p.t, y: p.p50, line: { color: "#2f9e6b" } },
       { type: "scatter", mode: "lines", name: "p90", x: p.t, y: p.p90, line: { color: "#d9a400" } },
       { type: "scatter", mode: "lines", name: "p99", x: p.t, y: p.p99, line: { color: "#e5484d" } },
       { type: "scatter", mode: "lines", name: "ρ tail (p99/p50)", x: p.t, y: p.rho, yaxis: "y2", line: { color: "#4ea1ff", dash: "dot" } },
-    ], { yaxis: { title: { text: "step ms" }, gridcolor: "#26313c" }, yaxis2: { title: { text: "ρ" }, overlaying: "y", side: "right", rangemode: "tozero" }, xaxis: { type: "date" } });
+    ], { shapes: lines,
+      yaxis: Object.assign({ title: { text: "step ms" }, gridcolor: "#26313c" }, sc ? { range: [Math.max(0, sc.zmin), top * 1.02], autorange: false } : {}),
+      yaxis2: { title: { text: "ρ" }, overlaying: "y", side: "right", range: [1, rhoTop * 1.02], autorange: false }, xaxis: { type: "date" } });
     const s = c.slowest;
     draw("chart-phases", Object.keys(s.phases).map(function (ph) {
       return { type: "bar", name: ph, x: s.ranks, y: s.phases[ph], marker: { color: PHASE_COLORS[ph] } };
