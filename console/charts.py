@@ -415,7 +415,12 @@ def evidence_rows(evidence: Mapping[str, Any], *, max_items: int = 20) -> list[d
 
 
 def _is_time(value: str) -> bool:
-    return len(value) >= 19 and value[4] == "-" and value[10] == "T" and formats.parse(value) is not None
+    return (
+        len(value) >= 19
+        and value[4] == "-"
+        and value[10] == "T"
+        and formats.parse(value) is not None
+    )
 
 
 def _tidy(value: Any) -> Any:

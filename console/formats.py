@@ -83,7 +83,7 @@ def duration(seconds: object) -> str:
     s = _finite(seconds)
     if s is None:
         return "—"
-    sign, s = ("−" if s < 0 else ""), abs(s)
+    sign, s = ("-" if s < 0 else ""), abs(s)
     if s < 1:
         return f"{sign}{number(s * 1000)} ms"
     if s < 60:

@@ -17,13 +17,13 @@ seconds, the window is the caller's.
 
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from console import formats
 from console.diagnosis.findings import RISK_KINDS
 from console.diagnosis.layers import LAYER_LABELS, LAYERS, category_of
 
@@ -405,18 +405,9 @@ def _pct(x: float | None) -> str:
 
 
 def _n(x: Any) -> str:
-    """A figure to four significant digits (the console's format, without its module:
-    this package imports no Django-side code)."""
-    if x is None:
-        return "-"
     if isinstance(x, int) and not isinstance(x, bool):
         return f"{x:,}"
-    v = float(x)
-    if v == 0:
-        return "0"
-    digits = max(0, 3 - math.floor(math.log10(abs(v))))
-    text = f"{v:,.{digits}f}" if digits else f"{round(v):,}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
+    return "-" if x is None else formats.number(x)
 
 
 def _or(x: Any, note: str | None, unit: str = "") -> str:

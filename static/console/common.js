@@ -56,7 +56,7 @@
   function dur(seconds) {
     if (seconds === null || seconds === undefined || !isFinite(Number(seconds))) return "—";
     let s = Number(seconds);
-    const sign = s < 0 ? "−" : "";
+    const sign = s < 0 ? "-" : "";
     s = Math.abs(s);
     if (s < 1) return sign + num(s * 1000) + " ms";
     if (s < 60) return sign + num(s) + " s";

@@ -22,6 +22,8 @@
       legend: { orientation: "h", y: -0.2 },
     }, extra || {});
     ["xaxis", "yaxis", "yaxis2"].forEach(function (k) { out[k] = Object.assign({}, AXIS, out[k] || {}); });
+    // Value axes in the console's number format: four significant digits, separators.
+    ["yaxis", "yaxis2"].forEach(function (k) { if (!out[k].type) out[k].tickformat = out[k].tickformat || ",.4~r"; });
     out.yaxis2.showgrid = false;
     return out;
   }

@@ -8,6 +8,7 @@
   const r = JSON.parse(data.textContent);
   const CONFIG = { displaylogo: false, responsive: true };
   const AXIS = { gridcolor: "#26313c", zerolinecolor: "#26313c", linecolor: "#26313c" };
+  const VALUES = Object.assign({ tickformat: ",.4~r" }, AXIS);  // the console's number format
   function layout(extra) {
     return Object.assign({
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
@@ -21,8 +22,8 @@
       y: layers.map(function (l) { return l.count; }), marker: { color: "#4ea1ff" }, offsetgroup: 1 },
     { type: "bar", name: "lost GPU-hours", x: layers.map(function (l) { return l.label; }),
       y: layers.map(function (l) { return l.lost_gpu_hours; }), yaxis: "y2", marker: { color: "#e5794d" }, offsetgroup: 2 },
-  ], layout({ barmode: "group", yaxis: Object.assign({ title: { text: "interruptions" } }, AXIS),
-    yaxis2: { title: { text: "GPU-h" }, overlaying: "y", side: "right", showgrid: false } }), CONFIG);
+  ], layout({ barmode: "group", yaxis: Object.assign({ title: { text: "interruptions" } }, VALUES),
+    yaxis2: { title: { text: "GPU-h" }, overlaying: "y", side: "right", showgrid: false, tickformat: ",.4~r" } }), CONFIG);
   // Only the days the fleet reported on: a week of data over a 30-day window is seven
   // bars, one tick a day, not thirty ticks of nothing. The legend sits above the plot,
   // clear of the dates.

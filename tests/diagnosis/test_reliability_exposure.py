@@ -71,7 +71,11 @@ def test_the_window_asked_for_changes_no_rate(days: float) -> None:
     seen = Exposure(observed_hours=30.0, gpu_hours=240.0, node_hours=30.0,
                     per_node_hours={"n0": 30.0})  # fmt: skip
     r = _report(seen, 3, days=days)
-    assert (r["mtbf_hours"], r["mtbf_gpu_hours"], r["per_node"][0]["mtbf_hours"]) == (10.0, 80.0, 10.0)
+    assert (r["mtbf_hours"], r["mtbf_gpu_hours"], r["per_node"][0]["mtbf_hours"]) == (
+        10.0,
+        80.0,
+        10.0,
+    )
 
 
 def test_enough_exposure_without_an_interruption_says_so() -> None:

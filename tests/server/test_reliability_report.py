@@ -228,7 +228,9 @@ def test_a_fleet_that_reported_for_minutes_shows_no_mtbf(post_batch):
     r = recovery.fleet_report(days=DAYS, now=now)
     assert r["interruptions"] == 1
     assert 0.05 <= r["exposure"]["observed_hours"] <= 0.067  # three or four minutes, rounded
-    assert r["exposure"]["gpu_hours"] == pytest.approx(8 * r["exposure"]["observed_hours"], abs=0.01)
+    assert r["exposure"]["gpu_hours"] == pytest.approx(
+        8 * r["exposure"]["observed_hours"], abs=0.01
+    )
     assert r["mtbf_hours"] is None and r["mtbf_gpu_hours"] is None
     assert r["mtbf_note"] == "not enough exposure"
     assert r["per_node"][0]["mtbf_hours"] is None
