@@ -121,7 +121,7 @@ def heatmap(
 # group's straggler limit, and beyond it.
 SCALE_COLOURS = ("#1f6f4c", "#2f9e6b", "#d9a400", "#e5484d")
 # The diagnosis' default straggler ratio, for a group not diagnosed yet.
-STRAGGLER_RATIO: float = DiagnosisConfig.__dataclass_fields__["straggler_ratio"].default
+STRAGGLER_RATIO = float(DiagnosisConfig.__dataclass_fields__["straggler_ratio"].default)  # type: ignore[arg-type]  # a field with a plain default
 
 
 def step_scale(

@@ -194,7 +194,9 @@ def test_an_approver_votes_with_the_keyboard_alone(browser, demo):  # noqa: F811
     detail = svc.api(f"/api/v1/actions/{action['id']}/")
     assert [(v["user"], v["decision"]) for v in detail["votes"]] == [(APPROVER[0], "approve")]
     assert detail["state"] == "proposed" and detail["approvals_required"] == 2
-    assert "1 of 2 approvals" in page.inner_text(card)
+    # Back on the page, which says so (the card left "waiting for you": this approver voted).
+    said = page.inner_text(".messages")
+    assert f"action {action['id']} is proposed" in said and "1 of 2 approvals" in said
 
 
 def test_charts_scale_to_the_group_and_fit_their_data(browser, demo):  # noqa: F811
