@@ -23,7 +23,7 @@
     { type: "bar", name: "lost GPU-hours", x: layers.map(function (l) { return l.label; }),
       y: layers.map(function (l) { return l.lost_gpu_hours; }), yaxis: "y2", marker: { color: "#e5794d" }, offsetgroup: 2 },
   ], layout({ barmode: "group", yaxis: Object.assign({ title: { text: "interruptions" } }, VALUES),
-    yaxis2: { title: { text: "GPU-h" }, overlaying: "y", side: "right", showgrid: false, tickformat: ",.4~r" } }), CONFIG);
+    yaxis2: { title: { text: "GPU-h" }, overlaying: "y", side: "right", showgrid: false, tickformat: ",.4~r", rangemode: "tozero" } }), CONFIG);
   // Only the days the fleet reported on: a week of data over a 30-day window is seven
   // bars, one tick a day, not thirty ticks of nothing. The legend sits above the plot,
   // clear of the dates.
@@ -34,7 +34,7 @@
   const last = days.length ? Date.parse(days[days.length - 1].day) : Date.now();
   Plotly.newPlot("chart-days", [
     { type: "bar", name: "interruptions", x: days.map(function (d) { return d.day; }),
-      y: days.map(function (d) { return d.interruptions; }), marker: { color: "#e5484d" } },
+      y: days.map(function (d) { return d.interruptions; }), marker: { color: "#e5484d" }, width: DAY_MS * 0.6 },
     { type: "scatter", mode: "lines+markers", name: "ETTR", x: days.map(function (d) { return d.day; }),
       y: days.map(function (d) { return d.ettr; }), yaxis: "y2", line: { color: "#2f9e6b" } },
   ], layout({ margin: { l: 60, r: 60, t: 30, b: 40 }, legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
