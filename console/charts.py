@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agents import gpu_health
+from console import formats
+from console.diagnosis.config import DiagnosisConfig
 
 MAX_RANK_BINS = 256
 MAX_TIME_BINS = 120
@@ -113,6 +115,63 @@ def heatmap(
         "ranks_per_bin": rank_block(world),
         "bin_s": grid.width_s,
     }
+
+
+# The step-time scale's colours: faster than the median, the median (healthy), the
+# group's straggler limit, and beyond it.
+SCALE_COLOURS = ("#1f6f4c", "#2f9e6b", "#d9a400", "#e5484d")
+# The diagnosis' default straggler ratio, for a group not diagnosed yet.
+STRAGGLER_RATIO = float(DiagnosisConfig.__dataclass_fields__["straggler_ratio"].default)  # type: ignore[arg-type]  # a field with a plain default
+
+
+def step_scale(
+    values: Iterable[float | None], diagnosed: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """The heatmap's colour scale and the percentile chart's axis, anchored to the group.
+
+    The median and the straggler limit are the ones the group's diagnosis used
+    (`diagnosed`: the summary's `step_scale_ms`, rules/stragglers.py); before a diagnosis,
+    the median of `values` and the default straggler ratio. The span from the median is at
+    least the limit's distance from it, so ranks a percent apart are one colour and a rank
+    past the limit is red, whatever the data's own min and max. None without data.
+    """
+    data = sorted(v for v in values if v is not None and math.isfinite(v))
+    if not data:
+        return None
+    source = "diagnosis"
+    median = _positive((diagnosed or {}).get("median"))
+    limit = _positive((diagnosed or {}).get("limit"))
+    if median is None or limit is None or limit <= median:
+        source = "chart"
+        mid = len(data) // 2
+        median = data[mid] if len(data) % 2 else (data[mid - 1] + data[mid]) / 2
+        if median <= 0:
+            return None
+        limit = median * STRAGGLER_RATIO
+    span = limit - median
+    zmin = min(median - span, data[0])
+    zmax = max(limit + span, data[-1])
+
+    def at(v: float) -> float:
+        return round((v - zmin) / (zmax - zmin), 4)
+
+    colours = [[0.0, SCALE_COLOURS[0]], [at(median), SCALE_COLOURS[1]],
+               [at(limit), SCALE_COLOURS[2]], [1.0, SCALE_COLOURS[3]]]  # fmt: skip
+    return {
+        "median_ms": round(median, 1),
+        "limit_ms": round(limit, 1),
+        "zmin": round(zmin, 1),
+        "zmax": round(zmax, 1),
+        "colorscale": colours,
+        "rho_max": round(max(limit / median, 1.0) + span / median, 3),
+        "source": source,
+    }
+
+
+def _positive(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
 
 
 def percentile_series(rows: Iterable[Sequence[Any]], *, grid: TimeGrid) -> dict[str, Any]:
@@ -336,9 +395,13 @@ def _sort_key(at: str) -> datetime:
 
 
 def evidence_rows(evidence: Mapping[str, Any], *, max_items: int = 20) -> list[dict[str, str]]:
-    """Evidence as label/value rows: lists capped with a count, mappings as compact JSON."""
+    """Evidence as label/value rows: lists capped with a count, mappings as compact JSON,
+    numbers in the console's format; a timestamp comes as `at` (the page shows it relative)."""
     rows = []
     for key, value in evidence.items():
+        row = {"key": str(key).replace("_", " ")}
+        if isinstance(value, str) and _is_time(value):
+            row["at"] = value
         if isinstance(value, list | tuple) and not value:
             text = "—"
         elif isinstance(value, list | tuple):
@@ -347,23 +410,46 @@ def evidence_rows(evidence: Mapping[str, Any], *, max_items: int = 20) -> list[d
             text = f"{shown} … ({more} more)" if more > 0 else shown
         else:
             text = _text(value)
-        rows.append({"key": str(key).replace("_", " "), "value": text})
+        rows.append({**row, "value": text})
     return rows
+
+
+def _is_time(value: str) -> bool:
+    return (
+        len(value) >= 19
+        and value[4] == "-"
+        and value[10] == "T"
+        and formats.parse(value) is not None
+    )
+
+
+def _tidy(value: Any) -> Any:
+    """Nested evidence for JSON display: floats to four significant digits, timestamps as
+    the absolute UTC time the pages show on hover (relative text would go stale in JSON)."""
+    if isinstance(value, dict):
+        return {k: _tidy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_tidy(v) for v in value]
+    if isinstance(value, float):
+        return formats.rounded(value) if math.isfinite(value) else str(value)
+    if isinstance(value, str) and _is_time(value):
+        ts = formats.parse(value)
+        return formats.absolute(ts) if ts else value
+    return value
 
 
 def _text(value: Any) -> str:
     if isinstance(value, dict | list):
-        return json.dumps(value, sort_keys=True, default=str)[:2000]
-    if isinstance(value, float):
-        return f"{value:.4g}"
+        return json.dumps(_tidy(value), sort_keys=True, default=str)[:2000]
+    if isinstance(value, float):  # a NaN loss is the evidence: shown as such, never "—"
+        return formats.number(value) if math.isfinite(value) else str(value)
+    if isinstance(value, str) and _is_time(value):
+        ts = formats.parse(value)
+        return formats.absolute(ts) if ts else value
     return "—" if value is None else str(value)
 
 
 def si(value: float | None, unit: str = "") -> str:
-    """1.1e7 -> '11.0 M' + unit: figures an on-call engineer reads at a glance."""
-    if value is None or not math.isfinite(value):
-        return "—"
-    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f} {prefix}{unit}"
-    return f"{value:.1f} {unit}".rstrip()
+    """1.1e7 -> '11 M' + unit: figures an on-call engineer reads at a glance
+    (console.formats.number: four significant digits, separators, SI from a million)."""
+    return formats.number(value, unit)

@@ -6,10 +6,13 @@ is console.actions.
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from django.db.models import Count, Q, QuerySet
 
-from console.choices import UserRole
-from console.models import Action, AuditLog
+from console.choices import IncidentState, UserRole
+from console.models import Action, AuditLog, Incident
 from console.policy.lifecycle import IN_FLIGHT_STATES, ActionState
 from console.roles import User, has_role
 
@@ -78,3 +81,42 @@ def audit_log(
     if object_id:
         qs = qs.filter(object_id=object_id)
     return qs
+
+
+# What `faultline demo` narrates: incidents opened and resolved, actions proposed and decided.
+ACTION_VERBS = ("action.proposed", "action.approved", "action.rejected", "action.succeeded",
+                "action.failed", "action.cancelled")  # fmt: skip
+
+
+def demo_feed(*, since: datetime, skip: set[str]) -> list[dict[str, Any]]:
+    """Incidents opened or resolved and action audit rows at or after `since`, oldest
+    first, each keyed (`key`) so a caller can skip what it has seen."""
+    out: list[dict[str, Any]] = []
+    incidents = (
+        Incident.objects.select_related("group")
+        .exclude(role="symptom")
+        .filter(Q(opened_at__gte=since) | Q(resolved_at__gte=since))
+        .order_by("opened_at")[:200]
+    )
+    for i in incidents:
+        base = {"object": i.pk, "kind": i.kind, "summary": i.summary,
+                "group": i.group.name if i.group else None}  # fmt: skip
+        marks = [("incident.opened", i.opened_at)]
+        if i.state == IncidentState.RESOLVED and i.resolved_at is not None:
+            marks.append(("incident.resolved", i.resolved_at))
+        for verb, at in marks:
+            key = f"{verb}:{i.pk}:{at.isoformat()}"
+            if at >= since and key not in skip:
+                out.append({**base, "key": key, "verb": verb, "at": at, "actor": ""})
+    rows = AuditLog.objects.filter(
+        ts__gte=since, verb__in=ACTION_VERBS, object_type="action"
+    ).order_by("ts", "id")[:500]
+    fresh = [r for r in rows if f"audit:{r.pk}" not in skip and r.object_id.isdigit()]
+    acts = Action.objects.in_bulk([int(r.object_id) for r in fresh])
+    for r in fresh:
+        a = acts.get(int(r.object_id))
+        if a is not None:
+            out.append({"key": f"audit:{r.pk}", "verb": r.verb, "at": r.ts, "actor": r.actor,
+                        "object": a.pk, "kind": a.kind, "target": a.target, "state": a.state,
+                        "approvals_required": a.approvals_required})  # fmt: skip
+    return sorted(out, key=lambda item: item["at"])

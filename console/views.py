@@ -21,7 +21,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
-from console import actions, queries, remediation_queries
+from console import actions, formats, queries, remediation_queries
 from console.api import objectives as objective_views
 from console.api import pages
 from console.api.reliability import DEFAULT_DAYS, days_of
@@ -76,9 +76,10 @@ def _node_card(n: dict[str, Any], name: str) -> str:
         reason = _esc(n["lifecycle_reason"])
         out_by = f" · out by {_esc(n['taken_out_by'])}" if n["taken_out_by"] else ""
         since = ""
-        if n["lifecycle_since"]:
-            at = _esc(n["lifecycle_since"])
-            since = f' · <time class="since" datetime="{at}">{at}</time>'
+        if ts := formats.parse(n["lifecycle_since"]):
+            at, utc = _esc(ts.isoformat()), formats.absolute(ts)
+            rel = formats.relative(ts, timezone.now())
+            since = f' · <time class="since" datetime="{at}" title="{utc}">{rel}</time>'
         flags = (
             f'<span class="flag lifecycle lifecycle-{lifecycle}" data-lifecycle="{lifecycle}" '
             f'title="{reason}{out_by}">{lifecycle}{since}</span>'

@@ -5,6 +5,13 @@ Owns running a set of named commands, restarting one that dies (the rules below,
 Must not know what the children are (faultline.bootstrap builds the service's commands,
 faultline.demo adds agents and the workload) and must not touch the database.
 
+With `logs`, each child's output goes to `<logs>/<child>.log` (appended across restarts)
+instead of the terminal, except the children named in `passthrough` (their stdout stays on
+the terminal, their stderr goes to the log); children then run in a process group of their
+own, so a Ctrl-C at the terminal reaches only the supervisor, which stops the children
+named in `stop_first` before the rest (`faultline demo`: the simulated fleet, then the
+service it reports to).
+
 A child can also be restarted on request: with `restart_dir`, a file named after a child
 in that folder (e.g. `agent:node-003`) makes the supervisor SIGTERM it and start it again
 at once, not counted as a death (`faultline demo` "reboots" a node's agent this way).
@@ -58,17 +65,37 @@ class Supervisor:
         env: dict[str, str],
         embedded: Embedded | None = None,
         restart_dir: Path | None = None,
+        logs: Path | None = None,
+        passthrough: frozenset[str] = frozenset(),
+        stop_first: Sequence[str] = (),
+        stop_message: str = "",
     ) -> None:
         self.commands, self.env, self.embedded = commands, env, embedded
         self.restart_dir = restart_dir
+        self.logs, self.passthrough, self.stop_first = logs, passthrough, tuple(stop_first)
+        self.stop_message = stop_message
         self.requested: set[str] = set()  # stopped on request: restart now, not a death
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, list[float]] = {name: [] for name in commands}
         self.due: dict[str, float] = {}
         self.stopping = False
+        self.stopping_announced = False
 
     def start(self, name: str) -> None:
-        self.procs[name] = subprocess.Popen(self.commands[name], env=self.env)
+        if self.logs is None:
+            self.procs[name] = subprocess.Popen(self.commands[name], env=self.env)
+            return
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(self.log_of(name), "ab") as log:
+            self.procs[name] = subprocess.Popen(
+                self.commands[name], env=self.env, stdin=subprocess.DEVNULL,
+                stdout=None if name in self.passthrough else log, stderr=log,
+                process_group=0,  # the terminal's Ctrl-C is the supervisor's to hand on
+            )  # fmt: skip
+
+    def log_of(self, name: str) -> Path:
+        """Where a child's output goes (`agent:node-001` -> agent-node-001.log)."""
+        return (self.logs or Path()) / (name.replace(":", "-").replace("/", "-") + ".log")
 
     def run(self) -> int:
         """Start every child and keep them running until `stopping`; 1 if one gave up."""
@@ -156,13 +183,24 @@ class Supervisor:
         return code
 
     def stop(self) -> None:
-        """SIGTERM every child, wait up to STOP_GRACE_S in all, SIGKILL what is left."""
+        """SIGTERM the `stop_first` children and wait for them, then every other child;
+        each round waits up to STOP_GRACE_S, then SIGKILLs what is left."""
+        if self.stop_message and not self.stopping_announced:
+            self.stopping_announced = True
+            print(self.stop_message, flush=True)
         self.stopping = True
-        for proc in self.procs.values():
+        first = [n for n in self.stop_first if n in self.procs]
+        rest = [n for n in self.procs if n not in first]
+        for names in (first, rest):
+            self._stop([self.procs[n] for n in names])
+
+    @staticmethod
+    def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+        for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
-        for proc in self.procs.values():
+        for proc in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(max(0.1, deadline - time.monotonic()))
             if proc.poll() is None:

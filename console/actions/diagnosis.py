@@ -181,6 +181,7 @@ def _summary(diagnosis: Diagnosis) -> dict[str, Any]:
         "goodput": data["goodput"],
         "tail_ratio": data["tail_ratio"],
         "phase_medians_ms": data["phase_medians_ms"],
+        "step_scale_ms": data["step_scale_ms"],
         "newest_valid_checkpoint": data["checkpoint"],
         "recovery_advice": data["recovery"],
         "serving_state": data["serving_state"],

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
 
-from console import events, queries
+from console import events, formats, queries
 from console.actions.audit import actor_name, audit, role_refused
 from console.actions.errors import ChangeError, NotFound
 from console.actions.incidents import publish_incident, resolve_held
@@ -477,8 +477,8 @@ def record_repair_evidence(
 
 
 def _return_reason(node: Node, window: timedelta) -> str:
-    return (f"{node.name} ran {window.total_seconds() / 60:g} min after repair with no fault "
-            f"({node.lifecycle_reason})")  # fmt: skip
+    ran = formats.duration(window.total_seconds())
+    return f"{node.name} ran {ran} after repair with no fault ({node.lifecycle_reason})"
 
 
 @transaction.atomic

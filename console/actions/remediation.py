@@ -220,7 +220,7 @@ def propose_action(
         group=group,
         generation=group.generation if group else None,
         reason=reason.strip(),
-        evidence=evidence or {},
+        evidence=evidence or _evidence_of(incident),
         incident=incident,
         proposed_by=actor,
         proposed_by_rule=rule if actor is None else "",
@@ -272,6 +272,12 @@ def propose_action(
     else:
         _publish(action)
     return Outcome(action, decision.reasons)
+
+
+def _evidence_of(incident: Incident | None) -> dict[str, Any]:
+    """A proposal for an incident rests on its root cause's evidence when its proposer
+    gave none (a person's): the approvers see what the proposer saw."""
+    return dict((incident.root_cause or {}).get("evidence") or {}) if incident else {}
 
 
 def vote_on_action(

@@ -14,6 +14,7 @@ from datetime import datetime
 
 from django.db import transaction
 
+from console import formats
 from console.actions.audit import audit
 from console.actions.fleet import health_policy, open_node_incident, validated_due
 from console.actions.remediation import propose_action
@@ -51,7 +52,8 @@ def _propose_for(node: Node, now: datetime) -> list[int]:
         return []
     window = health_policy().validation_window
     reason = (
-        f"{node.name} ran {window.total_seconds() / 60:g} min after repair with no new fault; "
+        f"{node.name} ran {formats.duration(window.total_seconds())} after repair with no new "
+        "fault; "
         "return it to service"
     )
     if node.taken_out_by not in ("", TakenOutBy.FAULTLINE):

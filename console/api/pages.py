@@ -204,7 +204,7 @@ def group_charts(group: ConsistencyGroup) -> dict[str, Any]:
 
 def compute_group_charts(group: ConsistencyGroup, *, rollups: bool = True) -> dict[str, Any]:
     """The chart JSON, from the step-bin rollup plus the raw open tail (`rollups=False`: raw)."""
-    empty = {"heatmap": None, "percentiles": None, "slowest": None, "window": None}
+    empty = {"heatmap": None, "percentiles": None, "slowest": None, "window": None, "scale": None}
     window = telemetry.step_window(group)
     if window is None:
         return empty
@@ -214,9 +214,15 @@ def compute_group_charts(group: ConsistencyGroup, *, rollups: bool = True) -> di
     # Time bins are whole rollup buckets, so rollup rows add up without being split.
     grid = charts.time_grid(first, newest, step_s=telemetry.STEP_BUCKET_S)
     agg = telemetry.step_aggregates(group, world=world, grid=grid, until=newest, rollups=rollups)
+    heatmap = charts.heatmap(agg["cells"], world=world, bins=bins, grid=grid)
+    percentiles = charts.percentile_series(agg["percentiles"], grid=grid)
+    cells = [v for row in heatmap["z"] for v in row]
     return {
-        "heatmap": charts.heatmap(agg["cells"], world=world, bins=bins, grid=grid),
-        "percentiles": charts.percentile_series(agg["percentiles"], grid=grid),
+        "heatmap": heatmap,
+        "percentiles": percentiles,
+        "scale": charts.step_scale(
+            cells + percentiles["p50"], (group.summary or {}).get("step_scale_ms")
+        ),
         "slowest": charts.slowest_phases(
             agg["slowest"], (group.summary or {}).get("phase_medians_ms")
         ),

@@ -109,6 +109,7 @@ class Diagnosis:
     goodput: Goodput
     tail_ratio: float | None = None
     phase_medians_ms: dict[str, float] = field(default_factory=dict)
+    step_scale_ms: dict[str, float] = field(default_factory=dict)  # median, straggler limit
     checkpoint: str | None = None  # newest valid checkpoint id
     recovery: Recovery | None = None  # group-level advice; None when nothing is wrong
     serving_state: dict[str, Any] | None = None  # serving groups only (rules.serving)
@@ -132,6 +133,7 @@ class Diagnosis:
             "goodput": self.goodput.to_dict(),
             "tail_ratio": self.tail_ratio,
             "phase_medians_ms": dict(self.phase_medians_ms),
+            "step_scale_ms": dict(self.step_scale_ms),
             "checkpoint": self.checkpoint,
             "recovery": None if self.recovery is None else self.recovery.to_dict(),
             "serving_state": self.serving_state,
@@ -313,6 +315,7 @@ def diagnose(
         ),
         tail_ratio=ctx.tail_ratio,
         phase_medians_ms=dict(ctx.phase_medians_ms),
+        step_scale_ms=dict(ctx.step_scale_ms),
         checkpoint=None if ctx.valid_checkpoint is None else ctx.valid_checkpoint.checkpoint_id,
         recovery=_group_recovery([f for f in roots if f.severity != MINOR] or unknown or roots),
         serving_state=(

@@ -3,8 +3,10 @@
 Owns the report's figures from plain data (one `Interruption` per group incident, one
 `GroupSpan` per group that ran in the window, valid tokens per group and day):
 interruptions by root-cause kind, layer and category with counts and their share of lost
-GPU-hours (the table large-scale training reports publish), MTBF fleet-wide, per layer
-(component class) and per node, MTTR, the effective training time ratio (ETTR) and
+GPU-hours (the table large-scale training reports publish), MTBF over the exposure the
+fleet actually reported (`Exposure`: fleet-wide and per layer over the hours it reported,
+per GPU over GPU-hours, per node over each node's node-hours; "not enough exposure" below
+MIN_MTBF_EXPOSURE_H), MTTR, the effective training time ratio (ETTR) and
 goodput per group and per day, and repeat-offender nodes and GPUs. An interruption is a
 group incident after which the group restarted (a new generation): the job was stopped,
 not merely slowed; one per restart (the generation's first root cause that is not a risk:
@@ -17,15 +19,36 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from console import formats
 from console.diagnosis.findings import RISK_KINDS
 from console.diagnosis.layers import LAYER_LABELS, LAYERS, category_of
 
 DAY_S = 86400.0
 REPEAT_OFFENDER_MIN = 2  # interruptions in the window that make a node or GPU a repeat offender
+# An MTBF is a rate extrapolated from the exposure observed: below a day of the fleet's
+# (or the node's) own hours it says more about when the window started than about the
+# hardware (docs/console.md, "Reliability record", says why a day).
+MIN_MTBF_EXPOSURE_H = 24.0
+# An ETTR rests on the hours its group ran: below an hour one restart's fixed cost is
+# most of the figure.
+MIN_ETTR_EXPOSURE_H = 1.0
+NOT_ENOUGH = "not enough exposure"
+
+
+@dataclass(frozen=True, slots=True)
+class Exposure:
+    """What actually reported in the window: hours in which any GPU sampled
+    (`observed_hours`), GPU-hours and node-hours summed over those, and each node's
+    node-hours (a node-minute is one in which the node sent a GPU sample)."""
+
+    observed_hours: float = 0.0
+    gpu_hours: float = 0.0
+    node_hours: float = 0.0
+    per_node_hours: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +101,15 @@ def _r(x: float | None, nd: int = 3) -> float | None:
 
 
 def _mtbf_h(hours: float, count: int) -> float | None:
-    return round(hours / count, 3) if count else None
+    """Exposure hours per interruption, once the exposure is enough to call it a rate."""
+    return round(hours / count, 3) if count and hours >= MIN_MTBF_EXPOSURE_H else None
+
+
+def _mtbf_note(hours: float, count: int) -> str | None:
+    """Why an MTBF is not shown: too little exposure, or nothing failed in it."""
+    if hours < MIN_MTBF_EXPOSURE_H:
+        return NOT_ENOUGH
+    return None if count else "no interruption"
 
 
 def fleet_report(
@@ -89,9 +120,12 @@ def fleet_report(
     end: float,
     tokens_by_group_day: Mapping[tuple[str, str], int] | None = None,
     other_incidents: int = 0,
+    exposure: Exposure | None = None,
 ) -> dict[str, Any]:
     """The reliability record of [start, end) as a JSON-safe dict."""
     hours = max(0.0, end - start) / 3600.0
+    exp = exposure or Exposure()
+    observed = exp.observed_hours
     inside = sorted((i for i in interruptions if start <= i.opened < end), key=lambda i: i.opened)
     # One restart is one interruption, blamed on the generation's first root cause; later
     # root causes of the same generation are counted with the other incidents.
@@ -126,7 +160,8 @@ def fleet_report(
             "share": round(by_layer[layer]["count"] / len(stops), 4),
             "lost_gpu_hours": round(by_layer[layer]["lost_gpu_hours"], 4),
             "share_lost_gpu_hours": share(by_layer[layer]["lost_gpu_hours"]),
-            "mtbf_hours": _mtbf_h(hours, by_layer[layer]["count"]),
+            "mtbf_hours": _mtbf_h(observed, by_layer[layer]["count"]),
+            "mtbf_note": _mtbf_note(observed, by_layer[layer]["count"]),
         }
         for layer in LAYERS
         if layer in by_layer
@@ -162,7 +197,13 @@ def fleet_report(
     node_counts = Counter(i.node for i in stops if i.node)
     gpu_counts = Counter((i.node, i.gpu) for i in stops if i.gpu)
     per_node: list[dict[str, Any]] = [
-        {"node": n, "interruptions": c, "mtbf_hours": _mtbf_h(hours, c)}
+        {
+            "node": n,
+            "interruptions": c,
+            "node_hours": round(exp.per_node_hours.get(n, 0.0), 3),
+            "mtbf_hours": _mtbf_h(exp.per_node_hours.get(n, 0.0), c),
+            "mtbf_note": _mtbf_note(exp.per_node_hours.get(n, 0.0), c),
+        }
         for n, c in sorted(node_counts.items(), key=lambda kv: (-kv[1], kv[0]))
     ]
     downs = [i.downtime_s for i in stops if i.downtime_s is not None]
@@ -179,15 +220,18 @@ def fleet_report(
         mine = [i for i in stops if i.group == g.name]
         days = [d for d, _, _ in _days(start, end)]
         kept = sum(tokens.get((g.name, d), 0) - lost_tokens[(g.name, d)] for d in days)
+        enough = span / 3600.0 >= MIN_ETTR_EXPOSURE_H
         per_group.append(
             {
                 "group": g.name,
                 "kind": g.kind,
                 "gpus": g.gpus,
                 "hours": round(span / 3600.0, 3),
+                "gpu_hours": round(g.gpus * span / 3600.0, 3),
                 "interruptions": len(mine),
                 "lost_hours": round(lost_s[g.name] / 3600.0, 4),
-                "ettr": _r(max(0.0, 1.0 - lost_s[g.name] / span), 4) if span else None,
+                "ettr": _r(max(0.0, 1.0 - lost_s[g.name] / span), 4) if enough else None,
+                "ettr_note": None if enough else NOT_ENOUGH,
                 "goodput_tokens_per_s": _r(max(0, kept) / span, 3) if span and tokens else None,
             }
         )
@@ -199,31 +243,57 @@ def fleet_report(
         toks = sum(v for (_, day), v in tokens.items() if day == d)
         toks -= sum(v for (_, day), v in lost_tokens.items() if day == d)
         busy = sum(_overlap(g.start, g.end, a, b) for g in groups if g.kind != "serving")
+        # A day's ETTR rests on the hours groups ran that day (sched / GPUs, summed).
+        ran_h = sum(_overlap(g.start, g.end, a, b) for g in groups) / 3600.0
         per_day.append(
             {
                 "day": d,
                 "interruptions": len(today),
                 "gpu_hours": round(sched, 3),
+                "observed": bool(sched),
                 "lost_gpu_hours": round(lost_h, 4),
-                "ettr": _r(max(0.0, 1.0 - lost_h / sched), 4) if sched else None,
+                "ettr": _r(max(0.0, 1.0 - lost_h / sched), 4)
+                if sched and ran_h >= MIN_ETTR_EXPOSURE_H
+                else None,
                 "goodput_tokens_per_s": _r(max(0, toks) / busy, 3) if busy and tokens else None,
             }
         )
     gpu_hours = sum(g.gpus * _overlap(g.start, g.end, start, end) for g in groups) / 3600.0
+    job_hours = sum(_overlap(g.start, g.end, start, end) for g in groups) / 3600.0
+    ettr_ok = job_hours >= MIN_ETTR_EXPOSURE_H
     hardware = next((c["share"] for c in categories if c["category"] == "hardware"), 0.0)
+    count = len(stops)
     return {
         "window": {
             "start": datetime.fromtimestamp(start, UTC).isoformat(),
             "end": datetime.fromtimestamp(end, UTC).isoformat(),
             "days": round(hours / 24.0, 3),
         },
-        "interruptions": len(stops),
+        "interruptions": count,
         "other_incidents": other_incidents + (len(inside) - len(stops)),
         "hardware_share": hardware if stops else None,
         "lost_gpu_hours": round(lost_total, 4),
         "gpu_hours": round(gpu_hours, 3),
-        "ettr": _r(max(0.0, 1.0 - lost_total / gpu_hours), 4) if gpu_hours else None,
-        "mtbf_hours": _mtbf_h(hours, len(stops)),
+        "ettr": _r(max(0.0, 1.0 - lost_total / gpu_hours), 4) if gpu_hours and ettr_ok else None,
+        "ettr_note": None if ettr_ok else NOT_ENOUGH,
+        "job_hours": round(job_hours, 3),
+        "exposure": {
+            "observed_hours": round(observed, 3),
+            "gpu_hours": round(exp.gpu_hours, 3),
+            "node_hours": round(exp.node_hours, 3),
+            "min_mtbf_hours": MIN_MTBF_EXPOSURE_H,
+            "min_ettr_hours": MIN_ETTR_EXPOSURE_H,
+        },
+        # Fleet-wide: the hours the fleet reported per interruption; per GPU over
+        # GPU-hours and per node over node-hours (Llama 3; Meta's reliability study).
+        "mtbf_hours": _mtbf_h(observed, count),
+        "mtbf_gpu_hours": round(exp.gpu_hours / count, 3)
+        if count and observed >= MIN_MTBF_EXPOSURE_H
+        else None,
+        "mtbf_node_hours": round(exp.node_hours / count, 3)
+        if count and observed >= MIN_MTBF_EXPOSURE_H
+        else None,
+        "mtbf_note": _mtbf_note(observed, count),
         "mttr_s": _r(sum(downs) / len(downs), 2) if downs else None,
         "mttr_backed_by": len(downs),
         "by_layer": layers,
@@ -258,17 +328,28 @@ def fleet_report(
 
 
 def markdown(report: Mapping[str, Any]) -> str:
-    """The report as Markdown: the headline, the table by layer, by cause, the offenders."""
+    """The report as Markdown: the headline with the exposure each figure rests on, the
+    table by layer, by cause, per group, the offenders."""
     w = report["window"]
+    ex = report["exposure"]
     lines = [
-        f"# Reliability record, {w['start'][:10]} to {w['end'][:10]} ({w['days']} days)",
+        f"# Reliability record, {w['start'][:10]} to {w['end'][:10]} ({_n(w['days'])} days)",
         "",
+        f"- exposure: {_n(ex['observed_hours'])} h observed, {_n(ex['gpu_hours'])} GPU-hours, "
+        f"{_n(ex['node_hours'])} node-hours (MTBF needs {_n(ex['min_mtbf_hours'])} h)",
         f"- interruptions: **{report['interruptions']}** "
         f"(other incidents without a restart: {report['other_incidents']})",
         f"- hardware share: {_pct(report['hardware_share'])}",
-        f"- lost GPU-hours: {report['lost_gpu_hours']} of {report['gpu_hours']} scheduled "
-        f"(ETTR {report['ettr'] if report['ettr'] is not None else '-'})",
-        f"- MTBF fleet-wide: {_v(report['mtbf_hours'])} h; MTTR: {_v(report['mttr_s'])} s "
+        f"- lost GPU-hours: {_n(report['lost_gpu_hours'])} of {_n(report['gpu_hours'])} "
+        f"scheduled; ETTR {_or(report['ettr'], report.get('ettr_note'))} "
+        f"(over {_n(report['job_hours'])} job-hours)",
+        f"- MTBF fleet-wide: {_or(report['mtbf_hours'], report['mtbf_note'], ' h')} "
+        f"(over {_n(ex['observed_hours'])} h); per GPU: "
+        f"{_or(report['mtbf_gpu_hours'], report['mtbf_note'], ' GPU-h')} "
+        f"(over {_n(ex['gpu_hours'])} GPU-h); per node: "
+        f"{_or(report['mtbf_node_hours'], report['mtbf_note'], ' node-h')} "
+        f"(over {_n(ex['node_hours'])} node-h)",
+        f"- MTTR: {_or(report['mttr_s'], None, ' s')} "
         f"(from {report['mttr_backed_by']} measured recoveries)",
         "",
         "## Interruptions by layer",
@@ -279,22 +360,31 @@ def markdown(report: Mapping[str, Any]) -> str:
     for r in report["by_layer"]:
         lines.append(
             f"| {r['label']} | {r['category']} | {r['count']} | {_pct(r['share'])} | "
-            f"{r['lost_gpu_hours']} | {_pct(r['share_lost_gpu_hours'])} | {_v(r['mtbf_hours'])} |"
+            f"{_n(r['lost_gpu_hours'])} | {_pct(r['share_lost_gpu_hours'])} | "
+            f"{_or(r['mtbf_hours'], r.get('mtbf_note'))} |"
         )
     lines += ["", "## By root cause", "", "| kind | layer | count | share | lost GPU-h |"]
     lines.append("| --- | --- | --- | --- | --- |")
     for r in report["by_cause"]:
         lines.append(
             f"| `{r['kind']}` | {r['layer']} | {r['count']} | {_pct(r['share'])} | "
-            f"{r['lost_gpu_hours']} |"
+            f"{_n(r['lost_gpu_hours'])} |"
         )
     lines += ["", "## Per group", ""]
-    lines.append("| group | GPUs | hours | interruptions | ETTR | goodput tok/s |")
-    lines.append("| --- | --- | --- | --- | --- | --- |")
+    lines.append("| group | GPUs | hours | GPU-hours | interruptions | ETTR | goodput tok/s |")
+    lines.append("| --- | --- | --- | --- | --- | --- | --- |")
     for r in report["per_group"]:
         lines.append(
-            f"| {r['group']} | {r['gpus']} | {r['hours']} | {r['interruptions']} | "
-            f"{_v(r['ettr'])} | {_v(r['goodput_tokens_per_s'])} |"
+            f"| {r['group']} | {r['gpus']} | {_n(r['hours'])} | {_n(r['gpu_hours'])} | "
+            f"{r['interruptions']} | {_or(r['ettr'], r.get('ettr_note'))} | "
+            f"{_n(r['goodput_tokens_per_s'])} |"
+        )
+    lines += ["", "## Per node", "", "| node | interruptions | node-hours | MTBF h |"]
+    lines.append("| --- | --- | --- | --- |")
+    for r in report["per_node"]:
+        lines.append(
+            f"| {r['node']} | {r['interruptions']} | {_n(r['node_hours'])} | "
+            f"{_or(r['mtbf_hours'], r.get('mtbf_note'))} |"
         )
     offenders = report["repeat_offenders"]
     lines += ["", "## Repeat offenders", ""]
@@ -314,5 +404,14 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x * 100:.1f} %"
 
 
-def _v(x: Any) -> str:
-    return "-" if x is None else str(x)
+def _n(x: Any) -> str:
+    if isinstance(x, int) and not isinstance(x, bool):
+        return f"{x:,}"
+    return "-" if x is None else formats.number(x)
+
+
+def _or(x: Any, note: str | None, unit: str = "") -> str:
+    """A figure with its unit, or why there is none ("not enough exposure")."""
+    if x is None:
+        return note or "-"
+    return f"{_n(x)}{unit}"

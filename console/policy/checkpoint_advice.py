@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from console import formats
+
 # The prior when a group's nodes have too few failures of their own: Llama 3's 405B run saw
 # 419 unexpected interruptions in 54 days on 16,384 GPUs (2,048 nodes of 8), about one per
 # node every 6,300 node-hours; weighted as one failure, so three observed failures outweigh it.
@@ -154,8 +156,9 @@ def interval_advice(
     m_s = mtbf_estimate.group_mtbf_h * 3600.0
     mt = mtbf_estimate
     basis = [
-        f"MTBF {mt.group_mtbf_h:.1f} h = node MTBF {mt.node_mtbf_h:.0f} h / {mt.nodes} node(s); "
-        f"{mt.failures} failure(s) in {mt.node_hours:.0f} node-hours"
+        f"MTBF {formats.number(mt.group_mtbf_h, 'h')} = node MTBF "
+        f"{formats.number(mt.node_mtbf_h, 'h')} / {mt.nodes} node(s); "
+        f"{mt.failures} failure(s) in {formats.number(mt.node_hours)} node-hours"
         + (
             f" blended with a prior of {PRIOR_NODE_MTBF_H:.0f} node-hours per failure "
             f"(Llama 3, weight {PRIOR_FAILURES:g} failure)"

@@ -278,6 +278,18 @@ def interruption_of(incident: Incident, costs: dict[str, Any]) -> reliability.In
     )
 
 
+def exposure_of(start: datetime, now: datetime) -> reliability.Exposure:
+    """The fleet's observed exposure in the window, in hours (telemetry.exposure)."""
+    seen = telemetry.exposure(start, now)
+    nodes = seen["nodes"]
+    return reliability.Exposure(
+        observed_hours=seen["minutes"] / 60.0,
+        gpu_hours=sum(g for _, g in nodes.values()) / 60.0,
+        node_hours=sum(n for n, _ in nodes.values()) / 60.0,
+        per_node_hours={name: n / 60.0 for name, (n, _) in nodes.items()},
+    )
+
+
 def fleet_report(*, days: float, now: datetime) -> dict[str, Any]:
     """The reliability record of the last `days` days (console.diagnosis.reliability)."""
     start = now - timedelta(days=days)
@@ -328,6 +340,7 @@ def fleet_report(*, days: float, now: datetime) -> dict[str, Any]:
         start=start.timestamp(),
         end=now.timestamp(),
         tokens_by_group_day=telemetry.tokens_by_group_day(start, now),
+        exposure=exposure_of(start, now),
     )
     report["node_incidents"] = node_incidents
     return report

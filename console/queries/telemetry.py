@@ -810,6 +810,39 @@ def tokens_by_group_day(since: datetime, until: datetime) -> dict[tuple[str, str
     return {(r["group__name"], r["day"].isoformat()): int(r["tokens"] or 0) for r in rows}
 
 
+# The minute rollup recomputes closed minutes a little after they close; minutes this
+# recent are read from raw samples too (a minute counted twice is one minute: max).
+EXPOSURE_RAW_TAIL = timedelta(minutes=5)
+_EXPOSURE_SQL = """
+WITH minutes AS (
+    SELECT node_id, minute, gpus FROM ingest_devicerollup
+    WHERE minute >= %(since)s AND minute < %(until)s
+    UNION ALL
+    SELECT node_id, date_trunc('minute', ts), count(DISTINCT gpu) FROM ingest_devicesample
+    WHERE ts >= %(tail)s AND ts < %(until)s
+    GROUP BY 1, 2
+), per AS (
+    SELECT node_id, minute, max(gpus) AS gpus FROM minutes GROUP BY node_id, minute
+)
+SELECT n.name, count(*), sum(per.gpus), (SELECT count(DISTINCT minute) FROM per)
+FROM per JOIN console_node n ON n.id = per.node_id
+GROUP BY n.name
+"""
+
+
+def exposure(since: datetime, until: datetime) -> dict[str, Any]:
+    """What reported in [since, until): minutes in which any node sent a GPU sample, and
+    per node its minutes and GPU-minutes (the minute rollups, raw samples for the tail)."""
+    params = {"since": since, "until": until, "tail": max(since, until - EXPOSURE_RAW_TAIL)}
+    with connection.cursor() as cur:
+        cur.execute(_EXPOSURE_SQL, params)
+        rows = cur.fetchall()
+    return {
+        "minutes": int(rows[0][3]) if rows else 0,
+        "nodes": {name: (int(minutes), int(gpus or 0)) for name, minutes, gpus, _ in rows},
+    }
+
+
 def groups_first_transition(group_ids: list[int], since: datetime) -> dict[int, datetime]:
     """Each group's first transition at or after `since` (when it began running there)."""
     rows = (

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import sys
 import time
@@ -23,7 +24,7 @@ from typing import Any
 import agents.fake_host
 from agents.fake_nvml import CONTROL_ENV
 from faultline import bootstrap
-from faultline.demo import fake_slurm
+from faultline.demo import fake_slurm, narrator
 from faultline.embedded import free_port
 from faultline.supervisor import Supervisor
 
@@ -31,10 +32,13 @@ BIN = Path(sys.executable).parent
 
 # The demo's remediation policy (docs/drills.md): automation may drain a node after a
 # hardware Xid inside the blast radius, and put it back once its repair validated;
-# restarting a group still waits for a human, so the approvals page has something to decide.
+# anything else (a restart, the on-call's quarantine) waits for two approvers, and a
+# person's proposal stays on the approvals page for a day unless someone votes.
 DEMO_POLICY = {
     "gates": {
         "auto_approve": {"drain_node": ["xid"], "uncordon_node": ["validated"]},
+        "approvals_required": 2,
+        "proposal_ttl_s": 86_400,
         "max_nodes_out_per_pool": "34%",  # one of the 3-node demo's nodes, 5 of 16
         "max_nodes_out_fleet": "34%",
         "max_per_target": 5,
@@ -60,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"faultline: --nodes {args.nodes} is too small; the demo needs at least 3")
         return 2
     args.ws_port = args.ws_port or args.port + 1
+    logs = Path(bootstrap.data_dir(args.data_dir)) / "logs"
+    print(f"faultline: demo starting; the service's, agents' and workload's logs go to {logs}/")
     if not os.environ.get("FAULTLINE_REMEDIATION_POLICY"):
         # Read by the settings of this process and of every child the supervisor starts.
         policy = Path(bootstrap.data_dir(args.data_dir)) / "demo-remediation.json"
@@ -71,13 +77,31 @@ def run(args: argparse.Namespace) -> int:
         with bootstrap.system_up(
             host=args.host, port=args.port, ws_port=args.ws_port, data_dir_arg=args.data_dir
         ) as system:
-            return _play(args, system)
+            return _play(args, system, logs)
     except bootstrap.BootstrapError as exc:
         print(f"faultline: {exc}")
         return 2
 
 
-def _play(args: argparse.Namespace, system: bootstrap.System) -> int:
+def _oncall_password() -> str:
+    """The on-call operator the story proposes as (faultline.demo.narrator): created, or
+    given a fresh password, before the service starts; the password lives in memory only."""
+    from django.contrib.auth import get_user_model
+
+    from console.accounts import create_user
+    from console.choices import UserRole
+
+    password = secrets.token_urlsafe(18)
+    user = get_user_model().objects.filter(username=narrator.ONCALL).first()
+    if user is None:
+        create_user(username=narrator.ONCALL, role=UserRole.OPERATOR, password=password)
+    else:
+        user.set_password(password)
+        user.save(update_fields=["password"])
+    return password
+
+
+def _play(args: argparse.Namespace, system: bootstrap.System, logs: Path) -> int:
     from ingest.auth import issue_token
 
     nodes = [f"node-{i:03d}" for i in range(1, args.nodes + 1)]
@@ -120,13 +144,21 @@ def _play(args: argparse.Namespace, system: bootstrap.System) -> int:
     commands["workload"] = [
         sys.executable, "-m", "faultline.demo", "simulate", str(demo_dir / "plan.json"),
     ]  # fmt: skip
+    oncall = _oncall_password()
     system.hand_over()
     env = dict(os.environ)
     env[CONTROL_ENV] = str(control)
     env[agents.fake_host.CONTROL_ENV] = str(demo_dir / "fake-host")
     # The agents' Slurm backend drives the demo's fake scontrol (faultline.demo.fake_slurm).
     env.update(fake_slurm.install(demo_dir / "scheduler"))
-    sup = Supervisor(commands, env, restart_dir=restart)
+    # The workload and the agents stop before the service they report to: no agent logs
+    # "ingest unreachable" on the way out.
+    fleet_children = ["workload", *(f"agent:{node}" for node in nodes)]
+    sup = Supervisor(
+        commands, env, restart_dir=restart, logs=logs, passthrough=frozenset({"workload"}),
+        stop_first=fleet_children,
+        stop_message="faultline: stopping the simulated fleet, then the service",
+    )  # fmt: skip
     sup.handle_signals()
     print(f"faultline: demo ready in {time.monotonic() - system.started:.1f}s")
     print(
@@ -138,4 +170,15 @@ def _play(args: argparse.Namespace, system: bootstrap.System) -> int:
     else:
         print("faultline: log in with your existing admin account")
     print(f"faultline: console at {server}/  (websockets on port {args.ws_port}); Ctrl-C stops")
-    return sup.serve()
+    print(
+        f"faultline: from here on, one line per incident opened or resolved and per action "
+        f"proposed, approved or executed; the agents' and service's output is in {logs}/"
+    )
+    story = narrator.Narrator(server, oncall, quiet=lambda: sup.stopping)
+    story.start()
+    try:
+        code = sup.serve()
+    finally:
+        story.stop()
+    print("faultline: demo stopped")
+    return code

@@ -43,9 +43,9 @@
       flag.dataset.lifecycle = n.lifecycle;
       flag.title = (n.lifecycle_reason || "") + (n.taken_out_by ? " · out by " + n.taken_out_by : "");
       if (n.lifecycle_since) {
-        const since = el("time", "since", " · " + n.lifecycle_since);
-        since.setAttribute("datetime", n.lifecycle_since);
-        flag.append(since);
+        const since = C.when(n.lifecycle_since);
+        since.className = "since";
+        flag.append(" · ", since);
       }
       name.append(flag);
     }
@@ -94,7 +94,7 @@
     const name = el("td"); const a = el("a", "", g.name); a.href = "/groups/" + encodeURIComponent(g.name) + "/"; name.append(a);
     const st = el("td"); st.append(el("span", "state state-" + g.state, g.state));
     tr.append(name, el("td", "", g.kind), st, el("td", "num", g.generation), el("td", "num", g.restart_count),
-      el("td", "num", g.ranks), el("td", "", g.goodput_label), el("td", "num", C.num(g.tail_ratio, 2)), el("td", "num", g.open_incidents));
+      el("td", "num", g.ranks), el("td", "", g.goodput_label), el("td", "num", C.num(g.tail_ratio)), el("td", "num", g.open_incidents));
     return tr;
   }
 

@@ -22,6 +22,8 @@
       legend: { orientation: "h", y: -0.2 },
     }, extra || {});
     ["xaxis", "yaxis", "yaxis2"].forEach(function (k) { out[k] = Object.assign({}, AXIS, out[k] || {}); });
+    // Value axes in the console's number format: four significant digits, separators.
+    ["yaxis", "yaxis2"].forEach(function (k) { if (!out[k].type) out[k].tickformat = out[k].tickformat || ",.4~r"; });
     out.yaxis2.showgrid = false;
     return out;
   }
@@ -54,17 +56,31 @@
       });
       return;
     }
-    const h = c.heatmap;
-    draw("chart-heatmap", [{ type: "heatmap", x: h.x, y: h.y, z: h.z, colorscale: "Viridis", hoverongaps: false,
-      colorbar: { title: { text: "ms" } }, hovertemplate: "%{y} · %{x}<br>slowest step %{z} ms<extra></extra>" }],
-      { yaxis: { autorange: "reversed", title: { text: "ranks (" + Math.round(h.ranks_per_bin * 10) / 10 + " per row)" } }, xaxis: { type: "date" }, margin: { l: 90, r: 20, t: 10, b: 40 } });
+    // Colours and axes anchor to the group's median step and its straggler limit (the
+    // chart JSON's `scale`, console/charts.py step_scale): ranks a percent apart are one
+    // colour, a rank past the limit is red, whatever the data's own min and max.
+    const h = c.heatmap, sc = c.scale;
+    const heat = { type: "heatmap", x: h.x, y: h.y, z: h.z, hoverongaps: false,
+      colorbar: { title: { text: "ms" } }, hovertemplate: "%{y} · %{x}<br>slowest step %{z:,.4r} ms<extra></extra>" };
+    if (sc) Object.assign(heat, { zauto: false, zmin: sc.zmin, zmax: sc.zmax, colorscale: sc.colorscale,
+      colorbar: { title: { text: "ms" }, tickvals: [sc.median_ms, sc.limit_ms], ticktext: ["median " + C.num(sc.median_ms), "straggler " + C.num(sc.limit_ms)] } });
+    else heat.colorscale = "Viridis";
+    draw("chart-heatmap", [heat],
+      { yaxis: { autorange: "reversed", title: { text: "ranks (" + C.num(h.ranks_per_bin) + " per row)" } }, xaxis: { type: "date" }, margin: { l: 90, r: 20, t: 10, b: 40 } });
     const p = c.percentiles;
+    const lines = sc ? [["median", sc.median_ms, "#2f9e6b"], ["straggler limit", sc.limit_ms, "#d9a400"]].map(function (l) {
+      return { type: "line", xref: "paper", x0: 0, x1: 1, y0: l[1], y1: l[1], line: { color: l[2], width: 1, dash: "dash" } };
+    }) : [];
+    const top = Math.max.apply(null, [sc ? sc.zmax : 0].concat(p.p99.filter(function (v) { return v != null; })));
+    const rhoTop = Math.max.apply(null, [sc ? sc.rho_max : 1.5].concat(p.rho.filter(function (v) { return v != null; })));
     draw("chart-percentiles", [
       { type: "scatter", mode: "lines", name: "p50", x: p.t, y: p.p50, line: { color: "#2f9e6b" } },
       { type: "scatter", mode: "lines", name: "p90", x: p.t, y: p.p90, line: { color: "#d9a400" } },
       { type: "scatter", mode: "lines", name: "p99", x: p.t, y: p.p99, line: { color: "#e5484d" } },
       { type: "scatter", mode: "lines", name: "ρ tail (p99/p50)", x: p.t, y: p.rho, yaxis: "y2", line: { color: "#4ea1ff", dash: "dot" } },
-    ], { yaxis: { title: { text: "step ms" }, gridcolor: "#26313c" }, yaxis2: { title: { text: "ρ" }, overlaying: "y", side: "right", rangemode: "tozero" }, xaxis: { type: "date" } });
+    ], { shapes: lines,
+      yaxis: Object.assign({ title: { text: "step ms" }, gridcolor: "#26313c" }, sc ? { range: [Math.max(0, sc.zmin), top * 1.02], autorange: false } : {}),
+      yaxis2: { title: { text: "ρ" }, overlaying: "y", side: "right", range: [1, rhoTop * 1.02], autorange: false }, xaxis: { type: "date" } });
     const s = c.slowest;
     draw("chart-phases", Object.keys(s.phases).map(function (ph) {
       return { type: "bar", name: ph, x: s.ranks, y: s.phases[ph], marker: { color: PHASE_COLORS[ph] } };
@@ -93,8 +109,8 @@
     div.dataset.safe = a.auto_restart_safe ? "1" : "0";
     div.append(el("strong", "", a.auto_restart_safe ? "Automatic restart is safe" : "Automatic restart is NOT safe — a human must decide"), a.reason || "");
     const dl = el("dl", "facts");
-    [["Restore from", a.checkpoint || "no valid checkpoint"], ["Lost steps", a.lost_steps], ["Lost tokens", a.lost_tokens], ["Lost GPU-hours", a.lost_gpu_hours]].forEach(function (kv) {
-      dl.append(el("dt", "", kv[0]), el("dd", "", kv[1] == null ? "—" : kv[1]));
+    [["Restore from", a.checkpoint || "no valid checkpoint"], ["Lost steps", count(a.lost_steps)], ["Lost tokens", C.num(a.lost_tokens)], ["Lost GPU-hours", C.num(a.lost_gpu_hours)]].forEach(function (kv) {
+      dl.append(el("dt", "", kv[0]), el("dd", "", kv[1]));
     });
     div.append(dl);
     box.append(div);
@@ -109,7 +125,8 @@
       const id = el("td"); id.append(el("code", "", c.id)); if (c.newest_valid) id.append(" ", el("span", "flag", "newest valid"));
       const valid = el("td");
       valid.append(c.valid ? el("span", "valid-yes", "valid") : c.valid === false ? el("span", "valid-no", "corrupt") : el("span", "valid-unknown", "not proven"));
-      tr.append(id, el("td", "num", c.step == null ? "—" : c.step), el("td", "", c.phase), valid, el("td", "num", c.generation), el("td", "", c.ts));
+      const at = el("td"); at.append(C.when(c.ts));
+      tr.append(id, el("td", "num", count(c.step)), el("td", "", c.phase), valid, el("td", "num", count(c.generation)), at);
       tbody.append(tr);
     });
     if (!rows.length) { const tr = el("tr", "empty"); const td = el("td", "", "No checkpoints reported."); td.colSpan = 6; tr.append(td); tbody.append(tr); }
@@ -118,21 +135,21 @@
   function render(g) {
     const state = document.querySelector('[data-field="state"]');
     state.className = "state state-" + g.state; state.textContent = g.state;
-    setField("generation", g.generation);
+    setField("generation", count(g.generation));
     if (g.serving_state) {
       setField("serving_reason", g.serving_state.reason);
       setField("workers_ready", g.serving_state.ready + " / " + g.serving_state.workers);
     }
-    setField("restart_count", g.restart_count);
-    setField("ranks_world", (g.ranks == null ? "—" : g.ranks) + " / " + (g.world_size == null ? "—" : g.world_size));
+    setField("restart_count", count(g.restart_count));
+    setField("ranks_world", count(g.ranks) + " / " + count(g.world_size));
     setField("goodput_label", g.goodput_label);
-    setField("tail_ratio", C.num(g.tail_ratio, 2));
+    setField("tail_ratio", C.num(g.tail_ratio));
     setField("open_incidents", g.open_incidents);
     setField("newest_valid_checkpoint", g.newest_valid_checkpoint || "none");
-    setField("diagnosed_at", g.diagnosed_at || "—");
+    document.querySelectorAll('[data-when="diagnosed_at"]').forEach(function (n) { n.replaceChildren(C.when(g.diagnosed_at)); });
     const gp = g.goodput || {};
-    setField("tokens", (gp.tokens_valid == null ? "—" : gp.tokens_valid) + " / " + (gp.tokens_total == null ? "—" : gp.tokens_total));
-    setField("wall_s", (gp.wall_s == null ? "—" : gp.wall_s) + " s");
+    setField("tokens", C.num(gp.tokens_valid) + " / " + C.num(gp.tokens_total));
+    setField("wall_s", C.dur(gp.wall_s));
     renderAdvice(g.recovery_advice);
     renderCheckpoints(g.checkpoints);
     C.fillIncidents(document.getElementById("incident-rows"), g.incidents, { withGroup: false, cols: 5, emptyText: "No incidents." });
@@ -141,7 +158,8 @@
     C.times(document);
   }
 
-  function pct(v) { return v == null ? "—" : (Math.round(v * 1000) / 10) + " %"; }
+  const pct = C.pct;
+  function count(v) { return v == null ? "—" : Number(v).toLocaleString("en-US"); }
 
   function drawServing(sv) {
     const t = sv.series.map(function (r) { return r.minute; });
@@ -153,15 +171,17 @@
       { type: "scatter", mode: "lines", name: "TPOT p99", x: t, y: sv.series.map(function (r) { return r.tpot_ms_p99; }), yaxis: "y2", line: { color: "#8e4ec6" } },
       { type: "scatter", mode: "lines", name: "TTFT SLO", x: t, y: t.map(function () { return sv.slo.ttft_ms_p99; }), line: { color: "#e5484d", dash: "dot" } },
     ], { yaxis: { title: { text: "TTFT ms" } }, yaxis2: { title: { text: "TPOT ms" }, overlaying: "y", side: "right" }, xaxis: { type: "date" } });
-    document.getElementById("slo-note").textContent = "SLO: TTFT ≤ " + sv.slo.ttft_ms_p99 + " ms, TPOT ≤ " +
-      sv.slo.tpot_ms_p99 + " ms, E2E ≤ " + sv.slo.e2e_ms_p99 + " ms, goodput ≥ " + pct(sv.slo.goodput_target);
+    document.getElementById("slo-note").textContent = "SLO: TTFT ≤ " + C.num(sv.slo.ttft_ms_p99, "ms") + ", TPOT ≤ " +
+      C.num(sv.slo.tpot_ms_p99, "ms") + ", E2E ≤ " + C.num(sv.slo.e2e_ms_p99, "ms") + ", goodput ≥ " + pct(sv.slo.goodput_target);
     const tbody = document.getElementById("version-rows");
     tbody.replaceChildren();
     sv.versions.forEach(function (v) {
       const tr = el("tr");
       tr.dataset.version = v.version;
-      tr.append(el("td", "", v.version), el("td", "num", v.workers), el("td", "num", v.requests), el("td", "num", pct(v.traffic_share)),
-        el("td", "num", pct(v.slo_met_ratio)), el("td", "", v.first_seen), el("td", "", v.last_seen));
+      const first = el("td"); first.append(C.when(v.first_seen));
+      const last = el("td"); last.append(C.when(v.last_seen));
+      tr.append(el("td", "", v.version), el("td", "num", count(v.workers)), el("td", "num", count(v.requests)), el("td", "num", pct(v.traffic_share)),
+        el("td", "num", pct(v.slo_met_ratio)), first, last);
       tbody.append(tr);
     });
     if (!sv.versions.length) { const tr = el("tr", "empty"); const td = el("td", "", "No serving windows in the last hour."); td.colSpan = 7; tr.append(td); tbody.append(tr); }
@@ -172,9 +192,9 @@
       tr.dataset.worker = w.worker;
       [w.worker, w.ready ? "yes" : "no", w.draining ? "yes" : "no", w.model_version || "—", w.adapter_version || "—", w.kv_schema || "—"]
         .forEach(function (v) { tr.append(el("td", "", v)); });
-      [w.requests, w.slo_met_ratio == null ? null : pct(w.slo_met_ratio), w.ttft_ms_p99, w.tpot_ms_p99, w.kv_used_pct]
-        .forEach(function (v) { tr.append(el("td", "num", v == null ? "—" : v)); });
-      tr.append(el("td", "", w.ts));
+      [count(w.requests), pct(w.slo_met_ratio), C.num(w.ttft_ms_p99), C.num(w.tpot_ms_p99), C.num(w.kv_used_pct)]
+        .forEach(function (v) { tr.append(el("td", "num", v)); });
+      const at = el("td"); at.append(C.when(w.ts)); tr.append(at);
       rows.append(tr);
     });
     C.times(document);

@@ -33,7 +33,7 @@
     ol.replaceChildren();
     items.forEach(function (t) {
       const li = el("li", t.kind);
-      const when = el("div", "when"); when.append(el("time", "", t.at), " · " + t.label);
+      const when = el("div", "when"); when.append(C.when(t.at), " · " + t.label);
       li.append(when);
       if (t.body) li.append(el("div", "body", t.body));
       ol.append(li);

@@ -18,8 +18,9 @@ from console.actions.diagnosis import SETTLE
 from console.diagnosis.engine import Diagnosis
 from console.diagnosis.findings import ROOT_CAUSE, make_finding
 from console.diagnosis.goodput import Goodput
-from console.models import Incident
+from console.models import Incident, Node
 from console.queries import recovery
+from ingest.models import DeviceRollup, DeviceSample
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
@@ -40,6 +41,20 @@ MONTH = [
     (19, "llm-a", "straggler", "rank:llm-a/2", {}, False, 0.0),  # slowed, never stopped
 ]
 DOWNTIME_S = 600.0
+GPUS = {"n0": 8, "n1": 8, "n2": 4}
+REPORTED_DAYS = 2  # the fleet's GPUs sampled for the last two days of the month only
+
+
+def _seed_exposure(now: datetime, days: int = REPORTED_DAYS) -> None:
+    """Minute rollups as ingest.rollups writes them: every minute of the last `days` days."""
+    start = now.replace(second=0, microsecond=0) - timedelta(days=days)
+    rows = [
+        DeviceRollup(node=Node.objects.get(name=node), minute=start + timedelta(minutes=m),
+                     samples=gpus, gpus=gpus, throttled_gpus=0)
+        for node, gpus in GPUS.items()
+        for m in range(days * 1440)
+    ]  # fmt: skip
+    DeviceRollup.objects.bulk_create(rows, batch_size=5000)
 
 
 def _seed_fleet(post_batch) -> None:
@@ -104,6 +119,7 @@ def test_a_seeded_month_gives_the_counts_made_by_hand(post_batch, client, cast, 
     ids = _seed_month(post_batch, now)
     assert Incident.objects.filter(pk__in=ids, state="resolved").count() == len(MONTH)
 
+    _seed_exposure(now)
     r = recovery.fleet_report(days=DAYS, now=now)
     assert r["interruptions"] == 10 and r["other_incidents"] == 1  # the straggler
     layers = {row["layer"]: row for row in r["by_layer"]}
@@ -114,8 +130,20 @@ def test_a_seeded_month_gives_the_counts_made_by_hand(post_batch, client, cast, 
     assert r["hardware_share"] == round(7 / 10, 4)  # ~78 % in Llama 3; 70 % here
     assert r["lost_gpu_hours"] == 12.0
     assert layers["gpu"]["share_lost_gpu_hours"] == round(4 / 12, 4)
-    assert layers["gpu"]["mtbf_hours"] == round(DAYS * 24 / 2, 3)
-    assert r["mtbf_hours"] == round(DAYS * 24 / 10, 3)
+    # MTBF over what reported (two days of 20 GPUs on 3 nodes), not the 30 days asked for.
+    hours = REPORTED_DAYS * 24
+    assert r["exposure"]["observed_hours"] == pytest.approx(hours, abs=0.02)
+    assert r["exposure"]["gpu_hours"] == pytest.approx(hours * 20, abs=0.5)
+    assert r["exposure"]["node_hours"] == pytest.approx(hours * 3, abs=0.05)
+    assert layers["gpu"]["mtbf_hours"] == pytest.approx(hours / 2, abs=0.01)
+    assert r["mtbf_hours"] == pytest.approx(hours / 10, abs=0.01)
+    assert r["mtbf_gpu_hours"] == pytest.approx(hours * 20 / 10, abs=0.1)
+    assert r["mtbf_node_hours"] == pytest.approx(hours * 3 / 10, abs=0.01)
+    by_node = {row["node"]: row for row in r["per_node"]}
+    assert by_node["n0"]["mtbf_hours"] == pytest.approx(hours / 2, abs=0.01)
+    assert by_node["n2"]["node_hours"] == pytest.approx(hours, abs=0.02)
+    # A longer window over the same exposure changes no rate.
+    assert recovery.fleet_report(days=DAYS * 2, now=now)["mtbf_hours"] == r["mtbf_hours"]
     assert r["mttr_s"] == DOWNTIME_S and r["mttr_backed_by"] == 10
     assert [(o["node"], o["interruptions"]) for o in r["repeat_offenders"]["nodes"]] == [
         ("n0", 2), ("n1", 2),
@@ -171,3 +199,39 @@ def test_faultline_report_writes_the_same_figures(post_batch, tmp_path, monkeypa
     md = out_md.read_text()
     assert "| GPU | hardware | 2 | 20.0 % |" in md
     assert "interruptions: **10**" in md
+    # No GPU sampled in this window: the rates say so instead of dividing the window.
+    assert data["mtbf_hours"] is None and data["mtbf_note"] == "not enough exposure"
+    assert "MTBF fleet-wide: not enough exposure (over 0 h)" in md
+
+
+def test_a_fleet_that_reported_for_minutes_shows_no_mtbf(post_batch):
+    """Three minutes of samples and one interruption: not "MTBF 720 h" over a 30-day window."""
+    now = datetime.now(UTC)
+    _seed_fleet(post_batch)
+    _generation.update({"llm-a": 1, "llm-b": 1})
+    node = Node.objects.get(name="n0")
+    DeviceSample.objects.bulk_create(
+        DeviceSample(node=node, gpu=f"G{g}", index=g, ts=now - timedelta(seconds=s))
+        for g in range(8)
+        for s in range(0, 180, 10)
+    )
+    finding = make_finding(
+        group="llm-a", generation=1, kind="xid", subject="gpu:G0", role=ROOT_CAUSE,
+        severity="critical", summary="xid", first_seen=now - timedelta(minutes=2),
+        evidence={"code": 79, "node": "n0", "gpu": "G0"},
+    )  # fmt: skip
+    (iid,) = _diagnose("llm-a", (finding,), now - timedelta(minutes=2))
+    actions.record_incident_costs(
+        incident_id=iid, costs={"restarted": True, "complete": True, "downtime_s": 60.0},
+        actor="test", now=now,
+    )  # fmt: skip
+    r = recovery.fleet_report(days=DAYS, now=now)
+    assert r["interruptions"] == 1
+    assert 0.05 <= r["exposure"]["observed_hours"] <= 0.067  # three or four minutes, rounded
+    assert r["exposure"]["gpu_hours"] == pytest.approx(
+        8 * r["exposure"]["observed_hours"], abs=0.01
+    )
+    assert r["mtbf_hours"] is None and r["mtbf_gpu_hours"] is None
+    assert r["mtbf_note"] == "not enough exposure"
+    assert r["per_node"][0]["mtbf_hours"] is None
+    assert r["per_node"][0]["mtbf_note"] == "not enough exposure"

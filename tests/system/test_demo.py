@@ -5,12 +5,14 @@ Also the fake NVML control channel the demo uses to break a running agent's GPU.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
 import subprocess
 import time
 import tomllib
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -121,6 +123,61 @@ def test_it_reads_whether_the_fake_scheduler_has_a_node_in_service(tmp_path: Pat
     assert not fleet.in_service("node-1")
     subprocess.run(["scontrol", "update", "nodename=node-1", "state=resume"], env=env, check=True)
     assert fleet.in_service("node-1")
+
+
+def _waits_for_two_people(svc: Service, log: Path, data: Path) -> None:
+    """The on-call's quarantine waits on the approvals page for two approvers, with its
+    evidence, gates and dry-run preview, and the terminal says how to approve it; it is
+    still waiting after its incident resolved, and one vote does not carry it."""
+    action = wait_for(
+        lambda: next((a for a in svc.api("/api/v1/actions/")["results"]
+                      if a["kind"] == "quarantine_node"), None),
+        120, "the on-call's quarantine proposal",
+    )  # fmt: skip
+    assert action["state"] == "proposed" and action["approvals_required"] == 2, action
+    assert action["proposed_by"] == "oncall" and action["incident"], action
+    assert action["evidence"].get("node") == action["target"].split(":", 1)[1], action
+    assert action["gate_reasons"] and action["preview"], action
+    wait_for(lambda: "/approve/" in log.read_text(), 30, "the terminal's hint how to approve")
+    text = log.read_text()
+    assert f"action #{action['id']} (quarantine_node on {action['target']}" in text
+    assert f"/api/v1/actions/{action['id']}/approve/" in text and "/approvals/" in text
+    page = svc.login()[0]
+    html = _get(svc, "/approvals/", page)
+    assert f'data-action="{action["id"]}"' in html and "0 of 2 approvals" in html
+    wait_for(
+        lambda: svc.api(f"/api/v1/incidents/{action['incident']}/")["state"] == "resolved",
+        120, "the throttled GPU's incident to resolve",
+    )  # fmt: skip
+    assert svc.api(f"/api/v1/actions/{action['id']}/")["state"] == "proposed"
+    _post(svc, f"/api/v1/actions/{action['id']}/approve/")
+    voted = svc.api(f"/api/v1/actions/{action['id']}/")
+    assert voted["state"] == "proposed" and len(voted["votes"]) == 1, voted
+    # The terminal: Faultline's own lines and the story's, never a child's output.
+    lines = log.read_text().splitlines()
+    assert all(x.startswith(("faultline: ", "demo: ")) for x in lines), [
+        x for x in lines if not x.startswith(("faultline: ", "demo: "))
+    ][:5]
+    first = "faultline: demo starting; the service's, agents' and workload's logs go to"
+    assert lines[0] == f"{first} {data / 'logs'}/"
+    assert any(x.startswith("faultline: incident #") and "/incidents/" in x for x in lines)
+    assert {p.name for p in (data / "logs").iterdir()} >= {"web.log", "worker.log", "workload.log"}
+
+
+def _get(svc: Service, path: str, cookie: str) -> str:
+    request = urllib.request.Request(svc.url + path, headers={"Cookie": cookie})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.read().decode()
+
+
+def _post(svc: Service, path: str) -> dict:
+    basic = base64.b64encode(f"{ADMIN[0]}:{ADMIN[1]}".encode()).decode()
+    request = urllib.request.Request(
+        svc.url + path, data=b'{"reason": "checked"}', method="POST",
+        headers={"Authorization": f"Basic {basic}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
 
 
 def _descendants(pid: int) -> set[int]:
@@ -248,6 +305,7 @@ def test_it_plays_a_fleet_whose_faults_open_incidents_and_stops_cleanly(tmp_path
         assert culprit["calls"] == [] and culprit["committed"] is False, trace
         calls = [c for r in trace["ranks"] if not r["culprit"] for c in r["calls"]]
         assert calls and {c["state"] for c in calls} == {"started"}, trace
+        _waits_for_two_people(svc, log, tmp_path)
         children = _descendants(proc.pid)
         assert len(children) >= 3 + 5  # agents, workload, web, ws, worker, beat
     finally:
@@ -258,6 +316,13 @@ def test_it_plays_a_fleet_whose_faults_open_incidents_and_stops_cleanly(tmp_path
             os.killpg(proc.pid, signal.SIGKILL)
             raise
     assert code == 0
+    text = log.read_text()
+    # Ctrl-C: the simulated fleet stops before the service it reports to, quietly.
+    assert text.rstrip().endswith("faultline: demo stopped"), text[-2000:]
+    tail = text[text.index("faultline: stopping the simulated fleet, then the service") :]
+    assert "Traceback" not in tail and "unreachable" not in tail, tail
+    agent_logs = "".join(p.read_text() for p in (tmp_path / "logs").glob("agent-*.log"))
+    assert "unreachable" not in agent_logs
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(_alive(p) for p in children):
         time.sleep(0.2)

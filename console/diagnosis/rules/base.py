@@ -124,6 +124,8 @@ class Context:
         self.restart_unsafe: str | None = None  # set by `objectives`: any restart, why not
         self.tail_ratio: float | None = None  # set by `stragglers`
         self.phase_medians_ms: dict[str, float] = {}  # set by `stragglers`
+        # The median per-rank step time and the straggler limit over it (`stragglers`).
+        self.step_scale_ms: dict[str, float] = {}
         # The soonest moment after `now` a verdict may change with no new record (a hang
         # threshold crossed): the caller runs a pass then rather than at the sweep's next
         # tick (`due`; Diagnosis.next_check).

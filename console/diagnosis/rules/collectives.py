@@ -324,8 +324,8 @@ class Matcher:
                 evidence=evidence,
                 tie=tie,
                 summary=f"Collective mismatch on rank {rank}, {where} seq {seq}: "
-                f"{e.op}({e.numel}, {e.dtype}) where {major_n} rank(s) called "
-                f"{m.op}({m.numel}, {m.dtype})" + (f"; {relation}" if relation else ""),
+                f"{e.op}({e.numel:,} x {e.dtype}) where {major_n} rank(s) called "
+                f"{m.op}({m.numel:,} x {m.dtype})" + (f"; {relation}" if relation else ""),
                 first_seen=e.started_ts,
                 key=group.pg,
                 ranks=[rank],

@@ -96,6 +96,7 @@ class _Stats:
     tail_ratio: float
     ph_med: dict[str, float]
     over: list[int]  # ranks over either limit, sorted
+    limit: float  # the step time over which a rank is a straggler
 
 
 _MEAN = itemgetter(0)
@@ -129,7 +130,7 @@ def _group_stats(ctx: Context) -> _Stats | None:
     limit = _limit(cfg.straggler_ratio, cfg.straggler_mad_k, means, med)
     busy_limit = _limit(cfg.straggler_ratio, cfg.straggler_mad_k, busies, busy_med)
     over = sorted(rk for rk, (m, _) in stats.items() if m > limit or busy[rk] > busy_limit)
-    return _Stats(stats, busy, med, busy_med, tail_ratio, ph_med, over)
+    return _Stats(stats, busy, med, busy_med, tail_ratio, ph_med, over, limit)
 
 
 def run(ctx: Context) -> None:
@@ -142,6 +143,8 @@ def run(ctx: Context) -> None:
     stats, busy, med, busy_med, ph_med = g.stats, g.busy, g.med, g.busy_med, g.ph_med
     ctx.tail_ratio = g.tail_ratio
     ctx.phase_medians_ms = dict(ph_med)
+    # The charts scale to these: a healthy group is one colour, a straggler stands out.
+    ctx.step_scale_ms = {"median": round(med, 3), "limit": round(g.limit, 3)}
     slow = [rk for rk in g.over if not ctx.covered(rk)]
     if not slow or any(f.kind == "group_stall" for f in ctx.findings.values()):
         return

@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime, timedelta
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from console import charts
 
 T0 = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
@@ -159,3 +162,46 @@ def test_it_inverts_rank_binning_exactly():
     world = 1000
     members = charts.ranks_in_bins([3, 249], world=world)
     assert members == [r for r in range(world) if r // charts.rank_block(world) in (3, 249)]
+
+
+def test_it_writes_evidence_numbers_and_times_in_the_console_format():
+    rows = charts.evidence_rows({
+        "goodput": 22090.181, "ratio": 1.0526315, "count": 12345,
+        "at": "2026-12-06T21:25:38.478510+00:00",
+        "window": {"started_ts": "2026-12-06T21:25:38.478510+00:00", "ms": 850.12345},
+    })  # fmt: skip
+    by_key = {r["key"]: r for r in rows}
+    assert by_key["goodput"]["value"] == "22,090" and by_key["ratio"]["value"] == "1.053"
+    assert by_key["count"]["value"] == "12345"  # an integer is shown exactly (an id, a count)
+    assert by_key["at"]["at"] == "2026-12-06T21:25:38.478510+00:00"  # the page writes it relative
+    assert by_key["window"]["value"] == '{"ms": 850.1, "started_ts": "2026-12-06 21:25:38 UTC"}'
+
+
+def _position(scale: dict, value: float) -> float:
+    return (value - scale["zmin"]) / (scale["zmax"] - scale["zmin"])
+
+
+@given(st.permutations([850.0, 851.5, 852.0, 853.0, 855.5, 858.0, 850.5, 857.0]))
+def test_a_healthy_group_one_percent_apart_is_one_colour(cells):
+    scale = charts.step_scale(cells, {"median": 852.0, "limit": 1065.0})
+    stops = dict((colour, at) for at, colour in scale["colorscale"])
+    healthy, limit = stops[charts.SCALE_COLOURS[1]], stops[charts.SCALE_COLOURS[2]]
+    # Every cell sits within a twentieth of the way from healthy to the straggler limit.
+    assert all(abs(_position(scale, v) - healthy) <= 0.05 * (limit - healthy) for v in cells)
+    assert scale["source"] == "diagnosis" and scale["zmax"] >= 1065.0 >= scale["zmin"]
+
+
+def test_a_straggler_past_the_groups_limit_is_past_the_limit_colour():
+    cells = [850.0, 852.0, 851.0, 1530.0]  # one rank at 1.8x: the demo's thermal straggler
+    scale = charts.step_scale(cells, {"median": 852.0, "limit": 1065.0})
+    limit_at = next(at for at, colour in scale["colorscale"] if colour == charts.SCALE_COLOURS[2])
+    assert _position(scale, 1530.0) > limit_at and _position(scale, 852.0) < limit_at
+    assert scale["zmax"] >= 1530.0  # the straggler is inside the scale, not clipped
+
+
+def test_it_scales_to_the_default_ratio_before_the_group_is_diagnosed():
+    for diagnosed in (None, {}, {"median": 0, "limit": 0}, {"median": 900.0, "limit": 800.0}):
+        scale = charts.step_scale([100.0, 101.0, 102.0], diagnosed)
+        assert scale["source"] == "chart" and scale["median_ms"] == 101.0
+        assert scale["limit_ms"] == round(101.0 * charts.STRAGGLER_RATIO, 1)
+    assert charts.step_scale([None, float("nan")]) is None

@@ -220,7 +220,10 @@ def test_it_escapes_what_a_node_card_shows(viewer_client, training_group):
     html = viewer_client.get("/").content.decode()
     assert "<script>alert" not in html and "<b>ops</b>" not in html
     assert 'title="&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; · out by &lt;b&gt;ops' in html
-    assert '<time class="since" datetime="2026-11-29T00:00:00+00:00">' in html
+    assert (
+        '<time class="since" datetime="2026-11-29T00:00:00+00:00" title="2026-11-29 00:00:00 UTC">'
+        in html
+    )
     assert '<span class="flag flag-replace">replace</span>' in html
     assert '<a href="/nodes/node-p1/">node-p1</a>' in html
 
