@@ -64,10 +64,26 @@ class Embedded:
                 self._valkey.kill()
         self._valkey = None
         if self._pg is not None:
+            _traversable_again(self._pg)
             self._pg.cleanup()  # type: ignore[attr-defined]  # pgserver ships no stubs
             if force:
                 _force_stop_postgres(self._pg)
             self._pg = None
+
+
+def _traversable_again(server: object) -> None:
+    """As root, Postgres runs as `pgserver`, which pg_ctl needs to reach the data directory
+    through its parents: pgserver opened them at start, but something may have closed one
+    since (a second pytest session resets /tmp/pytest-of-root to 0700), and the stop then
+    failed with "Permission denied" and fell back to a kill."""
+    if os.geteuid() != 0:
+        return
+    pgdata = Path(server.pgdata)  # type: ignore[attr-defined]  # a pgserver PostgresServer
+    for parent in pgdata.parents:
+        with contextlib.suppress(OSError):
+            mode = parent.stat().st_mode
+            if mode & 0o011 != 0o011:
+                parent.chmod(mode | 0o055)
 
 
 def _force_stop_postgres(server: object) -> None:
