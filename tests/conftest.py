@@ -1,10 +1,28 @@
-"""Plain helpers shared by every test package (no database, no Django)."""
+"""Plain helpers shared by every test package (no database, no Django), and how the suite
+is split across pytest-xdist workers (`pytest -n 2 --dist loadgroup`, the README's command).
+
+The tests that start real processes (a `faultline up`, agents, torch ranks, Slurm, a
+browser: marked `slow`) run one after another on one worker, in file order, as they would
+alone: several services at once on a 2-core machine would change the timing they measure,
+and the system modules share a session's service. Everything else is spread over the
+other workers.
+"""
 
 from __future__ import annotations
 
 import itertools
 from datetime import UTC, datetime
 from typing import Any
+
+import pytest
+
+SLOW_GROUP = "processes"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group(SLOW_GROUP))
 
 _seq = itertools.count(1)
 

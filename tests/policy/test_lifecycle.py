@@ -11,7 +11,8 @@ from console.policy.lifecycle import (
     is_terminal,
 )
 
-ALLOWED = [(cur, tgt) for cur, targets in TRANSITIONS.items() for tgt in targets]
+# Sorted: TRANSITIONS holds sets, and every xdist worker must collect the same order.
+ALLOWED = sorted((cur, tgt) for cur, targets in TRANSITIONS.items() for tgt in targets)
 
 
 @pytest.mark.parametrize(("current", "target"), ALLOWED)

@@ -25,6 +25,14 @@ def _fresh_cache() -> None:
     pipeline.forget_recent()
 
 
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings: Any) -> None:
+    """The cast's five passwords hashed with the shipped PBKDF2 cost 2-6 s of setup per
+    test on this 2-core machine; the hash is Django's, not ours to test. Services the
+    system tests start keep the shipped hasher."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def cast(db: Any) -> dict[str, Any]:
     """viewer, operator, approver, approver2, admin — each with password 'pw-<name>-123'."""

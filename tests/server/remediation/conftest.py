@@ -12,12 +12,6 @@ from console import actions
 from console.models import ConsistencyGroup, Device, Node, Rank
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    """The cast logs in with force_login: hashing five passwords per test is pure cost."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def now() -> datetime:
     return timezone.now()
