@@ -126,8 +126,8 @@ _SXID = re.compile(
 )
 # PCIe AER as drivers/pci/pcie/aer.c has printed it (3.x to 6.16+): the severity words
 # changed from "Corrected / Uncorrected" to "Correctable / Uncorrectable" (v6.8), the source
-# from "id=00e5" to "0000:00:1c.5" (v4.17), "error received:" to "error message received
-# from" (v6.8), " (no details found" (sic: no closing bracket in v6.16) was added, and the
+# from "id=00e5" to "0000:00:1c.5" (010caed4ccb6, 4.x), "error received:" to "error message
+# received from" (v6.8), " (no details found" (sic: no closing bracket in v6.16) was added, and the
 # "AER: " prefix moved into dev_fmt. The source line names the device that sent the error
 # message; the "Bus Error" line names the device whose AER registers logged it.
 _AER_SEV = (
@@ -184,7 +184,7 @@ def _comm(raw: str | None) -> str | None:
 
 def _aer_source(m: re.Match[str]) -> str:
     """The source of an AER message: `id=00e5` is bus 0x00, devfn 0xe5 under the port's
-    domain (before v4.17); later kernels print the address."""
+    domain (3.x-4.x kernels); later ones print the address."""
     if m["src"]:
         return pci_key(m["src"])
     ident = int(m["id"], 16)
