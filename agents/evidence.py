@@ -1,10 +1,12 @@
 """Folds the kernel log into the agent's records: one Xid event per sighting pair, short host
 events, I/O error counts per block device.
 
-Owns the translation of `kmsg.KernelEvent`s into `device_event` (an NVRM Xid or a GPU
-fallen off the bus, mapped from its PCI address to the GPU's UUID) and `host_event`
-records, and the one `xid.XidDeduper` both the kernel log and NVML pass through: an Xid
-seen in both is sent once. Standard library only; it must not read files or sockets.
+Owns the translation of `kmsg.KernelEvent`s into `device_event` (an NVRM Xid, or a GPU
+fallen off the bus as `gpu_lost`, mapped from its PCI address to the GPU's UUID) and
+`host_event` records, and the one `xid.XidDeduper` both the kernel log and NVML pass
+through: an Xid (or a lost GPU) seen in both is sent once, unless the later witness adds
+a recovery action the first did not carry. Standard library only; it must not read files
+or sockets.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from agents.wire import Record, iso_ts, record
 # Identical host events (same code, device and pid) within this window are one: the
 # kernel prints a machine check as several lines, a hung task every timeout.
 HOST_DEDUP_S = 5.0
+# Recovery actions sent per device event are remembered for this many events at most.
+MAX_OPEN_EVENTS = 4096
+LOST_DETAIL = "the kernel log says the GPU has fallen off the bus"
 
 
 def _when(ts: Any) -> datetime:
@@ -48,6 +53,7 @@ class Evidence:
         self._map: dict[str, str] | None = None
         self.xids = xid.XidDeduper(window_s)
         self._host_seen: dict[tuple[str, str | None, int | None], datetime] = {}
+        self._actions: dict[str, set[str]] = {}  # event key -> recovery actions sent
         self.io_errors: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -58,22 +64,44 @@ class Evidence:
         return self._map.get(pci or "", f"PCI:{pci}")
 
     def device_sink(self, rec: Record) -> None:
-        if rec.get("kind") == "device_event" and rec.get("event") == "xid":
-            _, new = self.xids.admit(rec["gpu"], int(rec.get("code") or 0), _when(rec["ts"]),
-                                     "nvml")  # fmt: skip
-            if not new:
+        event = rec.get("event")
+        if rec.get("kind") == "device_event" and event in ("xid", "gpu_lost"):
+            code = int(rec.get("code") or 0) if event == "xid" else event
+            if not self._admit(rec, code, _when(rec["ts"]), "nvml"):
                 return
         self.emit(rec)
 
+    def _admit(self, rec: Record, code: int | str, ts: datetime, source: str) -> bool:
+        """Whether this sighting is sent: the first of its event, or a later one that
+        brings a recovery action the event has not carried yet (the kernel's Xid 154 line
+        or NVLink5 decode beside an NVML read that had none; or the other way round), so
+        what the service acts on does not depend on which witness came first."""
+        key, new = self.xids.admit(rec["gpu"], code, ts, source)
+        action = rec.get("recovery_action")
+        with self._lock:
+            sent = self._actions.setdefault(key, set())
+            if not new and (action is None or action in sent):
+                return False
+            if action is not None:
+                sent.add(action)
+            if len(self._actions) > MAX_OPEN_EVENTS:  # keys of long-closed events
+                self._actions.pop(next(iter(self._actions)))
+        return True
+
     def kernel_sink(self, event: kmsg.KernelEvent) -> None:
         if event.event in (kmsg.XID, kmsg.GPU_OFF_BUS):
-            # A GPU fallen off the bus is Xid 79, whichever line says it first.
-            code = event.code if event.code is not None else 79
             gpu = self.gpu_of(event.device)
-            _, new = self.xids.admit(gpu, code, event.ts, "kmsg")
-            if new:
-                rec = device_event(gpu, "xid", code, xid.detail(code))
-                rec["ts"] = iso_ts(event.ts.timestamp())
+            if event.event == kmsg.GPU_OFF_BUS:
+                # The driver's "fallen off the bus" lines are not an Xid (the Xid 79 line,
+                # when printed, is its own event): the GPU is lost, NVML's word for it.
+                rec = device_event(gpu, "gpu_lost", None, LOST_DETAIL)
+                code: int | str = "gpu_lost"
+            else:
+                code = event.code if event.code is not None else 0
+                detail = event.detail or xid.detail(code)
+                rec = device_event(gpu, "xid", code, detail, event.recovery_action)
+            rec["ts"] = iso_ts(event.ts.timestamp())
+            if self._admit(rec, code, event.ts, "kmsg"):
                 self.emit(rec)
             return
         key = (event.event, event.device, event.pid)

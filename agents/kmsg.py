@@ -1,12 +1,13 @@
 """The kernel log as evidence: parse NVRM Xid/SXid, fallen-off-the-bus, PCIe AER, OOM-killer,
 MCE, hung-task and block I/O error lines, and read them from `/dev/kmsg` or the journal.
 
-Owns the line patterns (the formats the kernel and the NVIDIA driver print, captured under
-tests/agents/fixtures/kmsg/) and `KernelLog`, the reader thread. Each match becomes a
-`KernelEvent` with short codes only: the message text never leaves the node. Standard
-library only; it must not decide findings (console/diagnosis does) and never sends an Xid
-itself: the agent folds kernel and NVML sightings of one Xid into one event
-(agents/xid.py `XidDeduper`).
+Owns the record formats (which records are the kernel's own: facility 0 on /dev/kmsg,
+`_TRANSPORT=kernel` in the journal), the line patterns (the formats the kernel and the
+NVIDIA driver print, captured under tests/agents/fixtures/kmsg/ with their sources) and
+`KernelLog`, the reader thread. Each match becomes a `KernelEvent` with short codes only:
+the message text never leaves the node. Standard library only; it must not decide findings
+(console/diagnosis does) and never sends an Xid itself: the agent folds kernel and NVML
+sightings of one Xid into one event (agents/evidence.py, agents/xid.py `XidDeduper`).
 
 `/dev/kmsg` needs CAP_SYSLOG (or root) when `kernel.dmesg_restrict=1`; without it the
 reader falls back to `journalctl -k -o json -f`, and without that it says so once and stops.
@@ -27,6 +28,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import IO
+
+from agents import xid_decode
 
 log = logging.getLogger("faultline.agent.kmsg")
 
@@ -64,6 +68,11 @@ class KernelEvent:
     pid: int | None = None
     comm: str | None = None  # task name, at most 16 characters (TASK_COMM_LEN)
     severity: str | None = None  # fatal | nonfatal | corrected (SXid, AER)
+    # An Xid line's own fields read as the recovery action the GPU needs (the Xid 154 line;
+    # NVIDIA's decode of an NVLink5 Xid), and that reading as bounded text built from
+    # agents/xid_decode.py's vocabulary, never from the line.
+    recovery_action: str | None = None
+    detail: str | None = None
 
 
 def pci_key(address: str) -> str:
@@ -76,36 +85,96 @@ def pci_key(address: str) -> str:
     return f"{domain[-4:]:0>4}:{bus}:{dev}"
 
 
-_PCI = r"(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
+# -- message formats ----------------------------------------------------------------------
+# Every pattern is matched at the start of the record's first line (re.match), where the
+# kernel or the driver puts its own prefix: a kernel message that echoes a user's string
+# (a path in a filesystem error, a task name) carries that string later in the line, never
+# first. Fields a user chooses (the task name of an Xid, an OOM kill or a hung task) are
+# read as data and never decide the event, its code or its device. The formats and where
+# each comes from: tests/agents/fixtures/kmsg/ (each file cites its sources).
+def _addr(name: str) -> str:
+    return rf"(?P<{name}>[0-9a-fA-F]{{4,8}}:[0-9a-fA-F]{{2}}:[0-9a-fA-F]{{2}}(?:\.[0-7])?)"
+
+
+_TASK = r"(?P<comm>.{0,64})"  # the kernel's comm is 15 bytes; escaped or odd ones run longer
+# "NVRM: Xid (PCI:0000:3b:00): 79, pid=2817, name=python, <message>" (kernel_rc.c); a MIG
+# attribution inside the brackets (" GPU-I:05", " GPU-CI:01"); drivers before ~R450 print
+# the address without "PCI:", some without pid and name.
 _XID = re.compile(
-    r"NVRM: Xid \(" + _PCI + r"\): (?P<code>\d+),(?: pid=(?P<pid>'?[^,]*?'?),)?"
-    r"(?: name=(?P<comm>[^,]*),)?"
+    r"NVRM: Xid \((?:PCI:)?" + _addr("pci") + r"(?: GPU-I:\d{1,3})?(?: GPU-CI:\d{1,3})?\): "
+    r"(?P<code>\d{1,5})(?P<tail>,.*)?$",
+    re.DOTALL,
 )
-_OFF_BUS = re.compile(r"NVRM: GPU (?:at )?" + _PCI + r":? .*fallen off the bus")
+_XID_PROCESS = re.compile(
+    r", pid=(?P<pid>'?<?[A-Za-z0-9]{0,16}>?'?)(?:, name=(?P<comm>[^,]{0,100}))?"
+)
+# "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus." (osinit.c, NV_DEV_PRINTF); older
+# drivers "NVRM: GPU at PCI:0000:3b:00: ...".
+_OFF_BUS = re.compile(
+    r"NVRM: GPU (?:at )?(?:PCI:)?" + _addr("pci") + r":? (?:GPU )?has fallen off the bus"
+)
+# One record of three lines, printed when the driver finds the GPU unreachable at start
+# (osapi.c: "NVRM: The NVIDIA GPU %04x:%02x:%02x.%x\nNVRM: (PCI ID: %04x:%04x) installed in
+# this system has\nNVRM: fallen off the bus and is not responding to commands.\n"): no Xid.
+_OFF_BUS_FIRST = re.compile(r"NVRM: The NVIDIA GPU " + _addr("pci") + r"\s*$")
+_OFF_BUS_LAST = re.compile(r"NVRM: fallen off the bus and is not responding to commands")
+# "nvidia-nvswitch2: SXid (PCI:0000:c8:00.0): 20034, Fatal, Link 30 ..." (common_nvswitch.h
+# NVSWITCH_PRINT_SXID; error_nvswitch.h prints the severity first).
 _SXID = re.compile(
-    r"SXid \(" + _PCI + r"\): (?P<code>\d+),\s*(?P<sev>Non-fatal|Fatal|Correctable)?",
-    re.IGNORECASE,
+    r"nvidia-[\w-]{1,32}: SXid \((?:PCI:)?" + _addr("pci") + r"\): (?P<code>\d{1,6}),\s*"
+    r"(?P<sev>Non-fatal|Fatal|Correctable)?"
 )
-_AER = re.compile(
-    r"^(?:pcieport|nvidia|[\w-]+) " + _PCI + r": AER: (?:Multiple )?"
-    r"(?P<kind>Corrected|Uncorrected \(Non-Fatal\)|Uncorrected \(Fatal\)) error received"
-    r"(?:: (?P<src>[0-9a-fA-F:.]+))?"
+# PCIe AER as drivers/pci/pcie/aer.c has printed it (3.x to 6.16+): the severity words
+# changed from "Corrected / Uncorrected" to "Correctable / Uncorrectable" (v6.8), the source
+# from "id=00e5" to "0000:00:1c.5" (010caed4ccb6, 4.x), "error received:" to "error message
+# received from" (v6.8), " (no details found" (sic: no closing bracket in v6.16) was added, and the
+# "AER: " prefix moved into dev_fmt. The source line names the device that sent the error
+# message; the "Bus Error" line names the device whose AER registers logged it.
+_AER_SEV = (
+    r"(?P<sev>Corrected|Correctable|Uncorrected \(Non-Fatal\)|Uncorrectable \(Non-Fatal\)"
+    r"|Uncorrected \(Fatal\)|Uncorrectable \(Fatal\))"
 )
+_AER_SOURCE = re.compile(
+    r"[\w.-]{1,32} "
+    + _addr("port")
+    + r": (?:AER: )?(?:Multiple )?"
+    + _AER_SEV
+    + r" error (?:message )?received(?::| from) (?:id=(?P<id>[0-9a-fA-F]{4})\b|"
+    + _addr("src")
+    + r")"
+)
+_AER_BUS = re.compile(
+    r"[\w.-]{1,32} "
+    + _addr("dev")
+    + r": (?:AER: )?(?:PCIe|CXL) Bus Error: severity="
+    + _AER_SEV
+    + r", type="
+)
+# mm/oom_kill.c: "Out of memory: Killed process 4242 (python) total-vm:..." (5.1+, with the
+# memory-cgroup and oom_kill_allocating_task forms), and before 5.1 a choice line
+# "Out of memory: Kill process P (comm) score N or sacrifice child" followed by the kill,
+# "Killed process C (comm) total-vm:..." (3.x-4.x) or "... vsz:..." (2.6): C was killed.
 _OOM = re.compile(
-    r"(?:Memory cgroup )?[Oo]ut of memory(?: \(oom_kill_allocating_task\))?: "
-    r"Kill(?:ed)? process (?P<pid>\d+) \((?P<comm>[^)]{1,64})\)"
+    r"(?:(?:Memory cgroup )?[Oo]ut of memory(?: \(oom_kill_allocating_task\))?: )?"
+    r"Killed process (?P<pid>\d{1,10}) \(" + _TASK + r"\)(?: total-vm:| vsz:|,|\s*$)"
 )
-_MCE = re.compile(r"^mce: \[Hardware Error\]: (?:CPU (?P<cpu>\d+): )?Machine [Cc]heck")
-_MCE_LOGGED = re.compile(r"^mce: \[Hardware Error\]: Machine check events logged")
-_HUNG = re.compile(r"INFO: task (?P<comm>.{1,64}?):(?P<pid>\d+) blocked for more than \d+ seconds")
+_MCE = re.compile(r"mce: \[Hardware Error\]: (?:CPU (?P<cpu>\d+): )?Machine [Cc]heck")
+_MCE_LOGGED = re.compile(r"mce: \[Hardware Error\]: Machine check events logged")
+_HUNG = re.compile(
+    r"INFO: task " + _TASK + r":(?P<pid>\d{1,10}) blocked for more than \d{1,10} seconds"
+)
 _IO = re.compile(
-    r"(?:blk_update_request: )?(?:critical )?(?:I/O|medium) error, dev (?P<dev>[\w-]+)"
+    r"(?:blk_update_request: |print_req_error: )?(?:critical )?(?:I/O|medium) error, "
+    r"dev (?P<dev>[\w-]{1,32})"
 )
+_AER_SEVERITY = {"Corrected": "corrected", "Correctable": "corrected"}
+# A kernel record's text is at most ~1 KiB (LOG_LINE_MAX); longer input is not a record.
+MAX_MESSAGE = 8192
 
 
 def _pid(raw: str | None) -> int | None:
     raw = (raw or "").strip("'")
-    return int(raw) if raw.isdigit() else None
+    return int(raw) if raw.isascii() and raw.isdigit() else None
 
 
 def _comm(raw: str | None) -> str | None:
@@ -113,112 +182,236 @@ def _comm(raw: str | None) -> str | None:
     return None if not raw or raw.startswith("<") else raw[:16]
 
 
-def parse_message(message: str, ts: datetime) -> KernelEvent | None:
-    """The event one kernel message reports, or None when it is not evidence."""
-    msg = message.strip()
-    if "NVRM" in msg:
-        m = _XID.search(msg)
-        if m:
-            return KernelEvent(
-                XID,
-                ts,
-                device=pci_key(m["pci"]),
-                code=int(m["code"]),
-                pid=_pid(m["pid"]),
-                comm=_comm(m["comm"]),
-            )
-        m = _OFF_BUS.search(msg)
-        if m:
-            return KernelEvent(GPU_OFF_BUS, ts, device=pci_key(m["pci"]))
+def _aer_source(m: re.Match[str]) -> str:
+    """The source of an AER message: `id=00e5` is bus 0x00, devfn 0xe5 under the port's
+    domain (3.x-4.x kernels); later ones print the address."""
+    if m["src"]:
+        return pci_key(m["src"])
+    ident = int(m["id"], 16)
+    domain = pci_key(m["port"]).split(":")[0]
+    return f"{domain}:{ident >> 8:02x}:{(ident & 0xFF) >> 3:02x}"
+
+
+def _aer_event(sev: str) -> str:
+    if sev in _AER_SEVERITY:
+        return AER_CORRECTED
+    return AER_FATAL if sev.endswith("(Fatal)") else AER_NONFATAL
+
+
+def _xid_event(m: re.Match[str], ts: datetime) -> KernelEvent:
+    code = int(m["code"])
+    tail = m["tail"] or ""
+    pid = comm = None
+    process = _XID_PROCESS.match(tail)
+    if process is not None:
+        pid, comm = _pid(process["pid"]), _comm(process["comm"])
+    recovery = detail = None
+    if code == 154:
+        change = xid_decode.recovery_change(tail)
+        if change is not None:
+            recovery, detail = change.current, change.detail
+    else:
+        decode = xid_decode.nvlink5_decode(code, tail)
+        if decode is not None:
+            recovery, detail = decode.recovery_action, decode.detail
+    return KernelEvent(
+        XID,
+        ts,
+        device=pci_key(m["pci"]),
+        code=code,
+        pid=pid,
+        comm=comm,
+        recovery_action=recovery,
+        detail=detail,
+    )
+
+
+def _nvrm(first: str, rest: str, ts: datetime) -> KernelEvent | None:
+    m = _XID.match(first)
+    if m:
+        return _xid_event(m, ts)
+    m = _OFF_BUS.match(first) or _OFF_BUS_FIRST.match(first)
+    if m is None:
         return None
-    if "SXid" in msg:
-        m = _SXID.search(msg)
+    if m.re is _OFF_BUS_FIRST and not any(_OFF_BUS_LAST.match(line) for line in rest.split("\n")):
+        return None
+    return KernelEvent(GPU_OFF_BUS, ts, device=pci_key(m["pci"]))
+
+
+def parse_message(message: str, ts: datetime) -> KernelEvent | None:
+    """The event one kernel message reports, or None when it is not evidence.
+
+    `message` must come from the kernel (a facility-0 record: `parse_kmsg_record`,
+    `parse_journal_record`); its text may run over several lines (one printk of several).
+    """
+    first, _, rest = message[:MAX_MESSAGE].partition("\n")
+    first = first.rstrip()
+    if first.startswith("NVRM: "):
+        return _nvrm(first, rest, ts)
+    if first.startswith("nvidia-"):
+        m = _SXID.match(first)
         if m:
             sev = (m["sev"] or "").lower().replace("-", "")
             return KernelEvent(
                 SXID, ts, device=pci_key(m["pci"]), code=int(m["code"]), severity=sev or None
             )
-    if "AER:" in msg:
-        m = _AER.search(msg)
+    if "Bus Error: severity=" in first or " received" in first:
+        m = _AER_SOURCE.match(first)
         if m:
-            kind = m["kind"]
-            event = (
-                AER_CORRECTED
-                if kind == "Corrected"
-                else AER_FATAL
-                if "(Fatal)" in kind
-                else AER_NONFATAL
+            event = _aer_event(m["sev"])
+            return KernelEvent(
+                event, ts, device=_aer_source(m), severity=event.removeprefix("aer_")
             )
-            device = pci_key(m["src"]) if m["src"] else pci_key(m["pci"])
-            return KernelEvent(event, ts, device=device, severity=event.removeprefix("aer_"))
+        m = _AER_BUS.match(first)
+        if m:
+            event = _aer_event(m["sev"])
+            return KernelEvent(
+                event, ts, device=pci_key(m["dev"]), severity=event.removeprefix("aer_")
+            )
+    if "Killed process " in first:
+        m = _OOM.match(first)
+        if m:
+            return KernelEvent(OOM_KILL, ts, pid=int(m["pid"]), comm=_comm(m["comm"]))
         return None
-    m = _OOM.search(msg)
-    if m:
-        return KernelEvent(OOM_KILL, ts, pid=int(m["pid"]), comm=_comm(m["comm"]))
-    if msg.startswith("mce:"):
-        if _MCE.search(msg) or _MCE_LOGGED.search(msg):
+    if first.startswith("mce:"):
+        if _MCE.match(first) or _MCE_LOGGED.match(first):
             return KernelEvent(MCE, ts)
         return None
-    m = _HUNG.search(msg)
+    if first.startswith("INFO: task "):
+        m = _HUNG.match(first)
+        if m:
+            return KernelEvent(HUNG_TASK, ts, pid=int(m["pid"]), comm=_comm(m["comm"]))
+        return None
+    m = _IO.match(first)
     if m:
-        return KernelEvent(HUNG_TASK, ts, pid=int(m["pid"]), comm=_comm(m["comm"]))
-    m = _IO.search(msg)
-    if m:
-        return KernelEvent(IO_ERROR, ts, device=m["dev"][:32])
+        return KernelEvent(IO_ERROR, ts, device=m["dev"])
     return None
 
 
 # -- record formats ---------------------------------------------------------------------
-def parse_kmsg_record(line: str, boot_epoch: float) -> tuple[str, datetime] | None:
-    """A `/dev/kmsg` record `pri,seq,usec,flags[,...];message` -> (message, wall time).
+# What the reader takes in: one /dev/kmsg record or one journal entry, at most this long
+# (a record is at most 8 KiB escaped, CONSOLE_EXT_LOG_MAX; an entry a little more as JSON).
+MAX_RECORD = 64 * 1024
+KERNEL_FACILITY = 0  # LOG_KERN: user space cannot log with it (devkmsg_write forces LOG_USER)
+_EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+_LATEST = datetime(2100, 1, 1, tzinfo=UTC)
+_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 
-    `usec` is microseconds since boot (CLOCK_MONOTONIC); continuation lines (a leading
-    space, `KEY=value` dictionary entries) carry no message and are skipped.
-    """
-    if not line or line[0] == " ":
+
+def _number(field: str) -> int | None:
+    return int(field) if field.isascii() and field.isdigit() and len(field) <= 20 else None
+
+
+def _wall(epoch_s: float) -> datetime | None:
+    """A wall time the service accepts (contract: years 2000-2099), else None."""
+    try:
+        ts = datetime.fromtimestamp(epoch_s, UTC)
+    except (OverflowError, OSError, ValueError):
         return None
-    head, sep, message = line.partition(";")
+    return ts if _EARLIEST <= ts < _LATEST else None
+
+
+def unescape_kmsg(text: str) -> str:
+    r"""Undo /dev/kmsg's escaping: bytes below 0x20 (newlines too), from 0x7f, and the
+    backslash itself are printed as `\xHH`; a task name in UTF-8 comes back whole."""
+    if "\\x" not in text:
+        return text
+    raw = _ESCAPE.sub(lambda m: bytes((int(m[1], 16),)), text.encode("utf-8", "replace"))
+    return raw.decode("utf-8", "replace")
+
+
+def parse_kmsg_record(line: str, boot_epoch: float) -> tuple[str, datetime] | None:
+    """A `/dev/kmsg` record `prefix,seq,usec,flags[,...];message` -> (message, wall time).
+
+    Only the kernel's own records count: `prefix` is facility * 8 + level, and a record
+    user space wrote to /dev/kmsg never has facility 0. `usec` is microseconds since boot
+    (CLOCK_MONOTONIC). The message is unescaped (a printk of several lines comes back with
+    its newlines); dictionary lines (` KEY=value`) carry no message and are skipped.
+    """
+    if not line or line[0] == " " or len(line) > MAX_RECORD:
+        return None
+    head, sep, text = line.partition(";")
     if not sep:
         return None
     fields = head.split(",")
-    if len(fields) < 4 or not fields[2].isdigit():
+    if len(fields) < 4:
         return None
-    ts = datetime.fromtimestamp(boot_epoch + int(fields[2]) / 1e6, UTC)
-    return message.rstrip("\n"), ts
+    prefix, usec = _number(fields[0]), _number(fields[2])
+    if prefix is None or usec is None or prefix >> 3 != KERNEL_FACILITY:
+        return None
+    ts = _wall(boot_epoch + usec / 1e6)
+    if ts is None:
+        return None
+    # A record read whole ends its text at the first raw newline (its dictionary follows).
+    return unescape_kmsg(text.partition("\n")[0]), ts
 
 
 def parse_journal_record(line: str) -> tuple[str, datetime] | None:
-    """One `journalctl -k -o json` line -> (message, wall time)."""
+    """One `journalctl -k -o json` line -> (message, wall time), for kernel records only.
+
+    journald stamps everything it reads from /dev/kmsg `_TRANSPORT=kernel` and carries the
+    record's facility in `SYSLOG_FACILITY`: a program's own entries (syslog, stdout, the
+    journal API) and its writes to /dev/kmsg (facility 1 or more) are not the kernel's.
+    """
+    if len(line) > MAX_RECORD:
+        return None
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    if obj.get("_TRANSPORT") != "kernel" or obj.get("SYSLOG_FACILITY") != str(KERNEL_FACILITY):
         return None
     message = obj.get("MESSAGE")
     if isinstance(message, list):  # journald sends non-UTF-8 messages as byte arrays
-        message = bytes(b for b in message if isinstance(b, int) and 0 <= b < 256).decode(
-            errors="replace"
-        )
+        message = bytes(
+            b for b in message[:MAX_MESSAGE] if isinstance(b, int) and 0 <= b < 256
+        ).decode(errors="replace")
     usec = obj.get("__REALTIME_TIMESTAMP")
-    if not isinstance(message, str) or not str(usec or "").isdigit():
+    if not isinstance(message, str) or not isinstance(usec, str):
         return None
-    return message, datetime.fromtimestamp(int(usec) / 1e6, UTC)
+    number = _number(usec)
+    ts = None if number is None else _wall(number / 1e6)
+    return None if ts is None else (message, ts)
+
+
+def parse_record(line: str, *, fmt: str, boot_epoch: float = 0.0) -> KernelEvent | None:
+    """The event of one captured record, `fmt` `kmsg` or `journal`; never raises."""
+    parsed = parse_kmsg_record(line, boot_epoch) if fmt == "kmsg" else parse_journal_record(line)
+    return None if parsed is None else parse_message(*parsed)
+
+
+def iter_events(
+    lines: Iterable[str], *, fmt: str, boot_epoch: float = 0.0
+) -> Iterator[KernelEvent]:
+    """Events of captured records, one at a time (a log of any size in constant memory)."""
+    for line in lines:
+        event = parse_record(line, fmt=fmt, boot_epoch=boot_epoch)
+        if event is not None:
+            yield event
 
 
 def parse_lines(lines: Iterable[str], *, fmt: str, boot_epoch: float = 0.0) -> list[KernelEvent]:
-    """Events of captured lines: fmt `kmsg`, `journal` or `dmesg` (plain messages)."""
-    out: list[KernelEvent] = []
-    for line in lines:
-        if fmt == "kmsg":
-            parsed = parse_kmsg_record(line, boot_epoch)
-        elif fmt == "journal":
-            parsed = parse_journal_record(line)
-        else:
-            parsed = (line, datetime.fromtimestamp(boot_epoch, UTC))
-        if parsed is not None:
-            event = parse_message(*parsed)
-            if event is not None:
-                out.append(event)
-    return out
+    """Events of captured records: fmt `kmsg` (one record a line) or `journal` (JSON lines)."""
+    return list(iter_events(lines, fmt=fmt, boot_epoch=boot_epoch))
+
+
+def bounded_lines(stream: IO[str], limit: int = MAX_RECORD) -> Iterator[str | None]:
+    """Lines of `stream`; a line longer than `limit` is skipped whole (yields None), so one
+    runaway line never holds more than `limit` characters in memory."""
+    while True:
+        line = stream.readline(limit)
+        if not line:
+            return
+        if len(line) >= limit and not line.endswith("\n"):
+            while True:
+                more = stream.readline(limit)
+                if not more or more.endswith("\n"):
+                    break
+            yield None
+            continue
+        yield line
 
 
 def boot_epoch(proc_root: str = "/proc") -> float:
@@ -266,7 +459,11 @@ class KernelLog:
                 return
             if parsed is None:
                 continue
-            event = parse_message(*parsed)
+            try:
+                event = parse_message(*parsed)
+            except Exception:  # a line the patterns never met must not stop the reader
+                log.exception("kernel message not parsed")
+                continue
             if event is not None:
                 try:
                     self.sink(event)
@@ -294,8 +491,9 @@ class KernelLog:
                 stderr=subprocess.DEVNULL,
                 text=True,
             )
-            lines = self._proc.stdout or ()
-            self._emit(parse_journal_record(line) for line in lines)
+            if self._proc.stdout is not None:
+                lines = bounded_lines(self._proc.stdout)
+                self._emit(None if ln is None else parse_journal_record(ln) for ln in lines)
             return
         log.warning("kernel log unavailable (%s; no journalctl): no kernel evidence", why)
 

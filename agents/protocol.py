@@ -91,9 +91,11 @@ class DeviceSample(_Record, tag="device_sample"):
 
 
 # -- Xid recovery action (issue 18) ---------------------------------------------------
-# The driver's GPU recovery action when the event was read (NVML
-# nvmlDeviceGetGpuRecoveryAction; Xid 154 reports each change). Names as in agents/xid.py
-# RECOVERY_ACTIONS; absent when the driver cannot say.
+# What the GPU needs, as the driver says it: NVML's nvmlDeviceGetGpuRecoveryAction when the
+# event was read, else the kernel log's own words (the Xid 154 line "GPU recovery action
+# changed from ... to ...", or NVIDIA's decode of an NVLink5 Xid's fields: a fatal decode
+# is gpu_reset, any other none; agents/xid_decode.py). Names as in agents/xid.py
+# RECOVERY_ACTIONS; absent when nothing says.
 RecoveryAction = Literal["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"]
 RECOVERY_ACTIONS: tuple[str, ...] = RecoveryAction.__args__  # type: ignore[attr-defined]  # Literal aliases carry __args__ at run time; typeshed omits it
 # -- end Xid recovery action -----------------------------------------------------------

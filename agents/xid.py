@@ -340,20 +340,23 @@ _ROWS: tuple[tuple[int, str, str, str, str, str, str], ...] = (
     (142, "ROBUST_CHANNEL_NVENC3_ERROR", "NVENC3 Error", "0001", "CONTACT_SUPPORT", "-", _U),
     (143, "GPU_INIT_ERROR", "GPU Initialization Error", "0111", "RESET_GPU", "CONTACT_SUPPORT",
      _H),
+    # NVLink5: NVIDIA decodes each line's own fields (unit, error status, intrinfo); most
+    # decodes are non-fatal. Undetermined until a decode (`nvlink5_decode`) or the driver's
+    # recovery action says which (`effective_class`).
     (144, "NVLINK_SAW_ERROR", "NVLINK: SAW Error", "0011", "WORKFLOW_NVLINK5_ERR",
-     "WORKFLOW_NVLINK5_ERR", _H),
+     "WORKFLOW_NVLINK5_ERR", _U),
     (145, "NVLINK_RLW_ERROR", "NVLINK: RLW Error", "0011", "WORKFLOW_NVLINK5_ERR",
-     "WORKFLOW_NVLINK5_ERR", _H),
+     "WORKFLOW_NVLINK5_ERR", _U),
     (146, "NVLINK_TLW_ERROR", "NVLINK: TLW Error", "0011", "WORKFLOW_NVLINK5_ERR",
-     "WORKFLOW_NVLINK5_ERR", _H),
+     "WORKFLOW_NVLINK5_ERR", _U),
     (147, "NVLINK_TREX_ERROR", "NVLINK: TREX Error", "0011", "WORKFLOW_NVLINK5_ERR",
-     "WORKFLOW_NVLINK5_ERR", _H),
+     "WORKFLOW_NVLINK5_ERR", _U),
     (148, "NVLINK_NVLPW_CTRL_ERROR", "NVLINK: NVLPW_CTRL Error", "0011", "WORKFLOW_NVLINK5_ERR",
-     "WORKFLOW_NVLINK5_ERR", _H),
+     "WORKFLOW_NVLINK5_ERR", _U),
     (149, "NVLINK_NETIR_ERROR", "NVLINK: NETIR Error", "0011", "WORKFLOW_NVLINK5_ERR",
-     "WORKFLOW_NVLINK5_ERR", _H),
+     "WORKFLOW_NVLINK5_ERR", _U),
     (150, "NVLINK_MSE_ERROR", "NVLINK: MSE Error", "0011", "WORKFLOW_NVLINK5_ERR",
-     "WORKFLOW_NVLINK5_ERR", _H),
+     "WORKFLOW_NVLINK5_ERR", _U),
     (151, "ROBUST_CHANNEL_KEY_ROTATION_ERROR", "Key rotation Error", "0111", "RESTART_VM",
      "CONTACT_SUPPORT", _H),
     (152, "ROBUST_CHANNEL_DLA_SMMU_ERROR", "DLA SMMU Error", "0000", "IGNORE",
@@ -398,6 +401,23 @@ _ROWS: tuple[tuple[int, str, str, str, str, str, str], ...] = (
      "IGNORE", "WORKFLOW_XID_48", _C),
     (172, "UNCORRECTABLE_SRAM_ERROR", "Detail of an Xid 48: the error was in SRAM", "1111",
      "IGNORE", "WORKFLOW_XID_48", _C),
+    # 173-176: defined by the driver (src/common/sdk/nvidia/inc/nverror.h: 173 since 580.105.08,
+    # 174 since 590.44.01, 175 and 176 since 595.45.04) with no row yet in NVIDIA's catalog page:
+    # classed from the driver's names and where it raises them; the Xid 154 recovery action the
+    # driver reports with them overrides the class. Applies-to: the Blackwell parts those
+    # branches ship for (C2C links exist only on Grace superchips).
+    # A fatal Grace-GPU C2C link leaves the GPU unreachable from the CPU: handled like Xid 79.
+    (173, "C2C_FATAL_LINK_FAILURE", "C2C fatal link failure", "0001", "RESTART_BM",
+     "CONTACT_SUPPORT", _H),
+    # The silent form of a channel reset that kills the faulting process (compare 43).
+    (174, "ROBUST_CHANNEL_RESETCHANNEL_KILL_PROCESS_SILENT",
+     "Channel reset killed the faulting process (silent)", "0011", "RESTART_APP", "-", _A),
+    # Raised instead of 119 (GSP RPC timeout) when the timeout came from a memory subsystem
+    # error (kernel_gsp.c _kgspClassifyGspTimeout): 119's reset, on the memory layer.
+    (175, "MEMORY_SUBSYSTEM_ERROR", "Memory subsystem error (behind a GSP timeout)", "0011",
+     "RESET_GPU", "CONTACT_SUPPORT", _H),
+    (176, "PCIE_CORRECTABLE_ERROR_FAULT", "PCIe correctable error fault", "0011",
+     "CONTACT_SUPPORT", "-", _U),
 )
 # fmt: on
 
@@ -547,7 +567,7 @@ def classify(code: int | None) -> XidInfo:
 # The layer names are console.diagnosis.layers.LAYERS' (a test keeps them in step). Memory
 # errors (ECC, remapping, contained/uncontained) are HBM; link errors are NVLink; an
 # application-class Xid is the software's; everything else is the GPU's.
-XID_HBM_CODES = frozenset({48, 58, 63, 64, 92, 94, 95, 140, 168, 171, 172})
+XID_HBM_CODES = frozenset({48, 58, 63, 64, 92, 94, 95, 140, 168, 171, 172, 175})
 
 
 def xid_layer(code: int | None) -> str:
@@ -580,8 +600,18 @@ def recovery_requires_action(name: str | None) -> bool:
 
 def effective_class(info: XidInfo, recovery_action: str | None = None) -> str:
     """The class an Xid acts with: a driver that asks for a reset, reboot or drain makes
-    any Xid (154 included) a hardware fault, whatever its row says."""
-    return HARDWARE if recovery_requires_action(recovery_action) else info.xid_class
+    any Xid (154 included) a hardware fault, whatever its row says. An NVLink5 Xid (144-150)
+    that needs nothing (its decode is non-fatal, or the driver's recovery action is none)
+    is informational: NVIDIA's workflow resets only on a fatal decode, else follows 154."""
+    if recovery_requires_action(recovery_action):
+        return HARDWARE
+    if (
+        recovery_action == RECOVERY_NONE
+        and info.immediate == "WORKFLOW_NVLINK5_ERR"
+        and not info.overridden
+    ):
+        return INFORMATIONAL
+    return info.xid_class
 
 
 def is_hardware_fault(
@@ -612,8 +642,9 @@ def is_hardware_fault(
 DEDUP_WINDOW_S = 5.0
 
 
-def event_key(gpu: str, code: int, first_seen: datetime) -> str:
-    """The stable key of one Xid event (the gpu, the code, its first sighting)."""
+def event_key(gpu: str, code: int | str, first_seen: datetime) -> str:
+    """The stable key of one Xid event (the gpu, the code, its first sighting); `code` is
+    the event's name for a device event that is not an Xid (`gpu_lost`)."""
     return f"{gpu}/{code}/{int(first_seen.timestamp() * 1000)}"
 
 
@@ -627,10 +658,10 @@ class XidDeduper:
 
     def __init__(self, window_s: float = DEDUP_WINDOW_S) -> None:
         self.window_s = window_s
-        self._open: dict[tuple[str, int], tuple[datetime, str, set[str]]] = {}
+        self._open: dict[tuple[str, int | str], tuple[datetime, str, set[str]]] = {}
         self._lock = threading.Lock()
 
-    def admit(self, gpu: str, code: int, ts: datetime, source: str) -> tuple[str, bool]:
+    def admit(self, gpu: str, code: int | str, ts: datetime, source: str) -> tuple[str, bool]:
         with self._lock:
             current = self._open.get((gpu, code))
             if current is not None:
@@ -642,7 +673,7 @@ class XidDeduper:
             self._open[(gpu, code)] = (ts, key, {source})
             return key, True
 
-    def sources(self, gpu: str, code: int) -> set[str]:
+    def sources(self, gpu: str, code: int | str) -> set[str]:
         """The sources that have seen the open event of (gpu, code)."""
         with self._lock:
             current = self._open.get((gpu, code))

@@ -1,15 +1,20 @@
 """Scrub free-text record fields before storage (seed contract 8: no sensitive content).
 
-`error_type`, `detail` and `reason` are the only free text an agent may send. They can
-carry home directories, dataset paths, account or request ids and tokens pasted into
-exception messages. This module bounds their length and replaces file paths and long
-digit/hex runs with placeholders. Pure string functions; no Django, no I/O. It must not
-touch identifiers the console joins on (group, gpu, checkpoint_id, manifest shard paths).
+`error_type`, `detail`, `reason` and a task's `comm` are the only free text an agent may
+send. They can carry home directories, dataset paths, account or request ids and tokens
+pasted into exception messages or kernel lines. This module bounds their length and
+replaces file paths and long digit/hex/token runs with placeholders, once, as a batch
+enters the writer (`scrub_record`): rows, latched faults, incident summaries and the audit
+log all read the scrubbed text. Pure functions; no Django, no I/O. It must not touch
+identifiers the console joins on (group, gpu, checkpoint_id, manifest shard paths).
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
+
+from agents import protocol as p
 
 MAX_TEXT = 200
 ELLIPSIS = "…"
@@ -45,3 +50,21 @@ def scrub_text(value: str | None, *, limit: int = MAX_TEXT) -> str | None:
     if len(text) > limit:
         text = text[: limit - len(ELLIPSIS)] + ELLIPSIS
     return text
+
+
+# The free-text fields of each record kind and how much of each is kept.
+FREE_TEXT: dict[type[Any], dict[str, int]] = {
+    p.DeviceEvent: {"detail": MAX_TEXT},
+    p.HostEvent: {"comm": MAX_TEXT},
+    p.Process: {"reason": 64, "error_type": 128},
+    p.Checkpoint: {"detail": MAX_TEXT},
+    p.Transition: {"reason": 64},
+}
+
+
+def scrub_record(rec: Any) -> None:
+    """Scrub `rec`'s free-text fields in place (a decoded, validated contract record)."""
+    for field, limit in FREE_TEXT.get(type(rec), {}).items():
+        value = getattr(rec, field)
+        if value is not None:
+            setattr(rec, field, scrub_text(value, limit=limit))

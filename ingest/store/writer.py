@@ -38,7 +38,7 @@ from ingest.copytext import flag, num, text, when
 from ingest.copytext import json as cjson
 from ingest.models import ContractViolation
 from ingest.rawsql import from_row, send
-from ingest.scrub import scrub_text
+from ingest.scrub import scrub_record
 from ingest.store.fleet_card import NODE_CARD, node_card
 from ingest.store.live_state import (
     ACTIONS_PENDING,
@@ -164,6 +164,8 @@ class BatchWriter:
             ts = rec.ts if shift is None else rec.ts - shift
             if last_seen is None or ts > last_seen:
                 last_seen = ts
+            # Once, here: every row, latched fault, incident and audit entry below reads it.
+            scrub_record(rec)
             handlers[type(rec)](rec, ts)
         self.last_seen = last_seen
 
@@ -356,7 +358,7 @@ class BatchWriter:
     def _on_device_event(self, rec: p.DeviceEvent, ts: datetime) -> None:
         self.rows["deviceevent"].append(
             f"{when(ts)}{self.node_cell}{text(rec.gpu)}\t{text(rec.event)}\t{num(rec.code)}\t"
-            f"{text(scrub_text(rec.detail))}\t{text(rec.recovery_action)}\n"
+            f"{text(rec.detail)}\t{text(rec.recovery_action)}\n"
         )
         if rec.event == fleet_health.GPU_RESET_EVENT:
             self.resets.append(rec.gpu)
@@ -378,7 +380,7 @@ class BatchWriter:
     def _on_host_event(self, rec: p.HostEvent, ts: datetime) -> None:
         self.rows["hostevent"].append(
             f"{when(ts)}{self.node_cell}{text(rec.event)}\t{text(rec.device)}\t{num(rec.code)}\t"
-            f"{num(rec.pid)}\t{text(scrub_text(rec.comm))}\t{text(rec.severity)}\n"
+            f"{num(rec.pid)}\t{text(rec.comm)}\t{text(rec.severity)}\n"
         )
         if rec.event in HOST_URGENT:
             self.critical_events += 1  # an OOM kill or a machine check: diagnose at once
@@ -445,8 +447,8 @@ class BatchWriter:
         self.rows["processrecord"].append(
             f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
             f"{rec.rank}\t{text(rec.event)}\t{num(rec.pid)}\t{text(rec.gpu)}\t"
-            f"{num(rec.exit_code)}\t{num(rec.signal)}\t{text(scrub_text(rec.reason, limit=64))}\t"
-            f"{text(scrub_text(rec.error_type, limit=128))}\n"
+            f"{num(rec.exit_code)}\t{num(rec.signal)}\t{text(rec.reason)}\t"
+            f"{text(rec.error_type)}\n"
         )
         if applied:
             entry = self._rank(group, rec.rank, rec.generation)
@@ -462,7 +464,7 @@ class BatchWriter:
         self.rows["checkpointrecord"].append(
             f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
             f"{text(rec.checkpoint_id)}\t{num(rec.step)}\t{text(rec.phase)}\t"
-            f"{cjson(rec.manifest)}\t{num(rec.duration_ms)}\t{text(scrub_text(rec.detail))}\t"
+            f"{cjson(rec.manifest)}\t{num(rec.duration_ms)}\t{text(rec.detail)}\t"
             f"{num(rec.data_cursor)}\n"
         )
         if applied:
@@ -531,7 +533,7 @@ class BatchWriter:
         self.rows["transitionrecord"].append(
             f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
             f"{text(rec.from_state)}\t{text(rec.to_state)}\t"
-            f"{text(scrub_text(rec.reason, limit=64))}\t{num(rec.restart_count)}\t"
+            f"{text(rec.reason)}\t{num(rec.restart_count)}\t"
             f"{num(rec.world_size)}\t{cjson(_shape(rec.topology))}\t{num(rec.data_cursor)}\t"
             f"{text(rec.model_version)}\n"
         )

@@ -197,11 +197,12 @@ def test_it_sends_a_recurring_xid_after_the_window_and_keeps_an_unmapped_gpu() -
     sent: list[dict] = []
     ev = Evidence(sent.append)
     ev.kernel_sink(kmsg.KernelEvent("xid", t0, device="0000:3b:00", code=13))
-    ev.kernel_sink(kmsg.KernelEvent("gpu_off_bus", t0, device="0000:3b:00"))  # = Xid 79
+    ev.kernel_sink(kmsg.KernelEvent("gpu_off_bus", t0, device="0000:3b:00"))  # not an Xid
     ev.kernel_sink(kmsg.KernelEvent("xid", t0 + timedelta(seconds=60), device="0000:3b:00",
                                     code=13))  # fmt: skip
-    assert [(r["gpu"], r["code"]) for r in sent] == [
-        ("PCI:0000:3b:00", 13), ("PCI:0000:3b:00", 79), ("PCI:0000:3b:00", 13)]  # fmt: skip
+    assert [(r["gpu"], r["event"], r.get("code")) for r in sent] == [
+        ("PCI:0000:3b:00", "xid", 13), ("PCI:0000:3b:00", "gpu_lost", None),
+        ("PCI:0000:3b:00", "xid", 13)]  # fmt: skip
 
 
 def test_it_folds_repeated_host_lines_and_counts_io_errors_per_disk() -> None:

@@ -33,6 +33,7 @@ def test_it_finds_every_kind_of_evidence_in_the_captured_kmsg_records() -> None:
         ("sxid", "0000:c8:00", 20034, None, None, "fatal"),
         ("sxid", "0000:87:00", 12028, None, None, "nonfatal"),
         ("aer_corrected", "0000:01:00", None, None, None, "corrected"),
+        ("aer_corrected", "0000:01:00", None, None, None, "corrected"),  # its Bus Error line
         ("aer_nonfatal", "0000:81:00", None, None, None, "nonfatal"),
         ("aer_fatal", "0000:81:00", None, None, None, "fatal"),
         ("oom_kill", None, None, 4242, "python", None),
@@ -136,3 +137,18 @@ def test_it_follows_kmsg_records_as_they_arrive_and_stops_promptly(tmp_path: Pat
         assert time.monotonic() - started < 1.5  # a quiet kernel log never holds shutdown
     finally:
         os.close(writer)
+
+
+def test_it_reads_one_whole_kmsg_read_as_its_record_without_the_dictionary() -> None:
+    # What one read(2) of /dev/kmsg returns: the record, then its dictionary lines.
+    data = ("4,3001,8000000,-;NVRM: The NVIDIA GPU 0000:3b:00.0\\x0aNVRM: (PCI ID: 10de:2330) "
+            "installed in this system has\\x0aNVRM: fallen off the bus and is not responding to "
+            "commands.\n SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n")  # fmt: skip
+    message, _ = kmsg.parse_kmsg_record(data, BOOT) or ("", None)
+    assert message.split("\n") == [
+        "NVRM: The NVIDIA GPU 0000:3b:00.0",
+        "NVRM: (PCI ID: 10de:2330) installed in this system has",
+        "NVRM: fallen off the bus and is not responding to commands.",
+    ]
+    event = kmsg.parse_message(message, datetime.now(UTC))
+    assert event is not None and (event.event, event.device) == ("gpu_off_bus", "0000:3b:00")

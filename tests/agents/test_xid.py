@@ -32,7 +32,8 @@ def restore_catalog() -> Iterator[None]:
 
 
 def test_it_lists_every_code_nvidia_catalogs_for_ampere_and_newer() -> None:
-    assert xid.CATALOG.codes() == list(range(1, 173))
+    # 1-172 from NVIDIA's catalog page, 173-176 from the driver's nverror.h (595.45.04).
+    assert xid.CATALOG.codes() == list(range(1, 177))
 
 
 def test_it_gives_every_row_a_known_class_bucket_and_gpu_list() -> None:
@@ -70,9 +71,10 @@ def test_it_classes_codes_the_way_nvidias_buckets_say() -> None:
             "RESTART_BM",
             "WORKFLOW_XID_48",
             "WORKFLOW_NVLINK_ERR",
-            "WORKFLOW_NVLINK5_ERR",
         }:
             assert info.xid_class == "hardware", code
+        if info.immediate == "WORKFLOW_NVLINK5_ERR":  # the decode of each line decides
+            assert info.xid_class == "undetermined", code
 
 
 @pytest.mark.parametrize(
@@ -88,7 +90,11 @@ def test_it_classes_codes_the_way_nvidias_buckets_say() -> None:
         (74, "hardware", "WORKFLOW_NVLINK_ERR"),
         (79, "hardware", "RESTART_BM"),
         (95, "hardware", "RESET_GPU"),
-        (149, "hardware", "WORKFLOW_NVLINK5_ERR"),
+        (149, "undetermined", "WORKFLOW_NVLINK5_ERR"),
+        (173, "hardware", "RESTART_BM"),
+        (174, "application", "RESTART_APP"),
+        (175, "hardware", "RESET_GPU"),
+        (176, "undetermined", "CONTACT_SUPPORT"),
         (63, "informational", "IGNORE"),
         (92, "informational", "IGNORE"),
         (154, "informational", "XID_154"),
@@ -126,6 +132,25 @@ def test_it_turns_any_xid_into_a_hardware_fault_when_the_driver_asks_for_action(
     assert xid.is_hardware_fault("xid", 13, "drain_and_reset")
     assert not xid.is_hardware_fault("xid", 154, "none")
     assert not xid.is_hardware_fault("xid", 154)
+
+
+@pytest.mark.parametrize("code", range(144, 151))
+def test_it_lets_an_nvlink5_xids_decode_decide_whether_it_takes_the_gpu_out(code) -> None:
+    info = xid.CATALOG.get(code)
+    assert xid.effective_class(info, "gpu_reset") == "hardware"  # a fatal decode
+    assert xid.effective_class(info, "none") == "informational"  # any other decode
+    assert xid.effective_class(info, None) == "undetermined"  # no decode: a human looks
+    assert not xid.is_hardware_fault("xid", code) and xid.is_hardware_fault(
+        "xid", code, "gpu_reset"
+    )
+    # "none" makes only NVLink5's own workflow informational: another code keeps its class.
+    assert xid.effective_class(xid.CATALOG.get(95), "none") == "hardware"
+    assert xid.effective_class(xid.CATALOG.get(31337), "none") == "undetermined"
+
+
+def test_it_keeps_an_operators_class_for_an_nvlink5_xid_over_a_non_fatal_decode() -> None:
+    catalog = xid.CATALOG.with_overrides({145: {"class": "hardware"}})
+    assert xid.effective_class(catalog.get(145), "none") == "hardware"
 
 
 # -- recovery action ----------------------------------------------------------------------

@@ -250,3 +250,37 @@ def test_clean_gpus_judged_once_give_the_findings_of_judging_every_gpu(
     monkeypatch.setattr(device.Context, "slot", slot)
     with pytest.raises(AssertionError):
         run()
+
+
+# -- NVLink5: the decode decides; two witnesses of one Xid are judged as one ---------------
+
+
+@pytest.mark.parametrize(
+    ("action", "cls", "role", "severity"),
+    [
+        ("gpu_reset", "hardware", ROOT_CAUSE, "critical"),
+        ("none", "informational", ROOT_CAUSE, "minor"),
+        (None, "undetermined", UNDETERMINED, "major"),
+    ],
+)
+def test_it_judges_an_nvlink5_xid_by_its_decode(action, cls, role, severity) -> None:
+    (xid,) = of_kind(_diag([_xid(3, 149, action)]), "xid")
+    assert (xid.evidence["xid_class"], xid.role, xid.severity) == (cls, role, severity)
+    assert xid.evidence["takes_gpu_out"] is (cls == "hardware")
+
+
+@pytest.mark.parametrize("action", ["none", "gpu_reset"])
+@pytest.mark.parametrize("nvml_first", [True, False])
+def test_it_judges_an_xid_seen_with_and_without_a_recovery_action_as_one(action, nvml_first):
+    nvml = _xid(3, 149, None, at=T0 + timedelta(seconds=0 if nvml_first else 0.3))
+    kernel = _xid(3, 149, action, at=T0 + timedelta(seconds=0.3 if nvml_first else 0))
+    findings = of_kind(_diag([nvml, kernel]), "xid")
+    classes = {f.evidence["xid_class"] for f in findings if f.role != SYMPTOM}
+    assert classes == {"hardware" if action == "gpu_reset" else "informational"}
+    assert not [f for f in findings if f.role == UNDETERMINED]
+
+
+def test_it_keeps_an_xid_seen_outside_the_dedup_window_apart() -> None:
+    late = T0 + timedelta(seconds=catalog.DEDUP_WINDOW_S + 1)
+    findings = of_kind(_diag([_xid(3, 149, "none"), _xid(3, 149, None, at=late)]), "xid")
+    assert {f.evidence["xid_class"] for f in findings} == {"informational", "undetermined"}

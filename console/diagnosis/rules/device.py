@@ -48,22 +48,42 @@ def _where(ctx: Context, dev: DeviceState) -> str:
 class _Judged:
     """One Xid event with its catalog row and the class it acts with."""
 
-    __slots__ = ("cls", "event", "info")
+    __slots__ = ("cls", "event", "info", "recovery")
 
-    def __init__(self, ctx: Context, event: DeviceEvent) -> None:
+    def __init__(self, ctx: Context, event: DeviceEvent, recovery: str | None = None) -> None:
         self.event = event
         self.info = ctx.cfg.xids.get(event.code)
-        self.cls = catalog.effective_class(self.info, event.recovery_action)
+        self.recovery = event.recovery_action or recovery
+        self.cls = catalog.effective_class(self.info, self.recovery)
 
     @property
     def severity(self) -> str:
         if self.cls != catalog.HARDWARE:
             return MAJOR
         if self.info.immediate in CRITICAL_BUCKETS or catalog.recovery_requires_action(
-            self.event.recovery_action
+            self.recovery
         ):
             return CRITICAL
         return MAJOR
+
+
+def _judge(ctx: Context, events: tuple[DeviceEvent, ...]) -> list[_Judged]:
+    """The GPU's Xids, each judged with the recovery action its other witness carried: the
+    agent sends a second sighting of one Xid (NVML's and the kernel log's, within the dedup
+    window) when it adds a recovery action, and the pair is one Xid, judged once."""
+    xids = [e for e in events if e.event == "xid"]
+    known = [e for e in xids if e.recovery_action is not None]
+    out = []
+    for e in xids:
+        recovery = None
+        if e.recovery_action is None and known:
+            recovery = next(
+                (k.recovery_action for k in known if k.code == e.code
+                 and abs((k.ts - e.ts).total_seconds()) <= catalog.DEDUP_WINDOW_S),
+                None,
+            )  # fmt: skip
+        out.append(_Judged(ctx, e, recovery))
+    return out
 
 
 def _recovery_action(events: list[DeviceEvent]) -> str | None:
@@ -348,7 +368,7 @@ def run(ctx: Context) -> None:
         if was.get(dev.gpu) is dev:
             clean[dev.gpu] = dev
             continue
-        judged = [_Judged(ctx, e) for e in dev.events if e.event == "xid"]
+        judged = _judge(ctx, dev.events)
         hard = _hard_fault(ctx, dev, judged)
         _soft_xids(ctx, dev, judged, hard)
         if hard is None and not _soft_faults(ctx, dev) and not dev.events:
