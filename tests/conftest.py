@@ -24,6 +24,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("slow") is not None:
             item.add_marker(pytest.mark.xdist_group(SLOW_GROUP))
 
+
 _seq = itertools.count(1)
 
 
