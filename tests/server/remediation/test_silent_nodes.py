@@ -101,7 +101,7 @@ def test_a_silent_node_is_cordoned_by_the_controller_agent_and_returns_after_it_
 
 
 def test_without_a_controller_the_cordon_is_proposed_and_waits_and_moves_when_one_reports(
-    post_batch, settings, agent_token
+    post_batch, settings, agent_token, client, cast
 ) -> None:
     for i in range(4):
         _report(post_batch, f"gpu-1{i}")
@@ -111,6 +111,12 @@ def test_without_a_controller_the_cordon_is_proposed_and_waits_and_moves_when_on
     assert Action.objects.get(pk=made).executor is None
     (why,) = _waits()
     assert "pool default names no controller agent" in why and "controller = true" in why
+    client.force_login(cast["viewer"])  # the incident says why, on its page and in the API
+    incident = Incident.objects.get(kind="node_silent", node__name=NODE)
+    page = client.get(f"/incidents/{incident.pk}/").content.decode()
+    assert "names no controller agent" in page and "data-remediation-wait" in page
+    api = client.get(f"/api/v1/incidents/{incident.pk}/").json()
+    assert api["timeline"]["remediation_waits"] == [why]
     # An admin names a controller that has not reported yet: still waiting, saying so.
     settings.FAULTLINE_REMEDIATION_POOLS = POOLS
     actions.remediate_nodes(now=timezone.now() + AFTER)
@@ -120,6 +126,7 @@ def test_without_a_controller_the_cordon_is_proposed_and_waits_and_moves_when_on
     _report(post_batch, CONTROLLER, agent_token(CONTROLLER))
     assert actions.route_waiting(now=timezone.now()) == [made]
     assert Action.objects.get(pk=made).executor.name == CONTROLLER
+    assert client.get(f"/api/v1/actions/{made}/").json()["executor"] == CONTROLLER
     audit = AuditLog.objects.get(verb="action.routed", object_id=str(made))
     assert audit.data == {"from": "", "to": CONTROLLER}
     actions.remediate_nodes(now=timezone.now() + AFTER)
