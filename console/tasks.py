@@ -97,8 +97,9 @@ def sweep_nodes() -> None:
     proposed back. Beat sends it to the housekeeping queue (console.scheduling.HOUSEKEEPING_QUEUE):
     in the one-second sweep on the default queue it waited behind diagnosis passes, and at
     16k ranks 16 of ~480 ran in 8 minutes, so a dead node's incident opened late. At rest
-    it is three queries (bench/sweep.py: ~5 ms at 2,048 nodes); a late run is dropped, the
-    next second's covers it."""
+    it is seven queries (three before node incidents were planned here: ~5 ms at 2,048
+    nodes, bench/sweep.py; the query count is tests/server/remediation/
+    test_node_remediation.py's); a late run is dropped, the next second's covers it."""
     now = timezone.now()
     for name in pipeline.mark_silent_nodes(now=now):
         log.info("sweep: node %s stopped reporting", name)

@@ -23,8 +23,8 @@ from console import events
 from console.actions.fleet import (
     HARDWARE_KINDS,
     SILENCE_KINDS,
-    open_fleet_silence_of,
     open_node_incident,
+    open_silence_of,
     raise_severity,
 )
 from console.actions.incidents import publish_incident
@@ -225,7 +225,7 @@ def _upsert_incident(
         incident.root_incident = root
     elif head["kind"] in SILENCE_KINDS and where and incident.root_incident_id is None:
         # The node is silent (alone, or one of many quiet together): the silence owns it.
-        root = open_fleet_silence_of(str(where))
+        root = open_silence_of(str(where))
         incident.root_incident = root
         if root is not None:
             raise_severity(root, head["severity"])

@@ -161,7 +161,7 @@ def mark_silent_together(
 SILENCE_KINDS = frozenset({"node_down", "agent_silent"})
 
 
-def open_fleet_silence_of(node_name: str) -> Incident | None:
+def open_silence_of(node_name: str) -> Incident | None:
     """The open silence that owns a group's node_down or agent_silent on `node_name` (it is
     linked as their root incident): the fleet silence that names the node, else the
     node's own silent-node incident."""

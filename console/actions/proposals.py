@@ -138,22 +138,29 @@ def _taken_keys(finding: str, incident: int | None) -> set[tuple[str, str]]:
     return keys
 
 
-def remediate(*, causes: Sequence[rp.Cause], now: datetime) -> list[int]:
+def remediate(
+    *, causes: Sequence[rp.Cause], now: datetime, waiting: Iterable[int] = ()
+) -> list[int]:
     """Propose what the policy plans for each cause; returns the new actions' ids.
 
-    Each cause is planned and proposed under the remediation lock (the breaker row), so a
-    node incident and a group incident for one fault, planned at once by the sweep and a
-    diagnosis, propose its take-out once."""
+    A plan with proposals is made again under the remediation lock (the breaker row) and
+    proposed there, so a node incident and a group incident for one fault, planned at
+    once by the sweep and a diagnosis, propose its take-out once; a plan with nothing to
+    propose (the common case of a diagnosis pass) takes no lock. Why a proposal waits is
+    written on its incident when it changes (`waiting`: the incidents that say so now)."""
     policy = remediation_policy()
+    waits_now = set(waiting)
     made: list[int] = []
     for cause in causes:
-        with transaction.atomic():
-            locked_breaker()
-            plan = rp.plan(cause, policy, _taken_keys(cause.finding, cause.incident))
-            made += _propose(plan, now)
+        plan = rp.plan(cause, policy, _taken_keys(cause.finding, cause.incident))
+        if plan.proposals:
+            with transaction.atomic():
+                locked_breaker()
+                plan = rp.plan(cause, policy, _taken_keys(cause.finding, cause.incident))
+                made += _propose(plan, now)
         for page in plan.pages:
             _record_no_restart(page, now=now)
-        if cause.incident is not None:
+        if cause.incident is not None and (plan.waits or cause.incident in waits_now):
             _record_waits(cause.incident, plan.waits, now=now)
     return made
 
@@ -184,10 +191,17 @@ def _propose(plan: rp.Plan, now: datetime) -> list[int]:
 WAITS = "remediation_waits"
 
 
-@transaction.atomic
 def _record_waits(incident_id: int, waits: Sequence[str], *, now: datetime) -> None:
     """Why the incident's remediation waits (on its timeline, shown on its page), or
     nothing once it no longer does. Written only when it changes."""
+    current = Incident.objects.filter(pk=incident_id).values_list("timeline", flat=True).first()
+    if current is None or list((current or {}).get(WAITS) or []) == list(waits):
+        return
+    _write_waits(incident_id, waits, now=now)
+
+
+@transaction.atomic
+def _write_waits(incident_id: int, waits: Sequence[str], *, now: datetime) -> None:
     incident = Incident.objects.select_for_update().filter(pk=incident_id).first()
     if incident is None or list(incident.timeline.get(WAITS) or []) == list(waits):
         return
@@ -217,9 +231,10 @@ def _record_no_restart(page: rp.Page, *, now: datetime) -> None:
 
 
 def withdraw_resolved(
-    *, proposals: Iterable[Action], live: Iterable[str], now: datetime
+    *, proposals: Iterable[Action], live: Iterable[str], now: datetime, approved_too: bool = False
 ) -> list[int]:
-    """Withdraw the policy's proposals whose finding is no longer live."""
+    """Withdraw the policy's proposals whose finding is no longer live (`approved_too`:
+    approved ones not yet dispatched as well)."""
     rows = list(proposals)
     open_ = [
         rp.OpenProposal(
@@ -237,8 +252,10 @@ def withdraw_resolved(
             withdraw_action(
                 action_id=action_id,
                 actor=POLICY_ACTOR,
-                reason="its finding resolved before a decision",
+                reason="its finding resolved before "
+                + ("it ran" if approved_too else "a decision"),
                 now=now,
+                approved_too=approved_too,
             )
         except (RemediationError, NotAllowed) as exc:  # decided meanwhile
             log.info("policy: action %s not withdrawn: %s", action_id, exc)
@@ -260,7 +277,8 @@ def remediate_group(*, group_name: str, now: datetime) -> list[int]:
     ).exclude(proposed_by_rule="")
     live = {i.fingerprint for i in incidents}
     withdraw_resolved(proposals=pending, live=live, now=now)
-    return remediate(causes=[cause_of_incident(i) for i in incidents], now=now)
+    waiting = [i.pk for i in incidents if i.timeline.get(WAITS)]
+    return remediate(causes=[cause_of_incident(i) for i in incidents], now=now, waiting=waiting)
 
 
 PLANNED = "remediation_planned"  # the incident version the policy last planned
@@ -279,13 +297,17 @@ def remediate_nodes(*, now: datetime) -> list[int]:
         .exclude(state=IncidentState.RESOLVED)
         .order_by("opened_at", "pk")
     )
+    # Approved ones too: a node back from silence, or a condition that cleared, must not be
+    # taken out by an approval given while it lasted.
     pending = Action.objects.filter(
-        state=ActionState.PROPOSED,
+        state__in=(ActionState.PROPOSED, ActionState.APPROVED),
         proposed_by__isnull=True,
         incident__group__isnull=True,
         incident__node__isnull=False,
     ).exclude(proposed_by_rule="")
-    withdraw_resolved(proposals=pending, live={finding_of(i) for i in incidents}, now=now)
+    withdraw_resolved(
+        proposals=pending, live={finding_of(i) for i in incidents}, now=now, approved_too=True
+    )
     due = [i for i in incidents if i.timeline.get(PLANNED) != i.version or i.timeline.get(WAITS)]
     if not due:
         return []
@@ -293,8 +315,17 @@ def remediate_nodes(*, now: datetime) -> list[int]:
     made: list[int] = []
     for incident in due:
         why = hold(incident) if hold is not None else ""
-        made += remediate(causes=[cause_of_incident(incident, now=now, hold=why)], now=now)
-        _mark_planned(incident.pk, incident.version)
+        waiting = [incident.pk] if incident.timeline.get(WAITS) else []
+        if why and incident.node is not None:
+            # Held (a silence the fleet's, a condition too young): all the plan would say,
+            # without reading where the node sits; a trickle of hundreds of silent nodes
+            # costs each sweep one write per change, not a plan each.
+            _record_waits(incident.pk, [rp.held(incident.node.name, why)], now=now)
+        else:
+            cause = cause_of_incident(incident, now=now, hold=why)
+            made += remediate(causes=[cause], now=now, waiting=waiting)
+        if incident.timeline.get(PLANNED) != incident.version:
+            _mark_planned(incident.pk, incident.version)
     return made
 
 

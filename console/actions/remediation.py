@@ -392,16 +392,23 @@ def cancel_action(*, action_id: int, actor: Actor, reason: str, now: datetime) -
 
 
 @transaction.atomic
-def withdraw_action(*, action_id: int, actor: str, reason: str, now: datetime) -> Outcome:
+def withdraw_action(
+    *, action_id: int, actor: str, reason: str, now: datetime, approved_too: bool = False
+) -> Outcome:
     """Automation withdraws its own proposal (its finding resolved before a decision).
 
-    Only a proposal a rule made, still waiting for a decision, may be withdrawn this way;
-    people cancel through cancel_action.
+    Only a proposal a rule made, still waiting for a decision, may be withdrawn this way
+    (with `approved_too`, also one approved but not yet dispatched: a node's silence or
+    condition that cleared before the agent ran its take-out); people cancel through
+    cancel_action.
     """
     action = locked_action(action_id)
     if action.proposed_by_id is not None or not action.proposed_by_rule:
         raise NotAllowed(f"action {action.pk} was proposed by a person; only they or an admin")
-    if action.state != ActionState.PROPOSED:
+    waiting = (
+        (ActionState.PROPOSED, ActionState.APPROVED) if approved_too else (ActionState.PROPOSED,)
+    )
+    if action.state not in waiting:
         raise Conflict(f"action {action.pk} is {action.state}; only a proposal is withdrawn")
     if not reason.strip():
         raise RemediationError("withdrawing needs a reason")

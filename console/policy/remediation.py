@@ -346,6 +346,11 @@ def route(
     return pool.controller, ""
 
 
+def held(node: str, hold: str) -> str:
+    """Why a silent node, or a node with a condition, is not taken out now."""
+    return f"node {node} is not taken out: {hold}"
+
+
 def _node_scope(
     cause: Cause,
     pool: PoolPolicy,
@@ -361,7 +366,7 @@ def _node_scope(
         )
         return
     if cause.hold and cause.kind in SILENCE_KINDS | CONDITION_KINDS:
-        waits.append(f"node {cause.node} is not taken out: {cause.hold}")
+        waits.append(held(cause.node or cause.subject, cause.hold))
         return
     out, note = _take_out(cause, pool)
     if note:

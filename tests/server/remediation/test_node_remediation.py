@@ -222,3 +222,40 @@ def test_a_network_filesystem_full_opens_nothing(post_batch) -> None:
                                              "free_bytes": 0, "total_bytes": 2**40}]}  # fmt: skip
     assert post_batch(make_batch([nfs], node=NODE)).status_code == 202
     assert not Incident.objects.filter(kind="disk_full").exists()
+
+
+def test_the_node_sweep_at_rest_and_with_a_planned_incident_costs_a_few_queries(
+    post_batch,
+) -> None:
+    """Every second on the housekeeping worker: a fleet at rest is a handful of queries,
+    and a node incident already planned (nothing waiting) is not planned again."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from console.tasks import sweep_nodes
+
+    for i in range(8):
+        assert post_batch(make_batch([_sample(f"GPU-r{i}")], node=f"rest-{i}")).status_code == 202
+    sweep_nodes()  # settles anything the batches left
+    with CaptureQueriesContext(connection) as rest:
+        sweep_nodes()
+    # Seven: silent nodes, an open fleet silence, node conditions, node incidents, the
+    # policy's open proposals on them, actions waiting for an agent, validated nodes.
+    assert len(_queries(rest)) == 7, _queries(rest)
+    assert post_batch(make_batch(_fault("xid79", "GPU-r0"), node="rest-0")).status_code == 202
+    sweep_nodes()
+    assert Action.objects.filter(kind="drain_node").count() == 1
+    with CaptureQueriesContext(connection) as planned:
+        sweep_nodes()
+    assert len(_queries(planned)) <= 8, _queries(planned)  # planned once: not again
+    assert Action.objects.count() == 1
+
+
+def _queries(captured: Any) -> list[str]:
+    """The statements a sweep sent (a test's savepoints are its transaction's, not the
+    sweep's: in production each atomic block is its own transaction)."""
+    return [
+        q["sql"][:100]
+        for q in captured.captured_queries
+        if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))
+    ]

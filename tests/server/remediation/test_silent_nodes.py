@@ -131,10 +131,20 @@ def test_without_a_controller_the_cordon_is_proposed_and_waits_and_moves_when_on
     assert audit.data == {"from": "", "to": CONTROLLER}
     actions.remediate_nodes(now=timezone.now() + AFTER)
     assert _waits() == []
-    # The node comes back before a decision: the cordon is withdrawn, not left to run.
+    # Approved ahead, but the node comes back before the controller ran it: withdrawn,
+    # never run on a node that reports again.
+    actions.vote_on_action(action_id=made, actor=cast["approver"], approve=True,
+                           now=timezone.now())  # fmt: skip
+    assert Action.objects.get(pk=made).state == "approved"
     _report(post_batch, NODE)
     actions.remediate_nodes(now=timezone.now() + AFTER)
-    assert Action.objects.get(pk=made).state == "cancelled"
+    withdrawn = Action.objects.get(pk=made)
+    assert withdrawn.state == "cancelled"
+    assert AuditLog.objects.get(verb="action.cancelled", object_id=str(made)).reason == (
+        "its finding resolved before it ran"
+    )
+    ctl = Node.objects.get(name=CONTROLLER)
+    assert actions.dispatch_for_node(node=ctl, now=timezone.now()) == []
 
 
 def test_a_proposal_for_a_node_that_goes_silent_before_dispatch_moves_to_the_controller(
