@@ -39,6 +39,7 @@ from typing import Any
 import pytest
 
 from agents.fake_nvml import fake_uuid
+from agents.reporter import Reporter
 from faultline.testing.service import BIN, Service, start_service, stop_service, wait_for
 from tests.conftest import iso, make_batch
 from tests.system.slurm import Slurm, slurm_available, slurm_cluster
@@ -185,6 +186,19 @@ def test_it_drains_the_node_on_slurm_after_a_hardware_xid_and_returns_it_after_r
     wait_for(lambda: job_state() == "RUNNING", 90, f"Slurm job {job} running")
     start = datetime.now(UTC) - timedelta(seconds=10)
     _ingest(svc, token, slurm.node, _group_records(slurm.node, start, job))
+    # Rank 0 reports through the node's agent too, as a job's reporter does: the agent
+    # runs a group's action (the requeue) only for a group it has seen records of. (The
+    # drain is the node's, proposed for its node incident: it names no group.)
+    reporter = Reporter(
+        socket_path=str(tmp_path / "agent-state" / "reporter.sock"), group=GROUP,
+        generation=1, rank=0,
+    )  # fmt: skip
+
+    def agent_saw_the_group() -> bool:
+        reporter.process("started")  # a datagram: sent again until the agent has it
+        return GROUP in (tmp_path / "agent-state" / "executor.json").read_text()
+
+    wait_for(agent_saw_the_group, 30, "the agent to see the group's records")
     fault_at = datetime.now(UTC)
     _ingest(svc, token, slurm.node, [
         {"kind": "device_event", "gpu": fake_uuid(slurm.node, 0), "event": "xid", "code": 79,
@@ -300,6 +314,8 @@ def test_it_drains_the_node_on_slurm_after_a_hardware_xid_and_returns_it_after_r
     )  # fmt: skip
     print(f"repair -> node idle on Slurm: {(returned_at - repaired_at).total_seconds():.1f} s")
     assert agent.poll() is None
+    agent.send_signal(signal.SIGTERM)  # one agent per node: the next test starts its own
+    assert agent.wait(timeout=30) == 0
 
 
 # -- a node with no job, and a node whose agent is silent --------------------------------------
