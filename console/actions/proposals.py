@@ -121,19 +121,27 @@ def cause_of_incident(
     )
 
 
+# What the other incident of one fault (a node's and a group's) decided that stands for
+# this one: a person's rejection, a take-out done. Not one that expired, failed or was
+# cancelled (a group's drain refused as stale once the group moved on must not keep the
+# node's own incident from taking the broken node out).
+_DECIDED = (ActionState.REJECTED, ActionState.SUCCEEDED)
+
+
 def _taken_keys(finding: str, incident: int | None) -> set[tuple[str, str]]:
     """(kind, target) already in play: any live action, or any this finding ever led to
     (a human's rejection or a done drain is not proposed again for the same finding), or
-    any decided for the same fault as the other side of it: a group incident's node
+    one decided for the same fault on the other side of it: a group incident's node
     incident (its root incident), or a node incident's group incidents."""
     live = Action.objects.filter(state__in=[ActionState.PROPOSED, *ACTION_LIVE_STATES])
     keys = set(live.values_list("kind", "target"))
     same = Q(evidence__finding=finding)
     if incident is not None:
         root = Incident.objects.filter(pk=incident).values_list("root_incident", flat=True).first()
-        same |= Q(incident__root_incident=incident)
+        other = Q(incident__root_incident=incident)
         if root is not None:
-            same |= Q(incident=root)
+            other |= Q(incident=root)
+        same |= other & Q(state__in=_DECIDED)
     keys |= set(Action.objects.filter(same).values_list("kind", "target"))
     return keys
 

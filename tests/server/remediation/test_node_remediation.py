@@ -259,3 +259,22 @@ def _queries(captured: Any) -> list[str]:
         for q in captured.captured_queries
         if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))
     ]
+
+
+def test_a_groups_drain_cancelled_as_stale_does_not_keep_the_node_in_service(
+    post_batch,
+) -> None:
+    """The group's incident proposed the drain first (it carries the group's generation);
+    the group restarts elsewhere before it runs, so the dispatch re-check cancels it as
+    stale. The node's own incident still takes the broken node out."""
+    t = _place(post_batch, "ranks")
+    assert t is not None
+    t.add(NODE, t.at(40), _fault("xid79", _gpu("ranks"))[0])
+    t.diagnose(at=41)  # the group's diagnosis first: its drain names the group
+    drain = Action.objects.get(kind="drain_node")
+    assert drain.group is not None and drain.incident.group is not None
+    Action.objects.filter(pk=drain.pk).update(state="cancelled")  # stale at dispatch
+    (again,) = actions.remediate_nodes(now=timezone.now())
+    redo = Action.objects.get(pk=again)
+    assert (redo.kind, redo.target, redo.group) == ("drain_node", f"node:{NODE}", None)
+    assert redo.incident.group is None
