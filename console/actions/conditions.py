@@ -101,7 +101,7 @@ def settle_conditions(*, now: datetime) -> list[str]:
 
 @transaction.atomic
 def _resolve(incident_id: int, why: str, *, now: datetime) -> None:
-    incident = Incident.objects.select_for_update().get(pk=incident_id)
+    incident = Incident.objects.select_for_update(no_key=True).get(pk=incident_id)
     if incident.state == IncidentState.RESOLVED:
         return
     resolve_held(incident, actor=SYSTEM, reason=why, now=now)

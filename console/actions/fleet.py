@@ -573,7 +573,7 @@ def latch_condition(
     latches (Repair.CONDITION), so it comes back only through validation once the
     condition clears. A node already latched by a fault keeps that need as well. A
     condition that cleared before the take-out finished counts as cleared now."""
-    node = Node.objects.select_for_update().get(pk=node_id)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
     if node.lifecycle in (fh.HealthState.HEALTHY, fh.HealthState.SUSPECT):
         node.repair_needed = fh.Repair.CONDITION
         _move_health(node, node, fh.HealthState.FAULTED, kind="condition", reason=reason,

@@ -210,7 +210,7 @@ def _record_waits(incident_id: int, waits: Sequence[str], *, now: datetime) -> N
 
 @transaction.atomic
 def _write_waits(incident_id: int, waits: Sequence[str], *, now: datetime) -> None:
-    incident = Incident.objects.select_for_update().filter(pk=incident_id).first()
+    incident = Incident.objects.select_for_update(no_key=True).filter(pk=incident_id).first()
     if incident is None or list(incident.timeline.get(WAITS) or []) == list(waits):
         return
     timeline = {k: v for k, v in incident.timeline.items() if k != WAITS}
@@ -365,7 +365,7 @@ def _holds(now: datetime) -> Callable[[Incident], str]:
 
 @transaction.atomic
 def _mark_planned(incident_id: int, version: int) -> None:
-    incident = Incident.objects.select_for_update().filter(pk=incident_id).first()
+    incident = Incident.objects.select_for_update(no_key=True).filter(pk=incident_id).first()
     if incident is None or incident.timeline.get(PLANNED) == version:
         return
     incident.timeline = {**incident.timeline, PLANNED: version}

@@ -580,7 +580,7 @@ def route_waiting(*, now: datetime) -> list[int]:
     or back to the node's own. The node sweep calls it every second: with nothing waiting
     for a node-scope kind, one query. Returns the actions routed."""
     rows = list(
-        Action.objects.select_for_update(of=("self",), skip_locked=True)
+        Action.objects.select_for_update(of=("self",), skip_locked=True, no_key=True)
         .filter(state__in=_WAITING, dry_run=False, kind__in=contract.CONTROLLER_KINDS)
         .select_related("node", "executor")
     )
