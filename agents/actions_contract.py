@@ -140,6 +140,13 @@ BACKEND_KINDS: dict[str, frozenset[str]] = {
     ),
 }
 
+# Kinds an agent may run for another node: a scheduler takes a node out or puts it back by
+# its name from any host with the rights (`scontrol` on the Slurm controller or a login
+# host, a kubeconfig that may patch nodes), so an agent configured as the scheduler's
+# controller (`controller = true`) runs them for a node whose own agent is silent. A GPU's
+# isolation names a GPU only its own node's agent knows; a restart is the group's.
+CONTROLLER_KINDS = frozenset({CORDON_NODE, DRAIN_NODE, QUARANTINE_NODE, UNCORDON_NODE})
+
 # `status` is what the service's result endpoint takes; `state` says what really happened.
 Status = Literal["succeeded", "failed"]
 State = Literal[

@@ -66,6 +66,11 @@ class Config:
     gpus: list[str] = field(default_factory=list)
     allow_unsigned: bool = False
     scheduler: str | None = None  # built-in backend: "slurm" | "kubernetes" (agents/schedulers)
+    # The scheduler's controller agent (docs/agent.md, "Controller agent"): it also runs
+    # node actions (CONTROLLER_KINDS) for other nodes whose own agent is silent, for the
+    # node names these globs allow.
+    controller: bool = False
+    controller_nodes: list[str] = field(default_factory=lambda: ["*"])
     hook_timeout_s: float = 60.0
     action_poll_s: float = 15.0
     verify_rate_mb_s: float = 100.0
@@ -137,6 +142,7 @@ class Agent:
             gpus=self.own_gpus,
             allow_unsigned=config.allow_unsigned,
             scheduler=config.scheduler,
+            controller_nodes=config.controller_nodes if config.controller else (),
         )
         self.sender = Sender(
             self.spool,

@@ -221,6 +221,20 @@ def build_config(args: argparse.Namespace) -> Config:
         backend_named(cfg.scheduler)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    controller = toml.get("controller", False)
+    if not isinstance(controller, bool):
+        raise ConfigError(f"controller must be true or false, got {controller!r}")
+    nodes = toml.get("controller_nodes", ["*"])
+    if not (isinstance(nodes, list) and nodes and all(isinstance(n, str) and n for n in nodes)):
+        raise ConfigError(
+            f'controller_nodes must be a list of node name globs, e.g. ["gpu-*"], got {nodes!r}'
+        )
+    if controller and not (cfg.scheduler or cfg.hooks):
+        raise ConfigError(
+            'controller = true needs scheduler = "slurm" or "kubernetes" (or [hooks]) to act '
+            "on other nodes with"
+        )
+    cfg.controller, cfg.controller_nodes = controller, [str(n) for n in nodes]
     cfg.hook_timeout_s = float(toml.get("hook_timeout_s", 60.0))
     cfg.action_poll_s = float(toml.get("action_poll_s", 15.0))
     cfg.verify_rate_mb_s = float(toml.get("verify_rate_mb_s", 100.0))

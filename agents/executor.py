@@ -15,13 +15,16 @@ must carry a valid signature made with this agent's key (agents/signing.py) unle
 (`allowed_kinds`, default: the kinds with a hook, plus every contract kind when a
 scheduler backend is configured); its target (and
 `params.node`/`params.gpu`) must be this node, one of this node's GPUs, or a group this
-node has reported records for; every value substituted into a hook is checked (safe
-characters, never a leading `-`, no control characters) and a group action without an
-integer generation is refused, so fencing is never skipped.
+node has reported records for — or, on an agent configured as the scheduler's controller
+(`controller_nodes`), another node a glob allows, for the node kinds a controller runs
+(CONTROLLER_KINDS); every value substituted into a hook is checked (safe characters, never
+a leading `-`, no control characters) and a group action without an integer generation is
+refused, so fencing is never skipped.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import http.client
 import json
 import logging
@@ -100,8 +103,11 @@ class Executor:
         allowed_kinds: Iterable[str] | None = None,
         gpus: Iterable[str] | Callable[[], Iterable[str]] = (),
         allow_unsigned: bool = False,
+        controller_nodes: Iterable[str] = (),
     ) -> None:
         self.node = node
+        # Empty: not a controller; the target is always this node, its GPUs or its groups.
+        self.controller_nodes = tuple(controller_nodes)
         self.hooks = contract.normalize_hooks(hooks)
         self.scheduler = schedulers.backend_named(scheduler)
         self.server = server.rstrip("/")
@@ -185,7 +191,7 @@ class Executor:
         )
         if (group is not None or generation is not None) and not generation_ok:
             raise Refused(f"generation {generation!r} must be a non-negative integer (fencing)")
-        self._check_target(action.get("target"), group)
+        self._check_target(action.get("target"), group, kind)
         raw = action.get("params")
         if raw is not None and not isinstance(raw, dict):
             raise Refused("params must be an object")
@@ -196,18 +202,36 @@ class Executor:
             _check_value(key, value)
         # The backends act on params.node / params.gpu before the target: the same limits.
         if params.get("node") not in (None, "", self.node):
-            raise Refused(f"params.node {params['node']!r} is not this node ({self.node})")
+            self._check_other_node(kind, str(params["node"]), f"params.node {params['node']!r}")
+            target = str(action.get("target") or "")
+            if target.startswith("node:") and target != f"node:{params['node']}":
+                raise Refused(f"params.node {params['node']!r} is not the target {target!r}")
         if params.get("gpu") not in (None, "") and params["gpu"] not in set(self._gpus()):
             raise Refused(f"params.gpu {params['gpu']!r} is not a GPU of this node")
 
-    def _check_target(self, target: Any, group: Any) -> None:
+    def _check_other_node(self, kind: Any, name: str, what: str) -> None:
+        """Another node's name: only a controller agent acts on it, only for the node kinds
+        a controller runs, only for a name its globs allow, and only through a backend or
+        a hook (both act on the named node: `params.node`, the `{node}` placeholder)."""
+        if not self.controller_nodes:
+            raise Refused(f"{what} is not this node ({self.node}); this agent is no controller")
+        if not SAFE_NAME.match(name):  # one node: no Slurm hostlist ("gpu-[01-99]", "a,b")
+            raise Refused(f"{what} is not one safe node name")
+        if contract.canonical(str(kind)) not in contract.CONTROLLER_KINDS:
+            allowed = ", ".join(sorted(contract.CONTROLLER_KINDS))
+            raise Refused(f"{what}: a controller runs only {allowed} for another node")
+        if not any(fnmatch.fnmatchcase(name, glob) for glob in self.controller_nodes):
+            globs = ", ".join(self.controller_nodes)
+            raise Refused(f"{what} is not a node this controller acts on ({globs})")
+
+    def _check_target(self, target: Any, group: Any, kind: Any = None) -> None:
         if not isinstance(target, str) or ":" not in target:
             raise Refused(f"target {target!r} must be node:, gpu:, rank: or group:")
         prefix, _, name = target.partition(":")
         if prefix not in TARGET_KINDS or not SAFE_NAME.match(name):
             raise Refused(f"target {target!r} must be node:, gpu:, rank: or group: a safe name")
         if prefix == "node" and name != self.node:
-            raise Refused(f"target {target!r} is not this node ({self.node})")
+            self._check_other_node(kind, name, f"target {target!r}")
         if prefix == "gpu" and name not in set(self._gpus()):
             raise Refused(f"target {target!r} is not a GPU of this node")
         if prefix in ("rank", "group"):
@@ -270,7 +294,8 @@ class Executor:
             {k: str(v) for k, v in params.items()} if isinstance(params, dict) else {}
         )
         values.update(
-            node=self.node,
+            # The node acted on: this one, or (a controller) the node the action names.
+            node=contract.node_name(action, self.node),
             target=str(action.get("target") or self.node),
             group=str(action.get("group") or ""),
             generation="" if action.get("generation") is None else str(action["generation"]),

@@ -37,6 +37,7 @@ SCRIPTS = (
     "xid79",
     "dbe",
     "gpu_lost",
+    "row_remap_failure",
     "slow_clocks",
     "nvlink_errors",
     "clear",
@@ -170,6 +171,8 @@ class FakeNvml:
             self._emit(device_event(gpu.uuid, "ecc_dbe", 48, "double-bit ECC error"))
         elif name == "gpu_lost":
             self._lose(gpu, "GPU is lost (NVML_ERROR_GPU_IS_LOST)")
+        elif name == "row_remap_failure":
+            self._emit(device_event(gpu.uuid, "row_remap_failure", None, "row remapping failed"))
         elif name == "slow_clocks":
             # No throttle reason on purpose: a straggler the hardware does not explain.
             gpu.clock_factor = float(params.get("factor", 0.5))

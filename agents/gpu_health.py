@@ -44,7 +44,7 @@ WARNING_REASONS = SLOWDOWN_REASONS - {"sw_power_cap"}
 
 WARNING_TEMP_C = 85.0
 # Device events that make a GPU critical at once (and push its node card without delay).
-CRITICAL_EVENTS = frozenset({"xid", "ecc_dbe", "gpu_lost"})
+CRITICAL_EVENTS = frozenset({"xid", "ecc_dbe", "gpu_lost", "row_remap_failure"})
 
 
 def decode_throttle_reasons(mask: int) -> list[str]:

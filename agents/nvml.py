@@ -28,6 +28,10 @@ NO_DRIVER_MESSAGE = "NVML library not found: running without GPU collection"
 EventSink = Callable[[Record], None]
 
 
+# A device_event the agent sends when NVML's remapped rows report a failure.
+REMAP_FAILURE = "row_remap_failure"
+
+
 def device_sample(uuid: str, index: int, fields: dict[str, Any]) -> Record:
     """A `device_sample` record; missing fields stay None and are omitted on the wire."""
     return record(
@@ -110,6 +114,7 @@ class NvmlBackend:
         self._uuids = [self._text(pynvml.nvmlDeviceGetUUID(h)) for h in self._handles]
         self._links = [self._active_links(h) for h in self._handles]
         self._lost: set[int] = set()
+        self._remap_failed: set[int] = set()
         self._sink: EventSink | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -177,7 +182,14 @@ class NvmlBackend:
         nv = self._nv
         rows = self._read(index, nv.nvmlDeviceGetRemappedRows, h)
         if rows is not None:
-            return int(rows[2])  # (corrected, uncorrected, pending, failure)
+            # (corrected, uncorrected, pending, failure): a failed remap means the GPU ran
+            # out of spare rows; said once, as an event (it latches until repaired).
+            if rows[3] and index not in self._remap_failed and self._sink is not None:
+                self._remap_failed.add(index)
+                self._sink(
+                    device_event(self._uuids[index], REMAP_FAILURE, None, "row remapping failed")
+                )
+            return int(rows[2])
         pages = self._read(index, nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
         return None if pages is None else int(pages)
 

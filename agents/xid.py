@@ -622,10 +622,10 @@ def is_hardware_fault(
 ) -> bool:
     """Whether a `device_event` takes its GPU out of service (ingest marks it critical).
 
-    A lost GPU or a double-bit ECC error always does; an Xid only when its class (with
-    overrides) is hardware or the driver reports a recovery action.
+    A lost GPU, a double-bit ECC error or a failed row remap always does; an Xid only when
+    its class (with overrides) is hardware or the driver reports a recovery action.
     """
-    if event in ("gpu_lost", "ecc_dbe"):
+    if event in ("gpu_lost", "ecc_dbe", "row_remap_failure"):
         return True
     if event != "xid":
         return False

@@ -328,6 +328,11 @@ class Action(models.Model):
     node = models.ForeignKey(
         Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="actions"
     )
+    # The agent that runs it when not `node`'s own: the pool's controller agent for a node
+    # whose agent is silent (docs/safety.md, "Who runs a proposal"). Null: `node` runs it.
+    executor = models.ForeignKey(
+        Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="executing"
+    )
     gpu = models.CharField(max_length=96, blank=True, default="")
     group = models.ForeignKey(
         ConsistencyGroup, on_delete=models.SET_NULL, null=True, blank=True, related_name="actions"
@@ -369,6 +374,7 @@ class Action(models.Model):
         ordering = ["-proposed_at", "-id"]
         indexes = [
             models.Index(fields=["node", "state"]),
+            models.Index(fields=["executor", "state"]),
             models.Index(fields=["state", "-proposed_at"]),
         ]
         constraints = [

@@ -30,7 +30,7 @@ def for_incident(incident_id: int) -> list[Action]:
     """The actions proposed for an incident (the policy's and people's), newest first."""
     return list(
         Action.objects.filter(incident_id=incident_id)
-        .select_related("proposed_by", "node")
+        .select_related("proposed_by", "node", "executor")
         .order_by("-proposed_at", "-id")[:50]
     )
 

@@ -123,15 +123,24 @@ def measure_recovery_costs() -> None:
 @shared_task(name="console.sweep_nodes", acks_late=True, expires=5)
 def sweep_nodes() -> None:
     """Fleet health's sweep: nodes whose agent went quiet are marked down (each opens its
-    silent-node incident), and repaired nodes whose validation window passed are proposed
-    back. Beat sends it to the housekeeping queue (console.scheduling.HOUSEKEEPING_QUEUE):
+    silent-node incident), node conditions that cleared resolve, node incidents go to the
+    remediation policy (whether or not a group runs there), waiting actions are routed to
+    an agent that can run them, and repaired nodes whose validation window passed are
+    proposed back. Beat sends it to the housekeeping queue (console.scheduling.HOUSEKEEPING_QUEUE):
     in the one-second sweep on the default queue it waited behind diagnosis passes, and at
     16k ranks 16 of ~480 ran in 8 minutes, so a dead node's incident opened late. At rest
-    it is three queries (bench/sweep.py: ~5 ms at 2,048 nodes); a late run is dropped, the
-    next second's covers it."""
+    it is seven queries (three before node incidents were planned here: ~5 ms at 2,048
+    nodes, bench/sweep.py; the query count is tests/server/remediation/
+    test_node_remediation.py's); a late run is dropped, the next second's covers it."""
     now = timezone.now()
     for name in pipeline.mark_silent_nodes(now=now):
         log.info("sweep: node %s stopped reporting", name)
+    for name in actions.settle_conditions(now=now):
+        log.info("sweep: a condition of node %s cleared", name)
+    for action_id in actions.remediate_nodes(now=now):
+        log.info("sweep: proposed action %s for a node incident", action_id)
+    for action_id in actions.route_waiting(now=now):
+        log.info("sweep: action %s routed to another agent", action_id)
     for action_id in actions.propose_returns(now=now):
         log.info("sweep: proposed action %s to return validated hardware", action_id)
 

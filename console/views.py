@@ -187,6 +187,7 @@ def incident_page(request: HttpRequest, pk: int) -> HttpResponse:
             "action_kinds": [k.value for k in ActionKind],
             "default_target": _default_target(incident.subject, incident.root_cause),
             "no_restart": (incident.timeline or {}).get("no_restart", ""),
+            "remediation_waits": (incident.timeline or {}).get("remediation_waits") or [],
         },
     )
 

@@ -13,12 +13,15 @@ never this package, so the package has no import cycles:
     diagnosis            findings folded into incidents, settle and reopen (the engine)
     groups               a group's serving SLO overrides and recovery objectives
     fleet                node health, quarantine/cordon marks, GPU isolation, the health
-                         lifecycle (latched faults, repair evidence, return to service)
-    gating, targets      inputs of the pure gates, read under the remediation lock
+                         lifecycle (latched faults, conditions, repair evidence, return)
+    conditions           a node's NIC down and full disk: opened from ingest, settled
+    gating, targets      inputs of the pure gates, read under the remediation lock; which
+                         agent runs an action (the node's own, or a controller agent)
     remediation          propose, vote, cancel, withdraw, expire, abandon, dispatch, the
                          agent's result
     returns              validated hardware proposed for return to service (the sweep)
-    proposals            the remediation policy's proposals and withdrawals
+    proposals            the remediation policy's proposals and withdrawals, for group
+                         incidents and for node incidents (the sweep)
     breaker              the automation circuit breaker
     paging               silences, escalation policies, notification channels
     notifications        which pages are due; each delivered at most once
@@ -32,6 +35,7 @@ from __future__ import annotations
 from console.actions.accounts import record_sso_sign_in
 from console.actions.audit import actor_name, audit
 from console.actions.breaker import breaker_payload, set_breaker
+from console.actions.conditions import open_condition, settle_conditions
 from console.actions.diagnosis import record_diagnosis, record_located
 from console.actions.errors import (
     ChangeError,
@@ -45,6 +49,7 @@ from console.actions.errors import (
 )
 from console.actions.fleet import (
     isolate_gpu,
+    latch_condition,
     latch_fault,
     mark_node,
     mark_out_of_service,
@@ -66,7 +71,12 @@ from console.actions.paging import (
     save_channel,
     save_escalation_policy,
 )
-from console.actions.proposals import cause_of_incident, remediate, remediate_group
+from console.actions.proposals import (
+    cause_of_incident,
+    remediate,
+    remediate_group,
+    remediate_nodes,
+)
 from console.actions.recovery import record_incident_costs
 from console.actions.remediation import (
     Outcome,
@@ -79,6 +89,7 @@ from console.actions.remediation import (
     expire_actions,
     propose_action,
     record_action_result,
+    route_waiting,
     vote_on_action,
     withdraw_action,
 )
@@ -115,12 +126,14 @@ __all__ = [
     "expire_silence",
     "freeze_policies",
     "isolate_gpu",
+    "latch_condition",
     "latch_fault",
     "mark_node",
     "mark_out_of_service",
     "mark_returned",
     "mark_silent_together",
     "node_reporting",
+    "open_condition",
     "propose_action",
     "propose_returns",
     "record_action_result",
@@ -131,7 +144,9 @@ __all__ = [
     "record_sso_sign_in",
     "remediate",
     "remediate_group",
+    "remediate_nodes",
     "return_to_service",
+    "route_waiting",
     "save_channel",
     "save_escalation_policy",
     "schedule_due",
@@ -139,6 +154,7 @@ __all__ = [
     "set_group_objectives",
     "set_group_slo",
     "set_node_health",
+    "settle_conditions",
     "settle_fleet_silence",
     "vote_on_action",
     "withdraw_action",

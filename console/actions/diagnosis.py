@@ -23,8 +23,9 @@ from console import events, locks
 from console.actions.fleet import (
     HARDWARE_KINDS,
     SILENCE_KINDS,
-    open_fleet_silence_of,
     open_node_incident,
+    open_silence_of,
+    raise_severity,
 )
 from console.actions.incidents import publish_incident
 from console.choices import IncidentState
@@ -236,11 +237,14 @@ def _upsert_incident(
     where = (head.get("evidence") or {}).get("node")
     if head["kind"] in HARDWARE_KINDS and where and incident.root_incident_id is None:
         # The fault is the node's: its fleet-scope incident owns it, this one links to it.
-        root = open_node_incident(str(where))
+        root = open_node_incident(str(where), hardware=True)
         incident.root_incident = root
     elif head["kind"] in SILENCE_KINDS and where and incident.root_incident_id is None:
-        # The node is one of many quiet together: the fleet's silence owns it.
-        incident.root_incident = open_fleet_silence_of(str(where))
+        # The node is silent (alone, or one of many quiet together): the silence owns it.
+        root = open_silence_of(str(where))
+        incident.root_incident = root
+        if root is not None:
+            raise_severity(root, head["severity"])
     after = (incident.state, incident.symptom_count, incident.severity, incident.clear_since)
     changed = created or before != after
     if changed:

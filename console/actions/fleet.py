@@ -27,7 +27,7 @@ from console import events, formats, queries
 from console.actions.audit import actor_name, audit, role_refused
 from console.actions.errors import ChangeError, NotFound
 from console.actions.incidents import publish_incident, resolve_held
-from console.choices import IncidentState, UserRole
+from console.choices import Health, IncidentState, UserRole
 from console.models import Device, HealthEvent, Incident, Node
 from console.policy import fleet_health as fh
 from console.roles import Actor, has_role
@@ -72,11 +72,14 @@ def set_node_health(*, name: str, health: str, actor: str, now: datetime, reason
 
 
 SILENT = "silent"
+NODE_SILENT = "node_silent"
 
 
 def _silent_incident(node: Node, *, reason: str, now: datetime) -> None:
     """A silent node (agent gone) is a node incident too: opened by the sweep, resolved
-    when the node reports again (`node_reporting`)."""
+    when the node reports again (`node_reporting`). The groups on it that find it down
+    are its symptoms: their incidents link to it and wait for its page (one page for the
+    node, not one per group: a node hosting 20 young jobs opened 20 critical incidents)."""
     fingerprint = f"{SILENT}:{node.name}"
     if (
         Incident.objects.filter(group=None, node=node, fingerprint=fingerprint)
@@ -85,14 +88,15 @@ def _silent_incident(node: Node, *, reason: str, now: datetime) -> None:
     ):
         return
     incident = Incident.objects.create(
-        node=node, fingerprint=fingerprint, kind="node_silent", subject=f"node:{node.name}",
+        node=node, fingerprint=fingerprint, kind=NODE_SILENT, subject=f"node:{node.name}",
         role="root_cause", severity="major", opened_at=now,
         summary=f"{node.name} stopped reporting ({reason or 'agent silent'})"[:512],
-        root_cause={"kind": "node_silent", "subject": f"node:{node.name}", "node": node.name,
+        root_cause={"kind": NODE_SILENT, "subject": f"node:{node.name}", "node": node.name,
                     "evidence": {"last_seen": node.last_seen.isoformat() if node.last_seen
                                  else None}},
         timeline={"detected": now.isoformat()},
     )  # fmt: skip
+    _link_silent_groups(incident, [node.name])
     publish_incident(incident)
 
 
@@ -158,26 +162,52 @@ def mark_silent_together(
 SILENCE_KINDS = frozenset({"node_down", "agent_silent"})
 
 
-def open_fleet_silence_of(node_name: str) -> Incident | None:
-    """The open fleet silence that names `node_name`, if any: a group's node_down or
-    agent_silent there is a symptom of it (linked as its root incident)."""
-    return _fleet_silences().filter(root_cause__nodes__contains=[node_name]).first()
+def open_silence_of(node_name: str) -> Incident | None:
+    """The open silence that owns a group's node_down or agent_silent on `node_name` (it is
+    linked as their root incident): the fleet silence that names the node, else the
+    node's own silent-node incident."""
+    fleet = _fleet_silences().filter(root_cause__nodes__contains=[node_name]).first()
+    if fleet is not None:
+        return fleet
+    return (
+        Incident.objects.filter(
+            group=None, node__name=node_name, fingerprint=f"{SILENT}:{node_name}", state__in=_LIVE
+        )
+        .order_by("-opened_at")
+        .first()
+    )
 
 
 def _link_silent_groups(incident: Incident, names: list[str]) -> None:
-    """Open group incidents that blame one of these silent nodes name the fleet silence."""
-    Incident.objects.filter(
-        group__isnull=False, kind__in=SILENCE_KINDS, root_cause__evidence__node__in=names,
-        root_incident__isnull=True,
-    ).exclude(state=IncidentState.RESOLVED).update(root_incident=incident)  # fmt: skip
+    """Open group incidents that blame one of these silent nodes name the silence. A
+    node's own silence pages as the most severe of the groups it holds (critical when a
+    job is down there), since their pages wait for its."""
+    linked = (
+        Incident.objects.filter(
+            group__isnull=False, kind__in=SILENCE_KINDS, root_cause__evidence__node__in=names,
+            root_incident__isnull=True,
+        ).exclude(state=IncidentState.RESOLVED).update(root_incident=incident)
+    )  # fmt: skip
+    if linked and incident.kind == NODE_SILENT:
+        raise_severity(incident, "critical")
+
+
+def raise_severity(incident: Incident, severity: str) -> None:
+    """A node's silence is as severe as the worst group incident waiting for its page."""
+    if incident.severity != "critical" and severity == "critical":
+        incident.severity = "critical"
+        incident.version += 1
+        incident.save(update_fields=["severity", "version", "updated_at"])
+        publish_incident(incident)
 
 
 def held_by_fleet_silence(incident: Incident) -> bool:
-    """Whether the incident's pages wait for its fleet silence: one page for the fleet,
-    not one per group and node (16 nodes of one job quiet together opened 16 critical
-    node_down incidents). Paged as usual if it is still open once the silence resolves."""
+    """Whether the incident's pages wait for the silence it is part of: one page for the
+    fleet (16 nodes of one job quiet together opened 16 critical node_down incidents), or
+    for the node (a node hosting 20 jobs opened 20). Paged as usual if it is still open
+    once the silence resolves."""
     root = incident.root_incident
-    return root is not None and root.kind == FLEET_SILENT and root.state in _LIVE
+    return root is not None and root.kind in (FLEET_SILENT, NODE_SILENT) and root.state in _LIVE
 
 
 def settle_fleet_silence(*, actor: str, now: datetime) -> list[str] | None:
@@ -211,15 +241,21 @@ def _settle_fleet_silence(*, actor: str, now: datetime) -> list[str] | None:
 
 @transaction.atomic
 def node_reporting(*, node_id: int, actor: str, now: datetime) -> int:
-    """The node reports again: its silent-node incident resolves; how many did."""
+    """The node reports again: its silent-node incident resolves; how many did. A node
+    taken out for its silence has its condition cleared (repair evidence)."""
     resolved = 0
     for incident in (
         Incident.objects.select_for_update(no_key=True)
-        .filter(group=None, node_id=node_id, kind="node_silent")
+        .filter(group=None, node_id=node_id, kind=NODE_SILENT)
         .exclude(state=IncidentState.RESOLVED)
     ):
         resolve_held(incident, actor=actor, reason="the node reports again", now=now)
         resolved += 1
+    if resolved:
+        record_repair_evidence(
+            node_id=node_id, evidence=fh.CONDITION_CLEARED, actor=actor, now=now,
+            detail={"cleared": NODE_SILENT},
+        )  # fmt: skip
     return resolved
 
 
@@ -350,27 +386,57 @@ def latch_fault(
             row.save(update_fields=["repair_needed"])
     flagged = False
     if new_episode:
-        faults = HealthEvent.objects.filter(
-            node=node, gpu=gpu, kind="fault", at__gte=now - health_policy().repeat_window
-        ).values_list("at", flat=True)
-        row = device or node
-        if not row.replace_flagged and fh.repeat_offender(faults, now, health_policy()):
-            flagged = True
-            for r in (device, node):
-                if r is not None:
-                    r.replace_flagged = True
-                    r.save(update_fields=["replace_flagged"])
-            p = health_policy()
-            why = (f"{len(faults)} faults in {p.repeat_window.days} days: flagged for replacement; "
-                   "returning it needs an approver")  # fmt: skip
-            HealthEvent.objects.create(node=node, gpu=gpu, kind="flagged", after=row.lifecycle,
-                                       reason=why, actor=actor, at=now)  # fmt: skip
-            audit(actor=actor, verb="node.flagged_for_replacement", obj=node, reason=why, now=now,
-                  data={"gpu": gpu, "faults": [t.isoformat() for t in faults]})  # fmt: skip
+        flagged = _flag_repeat_offender(node, device, gpu=gpu, actor=actor, now=now)
     incident = _node_incident(node, device, event=event, reason=reason, proof=proof, now=now,
                               new_episode=new_episode, flagged=flagged)  # fmt: skip
     publish_node(node.name)
     return Latch(incident.pk, new_episode, flagged)
+
+
+def _fault_episodes(node: Node, since: datetime) -> list[datetime]:
+    """When each fault episode of the node began, on any of its GPUs or its own: a GPU's
+    episode is its GPU row's fault event (the node's row that latched with it is the same
+    episode), a node-level fault (no GPU) the node row's."""
+    rows = HealthEvent.objects.filter(node=node, kind="fault", at__gte=since).values_list(
+        "at", "gpu", "evidence__gpu"
+    )
+    return [at for at, gpu, of in rows if gpu or not of]
+
+
+def _flag_repeat_offender(
+    node: Node, device: Device | None, *, gpu: str, actor: str, now: datetime
+) -> bool:
+    """Flag the GPU and node for replacement after FAULTLINE_REPEAT_FAULTS faults of the GPU
+    in the window, or the node alone after as many faults of the node spread over its
+    GPUs (its board, power or cooling, as surely as one GPU's repeats). True if flagged."""
+    p = health_policy()
+    since = now - p.repeat_window
+    faults = list(
+        HealthEvent.objects.filter(node=node, gpu=gpu, kind="fault", at__gte=since).values_list(
+            "at", flat=True
+        )
+    )
+    row = device or node
+    if not row.replace_flagged and fh.repeat_offender(faults, now, p):
+        rows, what = [r for r in (device, node) if r is not None], "faults"
+    elif not node.replace_flagged and fh.repeat_offender(
+        faults := _fault_episodes(node, since), now, p
+    ):
+        rows, what = [node], "faults on the node's GPUs"
+    else:
+        return False
+    for r in rows:
+        r.replace_flagged = True
+        r.save(update_fields=["replace_flagged"])
+    why = (f"{len(faults)} {what} in {p.repeat_window.days} days: flagged for replacement; "
+           "returning it needs an approver")  # fmt: skip
+    HealthEvent.objects.create(
+        node=node, gpu=gpu if device in rows else "", kind="flagged", after=rows[0].lifecycle,
+        reason=why, actor=actor, at=now,
+    )  # fmt: skip
+    audit(actor=actor, verb="node.flagged_for_replacement", obj=node, reason=why, now=now,
+          data={"gpu": gpu, "faults": [t.isoformat() for t in faults]})  # fmt: skip
+    return True
 
 
 def _node_incident(
@@ -386,7 +452,7 @@ def _node_incident(
 ) -> Incident:
     """The node's (or GPU's) fleet-scope incident: one open per fingerprint, like a
     group's; group incidents on this node whose root cause is here link to it."""
-    fingerprint = f"hardware:{device.uuid if device else node.name}"
+    fingerprint = f"{HARDWARE}{device.uuid if device else node.name}"
     incident = (
         Incident.objects.select_for_update(no_key=True)
         .filter(group=None, node=node, fingerprint=fingerprint)
@@ -417,17 +483,21 @@ def _node_incident(
     return incident
 
 
-HARDWARE_KINDS = frozenset({"xid", "gpu_lost", "ecc_dbe"})
+HARDWARE_KINDS = frozenset({"xid", "gpu_lost", "ecc_dbe", "row_remap_failure"})
+HARDWARE = "hardware:"  # a latched fault's node incident: hardware:<gpu uuid or node name>
+# A node's conditions: its take-out latches the node until they clear (Repair.CONDITION).
+CONDITION_KINDS = frozenset({"nic_down", "disk_full", NODE_SILENT})
 
 
-def open_node_incident(node_name: str) -> Incident | None:
-    """The node's open fleet-scope incident (the newest), if any: a group's root cause."""
-    return (
-        Incident.objects.filter(group=None, node__name=node_name)
-        .exclude(state=IncidentState.RESOLVED)
-        .order_by("-opened_at")
-        .first()
+def open_node_incident(node_name: str, *, hardware: bool = False) -> Incident | None:
+    """The node's open fleet-scope incident (the newest), if any: a group's root cause.
+    With `hardware`, only a latched hardware fault's (not a silence or a condition)."""
+    found = Incident.objects.filter(group=None, node__name=node_name).exclude(
+        state=IncidentState.RESOLVED
     )
+    if hardware:
+        found = found.filter(fingerprint__startswith=HARDWARE)
+    return found.order_by("-opened_at").first()
 
 
 def link_group_incidents(*, node: Node, incident: Incident) -> None:
@@ -454,26 +524,66 @@ def record_repair_evidence(
     if gpu:
         devices = [d for d in devices if d.uuid == gpu]
     moved: list[str] = []
-    why = {fh.Repair.NODE_REBOOT: "node rebooted", fh.Repair.GPU_RESET: "GPU reset"}.get(
-        fh.Repair(evidence), evidence
-    )
+    why = {
+        fh.Repair.NODE_REBOOT: "node rebooted",
+        fh.Repair.GPU_RESET: "GPU reset",
+        fh.CONDITION_CLEARED: "condition cleared",
+    }.get(evidence, evidence)
     for d in devices:
         if d.lifecycle in _AWAITING and fh.repaired_by(d.repair_needed, evidence):
             _move_health(d, node, fh.HealthState.VALIDATING, kind="repair", actor=actor, now=now,
                          reason=f"{why}; validating", evidence=detail or {})  # fmt: skip
             moved.append(d.uuid)
     still = Device.objects.filter(node=node, lifecycle__in=_AWAITING).exists()
-    if (
-        node.lifecycle in _AWAITING
-        and not still
-        and (fh.repaired_by(node.repair_needed, evidence) or moved)
-    ):
+    if node.lifecycle in _AWAITING and not still and _node_repaired(node, evidence, moved):
         _move_health(node, node, fh.HealthState.VALIDATING, kind="repair", actor=actor, now=now,
                      reason=f"{why}; validating", evidence=detail or {})  # fmt: skip
         moved.append("node")
     if moved:
         publish_node(node.name)
     return moved
+
+
+def _open_conditions(node: Node) -> QuerySet[Incident]:
+    return Incident.objects.filter(group=None, node=node, kind__in=CONDITION_KINDS).exclude(
+        state=IncidentState.RESOLVED
+    )
+
+
+def _node_repaired(node: Node, evidence: str, moved: list[str]) -> bool:
+    """Whether the node itself (its GPUs no longer awaiting repair) may start validating:
+    none of its conditions (silent, NIC down, disk full) is still open, and a fault of the
+    node's own (a node-level incident: no GPU named) is answered by this evidence. A node
+    latched only through its GPUs and conditions follows them."""
+    if _open_conditions(node).exists():
+        return False
+    own = Incident.objects.filter(group=None, node=node, fingerprint=f"{HARDWARE}{node.name}")
+    if own.exclude(state=IncidentState.RESOLVED).exists():
+        return fh.repaired_by(node.repair_needed, evidence)
+    return (
+        bool(moved)
+        or fh.repaired_by(node.repair_needed, evidence)
+        or (evidence == fh.CONDITION_CLEARED)
+    )
+
+
+@transaction.atomic
+def latch_condition(
+    *, node_id: int, incident_id: int | None, actor: str, reason: str, now: datetime
+) -> None:
+    """Faultline took the node out for a condition (silent, NIC down, disk full): it
+    latches (Repair.CONDITION), so it comes back only through validation once the
+    condition clears. A node already latched by a fault keeps that need as well. A
+    condition that cleared before the take-out finished counts as cleared now."""
+    node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
+    if node.lifecycle in (fh.HealthState.HEALTHY, fh.HealthState.SUSPECT):
+        node.repair_needed = fh.Repair.CONDITION
+        _move_health(node, node, fh.HealthState.FAULTED, kind="condition", reason=reason,
+                     actor=actor, now=now, evidence={"incident": incident_id})  # fmt: skip
+    elif not node.repair_needed:
+        node.repair_needed = fh.Repair.CONDITION
+        node.save(update_fields=["repair_needed"])
+    publish_node(node.name)
 
 
 def _return_reason(node: Node, window: timedelta) -> str:
@@ -484,18 +594,28 @@ def _return_reason(node: Node, window: timedelta) -> str:
 @transaction.atomic
 def mark_returned(*, node_id: int, actor: str, reason: str, now: datetime, gpu: str = "") -> None:
     """The hardware is back in service (a succeeded uncordon/release, or an approver):
-    the latched GPUs (or the one GPU) and the node go healthy, their incidents resolve."""
+    the latched GPUs and the node go healthy, their incidents resolve. A GPU's return
+    (`gpu`: a release_gpu) returns that GPU and resolves its incident only: never the
+    node, whose own fault, conditions and cordon are returned by its uncordon."""
     node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
-    devices = (
-        Device.objects.select_for_update(no_key=True).filter(node=node).exclude(lifecycle="healthy")
-    )
+    devices = Device.objects.select_for_update(no_key=True).filter(node=node)
     if gpu:
         devices = devices.filter(uuid=gpu)
-    for d in devices:
+        devices.filter(isolated=True).update(isolated=False)
+    for d in devices.exclude(lifecycle="healthy"):
         _move_health(d, node, fh.HealthState.HEALTHY, kind="returned", reason=reason, actor=actor,
                      now=now)  # fmt: skip
         d.repair_needed, d.taken_out_by, d.replace_flagged, d.isolated = "", "", False, False
         d.save(update_fields=["repair_needed", "taken_out_by", "replace_flagged", "isolated"])
+    if gpu:
+        for incident in (
+            Incident.objects.select_for_update(no_key=True)
+            .filter(group=None, node=node, fingerprint=f"{HARDWARE}{gpu}")
+            .exclude(state=IncidentState.RESOLVED)
+        ):
+            resolve_held(incident, actor=actor, reason=reason, now=now)
+        publish_node(node.name)
+        return
     latched = Device.objects.filter(node=node).exclude(lifecycle="healthy").exists()
     if not latched:
         if node.lifecycle != fh.HealthState.HEALTHY:
@@ -545,11 +665,28 @@ def mark_out_of_service(
 
 
 def validated_due(*, now: datetime) -> list[Node]:
-    """Nodes whose validation window has passed with no fault (the sweep proposes them)."""
-    window = health_policy().validation_window
-    return list(
-        Node.objects.filter(lifecycle=fh.HealthState.VALIDATING, lifecycle_since__lte=now - window)
+    """Nodes whose validation window has passed with no fault (the sweep proposes them),
+    that report, and whose repaired GPUs each reported after their repair: a new boot id
+    alone says nothing of a GPU nobody has heard from since."""
+    p = health_policy()
+    due = list(
+        Node.objects.filter(
+            lifecycle=fh.HealthState.VALIDATING, lifecycle_since__lte=now - p.validation_window
+        ).exclude(health=Health.DOWN)
     )
+    if not due:
+        return []
+    repaired: dict[int, list[tuple[datetime | None, datetime | None]]] = {}
+    for node_id, since, seen in Device.objects.filter(
+        node__in=due, lifecycle=fh.HealthState.VALIDATING
+    ).values_list("node_id", "lifecycle_since", "last_seen"):
+        repaired.setdefault(node_id, []).append((since, seen))
+    return [
+        node
+        for node in due
+        if node.lifecycle_since is not None
+        and fh.validation_passed(node.lifecycle_since, now, p, repaired.get(node.pk, []))
+    ]
 
 
 @transaction.atomic

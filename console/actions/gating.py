@@ -54,7 +54,7 @@ def locked_action(action_id: int) -> Action:
     try:
         return (
             Action.objects.select_for_update(of=("self",))
-            .select_related("node", "group", "incident", "proposed_by")
+            .select_related("node", "executor", "group", "incident", "proposed_by")
             .get(pk=action_id)
         )
     except Action.DoesNotExist:

@@ -18,6 +18,7 @@ from typing import Any, get_args
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from agents import actions_contract as contract
 from agents.actions_contract import Action as AgentAction
@@ -38,13 +39,13 @@ from console.actions.gating import (
     request_of,
     votes_of,
 )
-from console.actions.targets import resolve_target
-from console.choices import ACTION_LIVE_STATES, UserRole
+from console.actions.targets import executor_for, remediation_policy, resolve_target
+from console.choices import ACTION_LIVE_STATES, IncidentState, UserRole
 from console.models import Action, Incident, Node
 from console.models import Vote as VoteRow
 from console.policy import gates, inputs, votes
 from console.policy.dryrun import dry_run as policy_dry_run
-from console.policy.fleet_health import TakenOutBy
+from console.policy.fleet_health import CONDITION_CLEARED, TakenOutBy
 from console.policy.lifecycle import (
     DECIDED_STATES,
     IN_FLIGHT_STATES,
@@ -210,12 +211,14 @@ def propose_action(
         found = contract.problems(action_kind.value, params, target)
         if found:
             raise RemediationError("; ".join(found))
+    executor, _ = executor_for(action_kind.value, node)
     breaker_row = locked_breaker()
     pol = policy()
     action = Action.objects.create(
         kind=action_kind,
         target=target,
         node=node,
+        executor=executor,
         gpu=gpu,
         group=group,
         generation=group.generation if group else None,
@@ -395,16 +398,23 @@ def cancel_action(*, action_id: int, actor: Actor, reason: str, now: datetime) -
 
 
 @transaction.atomic
-def withdraw_action(*, action_id: int, actor: str, reason: str, now: datetime) -> Outcome:
+def withdraw_action(
+    *, action_id: int, actor: str, reason: str, now: datetime, approved_too: bool = False
+) -> Outcome:
     """Automation withdraws its own proposal (its finding resolved before a decision).
 
-    Only a proposal a rule made, still waiting for a decision, may be withdrawn this way;
-    people cancel through cancel_action.
+    Only a proposal a rule made, still waiting for a decision, may be withdrawn this way
+    (with `approved_too`, also one approved but not yet dispatched: a node's silence or
+    condition that cleared before the agent ran its take-out); people cancel through
+    cancel_action.
     """
     action = locked_action(action_id)
     if action.proposed_by_id is not None or not action.proposed_by_rule:
         raise NotAllowed(f"action {action.pk} was proposed by a person; only they or an admin")
-    if action.state != ActionState.PROPOSED:
+    waiting = (
+        (ActionState.PROPOSED, ActionState.APPROVED) if approved_too else (ActionState.PROPOSED,)
+    )
+    if action.state not in waiting:
         raise Conflict(f"action {action.pk} is {action.state}; only a proposal is withdrawn")
     if not reason.strip():
         raise RemediationError("withdrawing needs a reason")
@@ -540,23 +550,64 @@ def _dispatch(action: Action, breaker_row: Any, *, now: datetime) -> Outcome:
     return Outcome(action, decision.reasons)
 
 
+def _run_by(node: Node) -> Q:
+    """The actions this node's agent runs: its own (no other executor), and those routed
+    to it as a controller agent (`Action.executor`)."""
+    return Q(node=node, executor__isnull=True) | Q(executor=node)
+
+
 def dispatch_for_node(*, node: Node, now: datetime) -> list[AgentAction]:
-    """Dispatch this node's approved actions (each re-checked) and return every in-flight one.
+    """Dispatch the approved actions this node's agent runs (each re-checked) and return
+    every in-flight one.
 
     Dispatched actions are returned until the agent reports a result: the executor runs
     each id once, so redelivery is harmless and a lost response loses nothing.
     """
-    pending = Action.objects.filter(node=node, state__in=ACTION_LIVE_STATES)
+    pending = Action.objects.filter(_run_by(node), state__in=ACTION_LIVE_STATES)
     if not pending.exists():  # the common case on the ingest hot path: one indexed query
         return []
     for action_id in pending.filter(state=ActionState.APPROVED).values_list("pk", flat=True):
         dispatch_action(action_id=action_id, now=now)
     rows = (
-        Action.objects.filter(node=node, state__in=IN_FLIGHT_STATES, dry_run=False)
+        Action.objects.filter(_run_by(node), state__in=IN_FLIGHT_STATES, dry_run=False)
         .select_related("group")
         .order_by("dispatched_at", "pk")
     )
     return [agent_payload(a) for a in rows]
+
+
+_WAITING = (ActionState.PROPOSED, ActionState.APPROVED)
+
+
+@transaction.atomic
+def route_waiting(*, now: datetime) -> list[int]:
+    """Route again each action still waiting for dispatch whose node's agent went silent
+    or came back (docs/safety.md, "Who runs a proposal"): to the pool's controller agent,
+    or back to the node's own. The node sweep calls it every second: with nothing waiting
+    for a node-scope kind, one query. Returns the actions routed."""
+    rows = list(
+        Action.objects.select_for_update(of=("self",), skip_locked=True, no_key=True)
+        .filter(state__in=_WAITING, dry_run=False, kind__in=contract.CONTROLLER_KINDS)
+        .select_related("node", "executor")
+    )
+    if not rows:
+        return []
+    pol = remediation_policy()
+    routed = []
+    for action in rows:
+        executor, wait = executor_for(action.kind, action.node, pol)
+        if executor == action.executor:
+            continue
+        before = action.executor.name if action.executor else ""
+        action.executor = executor
+        action.save(update_fields=["executor", "updated_at"])
+        where = f"the controller agent {executor.name}" if executor else "the node's own agent"
+        audit(actor=SYSTEM, verb="action.routed", obj=action, now=now,
+              reason=f"runs on {where}" + (f"; {wait}" if wait else ""),
+              data={"from": before, "to": executor.name if executor else ""})  # fmt: skip
+        _publish(action)
+        routed.append(action.pk)
+    return routed
 
 
 @transaction.atomic
@@ -573,7 +624,7 @@ def record_action_result(
     """Store the agent's result and its structured outcome (applied, already,
     held_by_other, refused...); a success moves the node's and GPUs' state (_apply_effect)."""
     action = locked_action(action_id)
-    if action.node_id != node.pk:
+    if (action.executor_id or action.node_id) != node.pk:
         raise NotAllowed(f"action {action_id} is not for node {node.name}")
     if status not in get_args(Status):
         raise RemediationError(f'status must be "succeeded" or "failed", got "{status}"')
@@ -620,15 +671,21 @@ def _apply_effect(action: Action, *, now: datetime) -> None:
         return
     kind = ActionKind(action.kind)
     state = str(action.outcome.get("state") or "applied")
-    who = f"agent:{action.node.name}"
+    who = f"agent:{(action.executor or action.node).name}"
     reason = f"action {action.pk}: {action.reason}"
     mark = _NODE_MARKS.get(kind)
     if mark is not None or kind == ActionKind.ISOLATE_GPU:
         by_other = state == "held_by_other" or action.outcome.get("taken_out_by") == "other"
+        condition = action.incident if mark is not None else None
+        if condition is not None and condition.kind not in fleet.CONDITION_KINDS:
+            condition = None
         if mark is not None:
             fleet.mark_node(node_id=action.node.pk, mark=mark, actor=who, reason=reason, now=now)
         elif action.gpu:
             fleet.isolate_gpu(uuid=action.gpu, actor=who, reason=reason, now=now)
+        if condition is not None:  # silent, a NIC down, a full disk: latched while it lasts
+            fleet.latch_condition(node_id=action.node.pk, incident_id=condition.pk, actor=who,
+                                  reason=f"{reason} ({condition.kind})", now=now)  # fmt: skip
         fleet.mark_out_of_service(
             node_id=action.node.pk,
             gpu=action.gpu if mark is None else "",
@@ -643,6 +700,11 @@ def _apply_effect(action: Action, *, now: datetime) -> None:
             reason=f"{reason} ({state})",
             now=now,
         )
+        if condition is not None and condition.state == IncidentState.RESOLVED:
+            fleet.record_repair_evidence(  # it cleared while the take-out ran
+                node_id=action.node.pk, evidence=CONDITION_CLEARED, actor=who, now=now,
+                detail={"cleared": condition.kind, "incident": condition.pk},
+            )  # fmt: skip
     elif kind in (ActionKind.UNCORDON_NODE, ActionKind.RELEASE_GPU):
         fleet.mark_returned(
             node_id=action.node.pk,

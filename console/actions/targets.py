@@ -1,15 +1,63 @@
-"""What an action's target string names: the executing node, the GPU and the group.
+"""What an action's target string names, and which agent runs it.
 
 Owns the target grammar (`node:<name>`, `gpu:<uuid>`, `rank:<group>/<rank>`,
-`group:<name>`) per action kind, and the refusal that shows an example. It reads the
-inventory and must not write.
+`group:<name>`) per action kind, and the refusal that shows an example; and the routing
+inputs of console.policy.remediation.route (whether the node's agent and its pool's
+controller agent report), read from the inventory with the per-pool remediation settings.
+It reads and must not write.
 """
 
 from __future__ import annotations
 
+from django.conf import settings
+
 from console.actions.errors import RemediationError
+from console.choices import Health
 from console.models import ConsistencyGroup, Device, Node, Rank
+from console.policy import remediation as rp
 from console.policy.lifecycle import ActionKind
+
+
+def remediation_policy() -> rp.RemediationPolicy:
+    """Per-pool settings; read per call from FAULTLINE_REMEDIATION_POOLS (docs/safety.md)."""
+    return rp.RemediationPolicy.from_dict(getattr(settings, "FAULTLINE_REMEDIATION_POOLS", None))
+
+
+def controller_reporting(pool: rp.PoolPolicy) -> bool:
+    """Whether the pool's controller agent is in the inventory and not silent."""
+    if not pool.controller:
+        return False
+    health = Node.objects.filter(name=pool.controller).values_list("health", flat=True).first()
+    return health is not None and health != Health.DOWN
+
+
+def executor_for(
+    kind: str, node: Node | None, policy: rp.RemediationPolicy | None = None
+) -> tuple[Node | None, str]:
+    """The node whose agent runs `kind` on `node` (None: `node`'s own), and why it waits
+    ('' when an agent that reports will run it). The rule is rp.route's."""
+    if node is None:
+        return None, ""
+    pool = (policy or remediation_policy()).for_pool(node.pool)
+    reporting = node.health != Health.DOWN
+    name, wait = rp.route(
+        kind,
+        node.name,
+        pool,
+        pool_name=node.pool,
+        reporting=reporting,
+        controller_reporting=not reporting and controller_reporting(pool),
+    )
+    if name is None:
+        return None, wait
+    executor = Node.objects.filter(name=name).first()
+    if executor is None:
+        return None, (
+            f"{kind} on node {node.name} waits: the controller agent {name} has never "
+            "reported (no node of that name in the inventory)"
+        )
+    return executor, wait
+
 
 _TARGET_PREFIX = {
     ActionKind.QUARANTINE_NODE: "node",

@@ -35,9 +35,9 @@ def by_method(request: Request, write: type[BasePermission]) -> list[BasePermiss
 
 
 def actions_with_votes() -> QuerySet[Action]:
-    return Action.objects.select_related("node", "group", "proposed_by").prefetch_related(
-        "votes__user"
-    )
+    return Action.objects.select_related(
+        "node", "executor", "group", "proposed_by"
+    ).prefetch_related("votes__user")
 
 
 def decision(outcome: actions.Outcome, status: int = 200) -> Response:

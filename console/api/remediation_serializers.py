@@ -30,6 +30,12 @@ class VoteOut(serializers.Serializer):
 class ActionSerializer(serializers.ModelSerializer):
     # allow_null: the schema must say these are null for rule-made or node-less actions.
     node = serializers.CharField(source="node.name", default=None, allow_null=True)
+    executor = serializers.CharField(
+        source="executor.name",
+        default=None,
+        allow_null=True,
+        help_text="the agent that runs it when not the node's own (a controller agent)",
+    )
     group = serializers.CharField(source="group.name", default=None, allow_null=True)
     incident = serializers.IntegerField(source="incident_id", default=None, allow_null=True)
     proposed_by = serializers.CharField(
@@ -53,6 +59,7 @@ class ActionSerializer(serializers.ModelSerializer):
             "kind",
             "target",
             "node",
+            "executor",
             "gpu",
             "group",
             "generation",

@@ -9,7 +9,9 @@ what it decides).
 
 A clean sample never clears a fault. What clears one is evidence of repair (the node
 rebooted: its agent's `boot_id` changed; or a recorded GPU reset) followed by a window with
-no new fault, or an approver who says why.
+no new fault in which every repaired GPU reported again, or an approver who says why. A
+node Faultline took out for a condition rather than a fault (silent, a NIC down, a full
+disk) latches when it is taken out and is repaired by the condition clearing.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ class Repair(StrEnum):
     """What a fault needs before the hardware may run work again."""
 
     NONE = "none"  # an application error: restart the job, the hardware stays in service
+    # A condition of the node (silent, a NIC down, a full disk), not a broken part: it is
+    # repaired when the agent shows the condition gone (or the node rebooted), each of
+    # the node's open conditions (the caller checks that none is left).
+    CONDITION = "condition"
     GPU_RESET = "gpu_reset"  # a GPU reset (or a reboot, which resets every GPU)
     NODE_REBOOT = "node_reboot"  # only a reboot clears it
     OPERATOR = "operator"  # mechanics, firmware, vendor support: a person says it is fixed
@@ -128,12 +134,16 @@ _RECOVERY_REPAIR: dict[str, Repair] = {
 REPAIR_NEEDS: dict[str, Repair] = {
     "ecc_dbe": Repair.GPU_RESET,
     "gpu_lost": Repair.NODE_REBOOT,  # a GPU off the bus comes back only with a reboot
+    # No spare rows left: NVIDIA's guidance is a field diagnostic and, failing it, an RMA.
+    "row_remap_failure": Repair.OPERATOR,
 }
 
 
 # A `device_event` the agent (or a site hook) sends after `nvidia-smi -r` succeeded: the
 # recorded GPU reset that answers a `gpu_reset` need.
 GPU_RESET_EVENT = "gpu_reset"
+# Repair evidence of a condition: the agent reports again, the link is up, the disk has room.
+CONDITION_CLEARED = "condition_cleared"
 
 
 def xid_needs(code: int | None, recovery_action: str | None = None) -> Repair:
@@ -170,6 +180,8 @@ def repaired_by(needed: str, evidence: str) -> bool:
         return False
     if evidence == Repair.NODE_REBOOT:
         return True
+    if needed == Repair.CONDITION:
+        return evidence == CONDITION_CLEARED
     return evidence == Repair.GPU_RESET and needed == Repair.GPU_RESET
 
 
@@ -181,13 +193,29 @@ class HealthPolicy:
     repeat_window: timedelta = timedelta(days=7)
 
 
-def validation_passed(validating_since: datetime, now: datetime, policy: HealthPolicy) -> bool:
-    """Medik8s-style: the repaired hardware ran a whole window with no new fault."""
-    return now - validating_since >= policy.validation_window
+def validation_passed(
+    validating_since: datetime,
+    now: datetime,
+    policy: HealthPolicy,
+    gpus: Iterable[tuple[datetime | None, datetime | None]] = (),
+) -> bool:
+    """Medik8s-style: the repaired hardware ran a whole window with no new fault, and each
+    repaired GPU (`gpus`: when it began validating, when it last reported) was heard from
+    after its repair. A new boot id says the node rebooted; it says nothing of a GPU that
+    has not reported since (a GPU still off the bus, or a reboot that was only a new id).
+    """
+    if now - validating_since < policy.validation_window:
+        return False
+    return all(seen is not None and seen > (since or validating_since) for since, seen in gpus)
 
 
 def repeat_offender(fault_times: Iterable[datetime], now: datetime, policy: HealthPolicy) -> bool:
-    """N faults (this one included) inside the window: flag for replacement, not return."""
+    """N faults (this one included) inside the window: flag for replacement, not return.
+
+    The caller asks twice: with one GPU's faults, and with every fault episode of the
+    node (on any of its GPUs, or the node's own): faults spread over several GPUs point
+    at the node (its board, power, cooling) as surely as repeats of one GPU.
+    """
     since = now - policy.repeat_window
     return sum(1 for t in fault_times if t >= since) >= policy.repeat_faults
 
@@ -207,3 +235,93 @@ def mass_silence(silent: int, reporting: int) -> bool:
     is one event of the fleet's, not `silent` node faults. A small fleet never is: below
     MASS_SILENCE_NODES each node keeps its own incident."""
     return silent >= MASS_SILENCE_NODES and silent >= MASS_SILENCE_SHARE * max(reporting, 1)
+
+
+# -- a node's conditions: a port down, a full local disk -----------------------------------
+# A checkpoint root's disk with at most this share free is full (the diagnosis engine's
+# disk_full uses the same 1 %); it is free again above twice that, so a disk hovering at
+# the line does not open and resolve an incident every sample.
+DISK_FULL_FRACTION = 0.01
+DISK_CLEAR_FRACTION = 0.02
+
+
+def port_up(state: str | None) -> bool:
+    """An InfiniBand port ACTIVE, an Ethernet interface up (agents/host.py's reading)."""
+    return (state or "").upper() in ("ACTIVE", "UP")
+
+
+def disk_full(free: int | None, total: int | None, *, fraction: float = DISK_FULL_FRACTION) -> bool:
+    return free is not None and bool(total) and free / float(total or 1) <= fraction
+
+
+def local_disk(device: str | None) -> bool:
+    """Whether a checkpoint root's filesystem source is the node's own: a network
+    filesystem (`server:/export`, Lustre's `10.0.0.1@o2ib:/fs`) full is not a node's
+    condition, and is the same on every node that mounts it."""
+    return bool(device) and ":" not in (device or "") and "@" not in (device or "")
+
+
+def condition_hold(
+    kind: str, since: datetime, now: datetime, *, others: int, reporting: int
+) -> str:
+    """Why a node is not taken out for a NIC down or a full disk now ('' when it may be):
+    it has not lasted TAKE_OUT_AFTER (a link flap, a disk being cleaned), the same
+    checkpoint root is full on another node too (a shared filesystem, not this disk), or
+    so many nodes lost a port at once that the fabric is more likely than each node."""
+    if kind == "disk_full" and others:
+        return (
+            f"the same checkpoint root is full on {others} other node(s): a shared "
+            "filesystem, not this node's disk; no node is taken out for it"
+        )
+    if kind == "nic_down" and mass_silence(others + 1, reporting):
+        return (
+            f"{others + 1} of {reporting} nodes lost a port together: more likely the "
+            "fabric (a switch) than each node; none is taken out for it"
+        )
+    if now - since < TAKE_OUT_AFTER:
+        return (
+            f"{kind.replace('_', ' ')} since {since:%H:%M:%S} UTC: a node is taken out once "
+            f"it has lasted {TAKE_OUT_AFTER.total_seconds():.0f} s"
+        )
+    return ""
+
+
+# -- remediation of a silent node ----------------------------------------------------------
+# A node silent this long (after the sweep marked it down), or a condition this old, may be
+# taken out (a silent one by a controller agent, since its own cannot be heard): long
+# enough for nodes going quiet over a few sweeps to be seen as the one fleet silence they
+# are (none of them is taken out) and for a link flap to come back, short against the
+# scheduler placing the next job on a dead node.
+TAKE_OUT_AFTER = timedelta(seconds=30)
+SILENT_TAKE_OUT_AFTER = TAKE_OUT_AFTER
+
+
+def silence_hold(
+    silent_since: datetime | None,
+    now: datetime,
+    *,
+    fleet_silence: bool,
+    silent: int,
+    reporting: int,
+) -> str:
+    """Why a silent node is not taken out now ('' when it may be): a fleet silence is open,
+    the nodes silent right now are a mass (`mass_silence`, over every silent node, not one
+    sweep's: a path that fails over a minute is still the path), or it has not been silent
+    SILENT_TAKE_OUT_AFTER yet."""
+    if fleet_silence:
+        return (
+            "a fleet silence is open (many nodes went quiet together): more likely the path "
+            "to Faultline than this node; no node is taken out for it"
+        )
+    if mass_silence(silent, reporting):
+        return (
+            f"{silent} of {reporting} nodes are silent: more likely the path to Faultline "
+            "than each node; none is taken out for silence"
+        )
+    if silent_since is None or now - silent_since < SILENT_TAKE_OUT_AFTER:
+        since = f"since {silent_since:%H:%M:%S} UTC" if silent_since is not None else "just now"
+        return (
+            f"silent {since}: a silent node is taken out once it has been silent "
+            f"{SILENT_TAKE_OUT_AFTER.total_seconds():.0f} s"
+        )
+    return ""

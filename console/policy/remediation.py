@@ -3,9 +3,12 @@
 Owns the mapping from a diagnosed root cause (a group incident's, or a fleet-scope node
 incident's, given as the plain `Cause` below) to proposals — kind, target, params, reason,
 the evidence they rest on — and to pages for a human where automatic recovery would hurt
-(the seed's "when automatic recovery hurts"); one open proposal per (kind, target); which
-open proposals to withdraw once their finding has resolved. Settings per pool come from
-plain data (`RemediationPolicy.from_dict`, defaults in docs/safety.md).
+(the seed's "when automatic recovery hurts"); the per-placement table (the same fault on an
+idle node, a node hosting ranks, a launcher-only host or a serving worker: docs/safety.md);
+which agent runs a proposal (`route`: the node's own, or the pool's controller agent for a
+node that cannot be heard); one open proposal per (kind, target); which open proposals to
+withdraw once their finding has resolved. Settings per pool come from plain data
+(`RemediationPolicy.from_dict`, defaults in docs/safety.md).
 
 It does not decide approval: whether a proposal is auto-approved (blast radius, breaker,
 rate limits, `auto_approve` per kind and trigger) is console.policy.gates' call on the
@@ -14,6 +17,7 @@ proposal this module makes. Pure Python over plain data: no ORM, no I/O, no cloc
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -42,8 +46,26 @@ NO_RESTART_KINDS = frozenset(
 HARDWARE_KINDS = frozenset({"xid", "gpu_lost", "ecc_dbe", "row_remap_failure"})
 # A GPU-scoped hardware fault may take out only that GPU where the scheduler can isolate one.
 GPU_SCOPED_KINDS = frozenset({"xid", "ecc_dbe", "row_remap_failure"})
+# A node's conditions (not a broken part): the node leaves service until the condition clears.
+CONDITION_KINDS = frozenset({"nic_down", "disk_full"})
+# The node's agent cannot be heard: taken out (cordoned, never drained: its work cannot be
+# moved by a node nobody reaches) by the pool's controller agent, unless the silence is
+# the fleet's (console.policy.fleet_health.silence_hold).
+SILENCE_KINDS = frozenset({"node_silent"})
+# Every root cause of a node's own (a fleet-scope node incident) the policy acts on.
+NODE_SCOPE_KINDS = HARDWARE_KINDS | CONDITION_KINDS | SILENCE_KINDS
 NODE_KINDS_OUT = frozenset({contract.CORDON_NODE, contract.DRAIN_NODE, contract.QUARANTINE_NODE})
 STALE_SERVING_KINDS = frozenset({"stale_version"})
+
+# Where the fault sits (docs/safety.md, "Per placement"): a node running no work of
+# anyone's, a node hosting ranks of a training group, a host that is only a group's
+# launcher (no GPU, rank or worker of its own in the inventory: a login, head or
+# controller host), a node hosting a serving worker.
+IDLE = "idle"
+RANKS = "ranks"
+LAUNCHER = "launcher"
+SERVING = "serving"
+PLACEMENTS = (IDLE, RANKS, LAUNCHER, SERVING)
 
 RULE = "policy"
 
@@ -58,6 +80,10 @@ class PoolPolicy:
     restart_after_hardware: bool = True  # restart_group from a valid checkpoint, without it
     drain_stale_serving: bool = True
     page_when_unsafe: bool = True
+    # The node name of the agent that runs this pool's node actions when a node's own agent
+    # is silent (controller = true in its agent.toml: the Slurm controller or a login host
+    # with scontrol rights). Empty: a silent node's take-out waits for its own agent.
+    controller: str = ""
 
     def can_run(self, kind: str) -> bool:
         return kind in contract.BACKEND_KINDS.get(self.scheduler, frozenset(contract.KINDS))
@@ -66,6 +92,10 @@ class PoolPolicy:
 _BOOL_KEYS = frozenset(
     {"isolate_gpu", "restart_after_hardware", "drain_stale_serving", "page_when_unsafe"}
 )
+
+
+# The wire contract's node name (agents/protocol.py Name), or empty.
+_NODE_NAME = re.compile(r"^$|^[A-Za-z0-9_.:@][A-Za-z0-9_.:@\-]{0,127}$")
 
 
 def _pool(data: Mapping[str, Any], base: PoolPolicy, name: str) -> PoolPolicy:
@@ -87,6 +117,13 @@ def _pool(data: Mapping[str, Any], base: PoolPolicy, name: str) -> PoolPolicy:
                 raise PolicyError(
                     f"remediation pool {name}: scheduler must be one of "
                     f"{', '.join(sorted(contract.BACKEND_KINDS))}, got {raw!r}"
+                )
+            values[key] = raw
+        elif key == "controller":
+            if not isinstance(raw, str) or not _NODE_NAME.match(raw):
+                raise PolicyError(
+                    f"remediation pool {name}: controller must be the node name of the "
+                    f"controller agent (letters, digits, _.:@-), got {raw!r}"
                 )
             values[key] = raw
         elif key == "take_out":
@@ -128,6 +165,10 @@ class Cause:
 
     `recovery` is the diagnosis' advice (`auto_restart_safe`, `reason`, `checkpoint`);
     `node` is the scheduler's node name, `job` the scheduler job id of the group.
+    `placement` is where the fault sits (PLACEMENTS; empty: `ranks` for a group's root
+    cause, `idle` for a node's); `reporting` whether the node's own agent is heard, and
+    `controller_reporting` whether the pool's controller agent is; `hold` why a silent
+    node is not taken out now (fleet_health.silence_hold), empty when it may be.
     """
 
     kind: str
@@ -146,6 +187,14 @@ class Cause:
     # in the diagnosis window; a new generation re-opens them) does not repeat it.
     node_out: bool = False  # the node is already out of service
     restarted: bool = False  # a restart without this node was already made for the group
+    placement: str = ""
+    reporting: bool = True
+    controller_reporting: bool = False
+    hold: str = ""  # why a silent node, or a condition, is not taken out now
+
+    @property
+    def where(self) -> str:
+        return self.placement or (RANKS if self.group else IDLE)
 
 
 @dataclass(frozen=True)
@@ -159,6 +208,7 @@ class Proposal:
     evidence: Mapping[str, Any] = field(default_factory=dict)
     incident: int | None = None
     rule: str = RULE
+    executor: str | None = None  # the agent that runs it when not the target node's own
 
     @property
     def key(self) -> tuple[str, str]:
@@ -179,6 +229,7 @@ class Plan:
     proposals: tuple[Proposal, ...] = ()
     pages: tuple[Page, ...] = ()
     notes: tuple[str, ...] = ()  # why something was not proposed
+    waits: tuple[str, ...] = ()  # why something is held, or proposed but cannot run yet
 
 
 @dataclass(frozen=True)
@@ -204,14 +255,29 @@ def _is_latched_hardware(cause: Cause) -> bool:
     return bool(cause.evidence.get("takes_gpu_out", True))
 
 
-def _take_out(cause: Cause, pool: PoolPolicy) -> tuple[Proposal | None, str]:
-    why = f"{cause.kind} on {cause.subject}: {cause.summary}".strip(": ")
+def _take_out_kind(cause: Cause, pool: PoolPolicy) -> str:
+    """How the node (or GPU) leaves service, by the fault and where it sits."""
+    node_kind = pool.take_out if pool.can_run(pool.take_out) else contract.CORDON_NODE
+    if cause.kind in SILENCE_KINDS:
+        return contract.CORDON_NODE  # nothing on a node nobody reaches can be moved off it
+    if cause.where == SERVING:
+        # A serving worker is drained: its traffic moves off before the node goes.
+        return contract.DRAIN_NODE if pool.can_run(contract.DRAIN_NODE) else node_kind
     if (
         cause.gpu
+        and cause.reporting  # only the node's own agent names its GPUs
         and pool.isolate_gpu
         and cause.kind in GPU_SCOPED_KINDS
         and pool.can_run(contract.ISOLATE_GPU)
     ):
+        return contract.ISOLATE_GPU
+    return node_kind
+
+
+def _take_out(cause: Cause, pool: PoolPolicy) -> tuple[Proposal | None, str]:
+    why = f"{cause.kind} on {cause.subject}: {cause.summary}".strip(": ")
+    kind = _take_out_kind(cause, pool)
+    if kind == contract.ISOLATE_GPU and cause.gpu:
         params: dict[str, Any] = {"gpu": cause.gpu}
         if cause.node:
             params["node"] = cause.node
@@ -230,7 +296,6 @@ def _take_out(cause: Cause, pool: PoolPolicy) -> tuple[Proposal | None, str]:
         )
     if not cause.node:
         return None, f"{cause.kind} on {cause.subject}: no node named, nothing to take out"
-    kind = pool.take_out if pool.can_run(pool.take_out) else contract.CORDON_NODE
     return (
         Proposal(
             kind=kind,
@@ -246,6 +311,84 @@ def _take_out(cause: Cause, pool: PoolPolicy) -> tuple[Proposal | None, str]:
     )
 
 
+def route(
+    kind: str,
+    node: str,
+    pool: PoolPolicy,
+    *,
+    pool_name: str = "",
+    reporting: bool,
+    controller_reporting: bool,
+) -> tuple[str | None, str]:
+    """Which agent runs `kind` on `node`, and why it waits ('' when it need not).
+
+    (None, ''): the node's own agent, which reports. A silent node's action goes to the
+    pool's controller agent where the kind may run from there (CONTROLLER_KINDS);
+    otherwise it stays the node's own and waits for it. Proposed either way: an approver
+    may decide ahead, and it runs once an agent that may run it reports.
+    """
+    if reporting:
+        return None, ""
+    what = f"{kind} on node {node}"
+    if kind not in contract.CONTROLLER_KINDS:
+        return None, f"{what} waits: only the node's own agent runs it, and it is silent"
+    if not pool.controller:
+        return None, (
+            f"{what} waits: its agent is silent and pool {pool_name or 'default'} names no "
+            'controller agent (set "controller" in FAULTLINE_REMEDIATION_POOLS to the node '
+            "of an agent run with controller = true on the scheduler's controller or a "
+            "login host with its rights)"
+        )
+    if pool.controller == node:
+        return None, f"{what} waits: the pool's controller agent is the silent node itself"
+    if not controller_reporting:
+        return pool.controller, f"{what} waits: the controller agent {pool.controller} is silent"
+    return pool.controller, ""
+
+
+def held(node: str, hold: str) -> str:
+    """Why a silent node, or a node with a condition, is not taken out now."""
+    return f"node {node} is not taken out: {hold}"
+
+
+def _node_scope(
+    cause: Cause,
+    pool: PoolPolicy,
+    proposals: list[Proposal],
+    notes: list[str],
+    waits: list[str],
+) -> None:
+    """Take the node or GPU out, by the placement table; a restart is the group's."""
+    if cause.where == LAUNCHER:
+        notes.append(
+            f"{cause.kind} on {cause.subject}: {cause.node} is a launcher-only host (no GPU, "
+            "rank or worker of its own): nothing to take out"
+        )
+        return
+    if cause.hold and cause.kind in SILENCE_KINDS | CONDITION_KINDS:
+        waits.append(held(cause.node or cause.subject, cause.hold))
+        return
+    out, note = _take_out(cause, pool)
+    if note:
+        notes.append(note)
+    if out is None:
+        return
+    if cause.node_out and out.kind != contract.ISOLATE_GPU:
+        notes.append(f"node {cause.node} is already out of service")
+        return
+    executor, wait = route(
+        out.kind,
+        cause.node or "",
+        pool,
+        pool_name=cause.pool,
+        reporting=cause.reporting,
+        controller_reporting=cause.controller_reporting,
+    )
+    if wait:
+        waits.append(wait)
+    proposals.append(replace(out, executor=executor))
+
+
 def plan(
     cause: Cause, policy: RemediationPolicy, open_keys: Iterable[tuple[str, str]] = ()
 ) -> Plan:
@@ -257,6 +400,7 @@ def plan(
     proposals: list[Proposal] = []
     pages: list[Page] = []
     notes: list[str] = []
+    waits: list[str] = []
     if cause.kind in STALE_SERVING_KINDS:
         if pool.drain_stale_serving and cause.node:
             proposals.append(
@@ -283,15 +427,13 @@ def plan(
                     incident=cause.incident,
                 )
             )
+    elif cause.kind in CONDITION_KINDS or cause.kind in SILENCE_KINDS:
+        _node_scope(cause, pool, proposals, notes, waits)
     elif _is_latched_hardware(cause):
-        out, note = _take_out(cause, pool)
-        if out is not None and cause.node_out and out.kind != contract.ISOLATE_GPU:
-            notes.append(f"node {cause.node} is already out of service")
-        elif out is not None:
-            proposals.append(out)
-        if note:
-            notes.append(note)
-        if cause.group and pool.restart_after_hardware:
+        _node_scope(cause, pool, proposals, notes, waits)
+        if cause.group and cause.where == SERVING:
+            notes.append(f"{cause.group} serves: its worker is drained, not restarted")
+        elif cause.group and pool.restart_after_hardware:
             if cause.restarted:
                 notes.append(f"{cause.group} was already restarted without {cause.node}")
             elif safe is True and recovery.get("checkpoint") and cause.job:
@@ -329,7 +471,7 @@ def plan(
             continue
         seen.add(p.key)
         kept.append(p)
-    return Plan(tuple(kept), tuple(pages), tuple(notes))
+    return Plan(tuple(kept), tuple(pages), tuple(notes), tuple(waits))
 
 
 def withdrawals(open_proposals: Iterable[OpenProposal], live_findings: Iterable[str]) -> list[int]:

@@ -989,3 +989,45 @@ def request_trace(
         "adapter_version": row["adapter_version"],
         "kv_schema": row["kv_schema"],
     }
+
+
+# -- what a node's conditions read (console.actions.conditions) --------------------------
+def serving_nodes(group_ids: list[int], *, since: datetime) -> set[int]:
+    """The nodes a worker of these serving groups reported from since `since`."""
+    if not group_ids:
+        return set()
+    return set(
+        m.ServingWindow.objects.filter(group_id__in=group_ids, ts__gte=since)
+        .values_list("node_id", flat=True)
+        .distinct()
+    )
+
+
+def port_state_since(node_id: int, port: str, since: datetime) -> str | None:
+    """The newest state one port of a node reported after `since` (a sample or an event),
+    or None when it reported none."""
+    sample = (
+        m.NetSample.objects.filter(node_id=node_id, port=port, ts__gt=since)
+        .order_by("-ts")
+        .values_list("ts", "state")
+        .first()
+    )
+    event = (
+        m.NetEvent.objects.filter(node_id=node_id, port=port, ts__gt=since)
+        .order_by("-ts")
+        .values_list("ts", "state")
+        .first()
+    )
+    newest = max((r for r in (sample, event) if r is not None), default=None, key=lambda r: r[0])
+    return None if newest is None else (newest[1] or "")
+
+
+def disks_since(node_id: int, since: datetime) -> list[dict[str, Any]] | None:
+    """The checkpoint disks of a node's newest host sample after `since`, or None."""
+    row = (
+        m.HostSample.objects.filter(node_id=node_id, ts__gt=since)
+        .order_by("-ts")
+        .values_list("disks", flat=True)
+        .first()
+    )
+    return None if row is None else list(row or [])

@@ -24,9 +24,14 @@ OBJECTIVES: dict[str, dict[str, object]] = {
     "train-b": {"rpo_minutes": 2, "rto_s": 120, "consistency": "allow_repeat"},
 }
 
-# The fault matrix from the seed, in the order the demo plays it: (kind, group).
+# A fault placed on a spare node (no job runs there), not on a group: the most common case
+# in a fleet, a GPU that fails between jobs. The service takes the node out on its own.
+SPARE = "spare"
+
+# The fault matrix from the seed, in the order the demo plays it: (kind, group or SPARE).
 MATRIX: tuple[tuple[str, str], ...] = (
     ("xid79", "train-a"),
+    ("xid79", SPARE),
     ("thermal_straggler", "train-b"),
     ("collective_mismatch", "train-a"),
     ("oom", "train-b"),

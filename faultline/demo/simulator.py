@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from faultline.demo.fleet import Fleet, say
-from faultline.demo.scenario import MATRIX, REPAIR_AFTER_S, SCHEDULES, STEP_S, Fault, layout
+from faultline.demo.scenario import (
+    MATRIX,
+    REPAIR_AFTER_S,
+    SCHEDULES,
+    SPARE,
+    STEP_S,
+    Fault,
+    layout,
+)
 from faultline.demo.serving import ServingGroup
 from faultline.demo.training import TrainGroup
 
@@ -80,8 +88,15 @@ def simulate(plan_path: Path) -> int:
             kind, name = MATRIX[index % len(MATRIX)]
             index += 1
             next_fault = now + every
-            group = groups[name]
-            if group.fault is None:
+            group = groups.get(name)
+            if name == SPARE and fleet.spares and fleet.restart is not None:
+                # A spare's GPU fails with no job on it: kept from the groups while broken,
+                # repaired after the hold like a group's node, a spare again once back.
+                node = fleet.spares.pop(0)
+                fleet.script(node, 0, kind)
+                repairs[node] = now + hold + repair_after
+                say(f"t+{now - began:.0f}s injected {kind} on spare {node} (no job on it)")
+            elif group is not None and group.fault is None:
                 fault = Fault(kind, started=now, until=now + hold)
                 where = group.inject(fault)
                 say(f"t+{now - began:.0f}s injected {kind} on {name} {where}")

@@ -50,7 +50,8 @@ def _fleet_health(
     """In the batch's transaction (rare: a reboot, a fault, a node back from silence),
     through the write path: a silent node's incident resolves; a new boot_id is repair
     evidence, then each fault that needs repair latches (a fault of the new boot latches
-    again). Stored iff the batch is. True when it changed anything the node card shows."""
+    again); a port down or a full local disk opens the node's condition incident. Stored
+    iff the batch is. True when it changed anything the node card shows."""
     who = f"agent:{node.name}"
     if node.health == "down":  # the sweep marked it silent (as authenticated this batch)
         actions.node_reporting(node_id=node.pk, actor=who, now=now)
@@ -72,6 +73,8 @@ def _fleet_health(
             recovery_action=fault["recovery_action"], detail=fault["detail"], actor=who,
             now=now, evidence={"ts": fault["ts"], "agent": batch.agent.id, "seq": batch.seq},
         )  # fmt: skip
+    for condition in writer.conditions:  # a port down, a full disk: the node sweep plans it
+        actions.open_condition(node_id=node.pk, actor=who, now=now, **condition)
     return rebooted or bool(writer.resets or writer.faults)
 
 

@@ -122,9 +122,12 @@ def forget_recent() -> None:
     recent_activity.clear()
 
 
+# The actions this node's agent runs: its own, and those routed to it as a controller agent
+# (console.actions.remediation._run_by, the same rule).
 ACTIONS_PENDING = """
 SELECT EXISTS (SELECT 1 FROM console_action
-  WHERE node_id = %(node)s AND state = ANY(%(live)s::text[]))
+  WHERE ((node_id = %(node)s AND executor_id IS NULL) OR executor_id = %(node)s)
+    AND state = ANY(%(live)s::text[]))
 """
 
 _GROUP_ATTNAMES = [f.attname for f in ConsistencyGroup._meta.concrete_fields]

@@ -108,6 +108,7 @@ class BatchWriter:
         self.critical_events = 0
         self.faults: list[dict[str, Any]] = []  # events that latch (console.actions.fleet)
         self.resets: list[str] = []  # GPUs the agent reports reset: repair evidence
+        self.conditions: list[dict[str, Any]] = []  # a port down, a full disk (the node's)
         self.last_seen: datetime | None = None  # newest record time: when the node was alive
         self.agent_update: dict[str, Any] = {}
         self.existing_ranks: dict[tuple[str, int], dict[str, Any]] = {}
@@ -391,6 +392,15 @@ class BatchWriter:
             f"{text(rec.state)}\t{num(rec.rate_gbps)}\t{num(rec.prev_rate_gbps)}\t"
             f"{cjson(rec.counters)}\n"
         )
+        if rec.event == "link_down" and not fleet_health.port_up(rec.state):
+            # A port that was up went down and stays down (a flap reads up again).
+            self.conditions.append(
+                {"kind": "nic_down", "key": rec.port,
+                 "summary": f"port {rec.port} ({rec.link}) on {self.node.name} is down "
+                            f"(state {rec.state or 'unknown'})",
+                 "evidence": {"port": rec.port, "link": rec.link, "state": rec.state,
+                              "counters": dict(rec.counters), "ts": ts.isoformat()}}
+            )  # fmt: skip
 
     def _on_net_sample(self, rec: p.NetSample, ts: datetime) -> None:
         self.rows["netsample"].append(
@@ -404,6 +414,19 @@ class BatchWriter:
             f"{num(rec.io_full_avg10)}\t{num(rec.swap_used_bytes)}\t"
             f"{num(rec.swap_total_bytes)}\t{num(rec.d_state)}\t{cjson(rec.disks)}\n"
         )
+        for disk in rec.disks:
+            if fleet_health.local_disk(disk.device) and fleet_health.disk_full(
+                disk.free_bytes, disk.total_bytes
+            ):
+                free, total = disk.free_bytes or 0, disk.total_bytes or 0
+                self.conditions.append(
+                    {"kind": "disk_full", "key": disk.root,
+                     "summary": f"checkpoint disk {disk.device} ({disk.root}) on "
+                                f"{self.node.name} is full: {free / 2**30:.1f} GiB free of "
+                                f"{total / 2**30:.0f} GiB",
+                     "evidence": {"root": disk.root, "device": disk.device, "free_bytes": free,
+                                  "total_bytes": total, "ts": ts.isoformat()}}
+                )  # fmt: skip
 
     def _on_step(self, rec: p.Step, ts: datetime) -> None:
         applied = self._fence(rec, ts)

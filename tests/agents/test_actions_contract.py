@@ -81,7 +81,7 @@ def shipped_configs(tmp_path: Path) -> dict[str, Path]:
     return {"deploy/agent.toml": ROOT / "deploy/agent.toml", "daemonset": embedded}
 
 
-def executor_for(config: Path, state: Path) -> Executor:
+def executor_for(config: Path, state: Path, node: str = NODE) -> Executor:
     args = [
         "run",
         "--config",
@@ -91,7 +91,7 @@ def executor_for(config: Path, state: Path) -> Executor:
         "--token",
         "t",
         "--node",
-        NODE,
+        node,
     ]
     cfg = build_config(_parser().parse_args(args))
     state.mkdir()
@@ -103,6 +103,7 @@ def executor_for(config: Path, state: Path) -> Executor:
         timeout_s=20,
         allowed_kinds=cfg.allowed_kinds,
         allow_unsigned=cfg.allow_unsigned,
+        controller_nodes=cfg.controller_nodes if cfg.controller else (),
     )
 
 
@@ -378,3 +379,100 @@ def test_it_names_what_an_action_lacks_before_dispatch() -> None:
     ]
     assert contract.problems("reboot", {})[0].startswith('unknown action kind "reboot"')
     assert contract.problems("drain", {}) == []  # an old alias still names a kind
+
+
+# -- the controller agent: node actions for a silent node, and nothing else -----------------
+
+CONTROLLER = "slurmctl-01"
+
+
+def controller_action(n: int, kind: str, node: str = NODE, **over: Any) -> dict[str, Any]:
+    """An action for `node` as the service routes it to the controller: signed with the
+    controller's own token (the same test token here), its `node` field the controller."""
+    body: dict[str, Any] = {
+        "id": n,
+        "kind": kind,
+        "target": f"node:{node}",
+        "group": None,
+        "generation": None,
+        "params": {"node": node, "reason": "silent 30 s", "dry_run": False},
+        "node": CONTROLLER,
+        **over,
+    }
+    return signing.sign(body, signing.key_from_token(TOKEN))
+
+
+def test_the_shipped_controller_config_takes_a_silent_node_out_and_puts_it_back(
+    tmp_path: Path, fakes: FakeSchedulers
+) -> None:
+    executor = executor_for(ROOT / "deploy/agent-controller.toml", tmp_path / "s", CONTROLLER)
+    for n, kind in enumerate(
+        [contract.CORDON_NODE, contract.UNCORDON_NODE, contract.DRAIN_NODE], start=1
+    ):
+        result = executor.handle(controller_action(n, kind))
+        assert result is not None and result["outcome"]["state"] == "applied", result
+    state = fakes.state()["nodes"]
+    assert NODE in state and CONTROLLER not in state  # it acted on the silent node
+    assert "DRAIN" in state[NODE]["state"]
+    assert state[NODE]["reason"] == "faultline: 3 silent 30 s"
+
+
+@pytest.mark.parametrize(
+    ("kind", "over", "why"),
+    [
+        (contract.ISOLATE_GPU, {"target": f"gpu:{GPU}"}, "a controller runs only"),
+        (contract.RESTART_GROUP, {}, "a controller runs only"),
+        (contract.DRAIN_NODE, {"params": {"node": "gpu-[01-99]"}}, "not one safe node name"),
+        (contract.DRAIN_NODE, {"params": {"node": "gpu-node-018"}}, "is not the target"),
+    ],
+)
+def test_the_controller_refuses_what_a_controller_may_not_run_for_another_node(
+    tmp_path: Path, fakes: FakeSchedulers, kind: str, over: dict[str, Any], why: str
+) -> None:
+    executor = executor_for(ROOT / "deploy/agent-controller.toml", tmp_path / "s", CONTROLLER)
+    result = executor.handle(controller_action(7, kind, **over))
+    assert result is not None and result["status"] == "failed"
+    assert why in result["output"], result["output"]
+    assert fakes.calls() == []
+
+
+def test_a_controller_acts_only_on_the_nodes_its_globs_allow(
+    tmp_path: Path, fakes: FakeSchedulers
+) -> None:
+    config = tmp_path / "controller.toml"
+    text = (ROOT / "deploy/agent-controller.toml").read_text()
+    config.write_text(text.replace('controller_nodes = ["*"]', 'controller_nodes = ["a100-*"]'))
+    executor = executor_for(config, tmp_path / "s", CONTROLLER)
+    refused = executor.handle(controller_action(1, contract.CORDON_NODE))
+    assert (
+        refused is not None and "not a node this controller acts on (a100-*)" in (refused["output"])
+    )
+    allowed = executor.handle(controller_action(2, contract.CORDON_NODE, node="a100-07"))
+    assert allowed is not None and allowed["outcome"]["state"] == "applied", allowed
+
+
+@pytest.mark.parametrize("name", ["deploy/agent.toml", "daemonset"])
+def test_a_node_agent_never_acts_on_another_node(
+    name: str, tmp_path: Path, fakes: FakeSchedulers
+) -> None:
+    """Only an agent configured as a controller does: a node's own agent refuses an action
+    for another node even when it is signed for it."""
+    executor = executor_for(shipped_configs(tmp_path)[name], tmp_path / "s", CONTROLLER)
+    result = executor.handle(controller_action(1, contract.DRAIN_NODE))
+    assert result is not None and "this agent is no controller" in result["output"], result
+    assert fakes.calls() == []
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("controller = 1\n", "controller must be true or false"),
+        ('controller = true\ncontroller_nodes = "gpu-*"\n', "controller_nodes must be a list"),
+        ("controller = true\n", 'controller = true needs scheduler = "slurm"'),
+    ],
+)
+def test_it_refuses_a_bad_controller_setting(tmp_path: Path, text: str, why: str) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=why):
+        build_config(_parser().parse_args(["run", "--config", str(config), "--dry-run"]))

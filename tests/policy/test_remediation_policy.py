@@ -150,3 +150,59 @@ def test_it_does_not_repeat_what_already_happened_for_a_lingering_fault() -> Non
     assert out.proposals == ()
     assert any("already out of service" in n for n in out.notes)
     assert any("already restarted" in n for n in out.notes)
+
+
+def test_a_silent_nodes_action_runs_on_the_pools_controller_and_says_why_it_waits() -> None:
+    from console.policy.remediation import PoolPolicy, route
+
+    none = PoolPolicy()
+    ctl = PoolPolicy(controller="slurmctl-01")
+    kw = {"pool_name": "a100"}
+    assert route(
+        contract.DRAIN_NODE, "n1", none, reporting=True, controller_reporting=False, **kw
+    ) == (
+        None,
+        "",
+    )
+    executor, why = route(
+        contract.DRAIN_NODE, "n1", none, reporting=False, controller_reporting=False, **kw
+    )
+    assert executor is None and "pool a100 names no controller agent" in why
+    assert route(
+        contract.CORDON_NODE, "n1", ctl, reporting=False, controller_reporting=True, **kw
+    ) == ("slurmctl-01", "")
+    executor, why = route(
+        contract.CORDON_NODE, "n1", ctl, reporting=False, controller_reporting=False, **kw
+    )
+    assert executor == "slurmctl-01" and "controller agent slurmctl-01 is silent" in why
+    executor, why = route(
+        contract.ISOLATE_GPU, "n1", ctl, reporting=False, controller_reporting=True, **kw
+    )
+    assert executor is None and "only the node's own agent runs it" in why
+    executor, why = route(
+        contract.CORDON_NODE, "slurmctl-01", ctl, reporting=False, controller_reporting=False
+    )
+    assert executor is None and "is the silent node itself" in why
+
+
+def test_a_silent_node_with_a_gpu_fault_is_drained_not_isolated_where_isolation_needs_it() -> None:
+    """Only a node's own agent names its GPUs: a silent node's GPU fault takes the node."""
+    pol = RemediationPolicy.from_dict(
+        {"pools": {"a100": {"scheduler": "kubernetes", "controller": "ctl"}}}
+    )
+    out = plan(xid(reporting=False, controller_reporting=True, group=None), pol)
+    (p,) = out.proposals
+    assert (p.kind, p.target, p.executor) == (contract.DRAIN_NODE, "node:n1", "ctl")
+
+
+def test_a_hardware_fault_of_a_serving_group_drains_and_never_restarts() -> None:
+    pol = RemediationPolicy.from_dict({"pools": {"a100": {"scheduler": "kubernetes"}}})
+    out = plan(xid(placement="serving", group="serve"), pol)
+    assert [p.kind for p in out.proposals] == [contract.DRAIN_NODE]
+    assert any("drained, not restarted" in n for n in out.notes)
+
+
+@pytest.mark.parametrize("value", [7, "-gpu", "a b", "x" * 200])
+def test_it_refuses_a_controller_that_is_not_one_node_name(value: object) -> None:
+    with pytest.raises(PolicyError, match="controller must be the node name"):
+        RemediationPolicy.from_dict({"default": {"controller": value}})

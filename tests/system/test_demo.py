@@ -20,7 +20,7 @@ import pytest
 from agents.fake_nvml import CONTROL_ENV, FakeNvml
 from faultline.demo import fake_slurm
 from faultline.demo.fleet import Fleet
-from faultline.demo.scenario import layout
+from faultline.demo.scenario import MATRIX, SPARE, layout
 from faultline.embedded import free_port
 from faultline.testing.service import ADMIN, Service, service_env, wait_for
 from tests.system.conftest import BIN
@@ -89,6 +89,19 @@ def test_it_keeps_spare_nodes_to_replace_a_failed_one() -> None:
     assert len(slots["train-a"]) == 12 and len(slots["train-b"]) == 12
     assert spares and not used & set(spares)
     assert used | set(spares) == set(nodes)
+
+
+def test_it_fails_a_spare_nodes_gpu_with_no_job_on_it(tmp_path: Path) -> None:
+    """The demo's spare fault: a hardware Xid the fake NVML plays on a node that the default
+    fleet keeps as a spare (no group placed there): the node incident alone is planned."""
+    assert ("xid79", SPARE) in MATRIX
+    kind = next(k for k, where in MATRIX if where == SPARE)
+    _, _, spares = layout([f"node-{i:03d}" for i in range(1, 17)], 8)
+    gpus = FakeNvml(spares[0], 2, control=tmp_path / spares[0])
+    seen = _events(gpus)
+    (tmp_path / spares[0]).write_text(f"0:{kind}\n")
+    assert gpus.poll_control() == 1
+    assert [(e["event"], e.get("code")) for e in seen][:1] == [("xid", 79)]
 
 
 def test_it_reboots_a_node_with_clean_fake_hardware_a_new_boot_id_and_a_restart_request(

@@ -12,6 +12,13 @@ passes with no fault, the sweep proposes `uncordon_node` (rule `fleet_health`), 
 approver approves over REST (no auto-approval is configured: the return waits for a
 person), the agent's Slurm backend resumes the node, `sinfo` shows it `idle` and the
 node's lifecycle reads healthy on GET /api/v1/nodes/<name>/.
+
+The same loop for the common case, a GPU that fails on a node with no job (the agent's own
+fake GPU reports the Xid 79): the node sweep plans the node's incident, the node is drained
+with Faultline's reason and returned after repair. And a node whose agent goes silent: the
+controller agent (deploy/agent-controller.toml, a second agent process here, named in the
+service's remediation policy) drains it after 30 s of silence, and the node's own agent
+puts it back once it reports again and validates.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from typing import Any
 import pytest
 
 from agents.fake_nvml import fake_uuid
+from agents.reporter import Reporter
 from faultline.testing.service import BIN, Service, start_service, stop_service, wait_for
 from tests.conftest import iso, make_batch
 from tests.system.slurm import Slurm, slurm_available, slurm_cluster
@@ -45,6 +53,7 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = "loop-train"
 APPROVERS = [("ann", "ann-approver-pw-1"), ("bob", "bob-approver-pw-2")]
+CONTROLLER = "slurmctl-loop"  # the controller agent's node name (not a Slurm node)
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +63,12 @@ def cluster() -> Iterator[Slurm]:
 
 @pytest.fixture(scope="module")
 def loop_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    data = tmp_path_factory.mktemp("faultline-loop")
+    policy = data / "remediation.toml"
+    policy.write_text(f'[remediation.default]\ncontroller = "{CONTROLLER}"\n')
     svc = start_service(
-        tmp_path_factory.mktemp("faultline-loop"), env={"FAULTLINE_VALIDATION_WINDOW_S": "3"}
+        data,
+        env={"FAULTLINE_VALIDATION_WINDOW_S": "3", "FAULTLINE_REMEDIATION_POLICY": str(policy)},
     )
     try:
         for name, password in APPROVERS:
@@ -103,13 +116,15 @@ def _shipped_config(tmp: Path, state: Path) -> Path:
     return path
 
 
-def _start_agent(svc: Service, slurm: Slurm, tmp: Path, *, boot_id: str) -> subprocess.Popen[bytes]:
+def _start_agent(
+    svc: Service, slurm: Slurm, tmp: Path, *, boot_id: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     state = tmp / "agent-state"
     state.mkdir(exist_ok=True)
     token = svc.token(slurm.node)
     (tmp / "agent.token").write_text(token + "\n")
     config = _shipped_config(tmp, state)
-    env = {**os.environ, **slurm.env}
+    env = {**os.environ, **slurm.env, **(env or {})}
     proc = subprocess.Popen(
         [str(BIN / "faultline-agent"), "run", "--config", str(config), "--server", svc.url,
          "--node", slurm.node, "--fake-gpus", "2", "--state-dir", str(state),
@@ -171,6 +186,19 @@ def test_it_drains_the_node_on_slurm_after_a_hardware_xid_and_returns_it_after_r
     wait_for(lambda: job_state() == "RUNNING", 90, f"Slurm job {job} running")
     start = datetime.now(UTC) - timedelta(seconds=10)
     _ingest(svc, token, slurm.node, _group_records(slurm.node, start, job))
+    # Rank 0 reports through the node's agent too, as a job's reporter does: the agent
+    # runs a group's action (the requeue) only for a group it has seen records of. (The
+    # drain is the node's, proposed for its node incident: it names no group.)
+    reporter = Reporter(
+        socket_path=str(tmp_path / "agent-state" / "reporter.sock"), group=GROUP,
+        generation=1, rank=0,
+    )  # fmt: skip
+
+    def agent_saw_the_group() -> bool:
+        reporter.process("started")  # a datagram: sent again until the agent has it
+        return GROUP in (tmp_path / "agent-state" / "executor.json").read_text()
+
+    wait_for(agent_saw_the_group, 30, "the agent to see the group's records")
     fault_at = datetime.now(UTC)
     _ingest(svc, token, slurm.node, [
         {"kind": "device_event", "gpu": fake_uuid(slurm.node, 0), "event": "xid", "code": 79,
@@ -286,3 +314,182 @@ def test_it_drains_the_node_on_slurm_after_a_hardware_xid_and_returns_it_after_r
     )  # fmt: skip
     print(f"repair -> node idle on Slurm: {(returned_at - repaired_at).total_seconds():.1f} s")
     assert agent.poll() is None
+    agent.send_signal(signal.SIGTERM)  # one agent per node: the next test starts its own
+    assert agent.wait(timeout=30) == 0
+
+
+# -- a node with no job, and a node whose agent is silent --------------------------------------
+
+
+def _new_action(svc: Service, kind: str, seen: set[int]) -> dict[str, Any] | None:
+    rows = svc.api("/api/v1/actions/?state=proposed")["results"]
+    return next((a for a in rows if a["kind"] == kind and a["id"] not in seen), None)
+
+
+def _action_ids(svc: Service) -> set[int]:
+    return {a["id"] for a in svc.api("/api/v1/actions/")["results"]}
+
+
+def _approve(svc: Service, action: dict[str, Any], why: str) -> None:
+    for auth in APPROVERS[: max(1, action["approvals_required"])]:
+        _post(svc, f"/api/v1/actions/{action['id']}/approve/", {"reason": why}, auth)
+
+
+def _reason(slurm: Slurm) -> str:
+    return slurm.run("sinfo", "-h", "-n", slurm.node, "-o", "%E").stdout.strip()
+
+
+def _done(svc: Service, action_id: int, what: str) -> dict[str, Any]:
+    return wait_for(
+        lambda: (a := svc.api(f"/api/v1/actions/{action_id}/"))["state"] == "succeeded" and a,
+        60,
+        what,
+    )
+
+
+def _reporting(svc: Service, name: str) -> bool:
+    rows = svc.api("/api/v1/nodes/")["results"]
+    node = next((n for n in rows if n["name"] == name), None)
+    return node is not None and node["last_seen"] is not None and node["health"] != "down"
+
+
+def _idle(slurm: Slurm) -> bool:
+    return slurm.node_state().rstrip("*") == "idle"
+
+
+def _return_after_repair(
+    svc: Service, slurm: Slurm, seen: set[int], repaired_at: datetime
+) -> dict[str, Any]:
+    """The sweep proposes the node's return after the validation window; an approver
+    approves; the node's own agent resumes it on Slurm."""
+    node_url = f"/api/v1/nodes/{slurm.node}/"
+    back = wait_for(lambda: _new_action(svc, "uncordon_node", seen), 60, "the return proposal")
+    assert back["proposed_by_rule"] == "fleet_health" and back["executor"] is None
+    assert (datetime.now(UTC) - repaired_at).total_seconds() >= 3  # the validation window
+    _approve(svc, back, "repaired")
+    returned = _done(svc, back["id"], "the agent's resume result")
+    assert returned["outcome"]["state"] == "applied", returned["outcome"]
+    wait_for(lambda: _idle(slurm), 30, "sinfo idle again")
+    assert _reason(slurm) in ("", "none")
+    node = svc.api(node_url)
+    assert node["lifecycle"] == "healthy", node
+    return node
+
+
+def test_it_drains_an_idle_node_whose_gpu_fails_and_returns_it_after_repair(
+    loop_service: Service, cluster: Slurm, tmp_path: Path
+) -> None:
+    """No job on the node: the agent's fake GPU 0 reports Xid 79 (as NVML would); the node
+    sweep plans the node's incident (no group runs there) and proposes drain_node."""
+    svc, slurm = loop_service, cluster
+    wait_for(lambda: _idle(slurm), 60, "the Slurm node idle, no job on it")
+    assert slurm.run("squeue", "-h", "-w", slurm.node).stdout.strip() == ""
+    control = tmp_path / "nvml"
+    control.mkdir()
+    env = {"FAULTLINE_FAKE_NVML_CONTROL_DIR": str(control)}
+    agent = _start_agent(svc, slurm, tmp_path, boot_id="idle-boot-1", env=env)
+    node_url = f"/api/v1/nodes/{slurm.node}/"
+    wait_for(lambda: _reporting(svc, slurm.node), 60, "the node reporting")
+    seen = _action_ids(svc)
+    fault_at = datetime.now(UTC)
+    (control / slurm.node).write_text("0:xid79\n")  # the GPU falls off the bus
+    action = wait_for(lambda: _new_action(svc, "drain_node", seen), 60, "the drain proposal")
+    assert action["target"] == f"node:{slurm.node}" and action["trigger"] == "xid:79"
+    assert action["proposed_by_rule"] == "policy" and action["executor"] is None
+    incident = svc.api(f"/api/v1/incidents/{action['incident']}/")
+    assert incident["group"] is None and incident["kind"] == "xid", incident
+    assert not any(a["kind"] == "restart_group" for a in svc.api("/api/v1/actions/")["results"]
+                   if a["id"] not in seen)  # fmt: skip
+    _approve(svc, action, "Xid 79 on a spare")
+    reason = wait_for(
+        lambda: (r := _reason(slurm)).startswith(f"faultline: {action['id']} ") and r,
+        60,
+        "sinfo to show Faultline's drain reason",
+    )
+    out_at = datetime.now(UTC)
+    assert "xid" in reason.lower()
+    assert slurm.node_state().rstrip("*") in ("drained", "drain")
+    done = _done(svc, action["id"], "the agent's drain result")
+    assert done["outcome"]["state"] == "applied", done["outcome"]
+    assert svc.api(node_url)["lifecycle"] == "out_of_service"
+    print(f"idle node: fault -> drained on Slurm: {(out_at - fault_at).total_seconds():.1f} s")
+
+    # The repair: the node reboots (a new boot id; its fake GPUs start clean).
+    agent.send_signal(signal.SIGTERM)
+    assert agent.wait(timeout=30) == 0
+    (control / slurm.node).unlink()
+    seen = _action_ids(svc)
+    repaired_at = datetime.now(UTC)
+    agent = _start_agent(svc, slurm, tmp_path, boot_id="idle-boot-2", env=env)
+    assert slurm.node_state().rstrip("*") in ("drained", "drain")  # not back before validation
+    _return_after_repair(svc, slurm, seen, repaired_at)
+    back_at = datetime.now(UTC)
+    print(f"idle node: repair -> idle on Slurm: {(back_at - repaired_at).total_seconds():.1f} s")
+    agent.send_signal(signal.SIGTERM)
+    assert agent.wait(timeout=30) == 0
+
+
+def _start_controller(svc: Service, slurm: Slurm, tmp: Path) -> subprocess.Popen[bytes]:
+    """deploy/agent-controller.toml as shipped, its paths pointed at this test's dirs."""
+    state = tmp / "controller-state"
+    state.mkdir()
+    (tmp / "controller.token").write_text(svc.token(CONTROLLER) + "\n")
+    text = (ROOT / "deploy" / "agent-controller.toml").read_text()
+    shipped = tomllib.loads(text)
+    assert shipped["controller"] is True and shipped["scheduler"] == "slurm"
+    text = text.replace(shipped["state_dir"], str(state))
+    text = text.replace(shipped["token_file"], str(tmp / "controller.token"))
+    text = text.replace(f'node = "{shipped["node"]}"', f'node = "{CONTROLLER}"')
+    config = tmp / "controller.toml"
+    config.write_text(text)
+    proc = subprocess.Popen(
+        [str(BIN / "faultline-agent"), "run", "--config", str(config), "--server", svc.url,
+         "--state-dir", str(state)],
+        env={**os.environ, **slurm.env},
+        stdout=subprocess.DEVNULL,
+        stderr=open(state / "agent.log", "ab"),  # noqa: SIM115 - lives with the process
+    )  # fmt: skip
+    svc.agents.append(proc)
+    return proc
+
+
+def test_the_controller_agent_drains_a_silent_node_and_its_own_agent_returns_it(
+    loop_service: Service, cluster: Slurm, tmp_path: Path
+) -> None:
+    svc, slurm = loop_service, cluster
+    wait_for(lambda: _idle(slurm), 60, "the Slurm node idle")
+    agent = _start_agent(svc, slurm, tmp_path, boot_id="silent-boot-1")
+    controller = _start_controller(svc, slurm, tmp_path)
+    node_url = f"/api/v1/nodes/{slurm.node}/"
+    for name in (slurm.node, CONTROLLER):  # the controller has no GPU: its health is unknown
+        wait_for(lambda n=name: _reporting(svc, n), 60, f"{name} reporting")
+    seen = _action_ids(svc)
+    agent.kill()  # the node's agent is gone; slurmd still answers Slurm
+    agent.wait(timeout=30)
+    silent_at = datetime.now(UTC)
+    wait_for(lambda: svc.api(node_url)["health"] == "down", 60, "the node marked silent")
+    action = wait_for(lambda: _new_action(svc, "cordon_node", seen), 120, "the cordon proposal")
+    proposed_at = datetime.now(UTC)
+    assert (proposed_at - silent_at).total_seconds() >= 30  # silent 30 s first
+    assert action["target"] == f"node:{slurm.node}" and action["executor"] == CONTROLLER
+    _approve(svc, action, "silent node")
+    reason = wait_for(
+        lambda: (r := _reason(slurm)).startswith(f"faultline: {action['id']} ") and r,
+        60,
+        "sinfo to show the controller's drain",
+    )
+    assert "silent" in reason or "stopped reporting" in reason
+    done = _done(svc, action["id"], "the controller's result")
+    assert done["outcome"]["state"] == "applied", done["outcome"]
+    assert svc.api(node_url)["lifecycle"] == "out_of_service"
+    assert controller.poll() is None
+    print(f"silent node: silent -> drained by the controller: "
+          f"{(datetime.now(UTC) - silent_at).total_seconds():.1f} s")  # fmt: skip
+
+    seen = _action_ids(svc)
+    repaired_at = datetime.now(UTC)
+    agent = _start_agent(svc, slurm, tmp_path, boot_id="silent-boot-2")
+    _return_after_repair(svc, slurm, seen, repaired_at)
+    for proc in (agent, controller):
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0

@@ -59,9 +59,15 @@ def _node_incidents() -> list[Incident]:
     return list(Incident.objects.filter(node__name=NODE, group=None).exclude(state="resolved"))
 
 
+def _reboot(post_batch, boot: str) -> None:
+    """The node comes back with a new boot id, and its GPU reports after the repair."""
+    _post(post_batch, [_sample()], boot=boot)
+    _post(post_batch, [_sample()], boot=boot)
+
+
 def _fault_and_repair(post_batch, boot_before: str, boot_after: str) -> None:
     _post(post_batch, [_sample(), _xid()], boot=boot_before)
-    _post(post_batch, [_sample()], boot=boot_after)
+    _reboot(post_batch, boot_after)
 
 
 def test_it_latches_an_xid_48_on_an_idle_node_and_clean_samples_never_clear_it(post_batch):
@@ -95,7 +101,7 @@ def test_it_proposes_a_return_only_after_a_reboot_and_a_clean_validation_window(
     _post(post_batch, [_sample(), _xid(48)])
     now = timezone.now()
     assert actions.propose_returns(now=now + timedelta(hours=1)) == []  # no repair yet
-    _post(post_batch, [_sample()], boot="boot-b")  # the node rebooted
+    _reboot(post_batch, "boot-b")  # the node rebooted
     gpu, node = _gpu(), _node()
     assert (gpu.lifecycle, node.lifecycle) == ("validating", "validating")
     assert HealthEvent.objects.filter(node=node, kind="repair").count() == 2
@@ -195,7 +201,7 @@ def test_it_never_puts_back_a_node_someone_else_took_out(post_batch, cast):
     node = _node()
     assert (node.lifecycle, node.taken_out_by, node.cordoned) == (
         "out_of_service", "scheduler", True)  # fmt: skip
-    _post(post_batch, [_sample()], boot="boot-b")  # Xid 79 needs a reboot: here it is
+    _reboot(post_batch, "boot-b")  # Xid 79 needs a reboot: here it is
     (aid,) = actions.propose_returns(now=timezone.now() + timedelta(minutes=11))
     action = Action.objects.get(pk=aid)
     assert action.state == "proposed"  # never auto-approved: an approver decides
@@ -216,7 +222,7 @@ def test_a_cordon_a_person_proposed_is_the_operators_and_returns_only_through_an
         now=timezone.now(), outcome={"state": "applied", "taken_out_by": "faultline"},
     )  # fmt: skip
     assert (_node().lifecycle, _node().taken_out_by) == ("out_of_service", "operator")
-    _post(post_batch, [_sample()], boot="boot-b")
+    _reboot(post_batch, "boot-b")
     (aid,) = actions.propose_returns(now=timezone.now() + timedelta(minutes=11))
     action = Action.objects.get(pk=aid)
     assert action.state == "proposed"
@@ -456,3 +462,123 @@ def test_a_fleet_silence_holds_the_node_down_incidents_of_the_groups_on_its_node
     paged = {incident for incident, *_ in actions.schedule_due(now=soon + timedelta(minutes=1))}
     assert paged == {fleet.pk, *groups.exclude(state="resolved").values_list("pk", flat=True)}
     assert len(paged) == 33  # the fleet's resolve, and each group incident's first page
+
+
+# -- a GPU's return, repair evidence, repeat faults across GPUs, a silent node's groups ------
+
+
+def _release(cast, gpu: str) -> None:
+    """A release_gpu of `gpu` that its agent reports done."""
+    out = actions.propose_action(
+        kind="release_gpu", target=f"gpu:{gpu}", reason="back to work", actor=cast["operator"],
+        now=timezone.now(),
+    )  # fmt: skip
+    Action.objects.filter(pk=out.action.pk).update(state="dispatched")
+    actions.record_action_result(
+        action_id=out.action.pk, node=_node(), status="succeeded", exit_code=0, output="",
+        now=timezone.now(), outcome={"state": "applied"},
+    )  # fmt: skip
+
+
+def test_releasing_a_healthy_gpu_never_returns_a_node_with_a_fault_of_its_own(post_batch, cast):
+    """A node-level Xid 79 (no GPU named, as from Alertmanager) latches the node; Faultline
+    drained it and a repeat flag is on it. Releasing one of its GPUs, healthy all along,
+    must leave the node faulted, cordoned, flagged and its incident open."""
+    _post(post_batch, [_sample()])
+    actions.latch_fault(node_id=_node().pk, event="xid", code=79, actor="alertmanager",
+                        now=timezone.now(), detail="node-level")  # fmt: skip
+    Node.objects.filter(name=NODE).update(cordoned=True, replace_flagged=True)
+    (incident,) = _node_incidents()
+    assert incident.fingerprint == f"hardware:{NODE}"
+    _release(cast, GPU)
+    node = _node()
+    assert (node.lifecycle, node.cordoned, node.replace_flagged) == ("faulted", True, True)
+    assert node.repair_needed == "node_reboot"
+    assert [i.pk for i in _node_incidents()] == [incident.pk]
+    assert _gpu().lifecycle == "healthy"
+
+
+def test_releasing_a_repaired_gpu_returns_that_gpu_and_its_incident_only(post_batch, cast):
+    _post(post_batch, [_sample(), _xid(48)])
+    reset = {"kind": "device_event", "gpu": GPU, "event": "gpu_reset", "detail": "nvidia-smi -r"}
+    _post(post_batch, [reset])
+    Device.objects.filter(uuid=GPU).update(isolated=True)
+    _release(cast, GPU)
+    gpu, node = _gpu(), _node()
+    assert (gpu.lifecycle, gpu.isolated) == ("healthy", False)
+    assert node.lifecycle == "validating"  # the node returns by its own uncordon
+    assert _node_incidents() == []  # the GPU's incident resolved
+
+
+def test_a_new_boot_id_alone_does_not_validate_a_gpu_that_has_not_reported_since(post_batch):
+    """A node "reboots" (a new boot id) but its faulted GPU reports nothing after: no
+    return is proposed however long the window runs. Once the GPU reports, it is."""
+    _post(post_batch, [_sample(), _xid(79)])
+    heartbeat = {"kind": "heartbeat", "uptime_s": 3.0}
+    _post(post_batch, [heartbeat], boot="boot-b")
+    _post(post_batch, [heartbeat], boot="boot-b")
+    assert _gpu().lifecycle == "validating"
+    assert actions.propose_returns(now=timezone.now() + timedelta(minutes=11)) == []
+    assert actions.propose_returns(now=timezone.now() + timedelta(days=1)) == []
+    _post(post_batch, [_sample()], boot="boot-b")
+    assert len(actions.propose_returns(now=timezone.now() + timedelta(minutes=11))) == 1
+
+
+def test_faults_spread_over_a_nodes_gpus_flag_the_node(post_batch):
+    """Three faults in the week, each on another GPU: no GPU repeats, the node does."""
+    start = timezone.now()
+    for i in range(3):
+        with time_machine.travel(start + timedelta(days=i), tick=True):
+            gpu = f"GPU-spare-1-000{i}"
+            sample = {**_sample(), "gpu": gpu, "index": i}
+            xid = {**_xid(48), "gpu": gpu}
+            _post(post_batch, [sample, xid], boot=f"boot-{i}")
+            _reboot(post_batch, f"boot-{i + 1}")
+            for aid in actions.propose_returns(now=timezone.now() + timedelta(minutes=11)):
+                Action.objects.filter(pk=aid).update(state="dispatched")
+                actions.record_action_result(
+                    action_id=aid, node=_node(), status="succeeded", exit_code=0, output="",
+                    now=timezone.now(), outcome={"state": "applied"},
+                )  # fmt: skip
+            assert _node().replace_flagged is (i == 2), i
+    assert not Device.objects.filter(replace_flagged=True).exists()
+    flagged = AuditLog.objects.get(verb="node.flagged_for_replacement")
+    assert "3 faults on the node's GPUs in 7 days" in flagged.reason
+
+
+def test_a_silent_node_hosting_20_young_groups_pages_once(post_batch):
+    """A node hosting ranks of 20 young jobs stops reporting: each job's diagnosis finds it
+    down. Its own incident (critical, since jobs are down there) pages; the 20 group
+    incidents link to it and wait for its page, whichever ran first."""
+    from console import pipeline
+    from console.models import EscalationPolicy, NotificationChannel
+    from tests.server.scenarios.timeline import Timeline
+
+    NotificationChannel.objects.create(name="hook", kind="webhook", url="https://pager.test/h")
+    EscalationPolicy.objects.create(
+        name="all", severities=["critical"], steps=[{"delay_s": 0, "channels": ["hook"]}]
+    )
+    jobs = []
+    for g in range(20):
+        t = Timeline(post=post_batch, group=f"young-{g}", ranks=1)
+        t.boot(at=0)
+        t.steps(first=0, count=30, at=1)
+        t.heartbeats(until=30)
+        t.send()
+        jobs.append(t)
+    _report(post_batch, [f"other-{i}" for i in range(3)])
+    for t in jobs[:5]:  # some diagnosed before the sweep saw the silence
+        t.diagnose(at=125)
+    Node.objects.filter(name="node-0").update(last_seen=timezone.now() - timedelta(minutes=1))
+    pipeline.mark_silent_nodes(now=timezone.now())
+    for t in jobs[5:]:
+        t.diagnose(at=125)
+    silent = Incident.objects.get(kind="node_silent", node__name="node-0")
+    groups = Incident.objects.filter(group__isnull=False)
+    assert groups.count() == 20 and {i.kind for i in groups} == {"node_down"}
+    assert set(groups.values_list("root_incident", flat=True)) == {silent.pk}
+    silent.refresh_from_db()
+    assert silent.severity == "critical"
+    soon = timezone.now() + timedelta(minutes=1)
+    paged = {incident for incident, *_ in actions.schedule_due(now=soon)}
+    assert paged == {silent.pk}
