@@ -2,7 +2,10 @@
 
 Owns `process_exit`, `oom` and `exception`, and spotting a deterministic OOM (the same
 step failing again after a restart). The first exit of a generation is the
-initiator; later exits (launcher teardown, peers' NCCL errors) are its symptoms. An
+initiator; later exits (launcher teardown, peers' NCCL errors) are its symptoms, and so
+are the peers' errors stamped up to `ordering_tolerance_s` before a death no peer causes
+(a kill or crash signal, a failed GPU or node): which record is stamped first must not
+decide the verdict. An
 application or consequence Xid on the rank's GPU (agents/xid.py class) folds under the
 exit as its evidence: the program faulted, the GPU did not. Must run after `device` so a
 crash explained by the rank's GPU is filed as that GPU's symptom, not as a second root
@@ -86,10 +89,58 @@ def _exits(ctx: Context) -> list[tuple[RankState, ProcessRecord, bool]]:
     return out
 
 
+# Deaths no peer's error causes within seconds: killed outright (a lost node, the kernel's
+# OOM killer, a scheduler's preemption: SIGKILL) or crashed on a fault of its own (SIGSEGV,
+# SIGBUS, SIGILL, SIGFPE). SIGTERM, SIGINT and SIGHUP are how launchers tear a job down, and
+# SIGABRT is how a process dies of an uncaught C++ error (a peer's lost connection among them).
+PEER_PROOF_SIGNALS = frozenset({4, 7, 8, 9, 11})
+
+
+def _peer_proof(p: ProcessRecord) -> bool:
+    return p.signal in PEER_PROOF_SIGNALS
+
+
+def _may_follow(p: ProcessRecord, clean: bool) -> bool:
+    """An exit a peer's death can set off: an exception (a lost connection is a plain
+    RuntimeError under gloo), an error exit code, an abort or a teardown signal."""
+    return not clean and p.reason != "oom" and not _peer_proof(p)
+
+
+def _causes_peers(ctx: Context, r: RankState, p: ProcessRecord) -> bool:
+    """A death no peer's error sets off: a kill or crash signal, or a failed GPU or node."""
+    return _peer_proof(p) or bool(ctx.device_cause(p.gpu or r.gpu) or ctx.node_cause(r.node))
+
+
+def _initiator(
+    ctx: Context, exits: list[tuple[RankState, ProcessRecord, bool]]
+) -> ProcessRecord | None:
+    """The exit that set the others off: the first one, unless the first ones are errors a
+    peer's death sets off (the survivors' lost connections) and, stamped within
+    `ordering_tolerance_s` after them, a death no peer causes or the exit of a rank whose
+    GPU or node failed. A launcher stamps a rank's death when it reaps the process, after
+    the dying process closed its sockets: on a loaded node the peers' errors are often
+    stamped first."""
+    if not exits:
+        return None
+    first = exits[0][1]
+    for r, p, clean in exits:
+        if (p.ts - first.ts).total_seconds() > ctx.cfg.ordering_tolerance_s:
+            break
+        if _causes_peers(ctx, r, p):
+            return p
+        if not _may_follow(p, clean):
+            break  # a clean exit or an OOM came first: it leads
+    return first
+
+
 def run(ctx: Context) -> None:
     repeats = deterministic_ooms(ctx)
     exits = _exits(ctx)
-    first_ts = exits[0][1].ts if exits else None
+    lead = _initiator(ctx, exits)
+    # The initiator is judged first: the exits before it that it set off link to it.
+    exits.sort(key=lambda x: (x[1] is not lead, x[1].ts, x[0].rank))
+    # A death no peer causes: the peers' errors stamped before it (or with it) are its own.
+    overtook = lead is not None and _causes_peers(ctx, exits[0][0], lead)
     initiator: Finding | None = None
     for r, p, clean in exits:
         kind = _kind(p)
@@ -99,10 +150,12 @@ def run(ctx: Context) -> None:
             kind = "oom"
         step = _step_at(r, p)
         cause = ctx.device_cause(p.gpu or r.gpu) or ctx.node_cause(r.node)
-        # Exits after the first one are the teardown or cascade it set off (peers killed by
-        # the launcher, NCCL errors raised by the survivors); an OOM is always its own.
-        late = (
-            first_ts is not None and (p.ts - first_ts).total_seconds() > ctx.cfg.cascade_tolerance_s
+        # Exits after the initiator are the teardown or cascade it set off (peers killed by
+        # the launcher, NCCL errors raised by the survivors), and so are the errors stamped
+        # just before a death no peer causes; an OOM is always its own.
+        late = lead is not None and (
+            (p.ts - lead.ts).total_seconds() > ctx.cfg.cascade_tolerance_s
+            or (overtook and p.ts <= lead.ts and _may_follow(p, clean))
         )
         teardown = cause is None and initiator is not None and late and kind != "oom"
         if teardown and initiator is not None:
