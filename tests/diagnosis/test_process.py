@@ -5,7 +5,7 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from console.diagnosis import ROOT_CAUSE, SYMPTOM, diagnose
+from console.diagnosis import ROOT_CAUSE, SYMPTOM, UNDETERMINED, diagnose
 from tests.diagnosis.factory import (
     T0,
     device_event,
@@ -225,3 +225,63 @@ def test_a_peers_error_stamped_before_the_exit_of_a_rank_whose_gpu_failed_is_the
         return f
 
     assert [(f.role, root(f).id) for f in of_kind(d, "exception")] == [(SYMPTOM, xid.id)] * 2
+
+
+# -- an error whose cause may not have been heard yet ---------------------------------------
+
+
+def _two_nodes(extra: list[dict], *, now, beats: dict[str, object]):
+    """16 ranks on node-01 (0-7) and node-02 (8-15); `beats` overrides node heartbeats."""
+    recs = [*training(ranks=16, end=T0 - timedelta(seconds=1)), *extra]
+    nodes = {**heartbeats(16, now), **beats}
+    return diagnose(snap(recs, now=now, nodes=nodes), now)
+
+
+def _survivor_error(at=T0):
+    return process(0, at, "exited", exit_code=1, reason="exception", error_type="RuntimeError")
+
+
+def test_an_error_waits_undetermined_for_a_node_not_heard_from_since() -> None:
+    """node-02 last delivered before the error (its agent between sends, or its spool held
+    by an outage): a death there may yet be reported. Undetermined, saying which node."""
+    now = T0 + timedelta(seconds=6)
+    d = _two_nodes([_survivor_error()], now=now, beats={"node-02": T0 - timedelta(seconds=1)})
+    (exc,) = of_kind(d, "exception")
+    assert exc.role == UNDETERMINED and exc.evidence["unheard_nodes"] == ["node-02"]
+    assert "node-02" in exc.evidence["missing_evidence"]
+    # The spool replays: rank 9's kill, stamped after the error within the tolerance.
+    kill = process(9, T0 + timedelta(seconds=2), "exited", signal=9, reason="killed")
+    d = _two_nodes([_survivor_error(), kill], now=now + timedelta(seconds=1), beats={})
+    (root,) = d.root_causes
+    assert (root.kind, root.subject) == ("process_exit", "rank:llama-70b/9")
+    assert of_kind(d, "exception")[0].role == SYMPTOM
+
+
+def test_an_error_is_its_own_root_cause_once_every_node_reported_past_the_tolerance() -> None:
+    now = T0 + timedelta(seconds=9)
+    late = T0 + timedelta(seconds=TOLERANCE_S + 0.5)  # lagging, but past the window
+    d = _two_nodes([_survivor_error()], now=now, beats={"node-02": late})
+    (exc,) = of_kind(d, "exception")
+    assert exc.role == ROOT_CAUSE
+
+
+def test_a_lagging_node_whose_ranks_all_exited_holds_nothing() -> None:
+    now = T0 + timedelta(seconds=6)
+    gone = [process(rk, T0 - timedelta(seconds=0.5), "exited", exit_code=0, reason="clean")
+            for rk in range(8, 16)]  # fmt: skip
+    d = _two_nodes(
+        [*gone, _survivor_error()], now=now, beats={"node-02": T0 - timedelta(seconds=1)}
+    )
+    assert all(f.role != UNDETERMINED for f in of_kind(d, "exception"))
+
+
+def test_an_error_after_its_peers_node_was_lost_is_the_node_losss_symptom() -> None:
+    """The node died with its ranks and its launcher: no exit is ever reported for them.
+    Once it is down, the survivor's error that followed is its symptom."""
+    now = T0 + timedelta(seconds=60)
+    d = _two_nodes([_survivor_error(T0 + timedelta(seconds=0.05))], now=now,
+                   beats={"node-02": T0})  # fmt: skip
+    (root,) = d.root_causes
+    assert (root.kind, root.subject) == ("node_down", "node:node-02")
+    (exc,) = of_kind(d, "exception")
+    assert (exc.role, exc.caused_by) == (SYMPTOM, (root.id,))

@@ -15,6 +15,7 @@ cause.
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 
 from agents import xid as catalog
 
@@ -23,6 +24,7 @@ from console.diagnosis.findings import (
     MAJOR,
     ROOT_CAUSE,
     SYMPTOM,
+    UNDETERMINED,
     Finding,
     gpu_subject,
     rank_subject,
@@ -133,6 +135,38 @@ def _initiator(
     return first
 
 
+def _lost_node(ctx: Context, r: RankState, p: ProcessRecord) -> Finding | None:
+    """A node of the group that went down (or was cut off) no later than the tolerance
+    after this error: its ranks died with it, unreported, and the error is their peers'."""
+    limit = p.ts + timedelta(seconds=ctx.cfg.ordering_tolerance_s)
+    for node in ctx.snap.nodes:
+        if node.name == r.node or node.last_heartbeat is None or node.last_heartbeat > limit:
+            continue
+        found = ctx.node_cause(node.name)
+        if found is not None:
+            return found
+    return None
+
+
+def _unheard(ctx: Context, r: RankState, p: ProcessRecord) -> list[str]:
+    """Nodes of the group, hosting ranks still running, whose newest delivery is older
+    than this error plus the tolerance and that lag (an agent between sends, a spool after
+    an outage): a death there stamped within the tolerance is not known yet."""
+    limit = p.ts + timedelta(seconds=ctx.cfg.ordering_tolerance_s)
+    out = []
+    for name, delivered in sorted(ctx.lagging_nodes.items()):
+        if name == r.node or delivered >= limit:
+            continue
+        running = [
+            rk
+            for rk in ctx.ranks_on_node.get(name, ())
+            if (q := ctx.ranks[rk].last_process) is None or q.event != "exited"
+        ]
+        if running:
+            out.append(name)
+    return out
+
+
 def run(ctx: Context) -> None:
     repeats = deterministic_ooms(ctx)
     exits = _exits(ctx)
@@ -141,6 +175,14 @@ def run(ctx: Context) -> None:
     exits.sort(key=lambda x: (x[1] is not lead, x[1].ts, x[0].rank))
     # A death no peer causes: the peers' errors stamped before it (or with it) are its own.
     overtook = lead is not None and _causes_peers(ctx, exits[0][0], lead)
+    # An error that leads with no such death known: a node lost with its ranks (no exit
+    # reported for them) explains it; a node not heard from since may still report one.
+    lost: Finding | None = None
+    unheard: list[str] = []
+    if lead is not None and not overtook and _may_follow(lead, exits[0][2]):
+        lost = _lost_node(ctx, exits[0][0], lead)
+        if lost is None:
+            unheard = _unheard(ctx, exits[0][0], lead)
     initiator: Finding | None = None
     for r, p, clean in exits:
         kind = _kind(p)
@@ -150,6 +192,8 @@ def run(ctx: Context) -> None:
             kind = "oom"
         step = _step_at(r, p)
         cause = ctx.device_cause(p.gpu or r.gpu) or ctx.node_cause(r.node)
+        if p is lead and cause is None:
+            cause = lost
         # Exits after the initiator are the teardown or cascade it set off (peers killed by
         # the launcher, NCCL errors raised by the survivors), and so are the errors stamped
         # just before a death no peer causes; an OOM is always its own.
@@ -197,11 +241,21 @@ def run(ctx: Context) -> None:
         again = repeats.get(step) if kind == "oom" and step is not None else None
         if again:
             ev["deterministic"] = {"step": step, "generations": again}
+        role = SYMPTOM if cause else ROOT_CAUSE
+        if p is lead and cause is None and unheard:
+            role = UNDETERMINED
+            since = min(ctx.lagging_nodes[n] for n in unheard)
+            ev["unheard_nodes"] = ctx.capped(unheard)
+            ev["missing_evidence"] = (
+                f"{', '.join(unheard[:4])} not heard from since {since.isoformat()}: a rank's "
+                f"death there, stamped up to {ctx.cfg.ordering_tolerance_s:g} s after this "
+                "error, would be its cause"
+            )
         f = ctx.put(
             ctx.new(
                 kind=kind,
                 subject=rank_subject(ctx.snap.group, r.rank),
-                role=SYMPTOM if cause else ROOT_CAUSE,
+                role=role,
                 severity=MAJOR if cause else CRITICAL,
                 summary=f"Rank {r.rank} on {r.node or '?'} {what}"
                 + (f" at step {step}" if step is not None else "")
