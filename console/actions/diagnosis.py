@@ -57,7 +57,7 @@ def record_diagnosis(*, group_name: str, diagnosis: Diagnosis, now: datetime) ->
     by_id = {f["id"]: f for f in findings}
     heads, followers = _fold(findings, by_id)
 
-    changed: list[int] = []
+    changed: list[int] = _revise(group, heads, followers, now)
     live_fps: set[str] = set()
     for head in heads:
         live_fps.add(head["fingerprint"])
@@ -157,6 +157,68 @@ def _fold(
         if head is not f:
             followers[head["id"]].append(f)
     return heads, followers
+
+
+def _revise(
+    group: ConsistencyGroup,
+    heads: list[dict[str, Any]],
+    followers: dict[str, list[dict[str, Any]]],
+    now: datetime,
+) -> list[int]:
+    """Revise provisional verdicts: an open incident whose verdict has not settled
+    (Incident.verdict_settled) and whose root cause is now folded under another one (the
+    peer's error that turned out to follow a rank's death, once the death's record came)
+    becomes that root cause's incident: same incident, same page, the new root cause, the
+    old one kept on its timeline. Several such incidents folding into one root cause: the
+    oldest is revised, the others resolve into it. A settled incident is never revised (its
+    verdict may have been acted on): it clears and resolves as before, and the new root
+    cause opens its own. Returns the ids changed."""
+    open_ = {
+        i.fingerprint: i
+        for i in group.incidents.select_for_update(no_key=True).exclude(
+            state=IncidentState.RESOLVED
+        )
+    }
+    head_fps = {h["fingerprint"] for h in heads}
+    changed: list[int] = []
+    for head in heads:
+        fp = head["fingerprint"]
+        folded = {f["fingerprint"] for f in followers[head["id"]]} - head_fps
+        moved = sorted(
+            (i for f, i in open_.items() if f in folded and not i.verdict_settled(now)),
+            key=lambda i: (i.opened_at, i.pk),
+        )
+        if not moved:
+            continue
+        into = open_.get(fp)
+        if into is None:
+            into, moved = moved[0], moved[1:]
+            was = {k: into.root_cause.get(k) for k in ("kind", "subject", "summary", "fingerprint")}
+            into.timeline = {
+                **into.timeline,
+                "revised": [
+                    *into.timeline.get("revised", []),
+                    {"at": now.isoformat(), "from": was, "to": {"kind": head["kind"],
+                                                                "subject": head["subject"]}},
+                ],
+            }  # fmt: skip
+            del open_[into.fingerprint]
+            into.fingerprint = fp
+            into.version += 1
+            into.save(update_fields=["fingerprint", "timeline", "version", "updated_at"])
+            open_[fp] = into
+            changed.append(into.pk)
+        for other in moved:
+            del open_[other.fingerprint]
+            other.state, other.resolved_at = IncidentState.RESOLVED, now
+            other.version += 1
+            other.timeline = {**other.timeline, "resolved": now.isoformat(),
+                              "merged_into": into.pk}  # fmt: skip
+            other.save(update_fields=["state", "resolved_at", "version", "timeline",
+                                      "updated_at"])  # fmt: skip
+            other.alerts.filter(active=True).update(active=False)
+            changed.append(other.pk)
+    return changed
 
 
 def _summary(diagnosis: Diagnosis) -> dict[str, Any]:
@@ -265,8 +327,15 @@ def _sync_alerts(
                     last_seen=f["last_seen"],
                 )
             )
-        elif not alert.active or alert.last_seen.isoformat() != f["last_seen"]:
+        elif (
+            not alert.active
+            or alert.last_seen.isoformat() != f["last_seen"]
+            or (alert.role, alert.caused_by) != (f["role"], f["caused_by"])
+        ):
+            # A revised verdict: the old root cause's alert is now a symptom of the new one.
             alert.active, alert.last_seen, alert.evidence = True, f["last_seen"], f["evidence"]
+            alert.role, alert.severity, alert.caused_by = f["role"], f["severity"], f["caused_by"]
+            alert.summary = f["summary"][:512]
             updated.append(alert)
     for fid, alert in existing.items():
         if prune and fid not in seen and alert.active:
@@ -274,7 +343,9 @@ def _sync_alerts(
             updated.append(alert)
     Alert.objects.bulk_create(new, ignore_conflicts=True)
     if updated:
-        Alert.objects.bulk_update(updated, ["active", "last_seen", "evidence"])
+        Alert.objects.bulk_update(
+            updated, ["active", "last_seen", "evidence", "role", "severity", "caused_by", "summary"]
+        )
 
 
 def _settle(incident: Incident, now: datetime) -> bool:
