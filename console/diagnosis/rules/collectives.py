@@ -954,6 +954,9 @@ def _order_divergences(
         return (seen - a.since).total_seconds() > threshold
 
     out: dict[int, Finding] = {}
+    # Whether a call's waiters wait on a rank that waits on nothing (per call and the call
+    # the chain started from: the same for every rank blocked in it; 16k ranks may be).
+    chains: dict[tuple[str, str], bool] = {}
     for key in sorted(pending):
         what, missing, cause = targets[key]
         if cause is not None or "/p2p/" in key:
@@ -968,8 +971,10 @@ def _order_divergences(
                 continue
             if targets[other][2] is not None:
                 continue
-            roots, found = _chain([rk], waiter_of, targets, key)
-            if roots or found:
+            if (other, key) not in chains:
+                roots, found = _chain([rk], waiter_of, targets, key)
+                chains[(other, key)] = bool(roots or found)
+            if chains[(other, key)]:
                 continue  # it waits for a rank that waits on nothing: that one is the story
             y = waits[rk]
             if not (stuck(x, y) and stuck(y, x)):
