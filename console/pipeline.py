@@ -77,7 +77,8 @@ def _next_settle(group_name: str, now: datetime) -> datetime | None:
     """When the group's youngest provisional verdict settles: a pass then makes its
     proposals (Incident.verdict_settled), instead of the sweep's next tick after it."""
     first = (
-        Incident.objects.filter(group__name=group_name, opened_at__gt=now - VERDICT_SETTLES_AFTER)
+        Incident.objects.filter(group__name=group_name)
+        .exclude(Incident.settled_at(now))
         .exclude(state=IncidentState.RESOLVED)
         .aggregate(first=Min("opened_at"))["first"]
     )

@@ -173,47 +173,58 @@ def _revise(
     oldest is revised, the others resolve into it. A settled incident is never revised (its
     verdict may have been acted on): it clears and resolves as before, and the new root
     cause opens its own. Returns the ids changed."""
-    open_ = {
+    # Only the provisional incidents are locked (a pass already holds its heads' rows): the
+    # settled ones are left to acknowledges and the escalation sweep.
+    provisional = {
         i.fingerprint: i
-        for i in group.incidents.select_for_update(no_key=True).exclude(
-            state=IncidentState.RESOLVED
-        )
+        for i in group.incidents.select_for_update(no_key=True)
+        .exclude(state=IncidentState.RESOLVED)
+        .exclude(Incident.settled_at(now))
     }
+    if not provisional:
+        return []
     head_fps = {h["fingerprint"] for h in heads}
     changed: list[int] = []
     for head in heads:
         fp = head["fingerprint"]
         folded = {f["fingerprint"] for f in followers[head["id"]]} - head_fps
         moved = sorted(
-            (i for f, i in open_.items() if f in folded and not i.verdict_settled(now)),
+            (i for f, i in provisional.items() if f in folded),
             key=lambda i: (i.opened_at, i.pk),
         )
         if not moved:
             continue
-        into = open_.get(fp)
+        into: int | None = (
+            group.incidents.exclude(state=IncidentState.RESOLVED)
+            .filter(fingerprint=fp)
+            .values_list("pk", flat=True)
+            .first()
+        )
         if into is None:
-            into, moved = moved[0], moved[1:]
-            was = {k: into.root_cause.get(k) for k in ("kind", "subject", "summary", "fingerprint")}
-            into.timeline = {
-                **into.timeline,
+            revised, moved = moved[0], moved[1:]
+            was = {
+                k: revised.root_cause.get(k) for k in ("kind", "subject", "summary", "fingerprint")
+            }
+            revised.timeline = {
+                **revised.timeline,
                 "revised": [
-                    *into.timeline.get("revised", []),
+                    *revised.timeline.get("revised", []),
                     {"at": now.isoformat(), "from": was, "to": {"kind": head["kind"],
                                                                 "subject": head["subject"]}},
                 ],
             }  # fmt: skip
-            del open_[into.fingerprint]
-            into.fingerprint = fp
-            into.version += 1
-            into.save(update_fields=["fingerprint", "timeline", "version", "updated_at"])
-            open_[fp] = into
-            changed.append(into.pk)
+            del provisional[revised.fingerprint]
+            revised.fingerprint = fp
+            revised.version += 1
+            revised.save(update_fields=["fingerprint", "timeline", "version", "updated_at"])
+            into = revised.pk
+            changed.append(revised.pk)
         for other in moved:
-            del open_[other.fingerprint]
+            del provisional[other.fingerprint]
             other.state, other.resolved_at = IncidentState.RESOLVED, now
             other.version += 1
             other.timeline = {**other.timeline, "resolved": now.isoformat(),
-                              "merged_into": into.pk}  # fmt: skip
+                              "merged_into": into}  # fmt: skip
             other.save(update_fields=["state", "resolved_at", "version", "timeline",
                                       "updated_at"])  # fmt: skip
             other.alerts.filter(active=True).update(active=False)
