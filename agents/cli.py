@@ -24,9 +24,7 @@ from agents.checkpoints import RootConfig
 from agents.schedulers import backend_named
 from agents.sender import opener_for
 from agents.spool import Identity, Spool
-
-# The service calls a node silent after 10 s without news (console/pipeline.py).
-MAX_SEND_INTERVAL_S = 5.0
+from agents.wire import MAX_SEND_INTERVAL_S
 
 
 class ConfigError(ValueError):

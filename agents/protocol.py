@@ -26,6 +26,7 @@ MAX_RECORDS_PER_BATCH = 5000
 # One limit for both sides: the agent (stdlib only) builds batches under it, ingest refuses
 # bodies over it (413), and Django's DATA_UPLOAD_MAX_MEMORY_SIZE is set from it.
 MAX_BATCH_BYTES = wire.MAX_BATCH_BYTES
+MAX_SEND_INTERVAL_S = wire.MAX_SEND_INTERVAL_S
 # Timestamps a real clock can show; anything else is a broken clock or a probe, and would
 # overflow the skew arithmetic in ingest (a year-9999 sent_at was a 500).
 EARLIEST_TS = datetime(2000, 1, 1, tzinfo=UTC)

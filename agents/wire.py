@@ -17,6 +17,11 @@ Record = dict[str, Any]
 # The largest batch body (uncompressed JSON) ingest accepts; agents/protocol.py re-exports
 # it for the service. It lives here because the agent's runtime is stdlib only.
 MAX_BATCH_BYTES = 8 * 1024 * 1024
+# The longest an agent holds a record before sending it (its `send_interval` may not exceed
+# it; events and process exits go at once). The service calls a node silent after 10 s
+# without news, and an incident's verdict may be revised for this long after it opened: by
+# then every node's records of the moment have arrived (docs/diagnosis.md, "Ordering").
+MAX_SEND_INTERVAL_S = 5.0
 
 
 _second_cache: tuple[int, str] = (-1, "")

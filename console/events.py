@@ -111,6 +111,8 @@ class IncidentPayload(TypedDict):
     resolved_at: str | None
     recovery: dict[str, Any]
     version: int
+    # Until then the root cause may still be revised (Incident.verdict_settled).
+    settles_at: str
 
 
 class ActionPayload(TypedDict):
@@ -153,6 +155,9 @@ class _IncidentRow(Protocol):
     version: int
 
     @property
+    def settles_at(self) -> datetime: ...
+
+    @property
     def group(self) -> _Named | None: ...
 
 
@@ -192,6 +197,7 @@ def incident_payload(incident: _IncidentRow) -> IncidentPayload:
         "resolved_at": iso(incident.resolved_at),
         "recovery": incident.recovery,
         "version": incident.version,
+        "settles_at": incident.settles_at.isoformat(),
     }
 
 

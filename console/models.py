@@ -5,10 +5,13 @@ Models hold fields and invariants only; every change goes through console.action
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from agents.wire import MAX_SEND_INTERVAL_S
 from console.choices import (
     ACTION_KINDS,
     ACTION_STATES,
@@ -183,11 +186,19 @@ class Rank(models.Model):
         return f"{self.group.name}/{self.rank}"
 
 
+# An incident's verdict (its root cause) is provisional this long after it opened: every
+# node's records of the moment have arrived by then (an agent sends at least this often),
+# and a pass may still revise the root cause. Proposals wait for the settled verdict;
+# pages do not (docs/diagnosis.md, "Ordering").
+VERDICT_SETTLES_AFTER = timedelta(seconds=MAX_SEND_INTERVAL_S)
+
+
 class Incident(models.Model):
     """One root cause (or undetermined cluster) with its symptoms, in one group generation.
 
     The database allows one open incident per (group, fingerprint): re-diagnosis updates
-    it instead of paging again.
+    it instead of paging again. Its verdict is provisional until `settles_at`
+    (`verdict_settled`): the one predicate every caller that acts on a verdict asks.
     """
 
     group = models.ForeignKey(
@@ -254,6 +265,26 @@ class Incident(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.summary}"
+
+    @property
+    def settles_at(self) -> datetime:
+        """When the verdict stops being revisable: VERDICT_SETTLES_AFTER after it opened. A
+        node's own incident (no group) is opened from that node's evidence alone and no
+        group pass revises it: settled as it opens."""
+        if self.group_id is None:
+            return self.opened_at
+        return self.opened_at + VERDICT_SETTLES_AFTER
+
+    def verdict_settled(self, now: datetime) -> bool:
+        """True once the root cause may no longer be revised: act on it (remediation
+        proposals) only then. Pages go out before (an incident opens as fast as the
+        evidence allows)."""
+        return now >= self.settles_at
+
+    @staticmethod
+    def settled_at(now: datetime) -> Q:
+        """`verdict_settled(now)` as a filter, for querysets of incidents."""
+        return Q(group__isnull=True) | Q(opened_at__lte=now - VERDICT_SETTLES_AFTER)
 
 
 class Alert(models.Model):

@@ -12,13 +12,13 @@ import time
 from datetime import datetime, timedelta
 
 from django.core.cache import cache
-from django.db.models import F, Q
+from django.db.models import F, Min, Q
 
 from console import actions, collector, snapshots
 from console.actions.audit import SYSTEM
 from console.choices import GroupState, Health, IncidentState
 from console.diagnosis import diagnose as run_engine
-from console.models import ConsistencyGroup, Node
+from console.models import VERDICT_SETTLES_AFTER, ConsistencyGroup, Incident, Node
 from console.policy import fleet_health as fh
 from console.queries import recovery
 
@@ -52,6 +52,7 @@ def diagnose(*, group_name: str, now: datetime) -> datetime | None:
     # (measure_recovery, its own beat task).
     actions.remediate_group(group_name=group_name, now=now)
     t4 = time.perf_counter()
+    due = _next_settle(group_name, now)
     if t4 - t0 > SLOW_PASS_S:
         p = snapshots.last_pass
         parts = ", ".join(f"{k} {v:.2f}" for k, v in snapshots.last_parts.items())
@@ -67,7 +68,21 @@ def diagnose(*, group_name: str, now: datetime) -> datetime | None:
             group_name, t4 - t0, p.get("mode"), p.get("rows"), p.get("touched"), t1 - t0,
             parts, t2 - t1, t3 - t2, t4 - t3, len(snapshot.ranks), len(result.findings),
         )  # fmt: skip
+    if due is not None and (result.next_check is None or due < result.next_check):
+        return due
     return result.next_check
+
+
+def _next_settle(group_name: str, now: datetime) -> datetime | None:
+    """When the group's youngest provisional verdict settles: a pass then makes its
+    proposals (Incident.verdict_settled), instead of the sweep's next tick after it."""
+    first = (
+        Incident.objects.filter(group__name=group_name)
+        .exclude(Incident.settled_at(now))
+        .exclude(state=IncidentState.RESOLVED)
+        .aggregate(first=Min("opened_at"))["first"]
+    )
+    return None if first is None else first + VERDICT_SETTLES_AFTER
 
 
 def diagnose_urgent(*, group_name: str, node: str | None, now: datetime) -> None:

@@ -61,7 +61,7 @@ def record_diagnosis(*, group_name: str, diagnosis: Diagnosis, now: datetime) ->
     by_id = {f["id"]: f for f in findings}
     heads, followers = _fold(findings, by_id)
 
-    changed: list[int] = []
+    changed: list[int] = _revise(group, heads, followers, now)
     live_fps: set[str] = set()
     for head in heads:
         live_fps.add(head["fingerprint"])
@@ -175,6 +175,79 @@ def _fold(
     return heads, followers
 
 
+def _revise(
+    group: ConsistencyGroup,
+    heads: list[dict[str, Any]],
+    followers: dict[str, list[dict[str, Any]]],
+    now: datetime,
+) -> list[int]:
+    """Revise provisional verdicts: an open incident whose verdict has not settled
+    (Incident.verdict_settled) and whose root cause is now folded under another one (the
+    peer's error that turned out to follow a rank's death, once the death's record came)
+    becomes that root cause's incident: same incident, same page, the new root cause, the
+    old one kept on its timeline. Several such incidents folding into one root cause: the
+    oldest is revised, the others resolve into it. A settled incident is never revised (its
+    verdict may have been acted on): it clears and resolves as before, and the new root
+    cause opens its own. Returns the ids changed."""
+    # Only the provisional incidents are locked (a pass already holds its heads' rows): the
+    # settled ones are left to acknowledges and the escalation sweep.
+    provisional = {
+        i.fingerprint: i
+        for i in group.incidents.select_for_update(no_key=True)
+        .exclude(state=IncidentState.RESOLVED)
+        .exclude(Incident.settled_at(now))
+    }
+    if not provisional:
+        return []
+    head_fps = {h["fingerprint"] for h in heads}
+    changed: list[int] = []
+    for head in heads:
+        fp = head["fingerprint"]
+        folded = {f["fingerprint"] for f in followers[head["id"]]} - head_fps
+        moved = sorted(
+            (i for f, i in provisional.items() if f in folded),
+            key=lambda i: (i.opened_at, i.pk),
+        )
+        if not moved:
+            continue
+        into: int | None = (
+            group.incidents.exclude(state=IncidentState.RESOLVED)
+            .filter(fingerprint=fp)
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if into is None:
+            revised, moved = moved[0], moved[1:]
+            was = {
+                k: revised.root_cause.get(k) for k in ("kind", "subject", "summary", "fingerprint")
+            }
+            revised.timeline = {
+                **revised.timeline,
+                "revised": [
+                    *revised.timeline.get("revised", []),
+                    {"at": now.isoformat(), "from": was, "to": {"kind": head["kind"],
+                                                                "subject": head["subject"]}},
+                ],
+            }  # fmt: skip
+            del provisional[revised.fingerprint]
+            revised.fingerprint = fp
+            revised.version += 1
+            revised.save(update_fields=["fingerprint", "timeline", "version", "updated_at"])
+            into = revised.pk
+            changed.append(revised.pk)
+        for other in moved:
+            del provisional[other.fingerprint]
+            other.state, other.resolved_at = IncidentState.RESOLVED, now
+            other.version += 1
+            other.timeline = {**other.timeline, "resolved": now.isoformat(),
+                              "merged_into": into}  # fmt: skip
+            other.save(update_fields=["state", "resolved_at", "version", "timeline",
+                                      "updated_at"])  # fmt: skip
+            other.alerts.filter(active=True).update(active=False)
+            changed.append(other.pk)
+    return changed
+
+
 def _summary(diagnosis: Diagnosis) -> dict[str, Any]:
     """What the group page and GET /groups/<name>/ show between diagnoses."""
     data = diagnosis.to_dict()
@@ -285,8 +358,15 @@ def _sync_alerts(
                     last_seen=f["last_seen"],
                 )
             )
-        elif not alert.active or alert.last_seen.isoformat() != f["last_seen"]:
+        elif (
+            not alert.active
+            or alert.last_seen.isoformat() != f["last_seen"]
+            or (alert.role, alert.caused_by) != (f["role"], f["caused_by"])
+        ):
+            # A revised verdict: the old root cause's alert is now a symptom of the new one.
             alert.active, alert.last_seen, alert.evidence = True, f["last_seen"], f["evidence"]
+            alert.role, alert.severity, alert.caused_by = f["role"], f["severity"], f["caused_by"]
+            alert.summary = f["summary"][:512]
             updated.append(alert)
     for fid, alert in existing.items():
         if prune and fid not in seen and alert.active:
@@ -294,7 +374,9 @@ def _sync_alerts(
             updated.append(alert)
     Alert.objects.bulk_create(new, ignore_conflicts=True)
     if updated:
-        Alert.objects.bulk_update(updated, ["active", "last_seen", "evidence"])
+        Alert.objects.bulk_update(
+            updated, ["active", "last_seen", "evidence", "role", "severity", "caused_by", "summary"]
+        )
 
 
 def _settle(incident: Incident, now: datetime) -> bool:

@@ -273,7 +273,9 @@ def withdraw_resolved(
 
 
 def remediate_group(*, group_name: str, now: datetime) -> list[int]:
-    """After a group's diagnosis: propose for its open incidents, withdraw for resolved ones."""
+    """After a group's diagnosis: propose for its open incidents whose verdict has settled
+    (Incident.verdict_settled: a provisional root cause may still be revised, and a drain
+    of the wrong node is the costly mistake), withdraw for resolved ones."""
     incidents = list(
         Incident.objects.select_related("group")
         .filter(group__name=group_name)
@@ -285,8 +287,9 @@ def remediate_group(*, group_name: str, now: datetime) -> list[int]:
     ).exclude(proposed_by_rule="")
     live = {i.fingerprint for i in incidents}
     withdraw_resolved(proposals=pending, live=live, now=now)
-    waiting = [i.pk for i in incidents if i.timeline.get(WAITS)]
-    return remediate(causes=[cause_of_incident(i) for i in incidents], now=now, waiting=waiting)
+    settled = [i for i in incidents if i.verdict_settled(now)]
+    waiting = [i.pk for i in settled if i.timeline.get(WAITS)]
+    return remediate(causes=[cause_of_incident(i) for i in settled], now=now, waiting=waiting)
 
 
 PLANNED = "remediation_planned"  # the incident version the policy last planned

@@ -163,14 +163,22 @@ class IncidentSerializer(serializers.ModelSerializer):
     symptoms = serializers.SerializerMethodField()
     external_alerts = serializers.SerializerMethodField()
     costs = serializers.SerializerMethodField()
+    verdict = serializers.SerializerMethodField()
+    settles_at = serializers.DateTimeField(read_only=True)
 
     class Meta:
         model = Incident
         fields = [
             "id", "group", "node", "generation", "state", "kind", "subject", "role",
             "severity", "summary", "root_cause", "symptom_count", "symptoms", "external_alerts",
-            "recovery", "costs", "timeline", "opened_at", "resolved_at", "version",
+            "recovery", "costs", "timeline", "opened_at", "resolved_at", "version", "verdict",
+            "settles_at",
         ]  # fmt: skip
+
+    def get_verdict(self, obj: Incident) -> str:
+        """`provisional` while the root cause may still be revised (until `settles_at`),
+        then `settled`: remediation is proposed only from a settled verdict."""
+        return "settled" if obj.verdict_settled(timezone.now()) else "provisional"
 
     def get_costs(self, obj: Incident) -> dict[str, Any] | None:
         """The seed's recovery costs (console.queries.recovery): measured live on the

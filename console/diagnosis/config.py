@@ -34,6 +34,12 @@ class DiagnosisConfig:
     # process: exits this much later than the first one are its teardown/cascade
     # (0: any later exit; gloo/NCCL peers raise within milliseconds of the first exit)
     cascade_tolerance_s: float = 0.0
+    # process: a rank's death that no peer's error causes (SIGKILL, a crash signal) stamped
+    # up to this long after the first exits, which are errors a peer's death sets off, is
+    # their initiator: the launcher stamps the death when it reaps the process, after the
+    # peers saw the connection drop. Under the 5 s an incident's verdict may be revised in
+    # (docs/diagnosis.md, "Ordering"), with room for the record's delivery.
+    ordering_tolerance_s: float = 3.0
     # nodes: heartbeat older than this counts as stopped
     heartbeat_timeout_s: float = 45.0
     # stragglers

@@ -62,6 +62,16 @@ from ingest.store.live_state import (
 from ingest.store.receipts import AGENT_UPDATE
 from ingest.store.tables import copy_rows
 
+# The progress (steps, checkpoints) an older generation stored past a new fence, newest
+# first per generation: read once per fence, a restart's worth of rows at most.
+WRITTEN_PAST_FENCE = """
+SELECT 'step', generation, max(ts) FROM ingest_steprecord
+ WHERE group_id = %(g)s AND generation < %(gen)s AND ts > %(fence)s GROUP BY generation
+UNION ALL
+SELECT 'checkpoint', generation, max(ts) FROM ingest_checkpointrecord
+ WHERE group_id = %(g)s AND generation < %(gen)s AND ts > %(fence)s GROUP BY generation
+"""
+
 # Kernel events that end or endanger a rank's process: diagnose without waiting (issue 18).
 HOST_URGENT = p.URGENT_HOST_EVENTS
 
@@ -317,6 +327,19 @@ class BatchWriter:
             self._read_groups(cur, lock=lock)
         return self._prefetched or []
 
+    def _written_past_the_fence(self, group: ConsistencyGroup, view: Any, fence: datetime) -> None:
+        """An older generation's progress stamped after this fence that reached the service
+        before it (the launcher's node delivered the transition late: its agent between
+        sends, its spool after an outage) is split brain too, as it is when it arrives
+        after the fence: the verdict must not depend on which record came first."""
+        with send(
+            WRITTEN_PAST_FENCE, {"g": group.pk, "gen": view.generation, "fence": fence}
+        ) as cur:
+            for kind, generation, at in cur.fetchall():
+                violation = fencing.stale_violation(view, kind, generation, at)
+                if violation is not None:
+                    self.violations.append(violation)
+
     def _fence(self, rec: Any, ts: datetime, *, is_transition: bool = False) -> bool:
         """True when the record may move live state; flags stale writers."""
         group, view = self.groups[rec.group]
@@ -566,6 +589,7 @@ class BatchWriter:
             view.generation = group.generation = rec.generation
             view.fenced_at = ts
             view.versions_seen = []
+            self._written_past_the_fence(group, view, ts)
             # Checkpoint order is judged within a generation: a restart may restore from
             # an older checkpoint than the newest (poisoned ones skipped) and commit anew.
             view.last_checkpoint_step = group.last_checkpoint_step = None

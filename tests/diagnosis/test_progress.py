@@ -269,3 +269,16 @@ def test_a_group_in_warm_up_is_due_when_its_warm_up_ends() -> None:
     assert d.findings == () and d.next_check is not None
     stalled = diagnose(snap(recs), d.next_check + timedelta(milliseconds=1))
     assert of_kind(stalled, "group_stall")
+
+
+def test_a_minor_finding_elsewhere_does_not_explain_a_stall() -> None:
+    """An informational Xid (63: a row remapped, on a healthy GPU) is a minor root cause
+    that stops nothing: the stall stays undetermined, not its symptom (it was: any root
+    cause of a stopping kind anywhere in the group explained a stall, minor or not)."""
+    from tests.diagnosis.factory import device_event
+
+    for code in (63, 92):
+        recs = [*training(ranks=8), device_event(2, T0 + timedelta(seconds=1), "xid", code)]
+        d = diagnose(snap(recs), T0 + timedelta(seconds=60))
+        (stall,) = of_kind(d, "group_stall")
+        assert (stall.role, stall.caused_by) == (UNDETERMINED, ()), code

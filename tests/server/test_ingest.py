@@ -304,7 +304,9 @@ def test_it_marks_a_gpu_critical_only_for_a_hardware_xid(post_batch, code, recov
 def test_it_stores_a_late_delivery_from_before_the_fence_without_flagging_it(post_batch):
     """Another node's agent ships generation 1's last step after the restart was fenced."""
     before = datetime.now(UTC) - timedelta(seconds=30)
-    post_batch(make_batch([transition("running", gen=1, ts=iso(before)), step(0, 1)]))
+    post_batch(
+        make_batch([transition("running", gen=1, ts=iso(before)), step(0, 1, ts=iso(before))])
+    )
     post_batch(
         make_batch([transition("recovering", gen=2, ts=iso(before + timedelta(seconds=20)))])
     )
@@ -312,6 +314,31 @@ def test_it_stores_a_late_delivery_from_before_the_fence_without_flagging_it(pos
     assert post_batch(make_batch([late], node="node-2")).status_code == 202
     assert StepRecord.objects.get(rank=1).stale is True
     assert ContractViolation.objects.count() == 0
+
+
+@pytest.mark.parametrize("kind", ["step", "checkpoint"])
+def test_it_flags_progress_written_past_a_fence_that_arrived_before_the_fence(post_batch, kind):
+    """The launcher's node delivered the restart late (an outage, its spool replayed): the
+    old generation's progress stamped after the fence reached the service first. It is
+    split brain as it is when it arrives after the fence; progress stamped before is not."""
+    before = datetime.now(UTC) - timedelta(seconds=30)
+    post_batch(
+        make_batch([transition("running", gen=1, ts=iso(before)), step(0, 1, ts=iso(before))])
+    )
+    fence = before + timedelta(seconds=10)
+    early = step(1, 8, gen=1, ts=iso(fence - timedelta(seconds=1)))
+    late = (
+        step(1, 9, gen=1, ts=iso(fence + timedelta(seconds=2)))
+        if kind == "step"
+        else {"kind": "checkpoint", "ts": iso(fence + timedelta(seconds=2)), "group": "job",
+              "generation": 1, "checkpoint_id": "c9", "step": 9, "phase": "committed"}
+    )  # fmt: skip
+    post_batch(make_batch([early, late], node="node-2"))
+    assert ContractViolation.objects.count() == 0
+    post_batch(make_batch([transition("recovering", gen=2, ts=iso(fence))]))
+    (v,) = ContractViolation.objects.all()
+    assert (v.kind, v.subject, v.generation) == ("split_brain", "group:job", 1)
+    assert v.evidence["record_kind"] == kind
 
 
 def test_it_pushes_the_nodes_fleet_card_as_committed_at_most_once_a_second(post_batch, monkeypatch):

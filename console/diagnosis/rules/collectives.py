@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
+from itertools import pairwise
 from typing import Any
 
 from console.diagnosis.findings import (
@@ -752,6 +753,13 @@ def run(ctx: Context) -> None:
             cause = hit[1] if hit and hit[0] <= e.seq else None
         targets[key] = (what, missing, cause)
     waiter_of = {wt.rank: key for key, ws in pending.items() for wt in ws}
+    # Ranks waiting on each other across groups: the rank whose call order left its groups'
+    # majority is a mismatch, and every wait of the circle is its symptom (its own is not).
+    culprits = _order_divergences(ctx, matched, pending, targets, waiter_of, threshold)
+    for key in list(pending):
+        pending[key] = [wt for wt in pending[key] if wt.rank not in culprits]
+        if not pending[key]:
+            del pending[key]
     for key, all_waiting in sorted(pending.items()):
         what, direct, mismatch = targets[key]
         waiting_ranks = {wt.rank for wt in all_waiting}
@@ -794,9 +802,11 @@ def run(ctx: Context) -> None:
         if cycle:
             role = UNDETERMINED
             missing = direct
+            sides = "; ".join(f"rank {rk} in {_blocked_in(windows, rk)}" for rk in direct[:4])
             note = (
                 f"rank(s) {', '.join(map(str, direct[:8]))} wait in other calls that wait "
-                "on these ranks in turn: an ordering deadlock across process groups"
+                f"on these ranks in turn ({sides}): an ordering deadlock across process "
+                "groups, and no other rank's call order says which side diverged"
             )
         elif not causes and missing:
             causes = [
@@ -818,6 +828,216 @@ def run(ctx: Context) -> None:
         head = causes[0].summary if causes else None
         _timeouts(ctx, waiting, role, head, missing, unexplained, note, causes, threshold,
                   direct)  # fmt: skip
+
+
+# -- order across groups ---------------------------------------------------------------
+
+
+def _role(group: Group | None) -> Any:
+    """What makes two process groups the same group for different ranks: the world, or a
+    reported group's description, size and member spacing (rank 3's TP group [2, 3] and
+    rank 5's [4, 5] are both ("tp", 2, (1,))). None for an inferred group: only its own
+    members can speak for it."""
+    if group is None:
+        return None
+    if group.pg == DEFAULT_PG:
+        return DEFAULT_PG
+    if not group.known:
+        return None
+    ranks = sorted(group.members)
+    return (group.desc or "", len(ranks), tuple(b - a for a, b in pairwise(ranks)))
+
+
+def _instances(m: Matcher) -> dict[Any, dict[int, str]]:
+    """role -> rank -> that rank's pg of the role (a rank with two pgs of one role has none:
+    its order between them says nothing)."""
+    out: dict[Any, dict[int, str | None]] = defaultdict(dict)
+    for g in m.groups.values():
+        role = _role(g)
+        if role is None:
+            continue
+        for rk in g.members:
+            out[role][rk] = None if rk in out[role] else g.pg
+    return {role: {rk: pg for rk, pg in got.items() if pg} for role, got in out.items()}
+
+
+def _positions(
+    w: CollectiveWindow | None, calls: tuple[tuple[str, int], tuple[str, int]]
+) -> tuple[int | None, int | None]:
+    """Where in a rank's window (its call order) it entered each of two calls (pg, seq), or
+    moved past it (the first entered call on that pg at that seq or later); None if not."""
+    found: list[int | None] = [None, None]
+    if w is not None:
+        for i, e in enumerate(w.entries):
+            if e.state not in ENTERED:
+                continue
+            for j, (pg, seq) in enumerate(calls):
+                if found[j] is None and e.pg == pg and e.seq >= seq and not is_p2p(e):
+                    found[j] = i
+            if found[0] is not None and found[1] is not None:
+                break
+    return found[0], found[1]
+
+
+# The order of two groups' calls is read from at most this many ranks (every k-th in rank
+# order): a synchronous job's ranks share one program, and at 16k ranks each vote walks
+# every window.
+ORDER_VOTERS = 1024
+
+
+def _order_votes(
+    matched: _Matched,
+    windows: dict[int, CollectiveWindow],
+    x: CollectiveEntry,
+    y: CollectiveEntry,
+) -> tuple[int, int]:
+    """How many ranks called (their instance of) `x`'s call before `y`'s, and how many
+    `y`'s first: each rank's own window is the evidence of its order. A rank counts for x
+    first when it entered x and not y, or both with x earlier in its window."""
+    m = matched.matcher
+    gx, gy = m.groups.get(x.pg), m.groups.get(y.pg)
+    rx, ry = _role(gx), _role(gy)
+    key = ("order", rx if rx is not None else x.pg, x.seq, ry if ry is not None else y.pg, y.seq)
+    done: dict[tuple[Any, ...], tuple[int, int]] = matched.cache.setdefault("order", {})
+    hit = done.get(key)
+    if hit is not None:
+        return hit
+    roles = matched.cache.get("roles")
+    if roles is None:
+        roles = matched.cache["roles"] = _instances(m)
+
+    def instances(role: Any, g: Group | None, pg: str) -> dict[int, str]:
+        if role is not None:
+            got: dict[int, str] = roles.get(role, {})
+            return got
+        return {rk: pg for rk in g.members} if g is not None else {}
+
+    own_x, own_y = instances(rx, gx, x.pg), instances(ry, gy, y.pg)
+    voters = sorted(own_x.keys() & own_y.keys())
+    first_x = first_y = 0
+    for rk in voters[:: -(-len(voters) // ORDER_VOTERS) or 1]:
+        px, py = _positions(windows.get(rk), ((own_x[rk], x.seq), (own_y[rk], y.seq)))
+        if px is None and py is None:
+            continue
+        if py is None or (px is not None and px < py):
+            first_x += 1
+        else:
+            first_y += 1
+    done[key] = (first_x, first_y)
+    return first_x, first_y
+
+
+def _order_divergences(
+    ctx: Context,
+    matched: _Matched,
+    pending: dict[str, list[Wait]],
+    targets: dict[str, tuple[str, list[int], Finding | None]],
+    waiter_of: dict[int, str],
+    threshold: float,
+) -> set[int]:
+    """Ranks blocked in collectives of different groups, each waiting for the other (rank 3
+    in its TP group's all_reduce, rank 2 and the world in the world's): the rank that called
+    its groups' collectives in an order the majority of ranks did not is the culprit. The
+    order is read from every rank that holds both groups' calls (its own instance of each,
+    as `_role` matches them): if most entered the waiters' call before the other, the rank
+    that went to the other one first diverged. Judged only once the circle has lasted past
+    the threshold on both sides (ranks may legitimately sit in different groups' calls for
+    a moment: a pipeline's stages, an async op issued early). A tie (two ranks, no other
+    rank to say the order) names nobody: the circle stays an undetermined deadlock.
+    Records each culprit's `collective_mismatch` and makes it the cause of the circle's
+    waits (`targets`); returns the culprits."""
+    waits = {wt.rank: wt for ws in pending.values() for wt in ws}
+    windows = {r.rank: r.collective for r in ctx.snap.ranks if r.collective is not None}
+
+    def stuck(a: Wait, b: Wait) -> bool:
+        seen = min(_known_at(ctx, a.rank), _known_at(ctx, b.rank))
+        return (seen - a.since).total_seconds() > threshold
+
+    out: dict[int, Finding] = {}
+    # Whether a call's waiters wait on a rank that waits on nothing (per call and the call
+    # the chain started from: the same for every rank blocked in it; 16k ranks may be).
+    chains: dict[tuple[str, str], bool] = {}
+    for key in sorted(pending):
+        what, missing, cause = targets[key]
+        if cause is not None or "/p2p/" in key:
+            continue
+        waiting = [wt for wt in pending[key] if wt.rank not in out]
+        if not waiting:
+            continue
+        x = min(waiting, key=lambda wt: (wt.since, wt.rank))  # the longest wait
+        for rk in missing:
+            other = waiter_of.get(rk)
+            if rk in out or other is None or other == key or "/p2p/" in other:
+                continue
+            if targets[other][2] is not None:
+                continue
+            if (other, key) not in chains:
+                roots, found = _chain([rk], waiter_of, targets, key)
+                chains[(other, key)] = bool(roots or found)
+            if chains[(other, key)]:
+                continue  # it waits for a rank that waits on nothing: that one is the story
+            y = waits[rk]
+            if not (stuck(x, y) and stuck(y, x)):
+                continue
+            first_x, first_y = _order_votes(matched, windows, x.entry, y.entry)
+            if first_x <= first_y:
+                continue
+            blocked = sorted(wt.rank for wt in pending[key])
+            out[rk] = _order_mismatch(ctx, matched, y, x, blocked, (first_x, first_y))
+    for rank, f in out.items():
+        for key in (waiter_of[rank], *(k for k, (_, miss, _) in targets.items() if rank in miss)):
+            what, missing, cause = targets[key]
+            if cause is None:
+                targets[key] = (what, missing, f)
+    return set(out)
+
+
+def _order_mismatch(
+    ctx: Context, matched: _Matched, y: Wait, x: Wait, blocked: list[int], votes: tuple[int, int]
+) -> Finding:
+    """The `collective_mismatch` of rank `y.rank`, blocked in `y.entry` while `blocked`
+    ranks wait for it in `x.entry` (which most ranks called first)."""
+    e, m = y.entry, x.entry
+    groups = matched.matcher.groups
+    gy, gx = groups.get(e.pg), groups.get(m.pg)
+
+    def where(c: CollectiveEntry, g: Group | None) -> str:
+        desc = f" ({g.desc})" if g is not None and g.desc else ""
+        return f"{c.op} on pg {c.pg}{desc} seq {c.seq}"
+
+    r = ctx.ranks.get(y.rank)
+    evidence: dict[str, Any] = {
+        "rank": y.rank,
+        "node": r.node if r else None,
+        "gpu": r.gpu if r else None,
+        "pg": m.pg,
+        "pg_desc": gx.desc if gx else None,
+        "pg_size": len(gx.members) if gx else None,
+        "pg_members_known": bool(gx and gx.known),
+        "seq": m.seq,
+        "rank_call": call(e),
+        "majority_call": call(m),
+        "differs_in": ["order"],
+        "blocked_in": {"rank": where(e, gy), "waiting": where(m, gx)},
+        "waiting_ranks": ctx.capped(blocked),
+        "waiting_count": len(blocked),
+        "order_votes": {"waiting_call_first": votes[0], "rank_call_first": votes[1]},
+        "tie": False,
+    }
+    d = Desync(
+        pg=m.pg,
+        rank=y.rank,
+        seq=m.seq,
+        evidence=evidence,
+        tie=False,
+        summary=f"Collective order diverged on rank {y.rank}: it is blocked in {where(e, gy)} "
+        f"while {len(blocked)} rank(s) wait for it in {where(m, gx)}, which {votes[0]} of "
+        f"{sum(votes)} ranks called first",
+        first_seen=e.started_ts,
+        key=f"{m.pg}/order",
+        ranks=[y.rank],
+    )
+    return _report(ctx, [d])[(d.key, str(y.rank))]
 
 
 def _known_at(ctx: Context, rank: int) -> datetime:

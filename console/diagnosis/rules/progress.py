@@ -34,7 +34,9 @@ from datetime import datetime, timedelta
 
 from console.diagnosis.findings import (
     CRITICAL,
+    INFO,
     MAJOR,
+    MINOR,
     ROOT_CAUSE,
     SEVERITY_RANK,
     SYMPTOM,
@@ -180,8 +182,12 @@ def run(ctx: Context) -> None:
         ),
     }
     if everyone:
+        # A minor one stops nothing: an informational Xid on a healthy neighbour's GPU (a
+        # row remapped) must not become the story of a stall.
         stopping = {
-            f.id: f for f in ctx.findings.values() if f.role == ROOT_CAUSE and f.kind in STOPPING
+            f.id: f
+            for f in ctx.findings.values()
+            if f.role == ROOT_CAUSE and f.kind in STOPPING and f.severity not in (MINOR, INFO)
         }
         located = {f.id: f for f in _located(ctx, [rk for rk, _ in stalled])}
         roots = sorted(

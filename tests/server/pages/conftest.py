@@ -49,4 +49,7 @@ def training_group(post_batch: Any) -> dict[str, Any]:
     post_batch(make_batch(_records(start, 12, nan_at=10), node="node-p1", sent_at=start))
     pipeline.diagnose(group_name=GROUP, now=start + timedelta(seconds=15))
     incident = Incident.objects.get(group__name=GROUP, kind="nan_loss")
+    # The pass at which its verdict settles: the remediation policy has had its say.
+    pipeline.diagnose(group_name=GROUP, now=incident.settles_at)
+    incident.refresh_from_db()
     return {"name": GROUP, "incident": incident, "start": start}

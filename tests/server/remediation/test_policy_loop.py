@@ -7,12 +7,20 @@ from datetime import timedelta
 import pytest
 
 from console import actions
-from console.models import Action, AuditLog, ConsistencyGroup, Incident, Node
+from console.models import (
+    VERDICT_SETTLES_AFTER,
+    Action,
+    AuditLog,
+    ConsistencyGroup,
+    Incident,
+    Node,
+)
 
 pytestmark = pytest.mark.django_db
 
 
-def _xid_incident(now, *, recovery=None, fp="fp-xid", kind="xid", evidence=None):
+def _xid_incident(now, *, recovery=None, fp="fp-xid", kind="xid", evidence=None, settled=True):
+    """An open Xid incident; `settled`: opened long enough ago that its verdict settled."""
     group = ConsistencyGroup.objects.get(name="llama")
     ev = {"code": 79, "takes_gpu_out": True, "node": "n-01", "gpu": "GPU-0001"}
     return Incident.objects.create(
@@ -22,7 +30,7 @@ def _xid_incident(now, *, recovery=None, fp="fp-xid", kind="xid", evidence=None)
         subject="gpu:GPU-0001",
         severity="critical",
         summary="Xid 79: GPU fell off the bus",
-        opened_at=now,
+        opened_at=now - VERDICT_SETTLES_AFTER if settled else now,
         root_cause={"kind": kind, "evidence": evidence if evidence is not None else ev},
         recovery=recovery
         if recovery is not None
@@ -44,6 +52,23 @@ def test_it_proposes_drain_and_restart_for_a_hardware_fault(pool, now):
     assert rows["restart_group"].params["job"] == "4242"
     # A second sweep proposes nothing new: one open proposal per (kind, target).
     assert actions.remediate_group(group_name="llama", now=now) == []
+
+
+def test_it_proposes_nothing_until_the_verdict_settles(pool, now):
+    """A provisional root cause may still be revised (a peer's error folded under the
+    death that arrives a moment later): nothing is proposed from it. One send interval
+    after it opened the verdict settles and the same incident is remediated."""
+    ConsistencyGroup.objects.filter(name="llama").update(scheduler_job="4242")
+    incident = _xid_incident(now, settled=False)
+    assert not incident.verdict_settled(now)
+    assert actions.remediate_group(group_name="llama", now=now) == []
+    almost = now + VERDICT_SETTLES_AFTER - timedelta(milliseconds=1)
+    assert actions.remediate_group(group_name="llama", now=almost) == []
+    assert not Action.objects.exists()
+    later = now + VERDICT_SETTLES_AFTER
+    assert incident.verdict_settled(later)
+    made = actions.remediate_group(group_name="llama", now=later)
+    assert {a.kind for a in Action.objects.filter(pk__in=made)} == {"drain_node", "restart_group"}
 
 
 def test_it_auto_approves_only_what_the_gate_policy_lists(pool, now, settings):
