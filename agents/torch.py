@@ -150,9 +150,11 @@ class Recorder:
         self._groups_sent_at = 0.0
         # A rank blocked inside a collective cannot report from its own thread: a watchdog
         # sends the window once a call has been in flight for WATCH_AFTER_S, so the console
-        # sees which rank waits at which seq (and which rank never arrived).
+        # sees which rank waits at which seq (and which rank never arrived), and again every
+        # WATCH_RESEND_S while it stays blocked: the reporter drops a datagram when the
+        # agent's queue is full, and one lost window hid where a rank waits.
         self._inflight: tuple[dict[str, Any], float] | None = None
-        self._watched: int | None = None
+        self._watched: tuple[int, float] | None = None  # (entry id, when last sent)
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None
 
@@ -395,6 +397,7 @@ class Recorder:
         self._groups_sent, self._groups_sent_at = groups, now
 
     WATCH_AFTER_S = 2.0
+    WATCH_RESEND_S = 5.0  # one agent send interval: what the console may wait for a window
 
     def _watch(self) -> None:
         while not self._stop.wait(0.5):
@@ -402,9 +405,13 @@ class Recorder:
             if current is None:
                 continue
             entry, began = current
-            if time.monotonic() - began < self.WATCH_AFTER_S or self._watched == id(entry):
+            now = time.monotonic()
+            if now - began < self.WATCH_AFTER_S:
                 continue
-            self._watched = id(entry)
+            watched = self._watched
+            if watched and watched[0] == id(entry) and now - watched[1] < self.WATCH_RESEND_S:
+                continue
+            self._watched = (id(entry), now)
             try:
                 with self._lock:
                     window = [dict(e) for e in self.entries]

@@ -131,7 +131,15 @@ class TrainGroup:
         if self.zombie is not None:
             self.zombie.step(self.step, tokens=self.tokens, loss=2.0, duration_ms=1000.0)
         if self.fault is not None and self.fault.kind in ("xid79", "collective_mismatch", "oom"):
-            return  # every rank waits in a collective that cannot complete
+            # Every rank waits in a collective that cannot complete, and keeps reporting its
+            # window (agents.torch's watchdog re-sends it while a call stays blocked): the
+            # reporter drops a datagram when the agent's queue is full, and one lost window
+            # hid where the peers wait (the incident's trace then showed the dead rank's last
+            # step, not the one it missed).
+            for rank, window in self.windows.items():
+                if window and window[-1]["state"] == "started" and rank in self.reporters:
+                    self.reporters[rank].collective(list(window))
+            return
         self.step += 1
         self.coll_seq += 1
         base = {r: self.rng.uniform(560, 640) for r in self.reporters}

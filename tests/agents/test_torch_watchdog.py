@@ -41,6 +41,30 @@ def test_it_reports_a_collective_that_blocks_past_the_watch_threshold() -> None:
     assert len(rep.windows) == 1  # reported once per blocked call, not every tick
 
 
+def test_it_reports_a_still_blocked_collective_again_every_resend_interval() -> None:
+    """A window lost on the way (the reporter drops when the agent's queue is full) must
+    not hide for good where the rank waits."""
+    rep = FakeReporter()
+    rec = Recorder(rep)
+    rec.WATCH_AFTER_S, rec.WATCH_RESEND_S = 0.2, 0.6
+    fake_torch = types.SimpleNamespace(Tensor=type("Tensor", (), {}))
+    release = threading.Event()
+    all_reduce = rec._wrap(fake_torch, "all_reduce", lambda *a, **k: release.wait(10))
+    watchdog = threading.Thread(target=rec._watch, daemon=True)
+    watchdog.start()
+    caller = threading.Thread(target=all_reduce)
+    caller.start()
+    deadline = time.monotonic() + 6
+    while len(rep.windows) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first_two = list(rep.windows)
+    release.set()
+    caller.join(5)
+    rec._stop.set()
+    assert len(first_two) == 2, first_two
+    assert first_two[0] == first_two[1]  # the same blocked call, seq and state
+
+
 def test_it_stays_quiet_for_collectives_that_finish_quickly() -> None:
     rep = FakeReporter()
     rec = Recorder(rep)
