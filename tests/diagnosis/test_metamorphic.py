@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -154,7 +154,7 @@ def _kill(victim: int = 11) -> Scenario:
     )
 
 
-def _running(nan: set[tuple[int, int]] = frozenset()) -> list[Record]:  # type: ignore[assignment]
+def _running(nan: Collection[tuple[int, int]] = frozenset()) -> list[Record]:
     """Every rank steps on, once a second from FAULT_AT until END (steps 120, 121, ...);
     (rank, step) in `nan` reports a NaN loss."""
     out = []
@@ -579,7 +579,8 @@ def _snapshot_inputs(delivered: list[Record]) -> tuple[dict[str, datetime | None
     seen: dict[str, datetime | None] = {}
     for r in delivered:
         node = _node(r)
-        if seen.get(node) is None or r["ts"] > seen[node]:  # type: ignore[operator]
+        last = seen.get(node)
+        if last is None or r["ts"] > last:
             seen[node] = r["ts"]
     return seen, [r for r in delivered if r["kind"] != "heartbeat"]
 

@@ -42,7 +42,7 @@ from schemathesis.core.result import Err, Ok
 from faultline.nul import has_nul
 from tests.conftest import iso, make_batch
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
 
 SCHEMA_URL = "/api/schema/"
 # Examples per operation and generation mode. With the real-row variants and six callers

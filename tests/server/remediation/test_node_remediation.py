@@ -16,7 +16,7 @@ import pytest
 from django.utils import timezone
 
 from console import actions
-from console.models import Action, Incident, Node
+from console.models import VERDICT_SETTLES_AFTER, Action, Incident, Node
 from tests.conftest import make_batch
 from tests.policy.test_placement import _table
 from tests.server.scenarios.timeline import Timeline
@@ -91,6 +91,13 @@ def _proposed() -> list[str]:
     return sorted(Action.objects.filter(state="proposed").values_list("kind", flat=True))
 
 
+def _diagnosed(t: Any) -> None:
+    """The group's diagnosis, then its pass once the verdict has settled: a group's
+    incident is proposed from only then (Incident.verdict_settled)."""
+    t.diagnose(at=41)
+    t.diagnose(at=41 + VERDICT_SETTLES_AFTER.total_seconds() + 1)
+
+
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 @pytest.mark.parametrize("placement", ["idle", "ranks", "launcher", "serving"])
 def test_a_node_fault_proposes_what_the_placement_table_says(
@@ -106,7 +113,7 @@ def test_a_node_fault_proposes_what_the_placement_table_says(
     assert post_batch(make_batch(records, node=NODE)).status_code == 202
     (incident,) = Incident.objects.filter(group=None, node__name=NODE)
     if timeline is not None and records[0]["kind"] == "device_event":
-        timeline.diagnose(at=41)  # the group's own root cause, planned after its diagnosis
+        _diagnosed(timeline)  # the group's own root cause, planned once it settles
     actions.remediate_nodes(now=timezone.now() + LATER)
     want = _table()[row][placement]
     assert _proposed() == sorted(want), (placement, fault, incident.timeline)
@@ -166,7 +173,7 @@ def test_a_busy_nodes_fault_is_taken_out_once_whichever_incident_plans_first(
     t.send()
     actions.remediate_nodes(now=timezone.now())  # the sweep first, this time
     assert _proposed() == ["drain_node"]
-    t.diagnose(at=41)
+    _diagnosed(t)
     assert _proposed() == ["drain_node", "restart_group"]
     drain = Action.objects.get(kind="drain_node")
     assert drain.incident.group is None  # the node's incident proposed it
@@ -178,7 +185,7 @@ def test_a_rejected_drain_is_not_proposed_again_by_the_other_incident(post_batch
     t = _place(post_batch, "ranks")
     assert t is not None
     t.add(NODE, t.at(40), _fault("xid79", _gpu("ranks"))[0])
-    t.diagnose(at=41)  # the group's diagnosis first
+    _diagnosed(t)  # the group's diagnosis first
     drain = Action.objects.get(kind="drain_node")
     actions.vote_on_action(action_id=drain.pk, actor=cast["approver"], approve=False,
                            now=timezone.now(), reason="not this node")  # fmt: skip
@@ -270,7 +277,7 @@ def test_a_groups_drain_cancelled_as_stale_does_not_keep_the_node_in_service(
     t = _place(post_batch, "ranks")
     assert t is not None
     t.add(NODE, t.at(40), _fault("xid79", _gpu("ranks"))[0])
-    t.diagnose(at=41)  # the group's diagnosis first: its drain names the group
+    _diagnosed(t)  # the group's diagnosis first: its drain names the group
     drain = Action.objects.get(kind="drain_node")
     assert drain.group is not None and drain.incident.group is not None
     Action.objects.filter(pk=drain.pk).update(state="cancelled")  # stale at dispatch

@@ -391,7 +391,8 @@ def _run(post: Any, name: str, plan: Plan, tag: str) -> Run:
 
 def _plain(t: Timeline, text: str) -> str:
     """A subject or target without the variant's names (its group, nodes and GPUs)."""
-    return text.replace(t.group, "JOB").replace(f"{t.tag}-node-", "node-")  # type: ignore[attr-defined]
+    assert isinstance(t, Variant)
+    return text.replace(t.group, "JOB").replace(f"{t.tag}-node-", "node-")
 
 
 def _verdict(t: Timeline) -> dict[Any, Any]:
