@@ -257,3 +257,27 @@ def test_it_keeps_kv_and_hit_rates_within_percent_whatever_the_gauges_say() -> N
         kv = window.get("kv_used_pct")
         assert kv is None or 0.0 <= kv <= 100.0
         assert kv is not None or not math.isfinite(float(raw))
+
+
+# -- the contract's engine fields ---------------------------------------------------------
+GOLDEN = Path(__file__).parent / "fixtures" / "contract" / "serving_engine_windows.json"
+
+
+def test_it_accepts_the_golden_engine_windows_forever() -> None:
+    batch = protocol.decode_batch(GOLDEN.read_bytes())
+    vllm, sglang = (r.window for r in batch.records if isinstance(r, protocol.Serving))
+    assert vllm.slo_checked == ["ttft", "tpot", "e2e"] and vllm.prefill_ms_p99 == 297.0
+    assert sglang.graph_miss_pct == 0.58 and sglang.slo_checked == ["ttft", "e2e"]
+    assert sglang.unmeasured == NEVER
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("graph_miss_pct", 101.0), ("queue_ms_p99", -1.0), ("slo_checked", ["ttft", "speed"]),
+     ("slo_checked", ["ttft"] * 4), ("unmeasured", ["oom prone"]), ("decode_ms_p50", "fast")],
+)  # fmt: skip
+def test_it_refuses_an_engine_field_out_of_its_range_naming_it(field: str, value: Any) -> None:
+    body = json.loads(GOLDEN.read_text())
+    body["records"][0]["window"][field] = value
+    with pytest.raises(protocol.ContractError, match=f"window.{field}"):
+        protocol.decode_batch(json.dumps(body).encode())
