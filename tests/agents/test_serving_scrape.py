@@ -363,3 +363,18 @@ def test_the_agent_ships_the_engines_windows(
     windows = [r for r in stub.records() if r["kind"] == "serving"]
     assert sum(w["window"]["requests"] for w in windows) == 7, windows
     assert {w["worker"] for w in windows} == {"vllm-0"} and stub.invalid == []
+
+
+def test_check_says_which_engines_it_can_read(
+    engine: FakeVllm, capsys: pytest.CaptureFixture[str], short_dir: Path
+) -> None:
+    from agents.cli import check
+
+    dead = ss.parse_config([{"url": "http://127.0.0.1:9", "engine": "sglang", "group": "g",
+                             "timeout": 0.5}], "n1")  # fmt: skip
+    cfg = Config(dry_run=True, fake_gpus=1, state_dir=short_dir / "s",
+                 serving=[_config(engine.url, worker="ok"), *dead])  # fmt: skip
+    assert check(cfg) == 1
+    out = capsys.readouterr().out
+    assert f"serving: vllm at {engine.url} readable as chat/ok" in out
+    assert "PROBLEM: serving n1:9 (http://127.0.0.1:9): metrics unreadable" in out
