@@ -217,28 +217,26 @@ def increase(before: Histogram | None, after: Histogram) -> Histogram:
 
 
 def quantile(q: float, h: Histogram) -> float | None:
-    """Prometheus's histogram_quantile on one histogram: linear interpolation inside the
-    bucket the rank falls in (from 0 for the first bucket when its bound is positive); the
-    highest finite bound when the rank falls in `+Inf`. None without observations."""
-    total = h.buckets[-1][1] if h.buckets else 0.0
-    if total <= 0 or len(h.buckets) < 2:
+    """Prometheus's histogram_quantile on one histogram (promql/quantile.go, the same
+    arithmetic in the same order): linear interpolation inside the bucket the rank falls in
+    (from 0 for the first bucket when its bound is positive); the highest finite bound when
+    the rank falls in `+Inf`. None without observations."""
+    if len(h.buckets) < 2 or h.buckets[-1][1] <= 0:
         return None
-    rank = q * total
-    prev_le, prev_cum = 0.0, 0.0
-    for i, (le, cum) in enumerate(h.buckets):
-        if cum >= rank:
-            if le == math.inf:
-                return h.buckets[-2][0]
-            if i == 0:
-                if le <= 0:
-                    return le
-                prev_le = 0.0
-            in_bucket = cum - prev_cum
-            if in_bucket <= 0:
-                return le
-            return prev_le + (le - prev_le) * (rank - prev_cum) / in_bucket
-        prev_le, prev_cum = le, cum
-    return h.buckets[-2][0]
+    rank = q * h.buckets[-1][1]
+    b = next((i for i, (_, cum) in enumerate(h.buckets[:-1]) if cum >= rank), len(h.buckets) - 1)
+    if b == len(h.buckets) - 1:
+        return h.buckets[-2][0]
+    if b == 0 and h.buckets[0][0] <= 0:
+        return h.buckets[0][0]
+    start, (end, count) = 0.0, h.buckets[b]
+    if b > 0:
+        start = h.buckets[b - 1][0]
+        count -= h.buckets[b - 1][1]
+        rank -= h.buckets[b - 1][1]
+    if count <= 0:  # only for q = 0 on an empty first bucket (Prometheus: NaN)
+        return start
+    return start + (end - start) * (rank / count)
 
 
 def at_most(h: Histogram, threshold: float) -> tuple[float, float | None]:

@@ -7,9 +7,13 @@ of histogram_quantile and of a bucket's count on random observations.
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import shutil
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -233,3 +237,40 @@ def test_it_agrees_with_the_values_it_was_given_in_any_series_order() -> None:
         expo = prom.parse("\n".join(lines))
         assert prom.total(expo, "vllm:request_success_total") == 8.0
         assert prom.total(expo, "vllm:request_success_total", {"finished_reason": "abort"}) == 1
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian prometheus) is not installed")
+def test_its_quantiles_are_what_prometheus_histogram_quantile_computes(tmp_path: Path) -> None:
+    """Prometheus itself (promtool's rule-test engine) evaluates histogram_quantile on the
+    same buckets: a test file whose expected values are ours passes only if they agree."""
+    rng = random.Random(45)
+    tests, cases = [], 0
+    for case in range(25):
+        bounds = sorted(rng.sample([0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0],
+                                   rng.randint(2, 8)))  # fmt: skip
+        values = [
+            rng.expovariate(1 / rng.choice((0.02, 0.3, 3.0))) for _ in range(rng.randint(1, 60))
+        ]
+        h = _observed(values, bounds)
+        series = [
+            {"series": f'h{case}_bucket{{le="{"+Inf" if le == math.inf else le}"}}',
+             "values": f"{int(cum)}"}
+            for le, cum in h.buckets
+        ]  # fmt: skip
+        checks = []
+        for q in (0.5, 0.9, 0.99):
+            ours = prom.quantile(q, h)
+            assert ours is not None
+            checks.append({"expr": f"histogram_quantile({q}, h{case}_bucket)", "eval_time": "0m",
+                           "exp_samples": [{"labels": "{}", "value": ours}]})  # fmt: skip
+            cases += 1
+        tests.append({"interval": "1m", "input_series": series, "promql_expr_test": checks})
+    path = tmp_path / "quantiles.yml"
+    path.write_text(json.dumps({"tests": tests}))  # YAML is a superset of JSON
+    done = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert cases == 75
