@@ -152,6 +152,14 @@ class Reading:
     started: float | None = None  # process_start_time_seconds, where exported
 
 
+def wanted(spec: EngineSpec) -> frozenset[str]:
+    """The sample names `read` looks at: a scrape's other families need not be parsed."""
+    names = {s.name for group in (spec.counters, spec.gauges) for c in group.values() for s in c}
+    for families in spec.histograms.values():
+        names |= {f"{f}_{suffix}" for f in families for suffix in ("bucket", "count")}
+    return frozenset(names | {"vllm:cache_config_info", "process_start_time_seconds"})
+
+
 def _declared(expo: Exposition, name: str) -> bool:
     # prometheus_client's 0.0.4 text names a counter's family with `_total`, OpenMetrics
     # without it.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 # A scrape larger than this is an exporter gone wrong (vLLM and SGLang serve tens of KB).
@@ -25,6 +25,10 @@ _LABEL_NAME = re.compile(r"\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*\"")
 _QUOTED = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
 _QUOTED_LABEL = re.compile(r'\s*"((?:[^"\\\n]|\\.)*)"\s*=\s*"')
 _ESCAPE = re.compile(r"\\(.)")
+# The common label set (plain names, quoted values, no quoted metric name), read at once.
+_PAIR_SRC = r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*)"\s*'
+_BLOCK = re.compile(rf"((?:{_PAIR_SRC},)*(?:{_PAIR_SRC})?)\}}")
+_PAIR = re.compile(_PAIR_SRC)
 _ESCAPES = {"n": "\n", "\\": "\\", '"': '"'}
 # Python's float() also takes "1_000" and "infinity"; the format does not.
 _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|Inf|inf|NaN|nan)")
@@ -64,6 +68,10 @@ class Exposition:
 
 def _labels(line: str, pos: int) -> tuple[Labels, str | None, int]:
     """The label set starting after `{` at `pos`: (labels, quoted metric name, end)."""
+    block = _BLOCK.match(line, pos)
+    if block is not None:
+        found = {k: _unescape(v) for k, v in _PAIR.findall(block.group(1))}
+        return tuple(sorted(found.items())), None, block.end()
     pairs: dict[str, str] = {}
     name: str | None = None
     end = len(line)
@@ -109,9 +117,13 @@ def parse_value(token: str) -> float:
     return float(token)
 
 
-def parse(text: str, *, max_samples: int = MAX_SAMPLES) -> Exposition:
+def parse(
+    text: str, *, max_samples: int = MAX_SAMPLES, keep: Callable[[str], bool] | None = None
+) -> Exposition:
     """Parse an exposition. Comments, `# HELP`, exemplars (` # {...} v`) and timestamps are
-    read past; `# EOF` ends it; a malformed line is counted in `skipped` and left out."""
+    read past; `# EOF` ends it; a malformed line is counted in `skipped` and left out. With
+    `keep`, only samples whose name it accepts are read (a scrape's other families are
+    skipped before their labels are parsed)."""
     out = Exposition()
     kept = 0
     # Only "\n" ends a line: a label value may hold \r, \x85 or \u2028 (str.splitlines
@@ -132,6 +144,8 @@ def parse(text: str, *, max_samples: int = MAX_SAMPLES) -> Exposition:
             labels: Labels = ()
             if m is not None:
                 name, pos = m.group(0), m.end()
+                if keep is not None and not keep(name):
+                    continue
                 if pos < len(line) and line[pos] == "{":
                     labels, _, pos = _labels(line, pos + 1)
             elif line[0] == "{":
@@ -139,6 +153,8 @@ def parse(text: str, *, max_samples: int = MAX_SAMPLES) -> Exposition:
                 if quoted is None:
                     raise ValueError("no metric name")
                 name = quoted
+                if keep is not None and not keep(name):
+                    continue
             else:
                 raise ValueError("no metric name")
             rest = line[pos:].split()

@@ -175,6 +175,7 @@ class EngineScraper:
     def __init__(self, cfg: EngineConfig, *, fetch: Fetch = http_get) -> None:
         self.cfg, self.fetch = cfg, fetch
         self.spec = engines.ENGINES[cfg.engine]
+        self.wanted = engines.wanted(self.spec)
         self.prev: engines.Reading | None = None
         self.prev_at = 0.0
         self.server_kv: str | None = None  # SGLang's, from /get_server_info, per process
@@ -244,7 +245,7 @@ class EngineScraper:
             )
             if status != 200:
                 raise ScrapeError(f"/metrics answered HTTP {status}")
-            expo = prometheus.parse(body.decode("utf-8", "replace"))
+            expo = prometheus.parse(body.decode("utf-8", "replace"), keep=self.wanted.__contains__)
         except OSError as exc:
             self._say(f"metrics unreadable: {exc}")
             return None

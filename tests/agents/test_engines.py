@@ -281,3 +281,13 @@ def test_it_refuses_an_engine_field_out_of_its_range_naming_it(field: str, value
     body["records"][0]["window"][field] = value
     with pytest.raises(protocol.ContractError, match=f"window.{field}"):
         protocol.decode_batch(json.dumps(body).encode())
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_it_reads_the_same_window_from_the_families_it_parses_alone(name: str) -> None:
+    spec = engines.ENGINES[PAIRS[name]]
+    keep = engines.wanted(spec).__contains__
+    before, after = (engines.read(spec, prometheus.parse(_text(name, s), keep=keep)) for s in "ab")
+    assert engines.window(spec, before, after, 10.0, engines.Slo()) == _window(name)
+    assert after.kv_schema == _reading(name, "b").kv_schema
+    assert after.model == _reading(name, "b").model

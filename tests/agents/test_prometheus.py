@@ -77,7 +77,7 @@ def test_it_parses_a_large_scrape_in_linear_time() -> None:
     started = time.perf_counter()
     expo = prom.parse(text)
     assert len(expo.samples["vllm:e2e_request_latency_seconds_bucket"]) == 40_000
-    assert time.perf_counter() - started < 5.0
+    assert time.perf_counter() - started < 15.0  # quadratic would take minutes
 
 
 @given(st.text(max_size=400))
