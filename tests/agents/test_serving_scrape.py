@@ -378,3 +378,19 @@ def test_check_says_which_engines_it_can_read(
     out = capsys.readouterr().out
     assert f"serving: vllm at {engine.url} readable as chat/ok" in out
     assert "PROBLEM: serving n1:9 (http://127.0.0.1:9): metrics unreadable" in out
+
+
+def test_one_engine_down_does_not_hold_up_another_on_the_same_node(engine: FakeVllm) -> None:
+    down = _config("http://127.0.0.1:9", worker="down", interval=0.3, timeout=0.3)
+    sent: list[dict[str, Any]] = []
+    scraper = ss.ServingScraper([_config(engine.url, worker="up", interval=0.3), down],
+                                sent.append)  # fmt: skip
+    scraper.start()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(sent) < 3:
+            time.sleep(0.05)
+    finally:
+        scraper.stop()
+    assert len(sent) >= 3 and {r["worker"] for r in sent} == {"up"}
+    assert all(0.2 <= r["window"]["seconds"] <= 5.0 for r in sent)
