@@ -30,6 +30,7 @@ from agents.kmsg import KernelLog
 from agents.listener import Listener
 from agents.nvml import GpuBackend, load_backend
 from agents.sender import AgentInfo, AuthError, Sender
+from agents.serving_scrape import EngineConfig, ServingScraper
 from agents.spool import DEFAULT_MAX_BYTES, SAMPLE_KINDS, Identity, Spool
 from agents.wire import Record, record
 
@@ -91,6 +92,8 @@ class Config:
     # The boot id the agent reports (None: the kernel's). A test or the demo simulates a
     # reboot by restarting the agent with a new one (the service's repair evidence).
     boot_id: str | None = None
+    # [[serving]]: vLLM/SGLang engines on this node whose metrics become serving windows.
+    serving: list[EngineConfig] = field(default_factory=list)
 
 
 def boot_id() -> str | None:
@@ -175,6 +178,7 @@ class Agent:
             else None
         )
         self.evidence = Evidence(self.enqueue, pci_to_gpu=self._pci_to_gpu)
+        self.serving = ServingScraper(config.serving, self.enqueue)
         self.fake_host: FakeHost | None = None
         self.host: HostMonitor | None = None
         self.kernel_log: KernelLog | None = None
@@ -302,6 +306,7 @@ class Agent:
         self.executor.start(poll_s=self.config.action_poll_s if self.config.server else 0)
         if self.watcher is not None:
             self.watcher.start()
+        self.serving.start()
         sender = threading.Thread(target=self._send_loop, name="sender", daemon=True)
         sender.start()
         return [sender]
@@ -332,6 +337,7 @@ class Agent:
         for thread in threads or []:
             thread.join(timeout=self.sender.timeout + 1)
         self.listener.stop()
+        self.serving.stop()
         if self.watcher is not None:
             self.watcher.stop()
         if self.kernel_log is not None:

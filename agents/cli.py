@@ -23,6 +23,7 @@ from agents.agent import DEFAULT_STATE_DIR, Agent, Config, make_backend
 from agents.checkpoints import RootConfig
 from agents.schedulers import backend_named
 from agents.sender import opener_for
+from agents.serving_scrape import EngineScraper, parse_config
 from agents.spool import Identity, Spool
 from agents.wire import MAX_SEND_INTERVAL_S
 
@@ -252,6 +253,10 @@ def build_config(args: argparse.Namespace) -> Config:
     if not (isinstance(interfaces, list) and all(isinstance(i, str) for i in interfaces)):
         raise ConfigError(f"[host] interfaces must be a list of names, got {interfaces!r}")
     cfg.interfaces = list(interfaces)
+    try:
+        cfg.serving = parse_config(toml.get("serving"), cfg.node)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     overrides = toml.get("xid_overrides")
     if overrides:
         try:
@@ -293,6 +298,14 @@ def check(cfg: Config) -> int:
         spool.close()
     except OSError as exc:
         problems.append(f"state dir {cfg.state_dir}: {exc.strerror}")
+    for engine in cfg.serving:
+        scraper = EngineScraper(engine)
+        scraper.poll(0.0)
+        if scraper.problem:
+            problems.append(f"serving {engine.worker} ({engine.url}): {scraper.problem}")
+        else:
+            where = f"{engine.group}/{engine.worker}"
+            print(f"serving: {engine.engine} at {engine.url} readable as {where}")
     if cfg.server:
         url = cfg.server.rstrip("/") + "/api/v1/agents/actions"
         request = urllib.request.Request(  # noqa: S310 -- server URL comes from config

@@ -9,13 +9,13 @@ Stdlib only.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from agents import prometheus
 from agents.nvml import device_event, device_sample
 from agents.wire import Record
 
@@ -39,33 +39,22 @@ INTEGER_FIELDS = {"mem_used_bytes", "ecc_sbe", "ecc_dbe", "retired_or_remapped_p
                   "pcie_replays", "nvlink_errors"}  # fmt: skip
 XID = "DCGM_FI_DEV_XID_ERRORS"
 
-_LINE = re.compile(
-    r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)"
-)
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
 
 def parse(text: str) -> dict[str, dict[str, float]]:
-    """{gpu uuid: {metric: value}} from Prometheus text; lines without a UUID are skipped."""
+    """{gpu uuid: {metric: value}} from Prometheus text; series without a UUID are skipped."""
     out: dict[str, dict[str, float]] = {}
-    for line in text.splitlines():
-        if not line.startswith("DCGM_FI_"):
+    for name, family in prometheus.parse(text).samples.items():
+        if not name.startswith("DCGM_FI_"):
             continue
-        m = _LINE.match(line)
-        if m is None:
-            continue
-        labels = dict(_LABEL.findall(m.group("labels") or ""))
-        uuid = labels.get("UUID") or labels.get("uuid")
-        if not uuid:
-            continue
-        try:
-            value = float(m.group("value"))
-        except ValueError:
-            continue
-        gpu = out.setdefault(uuid, {})
-        gpu[m.group("name")] = value
-        if "gpu" in labels and labels["gpu"].isdigit():
-            gpu["__index"] = float(labels["gpu"])
+        for labels, value in family.items():
+            tags = dict(labels)
+            uuid = tags.get("UUID") or tags.get("uuid")
+            if not uuid:
+                continue
+            gpu = out.setdefault(uuid, {})
+            gpu[name] = value
+            if tags.get("gpu", "").isdigit():
+                gpu["__index"] = float(tags["gpu"])
     return out
 
 

@@ -298,6 +298,9 @@ class Transition(_Record, tag="transition"):
     objectives: Objectives | None = None
 
 
+SloTerm = Literal["ttft", "tpot", "e2e"]
+
+
 class ServingWindowStats(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):
     seconds: Annotated[float, Meta(gt=0, le=3600)]
     requests: Count = 0
@@ -326,6 +329,21 @@ class ServingWindowStats(Struct, gc=False, forbid_unknown_fields=True, omit_defa
     # the sender knew in flight on it. A worker's next window (after a restart) supersedes it.
     exited: bool = False
     exit_code: int | None = None
+    # What an engine measures that a serving process seldom counts itself (the agent's
+    # scrape of vLLM/SGLang, docs/serving.md): each absent where the engine exports none.
+    queue_ms_p50: NonNeg | None = None
+    queue_ms_p99: NonNeg | None = None
+    prefill_ms_p50: NonNeg | None = None
+    prefill_ms_p99: NonNeg | None = None
+    decode_ms_p50: NonNeg | None = None
+    decode_ms_p99: NonNeg | None = None
+    graph_miss_pct: Pct | None = None  # forward passes not served by a captured graph
+    # The SLO terms `slo_met` counted (absent: every term, per request, by the process
+    # itself); an engine's per-token TPOT histogram cannot count requests.
+    slo_checked: Annotated[list[SloTerm], Meta(max_length=3)] | None = None
+    # Count fields the sender cannot see (an engine exports no OOM or retry count): absent
+    # from the window means unknown, not zero.
+    unmeasured: Annotated[list[Code], Meta(max_length=32)] | None = None
 
 
 class Serving(_Record, tag="serving"):

@@ -25,6 +25,8 @@ class Fleet:
         self.host_control = Path(plan["host_control"]) if plan.get("host_control") else None
         self.restart = Path(plan["restart"]) if plan.get("restart") else None
         self.scheduler = Path(plan["scheduler"]) if plan.get("scheduler") else None
+        # worker -> {node, port}: the stand-in vLLM engines the serve nodes' agents scrape.
+        self.engines: dict[str, dict[str, Any]] = plan.get("engines", {})
         self.spares: list[str] = []
         self.boots: dict[str, int] = {}
 
@@ -56,7 +58,8 @@ class Fleet:
         boot = f"{node}-boot-{self.boots[node]}"
         config = Path(self.nodes[node]["state"]) / "agent.toml"
         lines = [x for x in config.read_text().splitlines() if not x.startswith("boot_id")]
-        config.write_text("\n".join([*lines, f'boot_id = "{boot}"']) + "\n")
+        # First: a key after a [[serving]] table would belong to that table.
+        config.write_text("\n".join([f'boot_id = "{boot}"', *lines]) + "\n")
         (self.restart / f"agent:{node}").touch()
         return boot
 

@@ -25,6 +25,7 @@ import agents.fake_host
 from agents.fake_nvml import CONTROL_ENV
 from faultline import bootstrap
 from faultline.demo import fake_slurm, narrator
+from faultline.demo.scenario import SERVING_WINDOW_S, WORKERS_PER_NODE, layout
 from faultline.embedded import free_port
 from faultline.supervisor import Supervisor
 
@@ -56,6 +57,35 @@ def _agent_command(server: str, token: str, node: str, state: Path, gpus: int) -
         "--config", str(state / "agent.toml"), "--checkpoint-root", str(state / "checkpoints"),
         "--log-level", "WARNING",
     ]  # fmt: skip
+
+
+def serving_engines(nodes: list[str], gpus: int) -> dict[str, dict[str, Any]]:
+    """worker -> {node, port}: the serving group's workers are stand-in vLLM engines
+    (faultline.demo.fake_engine) that the simulator runs on these ports."""
+    _, serve_nodes, _ = layout(nodes, gpus)
+    taken: set[int] = set()
+    out: dict[str, dict[str, Any]] = {}
+    for n, node in enumerate(serve_nodes):
+        for i in range(WORKERS_PER_NODE):
+            port = free_port(avoid=frozenset(taken))
+            taken.add(port)
+            out[f"w{n}-{i}"] = {"node": node, "port": port}
+    return out
+
+
+def agent_toml(node: str, udp: int, engines: dict[str, dict[str, Any]]) -> str:
+    """A demo node's agent.toml: its reporter port, the fake Slurm backend, and a
+    `[[serving]]` table per engine on the node (its agent scrapes them as it would vLLM)."""
+    tables = "".join(
+        f'\n[[serving]]\nurl = "http://127.0.0.1:{e["port"]}"\nengine = "vllm"\n'
+        f'group = "serve"\nworker = "{worker}"\ninterval = {SERVING_WINDOW_S}\n'
+        for worker, e in engines.items()
+        if e["node"] == node
+    )
+    return (
+        f'boot_id = "{node}-boot-0"\nreporter_udp_port = {udp}\nscheduler = "slurm"\n'
+        f"action_poll_s = 2\n{tables}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,14 +160,12 @@ def _play(args: argparse.Namespace, system: bootstrap.System, logs: Path) -> int
         "restart": str(restart),
         "scheduler": str(demo_dir / "scheduler"),
     }
+    plan["engines"] = serving_engines(nodes, args.gpus)
     for node in nodes:
         state = demo_dir / "agents" / node
         (state / "checkpoints").mkdir(parents=True)
         udp = free_port()
-        (state / "agent.toml").write_text(
-            f'reporter_udp_port = {udp}\nscheduler = "slurm"\naction_poll_s = 2\n'
-            f'boot_id = "{node}-boot-0"\n'
-        )
+        (state / "agent.toml").write_text(agent_toml(node, udp, plan["engines"]))
         commands[f"agent:{node}"] = _agent_command(server, tokens[node], node, state, args.gpus)
         plan["nodes"][node] = {"state": str(state), "udp": udp}
     (demo_dir / "plan.json").write_text(json.dumps(plan, indent=1))

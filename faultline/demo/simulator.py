@@ -37,7 +37,7 @@ def simulate(plan_path: Path) -> int:
     fleet = Fleet(plan)
     rng = random.Random(plan["seed"])  # noqa: S311 - picks which rank fails, not a secret
     nodes = sorted(fleet.nodes)
-    slots, serve_nodes, fleet.spares = layout(nodes, int(plan["gpus"]))
+    slots, _, fleet.spares = layout(nodes, int(plan["gpus"]))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not all(
         (Path(info["state"]) / "reporter.sock").exists() for info in fleet.nodes.values()
@@ -49,7 +49,7 @@ def simulate(plan_path: Path) -> int:
     groups: dict[str, Any] = {
         name: TrainGroup(name, group_slots, fleet, rng) for name, group_slots in slots.items()
     }
-    groups["serve"] = ServingGroup("serve", serve_nodes, fleet, rng)
+    serving = groups["serve"] = ServingGroup("serve", fleet, rng)
     first, every, hold = SCHEDULES[plan["schedule"]]
     began = time.monotonic()
     next_fault = began + first if every else math.inf
@@ -101,6 +101,7 @@ def simulate(plan_path: Path) -> int:
                 where = group.inject(fault)
                 say(f"t+{now - began:.0f}s injected {kind} on {name} {where}")
         time.sleep(max(0.0, STEP_S - (time.monotonic() - now)))
+    serving.close()
     return 0
 
 

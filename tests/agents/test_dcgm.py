@@ -83,3 +83,8 @@ def test_it_emits_an_xid_event_when_the_gauge_changes_not_while_it_stays(exporte
 def test_it_names_itself_for_the_doctor_line_like_every_gpu_backend():
     # `faultline-agent doctor` prints backend.name; the DCGM backend lacked it.
     assert DcgmBackend("http://127.0.0.1:9400/metrics").name == "dcgm"
+
+
+def test_it_reads_a_label_value_with_braces_and_quotes_through_the_shared_parser() -> None:
+    text = 'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-aaa",modelName="H100 {SXM5} \\"80GB\\""} 51\n'
+    assert parse(text) == {"GPU-aaa": {"DCGM_FI_DEV_GPU_TEMP": 51.0, "__index": 0.0}}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import signal
 import subprocess
 import time
@@ -17,10 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from agents.cli import _parser, build_config
 from agents.fake_nvml import CONTROL_ENV, FakeNvml
+from agents.serving_scrape import EngineScraper
 from faultline.demo import fake_slurm
 from faultline.demo.fleet import Fleet
-from faultline.demo.scenario import MATRIX, SPARE, layout
+from faultline.demo.runner import agent_toml, serving_engines
+from faultline.demo.scenario import MATRIX, SPARE, Fault, layout
+from faultline.demo.serving import ServingGroup
 from faultline.embedded import free_port
 from faultline.testing.service import ADMIN, Service, service_env, wait_for
 from tests.system.conftest import BIN
@@ -136,6 +141,41 @@ def test_it_reads_whether_the_fake_scheduler_has_a_node_in_service(tmp_path: Pat
     assert not fleet.in_service("node-1")
     subprocess.run(["scontrol", "update", "nodename=node-1", "state=resume"], env=env, check=True)
     assert fleet.in_service("node-1")
+
+
+def test_its_serving_workers_are_vllm_engines_their_nodes_agents_scrape(tmp_path: Path) -> None:
+    nodes = [f"node-{i:03d}" for i in range(1, 4)]
+    engines = serving_engines(nodes, 8)
+    (serve_node,) = {e["node"] for e in engines.values()}
+    config = tmp_path / "agent.toml"
+    config.write_text(agent_toml(serve_node, 9999, engines))
+    (tmp_path / "state").mkdir()
+    plan = {"nodes": {serve_node: {"state": str(tmp_path), "udp": 9999}},
+            "control": str(tmp_path), "restart": str(tmp_path), "engines": engines}  # fmt: skip
+    fleet = Fleet(plan)
+    fleet.reboot(serve_node)  # a reboot rewrites the boot id: the tables must stay tables
+    cfg = build_config(_parser().parse_args(["run", "--config", str(config), "--dry-run"]))
+    assert cfg.boot_id == f"{serve_node}-boot-1"
+    assert sorted(c.worker for c in cfg.serving) == sorted(engines)
+    group = ServingGroup("serve", fleet, random.Random(7))
+    try:
+        scrapers = {c.worker: EngineScraper(c) for c in cfg.serving}
+        for s in scrapers.values():
+            s.poll(0.0)
+        group.tick(1.0)
+        windows = {w: s.poll(5.0) for w, s in scrapers.items()}
+        assert all(r and r["ready"] and r["kv_schema"] and r["window"]["requests"] > 60
+                   and r["window"]["slo_met"] == r["window"]["requests"]
+                   for r in windows.values()), windows  # fmt: skip
+        fault = Fault("serving_not_ready")
+        group.inject(fault)
+        broken = scrapers[fault.worker or ""].poll(10.0)
+        assert broken is not None and broken["ready"] and "kv_schema" not in broken
+        group.recover()
+        healed = scrapers[fault.worker or ""].poll(15.0)
+        assert healed is not None and healed["kv_schema"] == "auto-b16"
+    finally:
+        group.close()
 
 
 def _waits_for_two_people(svc: Service, log: Path, data: Path) -> None:
