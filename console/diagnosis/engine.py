@@ -46,7 +46,7 @@ from console.diagnosis.rules.base import Context
 from console.diagnosis.rules.digest import RankDigest
 from console.diagnosis.snapshot import GroupSnapshot, StepRecord
 from console.diagnosis.stats import median
-from console.diagnosis.utilisation import utilisation
+from console.diagnosis.utilisation import node_throughput, utilisation
 
 Rule = Callable[[Context], None]
 
@@ -327,9 +327,15 @@ def diagnose(
             else None
         ),
         next_check=ctx.next_check,
-        utilisation=(
-            None
-            if snapshot.kind == "serving"
-            else utilisation(snapshot, now, steps=ctx.steps, per_rank=ctx.per_rank)
-        ),
+        utilisation=None if snapshot.kind == "serving" else _utilisation(ctx, now),
     )
+
+
+def _utilisation(ctx: Context, now: datetime) -> dict[str, Any] | None:
+    """MFU and the rest (console.diagnosis.utilisation): a pass in which no rank changed,
+    no GPU sample changed and the ports' throughput is the same reuses the last one."""
+    snap = ctx.snap
+    net = node_throughput(snap.net_ports, now)
+    compute = partial(utilisation, snap, now, steps=ctx.steps, per_rank=ctx.per_rank, net=net)
+    value: dict[str, Any] | None = ctx.per_pass("utilisation", (snap.devices, net), compute)
+    return value
