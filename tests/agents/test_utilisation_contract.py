@@ -91,3 +91,13 @@ def test_a_nan_learning_rate_travels_as_the_contract_string() -> None:
     rep.step(7, lr=float("nan"))
     assert rep.records[0]["lr"] == "NaN"
     validate(rep.records)
+
+
+def test_agents_torch_passes_the_steps_flops_and_learning_rate_through() -> None:
+    from agents.torch import Recorder
+
+    rep = _Capture()
+    Recorder(rep).report_step(4, tokens=32, model_flops=2e12, hw_flops=2.5e12, lr=1e-3)
+    (rec,) = [r for r in rep.records if r["kind"] == "step"]
+    assert (rec["model_flops"], rec["hw_flops"], rec["lr"]) == (2e12, 2.5e12, 1e-3)
+    validate(rep.records)
