@@ -177,6 +177,18 @@ class Session:
         self._verifiers: list[threading.Thread] = []
         self._stop = threading.Event()
 
+    # Lightning's spawn strategies pickle the trainer, callbacks included, into each child
+    # process: the threads, the event and the reporter's sockets stay behind (a child
+    # initialises its own at `begin`).
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(rep=None, _verifiers=[], _stop=None, _losses=[])
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._stop = threading.Event()
+
     # -- the run --------------------------------------------------------------------------
     def begin(
         self, *, rank: int, world: int, group_hint: str, model: Any = None, gpu: str | None = None

@@ -295,3 +295,28 @@ def test_the_integrations_survive_their_own_bugs(monkeypatch, caplog) -> None:
         raise RuntimeError("again")  # logged once per part, not per step
     assert sum("a part" in r.getMessage() for r in caplog.records) == 1
     assert os.environ.get("FAULTLINE_GROUP") != "must-not-leak"
+
+
+def test_a_session_survives_the_pickling_of_a_spawn_strategy(tmp_path: Path) -> None:
+    import pickle
+
+    session = Session(flops_per_token=10.0, rep=_Capture())
+    session.begin(rank=0, world=2, group_hint="run")
+    copy = pickle.loads(pickle.dumps(session))  # noqa: S301 -- our own bytes, just made
+    assert copy.rep is None and copy.flops_per_token == 10.0  # the child makes its own
+    copy.rep = _Capture()
+    path = tmp_path / "last.ckpt"
+    path.write_bytes(b"x")
+    copy.checkpoint(path, step=1, duration_ms=1.0, fmt="lightning")
+    copy.wait_verified(10)
+    assert [c["phase"] for c in copy.rep.kinds("checkpoint")] == ["committed", "verified"]
+
+
+def test_the_lightning_callback_pickles_before_fit() -> None:
+    pytest.importorskip("lightning")
+    import pickle
+
+    from agents.integrations.lightning import FaultlineCallback
+
+    callback = pickle.loads(pickle.dumps(FaultlineCallback(layers=2, hidden=64)))  # noqa: S301
+    assert callback.session.layers == 2
