@@ -202,6 +202,7 @@ class Session:
                     group=self.group, generation=self.generation, rank=self.rank, gpu=gpu
                 )
             rep = self.rep
+            rep.rank = self.rank  # the framework's global rank, whoever made the reporter
             if rep.gpu is None and gpu is not None:
                 rep.gpu = gpu
             if rep.group is None:

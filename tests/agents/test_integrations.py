@@ -320,3 +320,11 @@ def test_the_lightning_callback_pickles_before_fit() -> None:
 
     callback = pickle.loads(pickle.dumps(FaultlineCallback(layers=2, hidden=64)))  # noqa: S301
     assert callback.session.layers == 2
+
+
+def test_the_frameworks_rank_wins_over_the_one_a_reporter_was_made_with() -> None:
+    rep = _Capture(rank=0)  # made before the framework knew (RANK unset, say)
+    session = Session(flops_per_token=1.0, rep=rep)
+    session.begin(rank=3, world=4, group_hint="run")
+    session.send(_one_step(session, [1.0], [(4, 2)]))
+    assert [r["rank"] for r in rep.kinds("step")] == [3]
