@@ -128,6 +128,65 @@ def _listing(files: dict[str, tuple[int, int]], fmt: str) -> dict[str, Any]:
     return {"shards": shards, "total_bytes": sum(files[k][0] for k in names), "format": fmt}
 
 
+def manifest_of(path: str | os.PathLike[str], fmt: str) -> dict[str, Any]:
+    """The manifest of what a save just wrote at `path`: every file of a checkpoint
+    directory (paths relative to it), or the one file a single-file save wrote (its name);
+    sizes, no hashes (hashing gigabytes inside the trainer's save hook would stall
+    training: `check_shards` hashes them apart, at a bounded rate)."""
+    target = Path(path)
+    if target.is_file():
+        st = target.stat()
+        return _listing({target.name: (st.st_size, st.st_mtime_ns)}, fmt)
+    return _listing(_files(target), fmt)
+
+
+def hash_file(path: Path, rate_bytes: int, stop: threading.Event) -> str:
+    """sha256 of `path` read at no more than `rate_bytes` per second (the trainer's own
+    checkpoint I/O comes first); OSError when `stop` is set midway."""
+    digest = hashlib.sha256()
+    chunk = min(4 * 1024 * 1024, rate_bytes)
+    with open(path, "rb") as fh:
+        started = time.monotonic()
+        done = 0
+        while block := fh.read(chunk):
+            digest.update(block)
+            done += len(block)
+            ahead = done / rate_bytes - (time.monotonic() - started)
+            if ahead > 0 and stop.wait(ahead):
+                raise OSError(0, "stopping")
+    return digest.hexdigest()
+
+
+def check_shards(
+    directory: Path, manifest: dict[str, Any], fmt: str, hash_fn: Callable[[Path], str]
+) -> tuple[dict[str, Any], str | None]:
+    """Hash every shard of `manifest` under `directory`: the manifest with sizes and
+    checksums as found, and the first problem (a shard missing, unreadable, of another
+    size or hash than the manifest says; an empty DCP shard), or None."""
+    checked: list[dict[str, Any]] = []
+    problem: str | None = None
+    for shard in manifest.get("shards", []):
+        path = directory / shard["path"]
+        try:
+            digest = hash_fn(path)
+            size = path.stat().st_size  # after the read: a shard rewritten meanwhile shows
+        except FileNotFoundError:
+            problem = problem or f"shard {shard['path']}: missing"
+            continue
+        except OSError as exc:
+            problem = problem or f"shard {shard['path']}: unreadable ({exc.strerror})"
+            continue
+        if shard.get("bytes") is not None and shard["bytes"] != size:
+            problem = problem or f"shard {shard['path']}: {size} bytes, expected {shard['bytes']}"
+        elif shard.get("sha256") and shard["sha256"] != digest:
+            problem = problem or f"shard {shard['path']}: sha256 mismatch"
+        elif size == 0 and fmt == "torch_dcp":
+            problem = problem or f"shard {shard['path']}: empty"
+        checked.append({"path": shard["path"], "bytes": size, "sha256": digest})
+    result = {"shards": checked, "total_bytes": sum(s["bytes"] for s in checked), "format": fmt}
+    return result, problem
+
+
 def _step_from_name(name: str) -> int | None:
     digits = re.findall(r"\d+", name)
     return int(digits[-1]) if digits else None
@@ -383,34 +442,9 @@ class CheckpointWatcher:
     # -- verification --------------------------------------------------------------------
     def verify(self, directory: Path, job: dict[str, Any]) -> Record:
         """Hash every shard; emit and return `verified` or `corrupt` (naming the shard)."""
-        manifest = job["manifest"]
-        checked: list[dict[str, Any]] = []
-        problem: str | None = None
-        for shard in manifest.get("shards", []):
-            path = directory / shard["path"]
-            try:
-                size = path.stat().st_size
-                digest = self._hash(path)
-            except FileNotFoundError:
-                problem = problem or f"shard {shard['path']}: missing"
-                continue
-            except OSError as exc:
-                problem = problem or f"shard {shard['path']}: unreadable ({exc.strerror})"
-                continue
-            if shard.get("bytes") is not None and shard["bytes"] != size:
-                problem = (
-                    problem or f"shard {shard['path']}: {size} bytes, expected {shard['bytes']}"
-                )
-            elif shard.get("sha256") and shard["sha256"] != digest:
-                problem = problem or f"shard {shard['path']}: sha256 mismatch"
-            elif size == 0 and job["format"] == "torch_dcp":
-                problem = problem or f"shard {shard['path']}: empty"
-            checked.append({"path": shard["path"], "bytes": size, "sha256": digest})
-        result_manifest = {
-            "shards": checked,
-            "total_bytes": sum(s["bytes"] for s in checked),
-            "format": job["format"],
-        }
+        result_manifest, problem = check_shards(
+            directory, job["manifest"], job["format"], self._hash
+        )
         ident = {
             k: job.get(k) for k in ("group", "generation", "checkpoint_id", "step", "data_cursor")
         }
@@ -432,19 +466,7 @@ class CheckpointWatcher:
         return rec
 
     def _hash(self, path: Path) -> str:
-        """sha256 at no more than `verify_rate_bytes` per second."""
-        digest = hashlib.sha256()
-        chunk = min(4 * 1024 * 1024, self.verify_rate_bytes)
-        with open(path, "rb") as fh:
-            started = time.monotonic()
-            done = 0
-            while block := fh.read(chunk):
-                digest.update(block)
-                done += len(block)
-                ahead = done / self.verify_rate_bytes - (time.monotonic() - started)
-                if ahead > 0 and self._stop.wait(ahead):
-                    raise OSError(0, "agent stopping")
-        return digest.hexdigest()
+        return hash_file(path, self.verify_rate_bytes, self._stop)
 
     def _verify_loop(self) -> None:
         with contextlib.suppress(AttributeError, OSError):

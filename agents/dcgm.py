@@ -28,6 +28,7 @@ FIELDS: dict[str, tuple[str, float]] = {
     "DCGM_FI_DEV_SM_CLOCK": ("sm_clock_mhz", 1.0),
     "DCGM_FI_DEV_MEM_CLOCK": ("mem_clock_mhz", 1.0),
     "DCGM_FI_DEV_GPU_UTIL": ("util_pct", 1.0),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("mem_util_pct", 1.0),  # NVML's memory utilisation
     "DCGM_FI_DEV_FB_USED": ("mem_used_bytes", MIB),
     "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("ecc_sbe", 1.0),
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("ecc_dbe", 1.0),
@@ -38,6 +39,18 @@ FIELDS: dict[str, tuple[str, float]] = {
 INTEGER_FIELDS = {"mem_used_bytes", "ecc_sbe", "ecc_dbe", "retired_or_remapped_pending",
                   "pcie_replays", "nvlink_errors"}  # fmt: skip
 XID = "DCGM_FI_DEV_XID_ERRORS"
+
+
+def model_names(text: str) -> dict[str, str]:
+    """{gpu uuid: the `modelName` label}: NVML's device name, as the exporter labels it."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("DCGM_FI_") and (m := _LINE.match(line)) is not None:
+            labels = dict(_LABEL.findall(m.group("labels") or ""))
+            uuid = labels.get("UUID") or labels.get("uuid")
+            if uuid and labels.get("modelName"):
+                out.setdefault(uuid, labels["modelName"][:96])
+    return out
 
 
 def parse(text: str) -> dict[str, dict[str, float]]:
@@ -68,6 +81,7 @@ class DcgmBackend:
             raise ValueError(f"dcgm-exporter URL must be http(s)://, got {url!r}")
         self.url, self.timeout, self.poll_s = url, timeout, poll_s
         self._cache: dict[str, dict[str, float]] = {}
+        self._names: dict[str, str] = {}
         self._fetched = 0.0
         self._order: list[str] = []
         self._last_xid: dict[str, float] = {}
@@ -81,7 +95,9 @@ class DcgmBackend:
             # The scheme is checked in __init__: only http(s) to the configured exporter.
             request = urllib.request.Request(self.url, headers={"Accept": "text/plain"})  # noqa: S310
             with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
-                self._cache = parse(response.read().decode("utf-8", "replace"))
+                text = response.read().decode("utf-8", "replace")
+            self._cache = parse(text)
+            self._names = model_names(text)
             self._fetched = time.monotonic()
             self._order = sorted(self._cache, key=lambda u: (self._cache[u].get("__index", 1e9), u))
             return self._cache
@@ -105,6 +121,7 @@ class DcgmBackend:
             if name in values:
                 value = values[name] * scale
                 fields[field] = int(value) if field in INTEGER_FIELDS else value
+        fields["name"] = self._names.get(uuid)
         gpu_index = int(values.get("__index", index))
         return device_sample(uuid, gpu_index, fields)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from agents import kmsg
 from agents.fake_nvml import fake_pci
-from agents.host import IB_COUNTERS, HostMonitor, HostPaths
+from agents.host import IB_COUNTERS, IB_DATA_COUNTERS, HostMonitor, HostPaths
 
 log = logging.getLogger("faultline.agent.fake_host")
 CONTROL_ENV = "FAULTLINE_FAKE_HOST_CONTROL_DIR"
@@ -47,6 +47,10 @@ SCRIPTS = (
 IB_PORTS = ("mlx5_0/1", "mlx5_1/1")
 ETH_PORTS = ("eth0",)
 FULL_RATE = "400 Gb/sec (4X NDR)"
+# What the fake fabric carries each way per IB port while the host runs: the collective
+# traffic of a busy training node (about a third of a 400 Gb/s link), so demos show a
+# throughput. It moves with wall time, whatever the agent's round interval.
+TRAFFIC_BYTES_PER_S = 18e9
 
 
 class FakeHost:
@@ -72,6 +76,7 @@ class FakeHost:
         self._kernel_sink: kmsg.Sink | None = None
         self._pending: list[kmsg.KernelEvent] = []
         self._lock = threading.Lock()
+        self._traffic_at = time.monotonic()
         self._build()
 
     def close(self) -> None:
@@ -96,7 +101,7 @@ class FakeHost:
         for port in IB_PORTS:
             p = self._ib(port)
             (p / "counters").mkdir(parents=True, exist_ok=True)
-            for name in IB_COUNTERS:
+            for name in (*IB_COUNTERS, *IB_DATA_COUNTERS):
                 (p / "counters" / name).write_text("0\n")
             (p / "state").write_text("4: ACTIVE\n")
             (p / "rate").write_text(f"{FULL_RATE}\n")
@@ -219,8 +224,18 @@ class FakeHost:
             raise ValueError(f"port {port!r}: one of {list(IB_PORTS)}")
         self.script(name, arg, port or IB_PORTS[0])
 
+    def _traffic(self) -> None:
+        now = time.monotonic()
+        words = int((now - self._traffic_at) * TRAFFIC_BYTES_PER_S / 4)  # 4-octet units
+        self._traffic_at = now
+        for port in IB_PORTS:
+            for name in IB_DATA_COUNTERS:
+                self._bump(port, name, words)
+
     def poll_control(self) -> int:
-        """Apply lines appended to the control file since the last poll; returns how many."""
+        """Move the fake traffic on, then apply lines appended to the control file since
+        the last poll; returns how many."""
+        self._traffic()
         if self._control is None:
             return 0
         try:

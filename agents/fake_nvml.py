@@ -42,6 +42,9 @@ SCRIPTS = (
     "nvlink_errors",
     "clear",
 )
+# What the fake GPUs call themselves: a name of its own (never a real device's), which the
+# peak table (agents/flops.py) gives the H100 SXM's figure so demos show MFU.
+FAKE_NAME = "Faultline Fake H100 80GB HBM3"
 _NAMESPACE = uuidlib.UUID("6f1d4c1e-3b7a-4f5e-9a51-2c0b8e3d7a10")
 
 
@@ -63,6 +66,7 @@ class _Gpu:
     sm_clock_mhz: float = 1980.0
     mem_clock_mhz: float = 2619.0
     util_pct: float = 97.0
+    mem_util_pct: float = 41.0
     mem_used_bytes: int = 60 * 1024**3
     ecc_sbe: int = 0
     ecc_dbe: int = 0
@@ -247,6 +251,8 @@ class FakeNvml:
                 "sm_clock_mhz": round(gpu.sm_clock_mhz * gpu.clock_factor),
                 "mem_clock_mhz": gpu.mem_clock_mhz,
                 "util_pct": gpu.util_pct,
+                "mem_util_pct": gpu.mem_util_pct,
+                "name": FAKE_NAME,
                 "mem_used_bytes": gpu.mem_used_bytes,
                 "ecc_sbe": gpu.ecc_sbe,
                 "ecc_dbe": gpu.ecc_dbe,

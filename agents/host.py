@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,10 @@ IB_ERROR_COUNTERS: tuple[str, ...] = (
     "VL15_dropped",
 )
 IB_COUNTERS: tuple[str, ...] = (*IB_ERROR_COUNTERS, "port_xmit_wait")
+# Data moved, for the port's throughput: IBTA PortXmitData/PortRcvData count 4-octet
+# words (sysfs shows them so); they travel as bytes, named as Ethernet names them.
+IB_DATA_COUNTERS: dict[str, str] = {"port_xmit_data": "tx_bytes", "port_rcv_data": "rx_bytes"}
+ETH_DATA_COUNTERS: tuple[str, ...] = ("tx_bytes", "rx_bytes")
 ETH_ERROR_COUNTERS: tuple[str, ...] = (
     "rx_errors",
     "tx_errors",
@@ -46,7 +51,7 @@ ETH_ERROR_COUNTERS: tuple[str, ...] = (
     "rx_crc_errors",
     "carrier_changes",
 )
-ETH_COUNTERS: tuple[str, ...] = ETH_ERROR_COUNTERS
+ETH_COUNTERS: tuple[str, ...] = (*ETH_ERROR_COUNTERS, *ETH_DATA_COUNTERS)
 # Interfaces that are not the fabric: loopback, bridges, containers' veths.
 _SKIP_IF = ("lo", "docker", "veth", "br-", "virbr", "cni", "flannel", "cali", "tunl")
 # The TCP MIB of the node's network namespace (<proc>/net/snmp "Tcp:" lines): a lossy or
@@ -84,6 +89,7 @@ class PortReading:
     rate_gbps: float | None
     counters: dict[str, int]  # absolute values as read
     error_counters: tuple[str, ...] = ()
+    read_at: float = field(default_factory=time.monotonic)  # the deltas' span comes from it
 
 
 def _ib_state(raw: str | None) -> str | None:
@@ -115,6 +121,9 @@ def read_ib_ports(sys_root: str | Path = "/sys") -> list[PortReading] | None:
                 for name in IB_COUNTERS
                 if (value := _int(port / "counters" / name)) is not None
             }
+            for name, as_bytes in IB_DATA_COUNTERS.items():
+                if (words := _int(port / "counters" / name)) is not None:
+                    counters[as_bytes] = 4 * words
             out.append(
                 PortReading(
                     port=f"{dev.name}/{port.name}",
@@ -398,6 +407,7 @@ class HostMonitor:
                 for k, v in now.counters.items()
                 if k in prev.counters and v >= prev.counters[k]
             }
+            span = now.read_at - prev.read_at
             out.append(
                 record(
                     "net_sample",
@@ -406,6 +416,7 @@ class HostMonitor:
                     state=now.state,
                     rate_gbps=now.rate_gbps,
                     counters=deltas,
+                    interval_s=round(span, 3) if span >= 0.001 else None,
                 )
             )
             out += self._events(prev, now, deltas)

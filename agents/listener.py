@@ -57,6 +57,9 @@ FIELDS: dict[str, frozenset[str]] = {
             "loss_scale",
             "overflow",
             "step_id",
+            "model_flops",
+            "hw_flops",
+            "lr",
         }
     ),
     "collective": frozenset({"group", "generation", "rank", "entries"}),

@@ -61,6 +61,10 @@ def device_event(
     )
 
 
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 class GpuBackend(Protocol):
     """What the agent needs from a GPU source; NvmlBackend and FakeNvml both provide it."""
 
@@ -112,6 +116,7 @@ class NvmlBackend:
             pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
         ]
         self._uuids = [self._text(pynvml.nvmlDeviceGetUUID(h)) for h in self._handles]
+        self._names = [self._device_name(h) for h in self._handles]  # fixed for a device
         self._links = [self._active_links(h) for h in self._handles]
         self._lost: set[int] = set()
         self._remap_failed: set[int] = set()
@@ -122,6 +127,14 @@ class NvmlBackend:
     @staticmethod
     def _text(value: Any) -> str:
         return value.decode() if isinstance(value, bytes) else str(value)
+
+    def _device_name(self, handle: Any) -> str | None:
+        """NVML's name of the device ("NVIDIA H100 80GB HBM3"): the key of its peak FLOPs."""
+        read = getattr(self._nv, "nvmlDeviceGetName", None)
+        try:
+            return None if read is None else self._text(read(handle))[:96] or None
+        except self._nv.NVMLError:
+            return None
 
     def driver_version(self) -> str | None:
         try:
@@ -268,6 +281,9 @@ class NvmlBackend:
             "sm_clock_mhz": None if sm is None else float(sm),
             "mem_clock_mhz": None if memclk is None else float(memclk),
             "util_pct": None if util is None else float(util.gpu),
+            # The share of the period device memory was busy: a percentage, not bytes/s.
+            "mem_util_pct": _float(getattr(util, "memory", None)),
+            "name": self._names[index],
             "mem_used_bytes": None if mem is None else int(mem.used),
             "ecc_sbe": None if sbe is None else int(sbe),
             "ecc_dbe": None if dbe is None else int(dbe),

@@ -89,6 +89,12 @@ class DeviceSample(_Record, tag="device_sample"):
     throttle_reasons: Annotated[list[Code], Meta(max_length=32)] = []
     nvlink_errors: Count | None = None
     pcie_replays: Count | None = None
+    # What NVML calls the device ("NVIDIA H100 80GB HBM3"): the key of its peak FLOPs
+    # (agents/flops.py), hence of its ranks' MFU. Added to v1 additively.
+    name: Annotated[str, Meta(max_length=96)] | None = None
+    # NVML's memory utilisation: the share of the last sample period in which device
+    # memory was read or written (a percentage, not bytes/s). Added to v1 additively.
+    mem_util_pct: Pct | None = None
 
 
 # -- Xid recovery action (issue 18) ---------------------------------------------------
@@ -147,6 +153,13 @@ class Step(_Record, tag="step"):
     overflow: bool | None = None
     # Correlation (issue 23): the logical step's stable id, the same on every rank.
     step_id: Name | None = None
+    # Utilisation, added to v1 additively: the FLOPs this rank's step did by the model's
+    # count (MFU's numerator) and by the hardware's (rematerialisation included: HFU's),
+    # and the optimizer's learning rate for the step (a schedule bug is the first thing to
+    # rule out when the loss diverges).
+    model_flops: Annotated[float, Meta(ge=0)] | None = None
+    hw_flops: Annotated[float, Meta(ge=0)] | None = None
+    lr: Real | None = None
 
 
 # -- collectives: process groups and per-call detail (issue 17) -----------------------
@@ -428,6 +441,9 @@ class NetSample(_Record, tag="net_sample"):
     state: Code | None = None  # ACTIVE / DOWN / INIT (ib), up / down (eth)
     rate_gbps: NonNeg | None = None
     counters: Counters = {}  # deltas since the previous sample; only counters that exist
+    # Seconds since the previous sample, the deltas' span: `tx_bytes` / `rx_bytes` over it
+    # is the port's throughput. Added to v1 additively.
+    interval_s: Annotated[float, Meta(gt=0, le=86_400)] | None = None
 
 
 class NetEvent(_Record, tag="net_event"):

@@ -25,6 +25,7 @@ import atexit
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import signal
@@ -221,10 +222,16 @@ class Reporter:
         grad_norm: float | None = None,
         loss_scale: float | None = None,
         overflow: bool | None = None,
+        model_flops: float | None = None,
+        hw_flops: float | None = None,
+        lr: float | None = None,
         group: str | None = None,
         generation: int | None = None,
         rank: int | None = None,
     ) -> None:
+        """One step of this rank. `model_flops` / `hw_flops`: the FLOPs the step did by the
+        model's count and the hardware's (agents.flops), from which the console works out
+        MFU and HFU against the rank's GPU; `lr`: the learning rate it stepped with."""
         try:
             rec = self._scoped("step", group, generation, rank)
             rec["step"] = step
@@ -244,6 +251,11 @@ class Reporter:
                 rec["loss_scale"] = _maybe_real(loss_scale)
             if overflow is not None:
                 rec["overflow"] = overflow
+            for key, flops in (("model_flops", model_flops), ("hw_flops", hw_flops)):
+                if flops is not None and math.isfinite(flops) and flops >= 0:
+                    rec[key] = float(flops)  # a bad count is left out, never the step
+            if lr is not None:
+                rec["lr"] = _maybe_real(float(lr))
             self._send(rec)
         except Exception:  # noqa: BLE001 -- never raise into the workload; count it
             self.dropped += 1
@@ -386,7 +398,10 @@ class Reporter:
         group: str | None = None,
         generation: int | None = None,
         data_cursor: int | None = None,
+        detail: str | None = None,
     ) -> None:
+        """A checkpoint's phase (staging ... committed, verified or corrupt with `detail`
+        naming the shard at fault)."""
         try:
             rec = self._scoped("checkpoint", group, generation, None)
             del rec["rank"]
@@ -396,6 +411,7 @@ class Reporter:
                 ("manifest", manifest),
                 ("duration_ms", duration_ms),
                 ("data_cursor", data_cursor),  # issue 20: where a restore resumes the data
+                ("detail", None if detail is None else scrub(detail, 256)),
             ):
                 if value is not None:
                     rec[key] = value

@@ -480,8 +480,12 @@ class Recorder:
         overflow: bool | None = None,
         tokens: int = 0,
         data_cursor: int | None = None,
+        model_flops: float | None = None,
+        hw_flops: float | None = None,
+        lr: float | None = None,
     ) -> None:
-        """Send the step (duration since the previous one, phases) and the collective window."""
+        """Send the step (duration since the previous one, phases) and the collective window.
+        `model_flops`/`hw_flops`: the step's FLOPs on this rank (agents.flops), for MFU/HFU."""
         try:
             now = time.monotonic()
             duration = (now - self._step_started) * 1000.0
@@ -499,6 +503,9 @@ class Recorder:
                 grad_norm=_number(grad_norm),
                 loss_scale=_number(loss_scale),
                 overflow=overflow,
+                model_flops=model_flops,
+                hw_flops=hw_flops,
+                lr=_number(lr),
             )
             with self._lock:
                 for key, (entry, work) in list(self._pending.items()):

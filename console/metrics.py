@@ -1,11 +1,11 @@
 """Fleet state for /metrics, read from the database at scrape time (bounded reads).
 
-Owns the fleet's Prometheus series: per group (state, generation, goodput, tail ratio,
-diagnosis lag, open incidents by severity), per pool node counts by state, open incidents
-and actions by state. Every read is an aggregate or capped at METRICS_MAX_GROUPS rows, so a
-scrape costs the same whatever the telemetry volume. Labels are group, pool and fixed
-vocabulary words only: never a rank, a GPU UUID, a node name or a request id. It writes
-nothing and holds no state between scrapes.
+Owns the fleet's Prometheus series: per group (state, generation, goodput, tail ratio, MFU,
+HFU and the lowest rank's MFU, diagnosis lag, open incidents by severity), per pool node
+counts by state, open incidents and actions by state. Every read is an aggregate or capped
+at METRICS_MAX_GROUPS rows, so a scrape costs the same whatever the telemetry volume.
+Labels are group, pool and fixed vocabulary words only: never a rank, a GPU UUID, a node
+name or a request id. It writes nothing and holds no state between scrapes.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ class GroupRow:
     productive_fraction: float | None
     tail_ratio: float | None
     diagnosis_lag_s: float | None
+    mfu: float | None = None
+    hfu: float | None = None
+    lowest_rank_mfu: float | None = None
 
 
 @dataclass
@@ -87,6 +90,8 @@ def read_fleet(*, limit: int | None = None) -> Fleet:
         summary: dict[str, Any] = row["summary"] if isinstance(row["summary"], dict) else {}
         raw_goodput = summary.get("goodput")
         goodput: dict[str, Any] = raw_goodput if isinstance(raw_goodput, dict) else {}
+        raw_use = summary.get("utilisation")
+        use: dict[str, Any] = raw_use if isinstance(raw_use, dict) else {}
         fleet.groups.append(
             GroupRow(
                 name=row["name"],
@@ -98,6 +103,9 @@ def read_fleet(*, limit: int | None = None) -> Fleet:
                 productive_fraction=_number(goodput.get("productive_fraction")),
                 tail_ratio=_number(summary.get("tail_ratio")),
                 diagnosis_lag_s=_lag(summary, row["last_activity"]),
+                mfu=_number(use.get("mfu")),
+                hfu=_number(use.get("hfu")),
+                lowest_rank_mfu=_number(use.get("lowest_rank_mfu")),
             )
         )
     open_incidents = (
@@ -157,6 +165,22 @@ def families(fleet: Fleet) -> Iterator[Metric]:
         "How far the group's newest diagnosis trails its newest record.",
         labels=["group"],
     )
+    mfu = GaugeMetricFamily(
+        "faultline_group_mfu_ratio",
+        "Model FLOPs utilisation (0..1): the model's FLOP/s over the ranks' GPUs' peak dense "
+        "BF16 FLOP/s, newest steps. Absent without a known GPU peak (a CPU run): never 0.",
+        labels=["group"],
+    )
+    hfu = GaugeMetricFamily(
+        "faultline_group_hfu_ratio",
+        "Hardware FLOPs utilisation (0..1): as MFU, counting recomputed activations.",
+        labels=["group"],
+    )
+    lowest_mfu = GaugeMetricFamily(
+        "faultline_group_lowest_rank_mfu_ratio",
+        "The lowest MFU of any rank of the group (0..1); which rank is on the group page.",
+        labels=["group"],
+    )
     group_incidents = GaugeMetricFamily(
         "faultline_group_open_incidents",
         "Open (unresolved) incidents of the group by severity.",
@@ -173,13 +197,17 @@ def families(fleet: Fleet) -> Iterator[Metric]:
             (productive, g.productive_fraction),
             (tail, g.tail_ratio),
             (lag, g.diagnosis_lag_s),
+            (mfu, g.mfu),
+            (hfu, g.hfu),
+            (lowest_mfu, g.lowest_rank_mfu),
         ):
             if value is not None:
                 family.add_metric([g.name], value)
         for severity in Severity.values:
             count = fleet.incidents.get((g.name, severity), 0)
             group_incidents.add_metric([g.name, severity], count)
-    yield from (info, state, generation, tokens, requests, productive, tail, lag, group_incidents)
+    yield from (info, state, generation, tokens, requests, productive, tail, lag)
+    yield from (mfu, hfu, lowest_mfu, group_incidents)
 
     omitted = GaugeMetricFamily(
         "faultline_metrics_groups_omitted",

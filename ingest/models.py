@@ -102,6 +102,7 @@ class DeviceSample(models.Model):
     throttle_reasons = models.JSONField(default=list)
     nvlink_errors = models.BigIntegerField(null=True)
     pcie_replays = models.BigIntegerField(null=True)
+    mem_util_pct = models.FloatField(null=True)  # NVML's memory utilisation: a percentage
 
     class Meta:
         # BRIN on ts: minute rollups scan by time; rows arrive roughly in time order.
@@ -162,6 +163,9 @@ class StepRecord(_GroupRecord):
     grad_norm = models.FloatField(null=True)
     loss_scale = models.FloatField(null=True)
     overflow = models.BooleanField(null=True)
+    model_flops = models.FloatField(null=True)  # MFU's numerator (agents.flops)
+    hw_flops = models.FloatField(null=True)  # HFU's: rematerialisation included
+    lr = models.FloatField(null=True)
 
     class Meta:
         indexes = [
@@ -464,6 +468,7 @@ class NetSample(models.Model):
     state = models.CharField(max_length=64, null=True)
     rate_gbps = models.FloatField(null=True)
     counters = models.JSONField(default=dict)
+    interval_s = models.FloatField(null=True)  # the counter deltas' span
 
     class Meta:
         indexes = [

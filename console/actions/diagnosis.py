@@ -259,6 +259,7 @@ def _summary(diagnosis: Diagnosis) -> dict[str, Any]:
         "newest_valid_checkpoint": data["checkpoint"],
         "recovery_advice": data["recovery"],
         "serving_state": data["serving_state"],
+        "utilisation": data["utilisation"],
     }
 
 

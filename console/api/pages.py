@@ -170,6 +170,7 @@ def group_data(group: ConsistencyGroup) -> dict[str, Any]:
         "newest_valid_checkpoint": summary.get("newest_valid_checkpoint"),
         "recovery_advice": summary.get("recovery_advice"),
         "phase_medians_ms": summary.get("phase_medians_ms") or {},
+        "utilisation": summary.get("utilisation"),
         "incidents": [incident_row(i) for i in queries.group_incidents(group)],
         "workers": [],
         "checkpoints": [],

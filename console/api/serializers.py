@@ -125,9 +125,10 @@ class GroupDetailSerializer(GroupSerializer):
 
     objectives = serializers.SerializerMethodField()
     checkpoint_advice = serializers.SerializerMethodField()
+    utilisation = serializers.SerializerMethodField()
 
     class Meta(GroupSerializer.Meta):
-        fields = [*GroupSerializer.Meta.fields, "objectives", "checkpoint_advice"]
+        fields = [*GroupSerializer.Meta.fields, "objectives", "checkpoint_advice", "utilisation"]
 
     def _both(self, obj: ConsistencyGroup) -> dict[str, Any]:
         """Both fields from one read (the serializer lives for one response)."""
@@ -143,6 +144,12 @@ class GroupDetailSerializer(GroupSerializer):
     def get_checkpoint_advice(self, obj: ConsistencyGroup) -> dict:
         advice: dict = self._both(obj)["advice"]
         return advice
+
+    def get_utilisation(self, obj: ConsistencyGroup) -> dict | None:
+        """A training group's MFU and HFU (ratios; null when absent, with the reasons),
+        per rank (the lowest first kept) with HBM utilisation and the node's NIC
+        throughput; null before a diagnosis or for a serving group."""
+        return obj.summary.get("utilisation")
 
 
 class AlertSerializer(serializers.ModelSerializer):

@@ -46,6 +46,7 @@ from console.diagnosis.rules.base import Context
 from console.diagnosis.rules.digest import RankDigest
 from console.diagnosis.snapshot import GroupSnapshot, StepRecord
 from console.diagnosis.stats import median
+from console.diagnosis.utilisation import node_throughput, utilisation
 
 Rule = Callable[[Context], None]
 
@@ -113,6 +114,7 @@ class Diagnosis:
     checkpoint: str | None = None  # newest valid checkpoint id
     recovery: Recovery | None = None  # group-level advice; None when nothing is wrong
     serving_state: dict[str, Any] | None = None  # serving groups only (rules.serving)
+    utilisation: dict[str, Any] | None = None  # training groups: MFU, HFU, HBM, network
     # When a verdict may next change with no new record (a rank's hang threshold): the
     # pipeline schedules a pass for then (console.scheduling.schedule_check).
     next_check: datetime | None = None
@@ -137,6 +139,7 @@ class Diagnosis:
             "checkpoint": self.checkpoint,
             "recovery": None if self.recovery is None else self.recovery.to_dict(),
             "serving_state": self.serving_state,
+            "utilisation": self.utilisation,
         }
 
 
@@ -324,4 +327,15 @@ def diagnose(
             else None
         ),
         next_check=ctx.next_check,
+        utilisation=None if snapshot.kind == "serving" else _utilisation(ctx, now),
     )
+
+
+def _utilisation(ctx: Context, now: datetime) -> dict[str, Any] | None:
+    """MFU and the rest (console.diagnosis.utilisation): a pass in which no rank changed,
+    no GPU sample changed and the ports' throughput is the same reuses the last one."""
+    snap = ctx.snap
+    net = node_throughput(snap.net_ports, now)
+    compute = partial(utilisation, snap, now, steps=ctx.steps, per_rank=ctx.per_rank, net=net)
+    value: dict[str, Any] | None = ctx.per_pass("utilisation", (snap.devices, net), compute)
+    return value

@@ -58,6 +58,9 @@ class StepRecord:
     loss_scale: float | None = None
     overflow: bool | None = None
     data_cursor: int | None = None
+    # The FLOPs the step did by the model's count and by the hardware's (MFU, HFU).
+    model_flops: float | None = None
+    hw_flops: float | None = None
     # (duration_ms, *phases.values) when the step has a duration, else None: what the
     # straggler means sum over a rank's recent steps, one tuple per step, built once when
     # the step is parsed (rules/digest.py; at 16k ranks reading the duration and the phases
@@ -146,6 +149,8 @@ class DeviceSample:
     throttle_reasons: tuple[str, ...] = ()
     nvlink_errors: int | None = None
     pcie_replays: int | None = None
+    name: str | None = None  # NVML's: the key of the device's peak FLOPs
+    mem_util_pct: float | None = None  # share of time device memory was busy
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +357,7 @@ class NetPort:
     state: str | None = None
     rate_gbps: float | None = None
     counters: Mapping[str, int] = field(default_factory=dict)
+    interval_s: float | None = None  # the deltas' span
 
 
 @dataclass(frozen=True, slots=True)

@@ -158,6 +158,7 @@ def _step(r: Mapping[str, Any]) -> StepRecord:
     p = ph.get
     d, loss, gn, scale = g("duration_ms"), g("loss"), g("grad_norm"), g("loss_scale")
     c, co, i, ck, o = p("compute"), p("collective"), p("input"), p("checkpoint"), p("optimizer")
+    mf, hf = g("model_flops"), g("hw_flops")
     return StepRecord(
         r["ts"],
         int(g("generation") or 0),
@@ -176,6 +177,8 @@ def _step(r: Mapping[str, Any]) -> StepRecord:
         None if scale is None else float(scale),
         g("overflow"),
         g("data_cursor"),
+        None if mf is None else float(mf),
+        None if hf is None else float(hf),
     )
 
 
@@ -269,6 +272,8 @@ def _sample(r: Mapping[str, Any]) -> DeviceSample:
         throttle_reasons=tuple(r.get("throttle_reasons") or ()),
         nvlink_errors=r.get("nvlink_errors"),
         pcie_replays=r.get("pcie_replays"),
+        name=r.get("name"),
+        mem_util_pct=_num(r.get("mem_util_pct")),
     )
 
 
@@ -595,6 +600,7 @@ def _host_record(
             state=r.get("state"),
             rate_gbps=_num(r.get("rate_gbps")),
             counters=dict(r.get("counters") or {}),
+            interval_s=_num(r.get("interval_s")),
         )
     else:
         hosts[node] = HostState(

@@ -270,7 +270,8 @@ MAX_PROBE_ROWS = 20_000
 MAX_SINCE_ROWS = MAX_STEP_ROWS
 
 _STEP_FIELDS = ["generation", "rank", "step", "tokens", "data_cursor", "duration_ms",
-                "phases", "loss", "grad_norm", "loss_scale", "overflow"]  # fmt: skip
+                "phases", "loss", "grad_norm", "loss_scale", "overflow", "model_flops",
+                "hw_flops"]  # fmt: skip
 
 
 def _rows(
@@ -623,7 +624,8 @@ def host_records(
         "ts >= %s", [ids, now - EVENT_WINDOW], node_names,
     )  # fmt: skip
     records += _node_rows(
-        m.NetSample, "net_sample", ["port", "link", "state", "rate_gbps", "counters"],
+        m.NetSample, "net_sample",
+        ["port", "link", "state", "rate_gbps", "counters", "interval_s"],
         "ts >= %s", [ids, now - EVENT_WINDOW], node_names,
         distinct="node_id, port", tail="ORDER BY node_id, port, ts DESC",
     )  # fmt: skip

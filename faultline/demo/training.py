@@ -17,11 +17,21 @@ import time
 import zlib
 from typing import Any
 
+from agents import flops
 from agents.fake_nvml import fake_uuid
 from agents.reporter import Reporter
 from agents.wire import step_id
 from faultline.demo.fleet import Fleet, OutOfMemoryError, say
 from faultline.demo.scenario import CKPT_EVERY, OBJECTIVES, Fault, Slot
+
+# The simulated model: a 7B-class dense transformer (N weights doing a matmul per token, L
+# layers of width d, sequences of T tokens), trained with full activation recomputation.
+# Its steps carry the FLOPs agents.flops counts for it, so the console shows MFU and HFU
+# against the fake GPUs' peak (agents/flops.py gives them the H100 SXM's).
+MODEL_PARAMS, MODEL_LAYERS, MODEL_WIDTH, SEQ_LEN = 6_500_000_000, 32, 4096, 4096
+FLOPS_PER_TOKEN = flops.model_flops_per_token(
+    MODEL_PARAMS, layers=MODEL_LAYERS, hidden=MODEL_WIDTH, seq_len=SEQ_LEN
+)
 
 
 class TrainGroup:
@@ -173,6 +183,9 @@ class TrainGroup:
                 grad_norm=1.0 + self.rng.uniform(0, 0.1),
                 loss_scale=65536.0,
                 overflow=False,
+                model_flops=self.tokens * FLOPS_PER_TOKEN,
+                hw_flops=flops.hardware_flops(self.tokens * FLOPS_PER_TOKEN, recompute=True),
+                lr=3e-4,
             )
             self._collective(rank, state="completed", step=self.step)
             time.sleep(0.002)

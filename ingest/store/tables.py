@@ -12,12 +12,13 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "devicesample": (
         "ts", "node_id", "gpu", "index", "temp_c", "power_w", "sm_clock_mhz", "mem_clock_mhz",
         "util_pct", "mem_used_bytes", "ecc_sbe", "ecc_dbe", "retired_or_remapped_pending",
-        "throttle_reasons", "nvlink_errors", "pcie_replays",
+        "throttle_reasons", "nvlink_errors", "pcie_replays", "mem_util_pct",
     ),
     "deviceevent": ("ts", "node_id", "gpu", "event", "code", "detail", "recovery_action"),
     "steprecord": (
         "ts", "node_id", "group_id", "generation", "stale", "rank", "step", "tokens",
         "data_cursor", "duration_ms", "phases", "loss", "grad_norm", "loss_scale", "overflow",
+        "model_flops", "hw_flops", "lr",
     ),
     "collectivewindow": ("ts", "node_id", "group_id", "generation", "stale", "rank", "entries"),
     "processgroupsrecord": ("ts", "node_id", "group_id", "generation", "stale", "rank", "groups"),
@@ -47,7 +48,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "ts", "node_id", "port", "link", "event", "state", "rate_gbps", "prev_rate_gbps",
         "counters",
     ),
-    "netsample": ("ts", "node_id", "port", "link", "state", "rate_gbps", "counters"),
+    "netsample": ("ts", "node_id", "port", "link", "state", "rate_gbps", "counters", "interval_s"),
     "hostsample": (
         "ts", "node_id", "mem_some_avg10", "mem_full_avg10", "io_full_avg10",
         "swap_used_bytes", "swap_total_bytes", "d_state", "disks",

@@ -369,7 +369,8 @@ class BatchWriter:
             f"{num(rec.power_w)}\t{num(rec.sm_clock_mhz)}\t{num(rec.mem_clock_mhz)}\t"
             f"{num(rec.util_pct)}\t{num(rec.mem_used_bytes)}\t{num(rec.ecc_sbe)}\t"
             f"{num(rec.ecc_dbe)}\t{num(rec.retired_or_remapped_pending)}\t"
-            f"{cjson(rec.throttle_reasons)}\t{num(rec.nvlink_errors)}\t{num(rec.pcie_replays)}\n"
+            f"{cjson(rec.throttle_reasons)}\t{num(rec.nvlink_errors)}\t{num(rec.pcie_replays)}\t"
+            f"{num(rec.mem_util_pct)}\n"
         )
         # Only the newest sample per GPU becomes live state: turn it into a dict at flush.
         self.devices[rec.gpu] = {"index": rec.index, "rec": rec, "ts": ts}
@@ -428,7 +429,7 @@ class BatchWriter:
     def _on_net_sample(self, rec: p.NetSample, ts: datetime) -> None:
         self.rows["netsample"].append(
             f"{when(ts)}{self.node_cell}{text(rec.port)}\t{text(rec.link)}\t{text(rec.state)}\t"
-            f"{num(rec.rate_gbps)}\t{cjson(rec.counters)}\n"
+            f"{num(rec.rate_gbps)}\t{cjson(rec.counters)}\t{num(rec.interval_s)}\n"
         )
 
     def _on_host_sample(self, rec: p.HostSample, ts: datetime) -> None:
@@ -458,7 +459,8 @@ class BatchWriter:
             f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
             f"{rec.rank}\t{rec.step}\t{rec.tokens}\t{num(rec.data_cursor)}\t"
             f"{num(rec.duration_ms)}\t{cjson(rec.phases)}\t{num(rec.loss)}\t"
-            f"{num(rec.grad_norm)}\t{num(rec.loss_scale)}\t{flag(rec.overflow)}\n"
+            f"{num(rec.grad_norm)}\t{num(rec.loss_scale)}\t{flag(rec.overflow)}\t"
+            f"{num(rec.model_flops)}\t{num(rec.hw_flops)}\t{num(rec.lr)}\n"
         )
         if applied:
             entry = self._rank(group, rec.rank, rec.generation)

@@ -16,8 +16,9 @@ from .conftest import validate
 EXPORT = """\
 # HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).
 # TYPE DCGM_FI_DEV_GPU_TEMP gauge
-DCGM_FI_DEV_GPU_TEMP{gpu="1",UUID="GPU-bbb",device="nvidia1",modelName="H100"} 71
-DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-aaa",device="nvidia0",modelName="H100"} 45
+DCGM_FI_DEV_GPU_TEMP{gpu="1",UUID="GPU-bbb",device="nvidia1"} 71
+DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-aaa",device="nvidia0",modelName="NVIDIA H100 80GB HBM3"} 45
+DCGM_FI_DEV_MEM_COPY_UTIL{gpu="0",UUID="GPU-aaa",device="nvidia0"} 38
 DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-aaa"} 312.5
 DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-aaa"} 2048
 DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="1",UUID="GPU-bbb"} 2
@@ -62,6 +63,15 @@ def test_it_samples_in_index_order_with_missing_series_left_out(exporter) -> Non
     assert "ecc_dbe" not in first or first["ecc_dbe"] is None  # not exported for GPU 0
     second = backend.sample(1)
     assert (second["gpu"], second["ecc_dbe"]) == ("GPU-bbb", 2)
+    validate([first, second])
+
+
+def test_it_takes_the_device_name_and_memory_utilisation_where_exported(exporter) -> None:
+    url, _ = exporter
+    backend = DcgmBackend(url)
+    first, second = backend.sample(0), backend.sample(1)
+    assert (first["name"], first["mem_util_pct"]) == ("NVIDIA H100 80GB HBM3", 38.0)
+    assert "name" not in second and "mem_util_pct" not in second  # not exported: absent
     validate([first, second])
 
 

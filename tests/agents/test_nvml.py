@@ -184,7 +184,8 @@ def _fake_pynvml(**overrides: Any) -> SimpleNamespace:
         nvmlDeviceGetTemperatureV=fail(),
         nvmlDeviceGetTemperature=lambda h, s: 71,
         nvmlDeviceGetPowerUsage=lambda h: 512_000,
-        nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=88),
+        nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=88, memory=37),
+        nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3",
         nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=1024),
         nvmlDeviceGetTotalEccErrors=fail(),  # ECC not supported on this card
         nvmlDeviceGetClockInfo=lambda h, c: 1400 if c == 1 else 2600,
@@ -209,6 +210,31 @@ def test_it_reports_a_failing_nvml_field_as_missing_and_keeps_the_others() -> No
     assert sample["retired_or_remapped_pending"] == 1
     assert sample["throttle_reasons"] == ["sw_power_cap"]
     assert sample["nvlink_errors"] == 2 * 4 * 2  # 2 links x 4 counters x 2 errors
+    validate([sample])
+
+
+def test_it_reports_the_device_name_and_memory_utilisation() -> None:
+    sample = NvmlBackend(_fake_pynvml()).sample(0)
+    assert sample["name"] == "NVIDIA H100 80GB HBM3"  # the key of the peak FLOPs
+    assert sample["mem_util_pct"] == 37.0  # NVML's percentage, never bytes/s
+    validate([sample])
+
+
+def _refused(*_: Any) -> Any:
+    raise _NVMLError(3)  # NVML_ERROR_NOT_SUPPORTED
+
+
+@pytest.mark.parametrize(
+    ("surface", "missing"),
+    [
+        ({"nvmlDeviceGetName": _refused}, "name"),
+        ({"nvmlDeviceGetUtilizationRates": lambda h: SimpleNamespace(gpu=88)}, "mem_util_pct"),
+    ],
+)
+def test_it_leaves_out_a_name_or_memory_utilisation_nvml_cannot_give(surface, missing) -> None:
+    sample = NvmlBackend(_fake_pynvml(**surface)).sample(0)
+    assert missing not in sample  # absent, never an empty name or a zero
+    assert sample["power_w"] == 512.0  # the rest of the sample stands
     validate([sample])
 
 

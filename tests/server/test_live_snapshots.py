@@ -415,7 +415,7 @@ def test_the_binary_node_reads_give_what_the_orm_gives(post_batch):
 
     host = ["event", "device", "code", "pid", "comm", "severity"]
     net = ["port", "link", "event", "state", "rate_gbps", "prev_rate_gbps", "counters"]
-    sample = ["port", "link", "state", "rate_gbps", "counters"]
+    sample = ["port", "link", "state", "rate_gbps", "counters", "interval_s"]
     disks = ["mem_some_avg10", "mem_full_avg10", "io_full_avg10", "swap_used_bytes",
              "swap_total_bytes", "d_state", "disks"]  # fmt: skip
     want = (

@@ -279,6 +279,18 @@ def test_it_plays_a_fleet_whose_faults_open_incidents_and_stops_cleanly(tmp_path
             "the demo's three groups",
         )  # fmt: skip
         assert groups
+        # The simulated trainers report their FLOPs and the fake GPUs a named peak: the
+        # console shows their MFU and HFU (a 7B-class model with recomputation: ~44 %, ~59 %).
+        use = wait_for(
+            lambda: (
+                (svc.api("/api/v1/groups/train-b/").get("utilisation") or {}).get("mfu")
+                and svc.api("/api/v1/groups/train-b/")["utilisation"]
+            ),
+            60,
+            "MFU on a demo training group",
+        )
+        assert 0.1 < use["mfu"] < 0.6 and use["hfu"] == pytest.approx(use["mfu"] * 4 / 3, 0.01)
+        assert use["per_rank"][0]["device"] == "Faultline Fake H100 80GB HBM3"
         opened = wait_for(
             lambda: [i for i in svc.api("/api/v1/incidents/")["results"] if i["group"]],
             90,
