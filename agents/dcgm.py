@@ -41,23 +41,33 @@ INTEGER_FIELDS = {"mem_used_bytes", "ecc_sbe", "ecc_dbe", "retired_or_remapped_p
 XID = "DCGM_FI_DEV_XID_ERRORS"
 
 
-def model_names(text: str) -> dict[str, str]:
+def _dcgm(name: str) -> bool:
+    return name.startswith("DCGM_FI_")
+
+
+def model_names(scraped: str | prometheus.Exposition) -> dict[str, str]:
     """{gpu uuid: the `modelName` label}: NVML's device name, as the exporter labels it."""
+    if isinstance(scraped, str):
+        scraped = prometheus.parse(scraped, keep=_dcgm)
     out: dict[str, str] = {}
-    for line in text.splitlines():
-        if line.startswith("DCGM_FI_") and (m := _LINE.match(line)) is not None:
-            labels = dict(_LABEL.findall(m.group("labels") or ""))
-            uuid = labels.get("UUID") or labels.get("uuid")
-            if uuid and labels.get("modelName"):
-                out.setdefault(uuid, labels["modelName"][:96])
+    for name, family in scraped.samples.items():
+        if not _dcgm(name):
+            continue
+        for labels in family:
+            tags = dict(labels)
+            uuid = tags.get("UUID") or tags.get("uuid")
+            if uuid and tags.get("modelName"):
+                out.setdefault(uuid, tags["modelName"][:96])
     return out
 
 
-def parse(text: str) -> dict[str, dict[str, float]]:
+def parse(scraped: str | prometheus.Exposition) -> dict[str, dict[str, float]]:
     """{gpu uuid: {metric: value}} from Prometheus text; series without a UUID are skipped."""
+    if isinstance(scraped, str):
+        scraped = prometheus.parse(scraped, keep=_dcgm)
     out: dict[str, dict[str, float]] = {}
-    for name, family in prometheus.parse(text).samples.items():
-        if not name.startswith("DCGM_FI_"):
+    for name, family in scraped.samples.items():
+        if not _dcgm(name):
             continue
         for labels, value in family.items():
             tags = dict(labels)
@@ -96,8 +106,9 @@ class DcgmBackend:
             request = urllib.request.Request(self.url, headers={"Accept": "text/plain"})  # noqa: S310
             with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
                 text = response.read().decode("utf-8", "replace")
-            self._cache = parse(text)
-            self._names = model_names(text)
+            scraped = prometheus.parse(text, keep=_dcgm)  # once for both readings
+            self._cache = parse(scraped)
+            self._names = model_names(scraped)
             self._fetched = time.monotonic()
             self._order = sorted(self._cache, key=lambda u: (self._cache[u].get("__index", 1e9), u))
             return self._cache
