@@ -25,6 +25,16 @@ if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
         os.environ["REDIS_URL"] = _embedded.redis_url
     os.environ.setdefault("FAULTLINE_DATA_DIR", str(_data.resolve()))
 
+# pytest-xdist's workers inherit the controller's URLs (its servers are up by then): each
+# worker takes a Redis database of its own (pytest-django already gives each its own test
+# database), or one worker's cache.clear() and rate or budget keys would be another's.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _worker.startswith("gw") and _worker[2:].isdigit() and os.environ.get("REDIS_URL"):
+    from urllib.parse import urlsplit, urlunsplit
+
+    _url = urlsplit(os.environ["REDIS_URL"])
+    os.environ["REDIS_URL"] = urlunsplit(_url._replace(path=f"/{int(_worker[2:]) + 1}"))
+
 # Django's test database is created and dropped by the test run: a connection pool would
 # hold connections open across that and block DROP DATABASE.
 os.environ.setdefault("FAULTLINE_DB_POOL", "0")
