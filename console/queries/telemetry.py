@@ -298,7 +298,7 @@ def group_records(
 # the fields read, and whether only the group's active generation counts. Rows are appended
 # by COPY and never updated, so a row's id is a cursor.
 _PROCESS_FIELDS = ["generation", "rank", "event", "pid", "gpu", "exit_code", "signal",
-                   "reason", "error_type"]  # fmt: skip
+                   "reason", "error_type", "message"]  # fmt: skip
 RANK_TABLES: dict[str, tuple[type[m._GroupRecord], list[str], bool]] = {
     "step": (m.StepRecord, _STEP_FIELDS, True),
     "collective": (m.CollectiveWindow, ["generation", "rank", "entries"], True),
