@@ -858,6 +858,30 @@ TRACE_NEIGHBOURS = 8  # ranks either side of the culprit a step trace lists (its
 TRACE_SPAN = timedelta(minutes=10)  # one logical step's records lie within this of each other
 
 
+_LAUNCHER_ROOT_FIELDS = ("group_id", "generation", "rank", "ts", "exit_code", "signal", "reason",
+                         "error_type", "message", "launcher_root_cause")  # fmt: skip
+
+
+def launcher_root_causes(keys: set[tuple[int, int]]) -> dict[tuple[int, int], dict[str, Any]]:
+    """(group id, generation) -> the exit a launcher named that generation's root cause
+    (torchrun's first observed failure), the earliest where several launcher agents (one
+    per node) each named one. One query for any number of keys."""
+    if not keys:
+        return {}
+    which = Q()
+    for gid, generation in sorted(keys):
+        which |= Q(group_id=gid, generation=generation)
+    rows = (
+        m.ProcessRecord.objects.filter(which, event="exited", launcher_root_cause__isnull=False)
+        .order_by("ts", "rank")
+        .values(*_LAUNCHER_ROOT_FIELDS)
+    )
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for row in rows:
+        out.setdefault((row["group_id"], row["generation"]), row)
+    return out
+
+
 def step_trace(
     group: ConsistencyGroup, *, generation: int, rank: int, around: datetime
 ) -> dict[str, Any] | None:
