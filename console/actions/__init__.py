@@ -32,7 +32,7 @@ from __future__ import annotations
 from console.actions.accounts import record_sso_sign_in
 from console.actions.audit import actor_name, audit
 from console.actions.breaker import breaker_payload, set_breaker
-from console.actions.diagnosis import record_diagnosis, record_located
+from console.actions.diagnosis import record_diagnosis, record_ended_generation, record_located
 from console.actions.errors import (
     ChangeError,
     Conflict,
@@ -125,6 +125,7 @@ __all__ = [
     "propose_returns",
     "record_action_result",
     "record_diagnosis",
+    "record_ended_generation",
     "record_incident_costs",
     "record_located",
     "record_repair_evidence",

@@ -116,3 +116,43 @@ def test_a_list_reads_every_incidents_launcher_root_cause_in_one_query(post_batc
         assert len(results) == generation
         assert all(i["launcher_root_cause"]["rank"] == 2 for i in results)
     assert counts == [1, 1, 1]
+
+
+def _restarted(t: Timeline, *, at: float) -> None:
+    """torchrun's next generation, half a second after the failure's recovering."""
+    nxt = t.generation + 1
+    t.add(t.node(0), t.at(at), {"kind": "transition", "group": t.group, "generation": nxt,
+          "to_state": "running", "from_state": "recovering", "reason": "restart",
+          "restart_count": nxt, "world_size": t.ranks})  # fmt: skip
+
+
+def test_a_failure_restarted_before_any_pass_saw_it_still_opens_its_incident(
+    post_batch, client, cast
+):
+    # torchrun restarts within a second: the failure's batch and the restart's arrive before
+    # the pass the first one scheduled reads the group. The ended generation is judged as of
+    # its end, once; its incident belongs to it.
+    t = _job(post_batch)
+    _raised_on_rank_2(t, torchrun_names=2)
+    _restarted(t, at=HEALTHY_S + 1.3)
+    incidents = t.diagnose(at=HEALTHY_S + 2)
+    (incident,) = [i for i in incidents if i.generation == 1]
+    assert (incident.kind, incident.subject) == ("exception", "rank:job/2")
+    client.force_login(cast["viewer"])
+    body = client.get(f"/api/v1/incidents/{incident.pk}/").json()
+    assert (body["launcher_root_cause"]["rank"], body["launcher_root_cause"]["agrees"]) == (2, True)
+    # Judged once: another pass neither duplicates it nor judges the ending again.
+    again = t.diagnose(at=HEALTHY_S + 3)
+    assert [i.pk for i in again if i.generation == 1] == [incident.pk]
+    from console.models import ConsistencyGroup
+
+    assert ConsistencyGroup.objects.get(name="job").summary["ended_judged"] == 1
+
+
+def test_a_generation_that_ended_healthy_opens_nothing(post_batch):
+    t = _job(post_batch)
+    t.add(t.node(0), t.at(HEALTHY_S + 0.5), {"kind": "transition", "group": t.group,
+          "generation": 1, "to_state": "recovering", "from_state": "running",
+          "reason": "membership_change"})  # fmt: skip
+    _restarted(t, at=HEALTHY_S + 1.0)
+    assert t.diagnose(at=HEALTHY_S + 2) == []
