@@ -106,7 +106,7 @@ def run(argv: Sequence[str]) -> None:
     args = list(argv)
     if not args or args[0] in ("-h", "--help") or (args[0] == "-m" and len(args) < 2):
         raise SystemExit(USAGE)
-    prepare()
+    rep = prepare()
     try:
         if args[0] == "-m":
             sys.argv = [args[1], *args[2:]]
@@ -117,7 +117,8 @@ def run(argv: Sequence[str]) -> None:
             # `python train.py` puts the script's directory first on sys.path, not ours.
             sys.path[0] = os.path.dirname(os.path.abspath(script))
             runpy.run_path(script, run_name="__main__")
-    except SystemExit:
+    except SystemExit as exc:
+        rep.exiting(exc.code)  # `raise SystemExit(2)` never passed through sys.exit
         raise
     except BaseException as exc:
         _record(exc)  # for torchrun's own report (and ours: agents.torchrun reads it)
@@ -127,11 +128,12 @@ def run(argv: Sequence[str]) -> None:
 def run_script_path(training_script: str, *training_script_args: str) -> Any:
     """torchrun's `--run-path` entrypoint (torch.distributed.run.run_script_path), armed:
     agents.torchrun starts this one in its place."""
-    prepare()
+    rep = prepare()
     sys.argv = [training_script, *training_script_args]
     try:
         runpy.run_path(training_script, run_name="__main__")
-    except SystemExit:
+    except SystemExit as exc:
+        rep.exiting(exc.code)
         raise
     except BaseException as exc:
         _record(exc)

@@ -574,7 +574,7 @@ class Reporter:
             original_exit = sys.exit
 
             def exit_with_code(code: Any = None) -> None:
-                self._exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+                self.exiting(code)
                 original_exit(code)
 
             sys.exit = exit_with_code  # type: ignore[assignment] # atexit reports the code
@@ -583,6 +583,10 @@ class Reporter:
                     self._chain_signal(signum)
         except Exception:  # noqa: BLE001 -- never raise into the workload; count it
             self.dropped += 1
+
+    def exiting(self, code: Any) -> None:
+        """The process is leaving with SystemExit(`code`): atexit reports that code."""
+        self._exit_code = code if isinstance(code, int) else (0 if code is None else 1)
 
     def _at_exit(self) -> None:
         code = self._exit_code if self._exit_code is not None else 0

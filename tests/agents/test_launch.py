@@ -29,6 +29,8 @@ import json, os, sys
 print(json.dumps({"name": __name__, "argv": sys.argv, "path0": sys.path[0]}))
 if os.environ.get("BOOM"):
     raise ValueError("rank found a malformed batch at /home/alice/data/7.bin")
+if os.environ.get("EXIT"):
+    raise SystemExit(int(os.environ["EXIT"]))
 """
 
 
@@ -109,6 +111,13 @@ def test_it_records_an_uncaught_exception_as_record_would(short_dir: Path) -> No
     (exited,) = [r for r in got if r.get("event") == "exited"]
     assert (exited["reason"], exited["error_type"]) == ("exception", "ValueError")
     assert "alice" not in exited["message"]  # scrubbed before it left the process
+
+
+def test_it_reports_the_code_of_a_raised_system_exit(short_dir: Path) -> None:
+    proc, got = _run(short_dir, ["{script}"], EXIT="3")
+    assert proc.returncode == 3
+    exited = [(r["exit_code"], r["reason"]) for r in got if r.get("event") == "exited"]
+    assert exited == [(3, "exit_code")]
 
 
 def test_it_leaves_exits_to_faultlines_launcher(short_dir: Path) -> None:
