@@ -173,7 +173,9 @@ class LauncherReport:
 
     Generation, group and job follow agents.launcher_env from the environment the workers
     get (TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT; Slurm's job and requeue count),
-    so the launcher's records and its workers' always agree."""
+    so the launcher's records and its workers' always agree. Every node's agent reports
+    its own workers' exits; only the rendezvous' node 0 (`lead`, set after each rendezvous)
+    sends the group's transitions, once per group as rank 0 would."""
 
     def __init__(
         self,
@@ -189,6 +191,7 @@ class LauncherReport:
         self.rep = reporter or Reporter(group=self.group, rank=0)
         self.started_once = False
         self.last_restart_count: int | None = None
+        self.lead = True  # this agent is the rendezvous' node 0 (group rank 0)
         if self.group is None:
             print(
                 "faultline: torchrun has no run id (--rdzv-id) and this is no Slurm job: "
@@ -209,6 +212,10 @@ class LauncherReport:
     def generation(self, restart_count: int) -> int:
         return self.facts(restart_count).generation or 0
 
+    def _transition(self, to_state: str, **fields: Any) -> None:
+        if self.lead:
+            self.rep.transition(to_state, **fields)
+
     def started(self, *, restart_count: int, world_size: int | None) -> None:
         """The workers of a generation started (after the rendezvous)."""
         if self.group is None:
@@ -221,7 +228,7 @@ class LauncherReport:
         else:
             from_state, reason = "recovering", "restart"
         self.started_once, self.last_restart_count = True, restart_count
-        self.rep.transition(
+        self._transition(
             "running",
             from_state=from_state,
             reason=reason,
@@ -247,7 +254,7 @@ class LauncherReport:
                 launcher_root_cause=launcher_env.TORCHELASTIC if rank == root else None,
                 **exit_fields(failures[rank]),
             )
-        self.rep.transition(
+        self._transition(
             "recovering" if will_restart else "failed",
             from_state="running",
             reason="worker_failed",
@@ -258,7 +265,7 @@ class LauncherReport:
     def finished(self, *, restart_count: int) -> None:
         if self.group is not None:
             generation = self.generation(restart_count)
-            self.rep.transition(
+            self._transition(
                 "completed", from_state="running", reason="succeeded", generation=generation
             )
 
@@ -267,8 +274,8 @@ class LauncherReport:
         if self.group is not None:
             generation = self.generation(restart_count)
             reason = re.sub(r"[^A-Za-z0-9_.:\-]", "_", signal_name)[:64] or "signal"
-            self.rep.transition("stopped", from_state="running", reason=reason,
-                                generation=generation)  # fmt: skip
+            self._transition("stopped", from_state="running", reason=reason,
+                             generation=generation)  # fmt: skip
 
 
 def _quietly(fn: Callable[[], None]) -> None:
@@ -299,11 +306,13 @@ def elastic_agent_class(base: type[Any]) -> type[Any]:
         def _initialize_workers(self, worker_group: Any) -> None:
             super()._initialize_workers(worker_group)
             world = worker_group.workers[0].world_size if worker_group.workers else None
-            _quietly(
-                lambda: self._faultline().started(
-                    restart_count=self._faultline_restarts(), world_size=world
-                )
-            )
+
+            def started() -> None:
+                report = self._faultline()
+                report.lead = getattr(worker_group, "group_rank", 0) in (0, None)
+                report.started(restart_count=self._faultline_restarts(), world_size=world)
+
+            _quietly(started)
 
         def _monitor_workers(self, worker_group: Any) -> Any:
             # The workers that failed before the agent tore the rest down: its process

@@ -234,6 +234,15 @@ def test_it_stamps_the_agents_teardown_after_the_failure_it_followed() -> None:
     assert cap.records[-1]["to_state"] == "failed"
 
 
+def test_only_the_rendezvous_node_0_sends_the_groups_transitions() -> None:
+    report, cap = _report()
+    report.lead = False  # another node's torchrun: its own workers' exits only
+    report.started(restart_count=0, world_size=8)
+    report.failed({5: _failure(5, -9, at=time.time())}, restart_count=0, will_restart=True)
+    report.finished(restart_count=1)
+    assert [(r["kind"], r.get("rank")) for r in cap.records] == [("process", 5)]
+
+
 def test_it_calls_a_restart_without_a_new_count_a_membership_change() -> None:
     report, cap = _report()
     report.started(restart_count=0, world_size=4)
