@@ -40,6 +40,8 @@ FIELDS: dict[str, frozenset[str]] = {
             "reason",
             "error_type",
             "job",
+            "message",
+            "launcher_root_cause",
         }
     ),
     "step": frozenset(
@@ -133,8 +135,6 @@ REQUIRED: dict[str, frozenset[str]] = {
     "serving": frozenset({"group", "worker", "window"}),
     "probe": frozenset({"group", "probe"}),
 }
-# Carried reporter -> agent but kept off the wire (contract v1 has no such field).
-LOCAL_ONLY = frozenset({"message"})
 
 
 def check(datagram: bytes) -> tuple[Record | None, str | None]:
@@ -151,15 +151,6 @@ def check(datagram: bytes) -> tuple[Record | None, str | None]:
     kind = rec.get("kind")
     if kind not in FIELDS:
         return None, f"kind {kind!r} is not a workload record"
-    local = {k: rec.pop(k) for k in list(rec) if k in LOCAL_ONLY}
-    if local.get("message"):
-        log.info(
-            "process %s rank %s: %s: %s",
-            rec.get("pid"),
-            rec.get("rank"),
-            rec.get("error_type"),
-            str(local["message"])[:200],
-        )
     extra = set(rec) - FIELDS[kind] - {"kind", "ts"}
     if extra:
         return None, f"{kind}: unknown field(s) {sorted(extra)}"

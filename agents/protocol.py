@@ -128,6 +128,13 @@ class Process(_Record, tag="process"):
     reason: Code | None = None
     error_type: Annotated[str, Meta(max_length=128)] | None = None
     job: Name | None = None  # the scheduler's job id (Slurm job id): restart_group's target
+    # -- failures as the launcher saw them --
+    # The exception's message, bounded by the sender and scrubbed again by ingest
+    # (ingest/scrub.py): an uncaught exception's, or a TorchElastic error file's.
+    message: Short | None = None
+    # The launcher that named this exit the generation's root cause ("torchelastic":
+    # torchrun's "Root Cause (first observed failure)"), shown beside Faultline's own.
+    launcher_root_cause: Code | None = None
 
 
 class Phases(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):

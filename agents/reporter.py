@@ -37,11 +37,15 @@ from collections.abc import Callable, Iterable
 from types import FrameType, TracebackType
 from typing import Any
 
+from agents import launcher_env
 from agents.wire import iso_ts, real, step_id
 
 DEFAULT_SOCKET = "/var/lib/faultline-agent/reporter.sock"
 MAX_DATAGRAM = 60 * 1024
 _MESSAGE_LIMIT = 200
+# The signals whose exit a process reports itself (install_hooks chains a handler): any
+# other death by signal (SIGKILL, SIGSEGV, SIGABRT...) only its launcher can see.
+HOOKED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 _PATH_RE = re.compile(r"(?:[A-Za-z]:)?(?:[/\\][\w.\-@+~]+){2,}[/\\]?")
 _HEX_RE = re.compile(r"0x[0-9a-fA-F]{6,}")
@@ -68,10 +72,20 @@ def scrub(message: str, limit: int = _MESSAGE_LIMIT) -> str:
 def classify_exception(exc: BaseException) -> str:
     """`reason` for a process that died of `exc`, judged by type name (no torch import)."""
     for klass in type(exc).__mro__:
-        name = klass.__name__
-        if name == "MemoryError" or "OutOfMemory" in name:
+        if classify_error_name(klass.__name__) == "oom":
             return "oom"
     if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    return "exception"
+
+
+def classify_error_name(name: str) -> str:
+    """`reason` for an exception known only by its (possibly qualified) type name, as an
+    error file or a log line gives it: `oom` for out-of-memory errors, else `exception`."""
+    short = name.rsplit(".", 1)[-1]
+    if short == "MemoryError" or "OutOfMemory" in short:
+        return "oom"
+    if short == "KeyboardInterrupt":
         return "interrupted"
     return "exception"
 
@@ -85,17 +99,6 @@ def error_type(exc: BaseException) -> str:
         else f"{module}.{klass.__qualname__}"
     )
     return name[:128]
-
-
-def _env_int(name: str, *fallbacks: str) -> int | None:
-    for key in (name, *fallbacks):
-        value = os.environ.get(key)
-        if value not in (None, ""):
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
 
 
 def _maybe_real(value: Any) -> Any:
@@ -130,11 +133,14 @@ class Reporter:
         self.socket_path = (
             socket_path or os.environ.get("FAULTLINE_REPORTER_SOCKET") or (DEFAULT_SOCKET)
         )
-        self.group = group or os.environ.get("FAULTLINE_GROUP")
-        self.generation = (
-            generation if generation is not None else _env_int("FAULTLINE_GENERATION") or 0
-        )
-        self.rank = rank if rank is not None else _env_int("FAULTLINE_RANK", "RANK") or 0
+        # Explicit arguments, then FAULTLINE_*, then what the launcher (torchrun, Slurm)
+        # already told the process (agents.launcher_env).
+        self.facts = launcher_env.from_environ()
+        self.group = group or self.facts.group
+        self.generation = generation if generation is not None else self.facts.generation or 0
+        self.rank = rank if rank is not None else self.facts.rank or 0
+        self.world_size = self.facts.world_size
+        self.job = self.facts.job  # the scheduler's job id: the group's owner (Slurm)
         self.gpu = gpu or os.environ.get("FAULTLINE_GPU")
         self.sent = 0
         self.dropped = 0
@@ -447,7 +453,7 @@ class Reporter:
                 ("topology", topology),
                 ("data_cursor", data_cursor),
                 ("model_version", model_version),
-                ("job", job),
+                ("job", job or self.job),
                 ("objectives", objectives),  # issue 20: RPO, RTO, consistency, semantics
             ):
                 if value is not None:
@@ -514,33 +520,57 @@ class Reporter:
         sig: int | None = None,
         reason: str | None = None,
         error: BaseException | None = None,
+        error_name: str | None = None,
+        message: str | None = None,
+        pid: int | None = None,
+        rank: int | None = None,
+        generation: int | None = None,
+        at: float | None = None,
+        launcher_root_cause: str | None = None,
     ) -> None:
+        """This process started or exited; or, with `pid`, another one its launcher saw
+        (`rank`, `generation`, the time `at` it failed, the error file's `error_name` and
+        `message`, and the launcher's name when it named this exit its root cause)."""
         try:
-            if event == "exited":
+            own = pid is None
+            if event == "exited" and own:
                 if self._exited:
                     return  # one exit per process, whichever hook sees it first
                 self._exited = True
-            rec = self._scoped("process", None, None, None)
-            rec.update(event=event, pid=os.getpid())
-            if self.gpu:
+            rec = self._scoped("process", None, generation, rank)
+            if at is not None:
+                rec["ts"] = iso_ts(at)
+            rec.update(event=event, pid=os.getpid() if own else pid)
+            if self.gpu and own:
                 rec["gpu"] = self.gpu
-            for key, value in (("exit_code", exit_code), ("signal", sig), ("reason", reason)):
+            if error is not None:
+                error_name, message = error_type(error), str(error)
+            for key, value in (
+                ("exit_code", exit_code),
+                ("signal", sig),
+                ("reason", reason),
+                ("error_type", error_name[:128] if error_name else None),
+                # Bounded and scrubbed here; the service scrubs it again as it stores it.
+                ("message", scrub(message) if message else None),
+                ("job", self.job),
+                ("launcher_root_cause", launcher_root_cause),
+            ):
                 if value is not None:
                     rec[key] = value
-            if error is not None:
-                rec["error_type"] = error_type(error)
-                # Not a contract field: the agent logs it locally and keeps it off the wire.
-                rec["message"] = scrub(str(error))
             self._send(rec)
         except Exception:  # noqa: BLE001 -- never raise into the workload; count it
             self.dropped += 1
 
     # -- automatic process records ----------------------------------------------------
-    def install_hooks(self) -> None:
+    def install_hooks(self, *, exits: bool = True) -> None:
         """Send `started` now and `exited` from atexit, SIGTERM/SIGHUP or an uncaught
-        exception; existing handlers and hooks are chained, never replaced."""
+        exception; existing handlers and hooks are chained, never replaced. `exits=False`:
+        `started` only, for a worker whose launcher reports every exit it reaps
+        (agents.torchrun), so one exit is never told twice with two timestamps."""
         try:
             self.process("started")
+            if not exits:
+                return
             atexit.register(self._at_exit)
             previous_hook = sys.excepthook
 
@@ -560,15 +590,19 @@ class Reporter:
             original_exit = sys.exit
 
             def exit_with_code(code: Any = None) -> None:
-                self._exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+                self.exiting(code)
                 original_exit(code)
 
             sys.exit = exit_with_code  # type: ignore[assignment] # atexit reports the code
             if threading.current_thread() is threading.main_thread():
-                for signum in (signal.SIGTERM, signal.SIGHUP):
+                for signum in HOOKED_SIGNALS:
                     self._chain_signal(signum)
         except Exception:  # noqa: BLE001 -- never raise into the workload; count it
             self.dropped += 1
+
+    def exiting(self, code: Any) -> None:
+        """The process is leaving with SystemExit(`code`): atexit reports that code."""
+        self._exit_code = code if isinstance(code, int) else (0 if code is None else 1)
 
     def _at_exit(self) -> None:
         code = self._exit_code if self._exit_code is not None else 0
@@ -601,14 +635,43 @@ _lock = threading.Lock()
 
 
 def init(*, hooks: bool = True, **kwargs: Any) -> Reporter:
-    """Configure the module-level reporter (idempotent per process)."""
+    """Configure the module-level reporter (idempotent per process). Under Faultline's
+    launcher wrapper (agents.torchrun) the hooks report `started` only: the launcher
+    reports the exit it reaps."""
     global _default
     with _lock:
         if _default is None:
             _default = Reporter(**kwargs)
             if hooks and _default.group:
-                _default.install_hooks()
+                _default.install_hooks(exits=not _default.facts.launcher_reports)
         return _default
+
+
+def auto() -> Reporter:
+    """Zero glue (DESIGN.md §7): the module reporter as the launcher configured this process
+    (agents.launcher_env), hooks installed, and rank 0 saying its generation runs, as a
+    launcher would, unless Faultline's launcher wrapper reports that itself. Idempotent;
+    a reporter already configured by the program is kept as it is and announces nothing."""
+    with _lock:
+        fresh = _default is None
+    rep = init()
+    if fresh:
+        announce(rep)
+    return rep
+
+
+def announce(rep: Reporter) -> None:
+    """Rank 0's `running` transition for its generation (restart count, world size, job)."""
+    if rep.group is None or rep.facts.launcher_reports or rep.rank != 0:
+        return
+    first = rep.generation == 0
+    rep.transition(
+        "running",
+        from_state="initializing" if first else "recovering",
+        reason="launch" if first else "restart",
+        restart_count=rep.generation,
+        world_size=rep.world_size,
+    )
 
 
 def get() -> Reporter:

@@ -10,7 +10,7 @@ The per-rank window feeds the console's "same step, same order, same count and d
 every rank?" checks (DESIGN.md §1) that come before any timeout is blamed on the network.
 
     from agents import reporter, torch as fl_torch
-    reporter.init(group="llama", generation=3, rank=dist.get_rank())
+    reporter.init(group="llama", generation=3, rank=dist.get_rank())  # or nothing: see install
     fl_torch.install()
     with fl_torch.phase("compute"): loss = model(batch)
     fl_torch.report_step(step, loss=loss, tokens=n)
@@ -550,9 +550,14 @@ _recorder: Recorder | None = None
 
 
 def install(rep: _reporter.Reporter | None = None, window: int = 256) -> Recorder:
-    """Wrap torch.distributed collectives for this process (idempotent)."""
+    """Wrap torch.distributed collectives for this process (idempotent). It is also the one
+    line of zero glue: with no reporter configured yet (and none passed), it configures the
+    module reporter from what the launcher told the process (`reporter.auto`: group,
+    generation, rank from torchrun or Slurm; docs/integrations.md)."""
     global _recorder
     if _recorder is None:
+        if rep is None:
+            _reporter.auto()
         _recorder = Recorder(rep, window).install()
     return _recorder
 

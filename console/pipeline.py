@@ -36,6 +36,17 @@ def diagnose(*, group_name: str, now: datetime) -> datetime | None:
     """One pass over the group; returns when a verdict may next change with no new record
     (Diagnosis.next_check), for the caller to schedule a pass then, or None."""
     t0 = time.perf_counter()
+    # A generation that ended (a restart) before any pass judged its end: judged once, as
+    # of its end, before the current one (console.snapshots.unjudged_endings).
+    for ending in snapshots.unjudged_endings(group_name=group_name, now=now):
+        ended = snapshots.load_ended(group_name=group_name, ending=ending)
+        if ended is not None:
+            actions.record_ended_generation(
+                group_name=group_name,
+                diagnosis=run_engine(ended, ending.ended_at),
+                now=now,
+                judged_key=snapshots.ENDED_JUDGED,
+            )
     # The live state is millions of long-lived objects at 16k ranks: no gen-2 walk of
     # them inside a pass (console.collector; a full rebuild releases and collects).
     with collector.paused():

@@ -185,6 +185,60 @@ def load_located(
     return snap, subjects
 
 
+# A generation that ended (its launcher restarted the group) is judged once as of its end
+# when no pass saw that end: torchrun restarts within a second, before the pass its
+# failure's batch scheduled has read it. Only recent ends, and the last few of them.
+ENDINGS_WINDOW = timedelta(minutes=10)
+MAX_ENDINGS = 3
+ENDED_JUDGED = "ended_judged"  # group.summary key: the newest generation judged at its end
+
+
+class Ending(NamedTuple):
+    generation: int
+    ended_at: datetime
+    state: str  # what the generation's own last transition left it in
+
+
+def unjudged_endings(*, group_name: str, now: datetime) -> list[Ending]:
+    """The group's generations that ended since a pass last judged one at its end (none
+    judged yet: those that ended within ENDINGS_WINDOW), the last MAX_ENDINGS, oldest
+    first. One small read when the generation did not move."""
+    row = (
+        ConsistencyGroup.objects.filter(name=group_name)
+        .values_list("pk", "generation", f"summary__{ENDED_JUDGED}")
+        .first()
+    )
+    if row is None:
+        return []
+    pk, generation, judged = row
+    after = max(int(judged) + 1 if isinstance(judged, int) else 0, generation - MAX_ENDINGS)
+    if generation <= after:
+        return []
+    group = ConsistencyGroup(pk=pk, name=group_name, generation=generation)
+    ends = telemetry.generation_endings(group, after=after, since=now - ENDINGS_WINDOW)
+    return [Ending(e["generation"], e["ended_at"], e["state"]) for e in ends]
+
+
+def load_ended(*, group_name: str, ending: Ending) -> GroupSnapshot | None:
+    """The ended generation's snapshot as of its end: a full read of its ranks (no live
+    state: this is one pass, once), its state as its own transitions left it, and nothing
+    stamped after its end (the next generation's records)."""
+    group = ConsistencyGroup.objects.filter(name=group_name).first()
+    if group is None:
+        return None
+    now = ending.ended_at
+    nodes = _nodes(_GROUP_NODES, [group.pk])
+    names = {pk: n.name for pk, n in nodes.items()}
+    records, kwargs = _inputs(group, nodes, now)
+    records += telemetry.rank_records(
+        group, node_names=names, now=now, generation=ending.generation
+    )
+    records = [r for r in records if r["ts"] < now]
+    kwargs["state"] = ending.state
+    last_pass.update(mode="ended-generation", rows=len(records), touched=None)
+    return build_snapshot(group=group.name, generation=ending.generation, **kwargs, records=records)
+
+
 def load(*, group_name: str, now: datetime, incremental: bool = True) -> GroupSnapshot | None:
     last_parts.clear()
     last_read.clear()

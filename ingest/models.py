@@ -208,6 +208,9 @@ class ProcessRecord(_GroupRecord):
     signal = models.IntegerField(null=True)
     reason = models.CharField(max_length=64, null=True)
     error_type = models.CharField(max_length=128, null=True)
+    message = models.CharField(max_length=256, null=True)  # scrubbed (ingest/scrub.py)
+    # The launcher that named this exit its root cause ("torchelastic"), else NULL.
+    launcher_root_cause = models.CharField(max_length=64, null=True)
 
     class Meta:
         indexes = [models.Index(fields=["group", "-ts"])]

@@ -1,8 +1,8 @@
 """Scrub free-text record fields before storage (seed contract 8: no sensitive content).
 
-`error_type`, `detail`, `reason` and a task's `comm` are the only free text an agent may
-send. They can carry home directories, dataset paths, account or request ids and tokens
-pasted into exception messages or kernel lines. This module bounds their length and
+`error_type`, `message`, `detail`, `reason` and a task's `comm` are the only free text an
+agent may send. They can carry home directories, dataset paths, account or request ids and
+tokens pasted into exception messages or kernel lines. This module bounds their length and
 replaces file paths and long digit/hex/token runs with placeholders, once, as a batch
 enters the writer (`scrub_record`): rows, latched faults, incident summaries and the audit
 log all read the scrubbed text. Pure functions; no Django, no I/O. It must not touch
@@ -56,7 +56,7 @@ def scrub_text(value: str | None, *, limit: int = MAX_TEXT) -> str | None:
 FREE_TEXT: dict[type[Any], dict[str, int]] = {
     p.DeviceEvent: {"detail": MAX_TEXT},
     p.HostEvent: {"comm": MAX_TEXT},
-    p.Process: {"reason": 64, "error_type": 128},
+    p.Process: {"reason": 64, "error_type": 128, "message": MAX_TEXT},
     p.Checkpoint: {"detail": MAX_TEXT},
     p.Transition: {"reason": 64},
 }

@@ -36,7 +36,7 @@ from console.actions.accounts import record_sso_sign_in
 from console.actions.audit import actor_name, audit
 from console.actions.breaker import breaker_payload, set_breaker
 from console.actions.conditions import open_condition, settle_conditions
-from console.actions.diagnosis import record_diagnosis, record_located
+from console.actions.diagnosis import record_diagnosis, record_ended_generation, record_located
 from console.actions.errors import (
     ChangeError,
     Conflict,
@@ -138,6 +138,7 @@ __all__ = [
     "propose_returns",
     "record_action_result",
     "record_diagnosis",
+    "record_ended_generation",
     "record_incident_costs",
     "record_located",
     "record_repair_evidence",

@@ -97,6 +97,37 @@ def record_diagnosis(*, group_name: str, diagnosis: Diagnosis, now: datetime) ->
     return changed
 
 
+@transaction.atomic
+def record_ended_generation(
+    *, group_name: str, diagnosis: Diagnosis, now: datetime, judged_key: str
+) -> list[int]:
+    """A generation that ended before a pass judged its end (console.pipeline): open or
+    update the incidents the engine found in it as of its end, in that generation. It
+    settles nothing and leaves the group's summary to the ordinary pass, but for
+    `judged_key` (the newest generation judged so: each ending is judged once); the next
+    ordinary pass, of the new generation, settles these incidents as the job moved on.
+    Returns the ids opened or changed."""
+    group = ConsistencyGroup.objects.select_for_update(no_key=True).get(name=group_name)
+    findings = [f.to_dict() for f in diagnosis.findings]
+    by_id = {f["id"]: f for f in findings}
+    heads, followers = _fold(findings, by_id)
+    changed: list[int] = []
+    for head in heads:
+        incident, was_changed = _upsert_incident(
+            group, head, followers[head["id"]], now, generation=diagnosis.generation
+        )
+        if was_changed:
+            changed.append(incident.pk)
+    judged = group.summary.get(judged_key)
+    if not isinstance(judged, int) or judged < diagnosis.generation:
+        group.summary = {**group.summary, judged_key: diagnosis.generation}
+        group.save(update_fields=["summary"])
+    if changed:
+        for incident in Incident.objects.filter(pk__in=changed).select_related("group"):
+            publish_incident(incident)
+    return changed
+
+
 # The urgent lane's wait for a row an ordinary pass holds, before its task retries: the
 # lane's Xid-to-incident goal is 2 s (tests/system/test_chaos.py).
 URGENT_LOCK_WAIT_MS = 500

@@ -29,7 +29,7 @@ from console import charts, queries
 from console.choices import GroupState
 from console.diagnosis.findings import culprit_of
 from console.models import ConsistencyGroup, Incident
-from console.queries import recovery, telemetry
+from console.queries import launcher, recovery, telemetry
 from console.serving import serving_state_of
 
 SEVERITY_ORDER = ("critical", "major", "minor", "info")
@@ -267,6 +267,7 @@ def incident_data(incident: Incident) -> dict[str, Any]:
         "last_seen": root.get("last_seen"),
         "recovery": incident.recovery or {},
         "costs": recovery.costs_of(incident),
+        "launcher_root_cause": launcher.launcher_root_cause(incident),
         "symptoms_total": len(symptoms),
         "symptom_folds": charts.symptom_groups(
             symptoms[:2000], root_kind=incident.kind, root_subject=incident.subject

@@ -8,8 +8,8 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from console.models import Alert, ConsistencyGroup, Device, HealthEvent, Incident, Node
+from console.queries import launcher, recovery, telemetry
 from console.queries import objectives as group_objectives
-from console.queries import recovery, telemetry
 from console.serving import serving_state_of
 
 LIFECYCLE_FIELDS = (
@@ -172,20 +172,30 @@ class IncidentSerializer(serializers.ModelSerializer):
     costs = serializers.SerializerMethodField()
     verdict = serializers.SerializerMethodField()
     settles_at = serializers.DateTimeField(read_only=True)
+    launcher_root_cause = serializers.SerializerMethodField()
 
     class Meta:
         model = Incident
         fields = [
             "id", "group", "node", "generation", "state", "kind", "subject", "role",
             "severity", "summary", "root_cause", "symptom_count", "symptoms", "external_alerts",
-            "recovery", "costs", "timeline", "opened_at", "resolved_at", "version", "verdict",
-            "settles_at",
+            "recovery", "costs", "launcher_root_cause", "timeline", "opened_at", "resolved_at",
+            "version", "verdict", "settles_at",
         ]  # fmt: skip
 
     def get_verdict(self, obj: Incident) -> str:
         """`provisional` while the root cause may still be revised (until `settles_at`),
         then `settled`: remediation is proposed only from a settled verdict."""
         return "settled" if obj.verdict_settled(timezone.now()) else "provisional"
+
+    def get_launcher_root_cause(self, obj: Incident) -> dict[str, Any] | None:
+        """The root cause the group's launcher named for this generation (torchrun's first
+        observed failure), and whether it is the rank Faultline names (console.queries.
+        launcher). A list reads them for its whole page at once (IncidentList)."""
+        known = self.context.get("launcher_root_causes")
+        if known is not None:
+            return known.get(obj.pk)
+        return launcher.launcher_root_cause(obj)
 
     def get_costs(self, obj: Incident) -> dict[str, Any] | None:
         """The seed's recovery costs (console.queries.recovery): measured live on the

@@ -15,7 +15,7 @@ from console import queries
 from console.api import serializers as s
 from console.choices import IncidentState, Role
 from console.models import Alert, ConsistencyGroup, Device, Incident, Node
-from console.queries import telemetry
+from console.queries import launcher, telemetry
 
 
 class NodeList(generics.ListAPIView):
@@ -99,6 +99,19 @@ class IncidentList(generics.ListAPIView):
         if state:
             qs = qs.filter(state=state)
         return qs.order_by("-opened_at")
+
+    def paginate_queryset(self, queryset: Any) -> Any:
+        page = super().paginate_queryset(queryset)
+        # The page's launcher root causes in one query, not one per incident.
+        self.launcher_root_causes = launcher.launcher_root_causes(
+            page if page is not None else queryset
+        )
+        return page
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        context = super().get_serializer_context()
+        known = getattr(self, "launcher_root_causes", None)
+        return context if known is None else {**context, "launcher_root_causes": known}
 
 
 class IncidentDetail(generics.RetrieveAPIView):

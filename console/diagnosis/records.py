@@ -85,6 +85,7 @@ class ProcessRecord:
     signal: int | None = None
     reason: str | None = None  # oom | exception | killed | clean | ...
     error_type: str | None = None
+    message: str | None = None  # the exception's message, scrubbed at ingest
 
 
 @dataclass(frozen=True, slots=True)

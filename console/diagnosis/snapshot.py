@@ -193,6 +193,7 @@ def _process(r: Mapping[str, Any]) -> ProcessRecord:
         signal=r.get("signal"),
         reason=r.get("reason"),
         error_type=r.get("error_type"),
+        message=r.get("message"),
     )
 
 

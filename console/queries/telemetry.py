@@ -299,7 +299,7 @@ def group_records(
 # the fields read, and whether only the group's active generation counts. Rows are appended
 # by COPY and never updated, so a row's id is a cursor.
 _PROCESS_FIELDS = ["generation", "rank", "event", "pid", "gpu", "exit_code", "signal",
-                   "reason", "error_type"]  # fmt: skip
+                   "reason", "error_type", "message"]  # fmt: skip
 RANK_TABLES: dict[str, tuple[type[m._GroupRecord], list[str], bool]] = {
     "step": (m.StepRecord, _STEP_FIELDS, True),
     "collective": (m.CollectiveWindow, ["generation", "rank", "entries"], True),
@@ -383,11 +383,13 @@ def rank_records(
     node_names: dict[int, str],
     now: datetime,
     ranks: list[int] | None = None,
+    generation: int | None = None,
 ) -> list[dict[str, Any]]:
     """A full read of the group's per-rank records (steps, collective windows, process-groups
     reports, processes), each with its row `id`, bounded as a snapshot needs them; `ranks`:
-    those ranks' only (the urgent lane's read of the ranks on a node, console.snapshots)."""
-    gen, gid = group.generation, group.pk
+    those ranks' only (the urgent lane's read of the ranks on a node, console.snapshots);
+    `generation`: a generation that has ended (its closing pass), not the group's own."""
+    gen, gid = group.generation if generation is None else generation, group.pk
     only, some = ("AND rank = ANY(%s::int[])", [ranks]) if ranks is not None else ("", [])
     current = f"group_id = %s AND generation = %s AND NOT stale {only}"
     steps = _kind_rows(
@@ -858,6 +860,63 @@ def groups_first_transition(group_ids: list[int], since: datetime) -> dict[int, 
 # -- correlation: the one step or request an incident is about (issue 23) ------------------
 TRACE_NEIGHBOURS = 8  # ranks either side of the culprit a step trace lists (its node, its TP group)
 TRACE_SPAN = timedelta(minutes=10)  # one logical step's records lie within this of each other
+
+
+_LAUNCHER_ROOT_FIELDS = ("group_id", "generation", "rank", "ts", "exit_code", "signal", "reason",
+                         "error_type", "message", "launcher_root_cause")  # fmt: skip
+
+
+def generation_endings(
+    group: ConsistencyGroup, *, after: int, since: datetime
+) -> list[dict[str, Any]]:
+    """The group's generations from `after` up to (not including) its current one that
+    ended at or after `since`, oldest first: {generation, ended_at: the first transition of
+    a later generation, state: what the generation's own last transition before that left
+    it in ("running" if none)}. One query for the ends, one per ended generation."""
+    if group.generation <= after:
+        return []
+    firsts = dict(
+        m.TransitionRecord.objects.filter(group=group, generation__gt=after, stale=False)
+        .values("generation")
+        .annotate(first=Min("ts"))
+        .values_list("generation", "first")
+    )
+    out: list[dict[str, Any]] = []
+    for generation in range(after, group.generation):
+        later = [ts for g, ts in firsts.items() if g > generation]
+        if not later or min(later) < since:
+            continue
+        ended_at = min(later)
+        last = (
+            m.TransitionRecord.objects.filter(
+                group=group, generation=generation, stale=False, ts__lte=ended_at
+            )
+            .order_by("-ts")
+            .values_list("to_state", flat=True)
+            .first()
+        )
+        out.append({"generation": generation, "ended_at": ended_at, "state": last or "running"})
+    return out
+
+
+def launcher_root_causes(keys: set[tuple[int, int]]) -> dict[tuple[int, int], dict[str, Any]]:
+    """(group id, generation) -> the exit a launcher named that generation's root cause
+    (torchrun's first observed failure), the earliest where several launcher agents (one
+    per node) each named one. One query for any number of keys."""
+    if not keys:
+        return {}
+    which = Q()
+    for gid, generation in sorted(keys):
+        which |= Q(group_id=gid, generation=generation)
+    rows = (
+        m.ProcessRecord.objects.filter(which, event="exited", launcher_root_cause__isnull=False)
+        .order_by("ts", "rank")
+        .values(*_LAUNCHER_ROOT_FIELDS)
+    )
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for row in rows:
+        out.setdefault((row["group_id"], row["generation"]), row)
+    return out
 
 
 def step_trace(

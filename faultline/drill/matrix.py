@@ -89,6 +89,18 @@ MATRIX: tuple[Spec, ...] = (
         quick=False,
         layer="collective",
     ),
+    # Zero glue (faultline.drill.elastic): a plain script under `python -m agents.torchrun`,
+    # the launcher's and the workers' own reports only; torchrun restarts the job. The
+    # script saves no checkpoint, so Faultline advises no automatic restart (nothing proves
+    # what the restart resumes from): torchrun restarts it regardless.
+    Spec(
+        "torchrun_restart",
+        "rank 1 raises under python -m agents.torchrun --max-restarts 1; torchrun restarts",
+        "exception",
+        False,
+        quick=False,
+        layer="process",
+    ),
     Spec(
         "stale_generation",
         "restart while generation 1 keeps writing",

@@ -424,6 +424,10 @@ class Drill:
                 from faultline.drill import fake_device
 
                 fake_device.run(self)
+            elif self.spec.name == "torchrun_restart":
+                from faultline.drill.elastic import torchrun_restart
+
+                torchrun_restart(self)
             elif self.spec.name.startswith("topology_change"):
                 from faultline.drill.topology import topology_change
 

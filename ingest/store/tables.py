@@ -24,7 +24,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "processgroupsrecord": ("ts", "node_id", "group_id", "generation", "stale", "rank", "groups"),
     "processrecord": (
         "ts", "node_id", "group_id", "generation", "stale", "rank", "event", "pid", "gpu",
-        "exit_code", "signal", "reason", "error_type",
+        "exit_code", "signal", "reason", "error_type", "message", "launcher_root_cause",
     ),
     "checkpointrecord": (
         "ts", "node_id", "group_id", "generation", "stale", "checkpoint_id", "step", "phase",

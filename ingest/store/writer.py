@@ -496,7 +496,7 @@ class BatchWriter:
             f"{when(ts)}{self.node_cell}{group.pk}\t{rec.generation}\t{flag(not applied)}\t"
             f"{rec.rank}\t{text(rec.event)}\t{num(rec.pid)}\t{text(rec.gpu)}\t"
             f"{num(rec.exit_code)}\t{num(rec.signal)}\t{text(rec.reason)}\t"
-            f"{text(rec.error_type)}\n"
+            f"{text(rec.error_type)}\t{text(rec.message)}\t{text(rec.launcher_root_cause)}\n"
         )
         if applied:
             entry = self._rank(group, rec.rank, rec.generation)

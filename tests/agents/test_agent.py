@@ -29,10 +29,14 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def test_it_loads_no_service_or_msgspec_module_at_runtime() -> None:
+    # The integrations too: they import their framework (torch, torchft) only when called.
     code = (
-        "import sys, agents.agent, agents.reporter, agents.cli, agents.listener;"
+        "import sys, agents.agent, agents.reporter, agents.cli, agents.listener, agents.launch,"
+        " agents.torchrun, agents.launcher_env, agents.integrations.torchelastic,"
+        " agents.integrations.torchft;"
         "bad = [m for m in sys.modules if m.split('.')[0] in "
-        "('django', 'msgspec', 'celery', 'channels', 'console', 'ingest', 'rest_framework')"
+        "('django', 'msgspec', 'celery', 'channels', 'console', 'ingest', 'rest_framework',"
+        " 'torch', 'torchft', 'numpy')"
         " or m == 'agents.protocol'];"
         "print(bad)"
     )

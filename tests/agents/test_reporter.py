@@ -196,7 +196,8 @@ def test_it_reports_an_uncaught_oom_with_its_type(short_dir: Path) -> None:
     assert len(exited) == 1
     assert exited[0]["reason"] == "oom"
     assert exited[0]["error_type"] == "OutOfMemoryError"
-    assert "message" not in exited[0]  # not a contract field
+    # Bounded and scrubbed here (the service scrubs it again as it stores it).
+    assert exited[0]["message"] == "CUDA out of memory. Tried to allocate 20.00 GiB"
 
 
 def test_it_reports_a_sigterm_and_still_dies_of_it(short_dir: Path) -> None:

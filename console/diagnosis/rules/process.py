@@ -224,6 +224,7 @@ def run(ctx: Context) -> None:
             "signal": p.signal,
             "reason": p.reason,
             "error_type": p.error_type,
+            "message": p.message,
             "exited_at": p.ts,
             "last_step": step,
             "teardown": teardown,

@@ -64,8 +64,9 @@ def test_it_renders_the_incident_page_in_queries_independent_of_symptoms(
     # + the incident's actions; + 3 bounded telemetry reads for its recovery costs
     # (transitions since its first evidence, when the failed generation last stepped, its
     # steps of the 2 min before that by step); + the group's nodes, for the pool whose
-    # default objectives the costs are judged against.
-    with django_assert_max_num_queries(12):
+    # default objectives the costs are judged against; + the exit the group's launcher
+    # named its root cause (console.queries.launcher).
+    with django_assert_max_num_queries(13):
         assert client.get(_url(incident)).status_code == 200
 
 
