@@ -60,7 +60,9 @@ def hosts(owner: Owner, who: Claimant) -> bool:
 
 
 def rendezvous_open(owner: Owner, now: datetime) -> bool:
-    """New nodes may still join the group's first generation's rendezvous."""
+    """New nodes may still join the group's first rendezvous: for a while after its first
+    rank was placed, whatever generation it is at by then (a peer whose agent delivers
+    late, after an early restart, is still one of its nodes)."""
     if owner.owner_job:
         return False
     return owner.rendezvous_until is None or now < owner.rendezvous_until

@@ -367,8 +367,13 @@ class BatchWriter:
         verdict = fencing.classify_generation(view, rec.generation, is_transition=is_transition)
         if verdict == "stale":
             violation = fencing.stale_violation(view, rec.__struct_config__.tag, rec.generation, ts)
-            if violation is not None:
-                self.violations.append(violation)
+            if violation is None:
+                return False
+            if is_transition or ownership.hosts(owner, self.claimant):
+                self.violations.append(violation)  # the group's own old generation writes
+            else:  # a node that is none of its hosts: its claim, not the group's split brain
+                self._claim("rank_claim", f"group:{group.name}", rec.generation,
+                            {**violation.evidence, "contract": violation.kind})  # fmt: skip
             return False
         if verdict == "ahead":
             return False
@@ -701,8 +706,6 @@ class BatchWriter:
         if rec.generation > view.generation:
             view.generation = group.generation = rec.generation
             view.fenced_at = ts
-            if owner.rendezvous_until is not None:  # the first rendezvous ends with it
-                owner.rendezvous_until = min(owner.rendezvous_until, self.now)
             view.versions_seen = []
             # Checkpoint order is judged within a generation: a restart may restore from
             # an older checkpoint than the newest (poisoned ones skipped) and commit anew.
