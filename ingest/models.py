@@ -71,11 +71,14 @@ class GroupMember(models.Model):
     one during the group's first rendezvous, or a host or the launcher declared it for a
     generation (a transition's `nodes`). Written by ingest only (ingest.ownership).
 
-    Keyed by the node's name, not its row: a declared spare may not have reported yet.
+    Keyed by the node's name, not its row: a declared spare may not have reported yet. A
+    node a later declaration left out keeps its row with the generation it left at: its
+    old process still writing is the group's split brain, not a stranger's claim.
     """
 
     group = models.ForeignKey(ConsistencyGroup, on_delete=models.CASCADE, related_name="+")
     node = models.CharField(max_length=128)
+    left_generation = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [

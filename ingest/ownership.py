@@ -45,6 +45,7 @@ class Owner:
     created_by_id: int | None
     window_start: datetime | None = None
     window_advance: int = 0
+    left_generation: int | None = None  # the sender was one of its nodes until then
 
     def forming(self) -> bool:
         """No rank placed yet (and no job bound): the first rank record defines it."""
@@ -98,6 +99,12 @@ def may_place(
     if not rendezvous_open(owner, now) or old is not None:
         return False
     return owner.world_size is None or rank < owner.world_size
+
+
+def was_host(owner: Owner, generation: int) -> bool:
+    """The sender was one of the group's nodes in `generation` (a declaration has left it
+    out since): its records of then are the group's old generation, not a stranger's."""
+    return owner.left_generation is not None and generation < owner.left_generation
 
 
 def may_transition(owner: Owner, who: Claimant, *, group: str, places_here: bool) -> bool:

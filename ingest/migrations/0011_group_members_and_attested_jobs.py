@@ -42,6 +42,7 @@ class Migration(migrations.Migration):
                     ),
                 ),
                 ("node", models.CharField(max_length=128)),
+                ("left_generation", models.PositiveIntegerField(blank=True, null=True)),
             ],
             options={
                 "constraints": [

@@ -131,14 +131,15 @@ SELECT EXISTS (SELECT 1 FROM console_action
 _GROUP_ATTNAMES = [f.attname for f in ConsistencyGroup._meta.concrete_fields]
 GROUP_NAME, GROUP_KIND = _GROUP_ATTNAMES.index("name"), _GROUP_ATTNAMES.index("kind")
 
-# After the group's columns: whether the batch's node is one of its rendezvous nodes, and
-# whether it has any (who owns the group: ingest.ownership). Index lookups on
-# ingest_groupmember's (group, node) key.
+# After the group's columns: whether the batch's node is one of its rendezvous nodes (-1),
+# left them at a generation (N), or never was one (NULL), and whether it has any (who
+# owns the group: ingest.ownership). Index lookups on ingest_groupmember's (group, node).
 GROUPS_AND_RANKS = f"""
 SELECT {columns(ConsistencyGroup, "g")},
+    (SELECT coalesce(m.left_generation, -1) FROM ingest_groupmember m
+     WHERE m.group_id = g.id AND m.node = %(node_name)s),
     EXISTS (SELECT 1 FROM ingest_groupmember m WHERE m.group_id = g.id
-            AND m.node = %(node_name)s),
-    EXISTS (SELECT 1 FROM ingest_groupmember m WHERE m.group_id = g.id)
+            AND m.left_generation IS NULL)
 FROM console_consistencygroup g
 WHERE g.name = ANY(%(names)s::text[]) ORDER BY g.name FOR KEY SHARE;
 SELECT g.name, r.rank, {", ".join(f"r.{c}" for c in RANK_STATE)}
@@ -160,9 +161,11 @@ INSERT INTO ingest_groupmember (group_id, node)
 SELECT unnest(%(joins)s::bigint[]), %(node_name)s ON CONFLICT DO NOTHING
 """
 MEMBERS_DECLARE = """
-DELETE FROM ingest_groupmember WHERE group_id = %(d_group)s;
+UPDATE ingest_groupmember SET left_generation = %(d_gen)s WHERE group_id = %(d_group)s
+    AND left_generation IS NULL AND NOT node = ANY(%(d_nodes)s::text[]);
 INSERT INTO ingest_groupmember (group_id, node)
-SELECT %(d_group)s, unnest(%(d_nodes)s::text[]) ON CONFLICT DO NOTHING
+SELECT %(d_group)s, unnest(%(d_nodes)s::text[])
+ON CONFLICT (group_id, node) DO UPDATE SET left_generation = NULL
 """
 RANKS_OF_NON_ATTESTERS_DROP = """
 DELETE FROM console_rank r WHERE r.group_id = %(d_group)s AND NOT EXISTS (
@@ -171,5 +174,11 @@ DELETE FROM ingest_groupmember WHERE group_id = %(d_group)s
 """
 RANKS_OF_UNDECLARED_DROP = """
 DELETE FROM console_rank r WHERE r.group_id = %(d_group)s AND NOT EXISTS (
-    SELECT 1 FROM console_node n WHERE n.id = r.node_id AND n.name = ANY(%(d_nodes)s::text[]))
+    SELECT 1 FROM console_node n WHERE n.id = r.node_id AND n.name = ANY(%(d_nodes)s::text[]));
+DELETE FROM ingest_groupmember WHERE group_id = %(d_group)s
+"""
+# A group started afresh (its name taken by its job, reclaimed by its launcher): what was
+# recorded under whoever held it before is theirs, not the group's (no incident cites it).
+VIOLATIONS_DETACH = """
+UPDATE ingest_contractviolation SET group_id = NULL WHERE group_id = %(d_group)s
 """

@@ -63,6 +63,7 @@ from ingest.store.live_state import (
     RANK_UPSERT,
     RANKS_OF_NON_ATTESTERS_DROP,
     RANKS_OF_UNDECLARED_DROP,
+    VIOLATIONS_DETACH,
     recent_activity,
 )
 from ingest.store.receipts import AGENT_UPDATE
@@ -141,8 +142,9 @@ class BatchWriter:
         self.claimant = ownership.Claimant(node_id=node.pk, node=node.name)
         self.owners: dict[str, ownership.Owner] = {}
         self.joins: set[str] = set()  # groups whose first rendezvous this node joins
-        self.declared: dict[str, list[str]] = {}  # group -> the nodes a transition declared
-        self.drops: dict[str, tuple[str, str]] = {}  # group -> (SQL, job): a reset's ranks
+        # group -> (the nodes a transition declared, the generation they are declared for)
+        self.declared: dict[str, tuple[list[str], int]] = {}
+        self.drops: dict[str, list[str]] = defaultdict(list)  # group -> a reset's statements
         self._claimed: set[tuple[str, str]] = set()  # (kind, what): one violation each
         self.started: set[str] = set()  # groups whose first rendezvous this batch started
         self.refused_groups: set[str] = set()  # new groups over the node's hourly limit
@@ -236,8 +238,10 @@ class BatchWriter:
             self.locked |= new_names
         for row in rows:
             group = from_row(ConsistencyGroup, row)
+            membership = row[-2]  # -1: one of its nodes; N: left at generation N; None: never
             self.owners[group.name] = ownership.Owner(
-                owner_job=group.owner_job, member=row[-2], has_members=row[-1],
+                owner_job=group.owner_job, member=membership == -1, has_members=row[-1],
+                left_generation=membership if membership is not None and membership >= 0 else None,
                 rendezvous_until=group.rendezvous_until, world_size=group.world_size,
                 created_by_id=group.created_by_id, window_start=group.generation_window_start,
                 window_advance=group.generation_window_advance,
@@ -369,7 +373,7 @@ class BatchWriter:
             violation = fencing.stale_violation(view, rec.__struct_config__.tag, rec.generation, ts)
             if violation is None:
                 return False
-            if is_transition or ownership.hosts(owner, self.claimant):
+            if is_transition or ownership.hosts(owner, self.claimant) or self._held_here(rec):
                 self.violations.append(violation)  # the group's own old generation writes
             else:  # a node that is none of its hosts: its claim, not the group's split brain
                 self._claim("rank_claim", f"group:{group.name}", rec.generation,
@@ -396,10 +400,26 @@ class BatchWriter:
             return False
         if ownership.writes(owner, self.claimant, self.now) or self.claimant.launches(rec.group):
             return False
+        if self._held_here(rec):  # its old generation, still writing: the group's split brain
+            return False
         evidence = {"record_kind": rec.__struct_config__.tag, "rank": getattr(rec, "rank", None),
                     "owner_job": owner.owner_job or None}  # fmt: skip
         self._claim("rank_claim", f"group:{rec.group}", rec.generation, evidence)
         return True
+
+    def _held_here(self, rec: Any) -> bool:
+        """This node held the record's rank in the record's (older) generation: a node the
+        group has left since (replaced, its allocation ended) whose old process lives on."""
+        rank = getattr(rec, "rank", None)
+        if rank is None or rec.generation >= self.groups[rec.group][1].generation:
+            return False
+        if ownership.was_host(self.owners[rec.group], rec.generation):
+            return True
+        old = self.existing_ranks.get((rec.group, rank))
+        return old is not None and (old["node_id"], old["generation"]) == (
+            self.node_id,
+            rec.generation,
+        )
 
     def _claim(
         self, kind: str, what: str, generation: int, evidence: dict[str, Any] | None = None
@@ -445,6 +465,8 @@ class BatchWriter:
         owner.window_start, owner.window_advance = None, 0
         group.summary = {**group.summary, "versions_seen": []}
         self.summary_changed.add(group.name)
+        if VIOLATIONS_DETACH not in self.drops[group.name]:
+            self.drops[group.name].append(VIOLATIONS_DETACH)
 
     def _on_heartbeat(self, rec: p.Heartbeat, ts: datetime) -> None:
         return  # heartbeats only prove liveness (self.last_seen) and spool state
@@ -592,7 +614,7 @@ class BatchWriter:
             return
         group.scheduler_job = job
         if host and ownership.binds(owner, who, job):
-            owner.owner_job = group.owner_job = job
+            self._bind(group.name, job)
 
     def _take_name(self, job: str, name: str, generation: int, ts: datetime) -> None:
         """A group named after the job this node's agent attests is that job's: taken from
@@ -604,10 +626,21 @@ class BatchWriter:
         group, view = self.groups[name]
         if not view.is_new:
             self._reset(group, view, owner, generation, ts)
-            self.drops[name] = (RANKS_OF_NON_ATTESTERS_DROP, job)
-            self.existing_ranks = {k: v for k, v in self.existing_ranks.items() if k[0] != name}
-        owner.owner_job = group.owner_job = group.scheduler_job = job
+        group.scheduler_job = job
+        self._bind(name, job)
+
+    def _bind(self, name: str, job: str) -> None:
+        """Bind the group to `job`: from now on its hosts are the nodes that attest the job,
+        and the ranks other nodes hold (a first rendezvous's strangers) are dropped."""
+        owner, (group, view) = self.owners[name], self.groups[name]
+        owner.owner_job = group.owner_job = job
         owner.member, owner.has_members = False, False
+        if not view.is_new:
+            self.drops[name].append(RANKS_OF_NON_ATTESTERS_DROP)
+            self.existing_ranks = {
+                k: v for k, v in self.existing_ranks.items()
+                if k[0] != name or v["node_id"] == self.node_id
+            }  # fmt: skip
 
     def _on_checkpoint(self, rec: p.Checkpoint, ts: datetime) -> None:
         applied = self._fence(rec, ts)
@@ -691,7 +724,7 @@ class BatchWriter:
         else:
             if self._reclaims(rec, view):
                 self._reset(group, view, owner, rec.generation, ts)
-                self.drops[group.name] = (RANKS_OF_UNDECLARED_DROP, "")
+                self.drops[group.name].append(RANKS_OF_UNDECLARED_DROP)
             self.violations.extend(fencing.check_transition(view, rec))
             applied = self._fence(rec, ts, is_transition=True)
         self.rows["transitionrecord"].append(
@@ -739,8 +772,11 @@ class BatchWriter:
     def _declare(self, name: str, owner: ownership.Owner, nodes: list[str]) -> None:
         """The nodes of this generation's rendezvous, declared by a host or the launcher:
         they replace the group's nodes, and no other node joins."""
-        self.declared[name] = sorted(set(nodes))
-        owner.member = self.node.name in self.declared[name]
+        generation = self.groups[name][0].generation
+        self.declared[name] = (sorted(set(nodes)), generation)
+        owner.member = self.node.name in nodes
+        if not owner.member:
+            owner.left_generation = generation
         owner.has_members = bool(nodes)
         if owner.rendezvous_until is None or owner.rendezvous_until > self.now:
             owner.rendezvous_until = self.now
@@ -951,12 +987,14 @@ class BatchWriter:
 
     def _ownership(self, sql: list[str], params: dict[str, Any]) -> None:
         """Before the ranks: a reset's ranks dropped, a generation's nodes declared."""
-        for i, (name, (statement, job)) in enumerate(sorted(self.drops.items())):
-            params[f"x{i}_group"], params[f"x{i}_job"] = self.groups[name][0].pk, job
-            params[f"x{i}_nodes"] = self.declared.get(name, [])
-            sql.append(statement.replace("%(d_", f"%(x{i}_"))
-        for i, (name, nodes) in enumerate(sorted(self.declared.items())):
+        for i, (name, statements) in enumerate(sorted(self.drops.items())):
+            group = self.groups[name][0]
+            params[f"x{i}_group"], params[f"x{i}_job"] = group.pk, group.owner_job
+            params[f"x{i}_nodes"] = self.declared.get(name, ([], 0))[0]
+            sql.extend(s.replace("%(d_", f"%(x{i}_") for s in statements)
+        for i, (name, (nodes, generation)) in enumerate(sorted(self.declared.items())):
             params[f"m{i}_group"], params[f"m{i}_nodes"] = self.groups[name][0].pk, nodes
+            params[f"m{i}_gen"] = generation
             sql.append(MEMBERS_DECLARE.replace("%(d_", f"%(m{i}_"))
 
     def _groups(self, sql: list[str], params: dict[str, Any]) -> None:

@@ -5,10 +5,14 @@ POST /api/v1/ingest on the real Postgres; each names the finding it closes.
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 
+import hypothesis
 import pytest
 import time_machine
+from hypothesis import HealthCheck, given
+from hypothesis import strategies as st
 
 from console.models import ConsistencyGroup, Incident, Rank
 from ingest.auth import issue_token
@@ -18,6 +22,7 @@ from tests.conftest import make_batch
 pytestmark = pytest.mark.django_db
 
 EVIL = "evil"
+_JOBS = itertools.count(700_001)  # Slurm job ids, one per property example
 
 
 @pytest.fixture(autouse=True)
@@ -196,6 +201,10 @@ def test_a_host_declares_the_new_generations_nodes_and_a_replacement_takes_its_r
     send(post_batch, [process(2, gen=1)], "host-a")
     assert Rank.objects.get(group__name="job", rank=2).node.name == "host-b"  # not declared
     assert claims_of("host-a") == ["rank_claim"]
+    # Its old process of generation 0, still writing: the group's split brain, not a claim.
+    with later(1):
+        send(post_batch, [step(1, 9, gen=0)], "host-a")
+    assert group_violations() == ["split_brain"]
     # A stranger's declaration is not one.
     sneaky = transition("running", gen=2, nodes=[EVIL])
     send(post_batch, [sneaky], EVIL)
@@ -385,3 +394,59 @@ def test_records_a_stranger_sends_are_stored_as_telemetry(post_batch):
         send(post_batch, [process(7), transition("failed", gen=3)], EVIL)
     assert ProcessRecord.objects.filter(node__name=EVIL).count() == 1
     assert TransitionRecord.objects.filter(node__name=EVIL).count() == 1
+
+
+# -- the space: any interleaving of a stranger's moves with a Slurm job's own batches ------
+def _stranger_moves(name: str) -> list[list[dict]]:
+    """What a stranger's token tried in the review, each a batch: a rank nobody held, then
+    fences and jumps; a held rank; a stale write; the job id; a squat at a high generation."""
+    return [
+        [heartbeat(["99"]), process(1, group=name), step(1, 1, group=name)],
+        [transition("running", group=name, gen=5), transition("failed", group=name, gen=900)],
+        [process(9, group=name, gen=3), step(0, 7, group=name, gen=0)],
+        [process(2, group=name, job="31337"), transition("completed", group=name, job=name)],
+        [transition("completed", group=name, gen=2**31 - 1)],
+    ]
+
+
+def _job_batches(name: str) -> list[tuple[str, list[dict]]]:
+    """The job's own nodes, its group named after its Slurm job id (zero configuration)."""
+    return [
+        ("host-b", [heartbeat([name]), process(2, group=name, job=name),
+                    process(3, group=name, job=name), step(2, 1, group=name)]),
+        ("host-a", [heartbeat([name]), process(0, group=name, job=name),
+                    process(1, group=name, job=name), step(0, 1, group=name),
+                    transition("running", group=name, job=name, world_size=4)]),
+    ]  # fmt: skip
+
+
+@hypothesis.settings(
+    max_examples=25,
+    deadline=None,
+    # Each example names a group of its own: state carried between examples is harmless.
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(order=st.permutations(list(range(7))), data=st.data())
+def test_a_stranger_cannot_take_a_slurm_jobs_group_in_any_order_of_its_moves(
+    post_batch, order, data, settings
+):
+    """Permutations of the job's two batches with the stranger's five, each stranger move
+    in one batch or several: the job ends up with its ranks, its generation, its job id,
+    and no violation of its own, whichever came first."""
+    settings.INGEST_NEW_GROUPS_PER_HOUR = 10_000
+    name = f"{next(_JOBS)}"
+    moves = [(EVIL, b) for b in _stranger_moves(name)] + _job_batches(name)
+    for i in order:
+        node, records = moves[i]
+        if node == EVIL and len(records) > 1 and data.draw(st.booleans()):
+            for record in records:  # the same move, record by record
+                send(post_batch, [record], node)
+        else:
+            send(post_batch, records, node)
+    g = group(name)
+    assert (g.generation, g.state, g.scheduler_job, g.owner_job) == (0, "running", name, name)
+    placed = dict(Rank.objects.filter(group=g).values_list("rank", "node__name"))
+    assert placed == {0: "host-a", 1: "host-a", 2: "host-b", 3: "host-b"}
+    assert group_violations(name) == []
+    send(post_batch, [transition("recovering", group=name, gen=1)], "host-a")
+    assert group(name).generation == 1
