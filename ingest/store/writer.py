@@ -373,8 +373,11 @@ class BatchWriter:
             violation = fencing.stale_violation(view, rec.__struct_config__.tag, rec.generation, ts)
             if violation is None:
                 return False
-            if is_transition or ownership.hosts(owner, self.claimant) or self._held_here(rec):
-                self.violations.append(violation)  # the group's own old generation writes
+            # The group's own old generation writing: a host, a node joining its rendezvous
+            # earlier in this batch, or one that held the rank in that generation.
+            ours = is_transition or ownership.hosts(owner, self.claimant) or self._held_here(rec)
+            if ours or (not owner.owner_job and self._places_here(group.name)):
+                self.violations.append(violation)
             else:  # a node that is none of its hosts: its claim, not the group's split brain
                 self._claim("rank_claim", f"group:{group.name}", rec.generation,
                             {**violation.evidence, "contract": violation.kind})  # fmt: skip
