@@ -6,6 +6,7 @@ installs them). Every wait is bounded; the cluster is torn down after the module
 
 from __future__ import annotations
 
+import getpass
 import json
 import threading
 import time
@@ -38,18 +39,26 @@ def cluster() -> Iterator[Slurm]:
 @pytest.fixture
 def slurm(cluster: Slurm) -> Iterator[Slurm]:
     yield cluster
-    # Leave the node idle and the queue empty for the next test.
-    cluster.run("scancel", "--quiet", "--full", f"--nodelist={cluster.node}")
+    # Leave the node idle and the queue empty for the next test: every job, the pending ones
+    # too (a requeued job waits out its BeginTime, then runs again and holds the node).
+    cluster.run("scancel", "--quiet", "--full", f"--user={getpass.getuser()}")
     cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume")
-    until(lambda: cluster.node_state() == "idle", 20, "node idle again")
+    # Read from slurmctld's node table: sinfo kept showing a node `mixed` that scontrol
+    # showed IDLE with nothing allocated, for a minute, after a requeued job was cancelled.
+    until(lambda: _node_idle(cluster), 60, "node idle again", every=0.5)
 
 
-def until(check: Callable[[], bool], timeout: float, what: str) -> None:
+def _node_idle(cluster: Slurm) -> bool:
+    shown = cluster.run("scontrol", "show", "node", cluster.node, "-o").stdout
+    return " State=IDLE " in f" {shown} " and " CPUAlloc=0 " in f" {shown} "
+
+
+def until(check: Callable[[], bool], timeout: float, what: str, every: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
-        time.sleep(0.2)
+        time.sleep(every)
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
