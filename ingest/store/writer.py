@@ -401,8 +401,16 @@ class BatchWriter:
                 return False
         elif not isinstance(rec, _RANK_RECORDS) or getattr(rec, "rank", None) is None:
             return False
-        if ownership.writes(owner, self.claimant, self.now) or self.claimant.launches(rec.group):
+        who = self.claimant
+        if ownership.hosts(owner, who) or who.launches(rec.group):
             return False
+        if ownership.rendezvous_open(owner, self.now):
+            # Joining the first rendezvous: only with a rank it may take (decided here, not
+            # at flush, so a refused claim's rows are stored as not applied).
+            rank = getattr(rec, "rank", None)
+            old = None if rank is None else self.existing_ranks.get((rec.group, rank))
+            if rank is None or ownership.may_place(owner, who, rank, rec.generation, old, self.now):
+                return False
         if self._held_here(rec):  # its old generation, still writing: the group's split brain
             return False
         evidence = {"record_kind": rec.__struct_config__.tag, "rank": getattr(rec, "rank", None),

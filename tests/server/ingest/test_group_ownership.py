@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from console.models import ConsistencyGroup, Incident, Rank
 from ingest.auth import issue_token
-from ingest.models import ContractViolation, ProcessRecord, TransitionRecord
+from ingest.models import ContractViolation, ProcessRecord, StepRecord, TransitionRecord
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
@@ -318,10 +318,10 @@ def test_a_requeued_slurm_job_moves_to_new_nodes_that_attest_it(post_batch):
 @pytest.mark.parametrize(
     ("via", "claims", "wait"),
     [
-        ([process(1, job="31337")], ["job_claim", "rank_claim"], False),  # rank 1 is held
+        ([process(1, job="31337")], ["rank_claim"], False),  # rank 1 is held: not applied
         ([transition("running", job="31337")], ["unauthorized_transition"], False),
         ([process(9), process(9, job="31337")], ["rank_claim"], True),  # rendezvous closed
-        ([process(4, job="31337")], ["job_claim", "rank_claim"], False),  # beyond the world
+        ([process(4, job="31337")], ["rank_claim"], False),  # beyond the world
     ],
     ids=["process", "transition", "claim_then_process", "beyond_world"],
 )
@@ -386,6 +386,27 @@ def test_a_stale_generation_from_a_stranger_is_its_claim_not_the_groups_split_br
     with later(1):
         send(post_batch, [step(2, 50, gen=0)], "host-b")
     assert group_violations() == ["split_brain"]
+
+
+@pytest.mark.parametrize("wait", [False, True], ids=["rendezvous_open", "rendezvous_closed"])
+def test_a_strangers_progress_stamped_past_a_later_fence_is_not_the_groups_split_brain(
+    post_batch, wait
+):
+    """A stranger stores old-generation steps stamped ahead (within the allowed clock
+    skew) before the job's real restart: the fence must not read them as the job's own
+    progress written past it (they are stored as not applied)."""
+    start_job(post_batch)
+    with later(30 if wait else 0):
+        ahead = (datetime.now(UTC) + timedelta(seconds=120)).isoformat()
+        forged = [{**step(r, 99), "ts": ahead} for r in (0, 2)]
+        forged.append({"kind": "checkpoint", "ts": ahead, "group": "job", "generation": 0,
+                       "checkpoint_id": "c99", "step": 99, "phase": "committed"})  # fmt: skip
+        send(post_batch, forged, EVIL)
+        assert StepRecord.objects.filter(node__name=EVIL, stale=False).count() == 0
+        send(post_batch, [transition("recovering", gen=1)], "host-a")
+    assert group().generation == 1
+    assert group_violations() == []
+    assert claims_of(EVIL) == ["rank_claim"]
 
 
 def test_records_a_stranger_sends_are_stored_as_telemetry(post_batch):
