@@ -406,11 +406,16 @@ class BatchWriter:
             return False
         if ownership.rendezvous_open(owner, self.now):
             # Joining the first rendezvous: only with a rank it may take (decided here, not
-            # at flush, so a refused claim's rows are stored as not applied).
+            # at flush, so a refused claim's rows are stored as not applied); a checkpoint
+            # only from a node that places a rank (or while none is placed).
             rank = getattr(rec, "rank", None)
-            old = None if rank is None else self.existing_ranks.get((rec.group, rank))
-            if rank is None or ownership.may_place(owner, who, rank, rec.generation, old, self.now):
-                return False
+            if rank is None:
+                if not owner.has_members or self._places_here(rec.group):
+                    return False
+            else:
+                old = self.existing_ranks.get((rec.group, rank))
+                if ownership.may_place(owner, who, rank, rec.generation, old, self.now):
+                    return False
         if self._held_here(rec):  # its old generation, still writing: the group's split brain
             return False
         evidence = {"record_kind": rec.__struct_config__.tag, "rank": getattr(rec, "rank", None),
