@@ -153,7 +153,9 @@ State = Literal[
     "applied",  # the command ran and the read-back shows the wanted state
     "already",  # the wanted state held before (Faultline's own earlier action): nothing run
     "held_by_other",  # taking out: someone else already took it out; left alone, reason kept
-    "refused",  # putting back: someone else took it out; not returned (params.force overrides)
+    # putting back: someone else took it out; not returned (params.force overrides); or a
+    # restart of a job that does not run on this node
+    "refused",
     "not_applied",  # the command ran but the read-back does not show the wanted state
     "unsupported",  # this backend cannot do this kind: configure a hook
     "error",  # the command could not run, timed out, or the target is unknown

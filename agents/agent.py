@@ -29,6 +29,7 @@ from agents.host import HostMonitor, HostPaths
 from agents.kmsg import KernelLog
 from agents.listener import Listener
 from agents.nvml import GpuBackend, load_backend
+from agents.schedulers import Attestation, backend_named
 from agents.sender import AgentInfo, AuthError, Sender
 from agents.serving_scrape import EngineConfig, ServingScraper
 from agents.spool import DEFAULT_MAX_BYTES, SAMPLE_KINDS, Identity, Spool
@@ -177,6 +178,10 @@ class Agent:
             if config.checkpoint_roots
             else None
         )
+        # The jobs running here, attested on every heartbeat (docs/security.md, "Who owns a
+        # group"): only with a scheduler to ask.
+        scheduler = backend_named(config.scheduler)
+        self.attestation = Attestation(scheduler, config.node) if scheduler else None
         self.evidence = Evidence(self.enqueue, pci_to_gpu=self._pci_to_gpu)
         self.serving = ServingScraper(config.serving, self.enqueue)
         self.fake_host: FakeHost | None = None
@@ -251,6 +256,11 @@ class Agent:
             return set()
 
     def enqueue(self, rec: Record) -> None:
+        job = rec.get("job")
+        if job and self.attestation is not None and self.attestation.wants(str(job)):
+            # A job that just started here: attest it before its first record goes out,
+            # or the service refuses the record as a stranger's.
+            self.spool.append(self._heartbeat(), in_order=True)
         self.spool.append(rec)
         if rec.get("kind") not in SAMPLE_KINDS:
             # Fencing needs the newest generation per group; workload records carry it.
@@ -260,16 +270,18 @@ class Agent:
                 self.watcher.saw(rec.get("group"), rec.get("generation"), rec.get("rank"))
             self.sender.wake()
 
+    def _heartbeat(self) -> Record:
+        return record(
+            "heartbeat",
+            uptime_s=round(time.monotonic() - self.started, 3),
+            spool_depth=self.spool.depth,
+            dropped=self.spool.dropped,
+            jobs=None if self.attestation is None else self.attestation.jobs,
+        )
+
     def tick(self) -> None:
         """One sampling round: a heartbeat and a device_sample per GPU."""
-        self.enqueue(
-            record(
-                "heartbeat",
-                uptime_s=round(time.monotonic() - self.started, 3),
-                spool_depth=self.spool.depth,
-                dropped=self.spool.dropped,
-            )
-        )
+        self.enqueue(self._heartbeat())
         if self.backend is not None:
             for index in range(self.backend.device_count()):
                 try:
@@ -302,6 +314,14 @@ class Agent:
             self.fake_host.start_kernel_log(self.evidence.kernel_sink)
         if self.kernel_log is not None:
             self.kernel_log.start()
+        threads: list[threading.Thread] = []
+        if self.attestation is not None:
+            self.attestation.refresh()  # before the first heartbeat and the first record
+            attest = threading.Thread(
+                target=self.attestation.run, args=(self.stop_event,), name="attest", daemon=True
+            )
+            attest.start()
+            threads.append(attest)
         self.listener.start()
         self.executor.start(poll_s=self.config.action_poll_s if self.config.server else 0)
         if self.watcher is not None:
@@ -309,7 +329,7 @@ class Agent:
         self.serving.start()
         sender = threading.Thread(target=self._send_loop, name="sender", daemon=True)
         sender.start()
-        return [sender]
+        return [sender, *threads]
 
     def run(self, *, install_signals: bool = True, max_ticks: int | None = None) -> int:
         """Run until SIGTERM/SIGINT (or `max_ticks`); returns the process exit code."""

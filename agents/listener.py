@@ -93,6 +93,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "model_version",
             "job",
             "objectives",  # issue 20
+            "nodes",  # the generation's rendezvous (docs/security.md, "Who owns a group")
         }
     ),
     "serving": frozenset(

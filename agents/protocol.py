@@ -33,6 +33,8 @@ EARLIEST_TS = datetime(2000, 1, 1, tzinfo=UTC)
 LATEST_TS = datetime(2100, 1, 1, tzinfo=UTC)
 MAX_COLLECTIVE_ENTRIES = 512
 MAX_SHARDS = 4096
+MAX_ATTESTED_JOBS = 64  # scheduler jobs one node's heartbeat attests
+MAX_GROUP_NODES = 4096  # nodes one transition may declare for a generation
 
 
 UtcTime = Annotated[datetime, Meta(tz=True)]
@@ -72,6 +74,11 @@ class Heartbeat(_Record, tag="heartbeat"):
     uptime_s: NonNeg = 0.0
     spool_depth: Count = 0
     dropped: Count = 0
+    # The scheduler jobs running on this node as the agent read them from its scheduler
+    # (Slurm: the node's allocations; Kubernetes: its pods' jobs). None: the agent has no
+    # scheduler to ask; []: it asked, and nothing runs here. Who may write a group bound
+    # to a job follows from it (docs/security.md, "Who owns a group").
+    jobs: Annotated[list[Name], Meta(max_length=MAX_ATTESTED_JOBS)] | None = None
 
 
 class DeviceSample(_Record, tag="device_sample"):
@@ -313,6 +320,9 @@ class Transition(_Record, tag="transition"):
     data_cursor: Count | None = None
     model_version: Name | None = None
     job: Name | None = None  # the scheduler's job id (Slurm job id): restart_group's target
+    # The nodes of this generation's rendezvous (node names): from the group's launcher or
+    # one of its hosts, they become the nodes that may place the group's ranks.
+    nodes: Annotated[list[Name], Meta(max_length=MAX_GROUP_NODES)] | None = None
     # Issue 20: the launcher's recovery objectives for the group (replace what it declared
     # before, key by key; an operator's REST overrides win).
     objectives: Objectives | None = None

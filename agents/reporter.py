@@ -440,7 +440,10 @@ class Reporter:
         generation: int | None = None,
         job: str | None = None,
         objectives: dict[str, Any] | None = None,
+        nodes: list[str] | None = None,
     ) -> None:
+        """The group's state changed. `nodes`: the nodes of this generation's rendezvous
+        (a host or the launcher declares them; only they may then place its ranks)."""
         try:
             rec = self._scoped("transition", group, generation, None)
             del rec["rank"]
@@ -455,6 +458,7 @@ class Reporter:
                 ("model_version", model_version),
                 ("job", job or self.job),
                 ("objectives", objectives),  # issue 20: RPO, RTO, consistency, semantics
+                ("nodes", list(nodes) if nodes is not None else None),
             ):
                 if value is not None:
                     rec[key] = value

@@ -249,9 +249,13 @@ class Spool:
         self._lock = threading.Lock()
 
     # -- writing ---------------------------------------------------------------------
-    def append(self, rec: Record) -> None:
+    def append(self, rec: Record, *, in_order: bool = False) -> None:
+        """Spool `rec`: samples in their lane (dropped first, sent after events), anything
+        else in the events lane. `in_order`: a sample that must go out in order with the
+        events (a heartbeat attesting a job before the job's first record)."""
         line = (json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n").encode()
-        lane = self._samples if rec.get("kind") in SAMPLE_KINDS else self._events
+        sample = rec.get("kind") in SAMPLE_KINDS and not in_order
+        lane = self._samples if sample else self._events
         with self._lock:
             # Make room: samples go first; events only once no sample is left to drop.
             while self._events.bytes + self._samples.bytes + len(line) > self.max_bytes:

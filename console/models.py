@@ -157,6 +157,15 @@ class ConsistencyGroup(models.Model):
     created_by = models.ForeignKey(
         Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
+    # Who owns the group (ingest.ownership, docs/security.md "Who owns a group"): the
+    # scheduler job whose nodes' agents attest it ('' = none: the nodes of its first
+    # generation's rendezvous, ingest.GroupMember), and until when that rendezvous takes
+    # new nodes (NULL: no rank placed yet).
+    owner_job = models.CharField(max_length=128, blank=True, default="")
+    rendezvous_until = models.DateTimeField(null=True, blank=True)
+    # The generation moves of the current hour: how far it moved since `..._start`.
+    generation_window_start = models.DateTimeField(null=True, blank=True)
+    generation_window_advance = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["name"]

@@ -370,6 +370,12 @@ INGEST_MAX_GPUS_PER_NODE = env_int("FAULTLINE_INGEST_MAX_GPUS_PER_NODE", 16, min
 INGEST_NEW_GROUPS_PER_HOUR = env_int("FAULTLINE_INGEST_NEW_GROUPS_PER_HOUR", 20, minimum=1)
 INGEST_MAX_GENERATION_JUMP = env_int("FAULTLINE_INGEST_MAX_GENERATION_JUMP", 1000, minimum=1)
 INGEST_DEVICE_MOVE_AFTER_S = env_int("FAULTLINE_INGEST_DEVICE_MOVE_AFTER_S", 900, minimum=0)
+# Who owns a group (ingest.ownership): how far its generation may move in an hour, and how
+# long after its first rank is placed new nodes may still join its first rendezvous.
+INGEST_GENERATION_ADVANCE_PER_HOUR = env_int(
+    "FAULTLINE_INGEST_GENERATION_ADVANCE_PER_HOUR", 1000, minimum=1
+)
+INGEST_RENDEZVOUS_S = env_int("FAULTLINE_INGEST_RENDEZVOUS_S", 300, minimum=0)
 # Group commit (ingest.store.group_commit): batches that arrive at one web process while it
 # writes another share the next transaction, up to this many; 1 gives each its own.
 INGEST_GROUP_COMMIT_MAX = env_int("FAULTLINE_INGEST_GROUP_COMMIT_MAX", 16, minimum=1)

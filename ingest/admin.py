@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from ingest.models import AgentCredential, AgentState, ContractViolation
+from ingest.models import AgentCredential, AgentState, ContractViolation, GroupMember
 
 
 @admin.register(AgentCredential)
@@ -23,6 +23,20 @@ class ContractViolationAdmin(admin.ModelAdmin):
     list_display = ["ts", "kind", "subject", "group", "agent_id"]
     list_filter = ["kind"]
     search_fields = ["subject", "agent_id"]
+
+    def has_add_permission(self, request: object) -> bool:
+        return False
+
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(GroupMember)
+class GroupMemberAdmin(admin.ModelAdmin):
+    """Read-only: the nodes of a group's rendezvous (docs/security.md, "Who owns a group")."""
+
+    list_display = ["group", "node", "left_generation"]
+    search_fields = ["group__name", "node"]
 
     def has_add_permission(self, request: object) -> bool:
         return False

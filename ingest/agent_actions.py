@@ -28,7 +28,7 @@ from console import actions
 from console.api.actions import actions_with_votes
 from console.api.remediation_serializers import ActionSerializer, ResultIn
 from console.models import Node
-from ingest.auth import authenticate, sign_action
+from ingest.auth import authenticate, is_launcher, sign_action
 from ingest.models import AgentCredential
 
 
@@ -37,8 +37,10 @@ def actions_for_node(credential: AgentCredential) -> list[dict[str, Any]]:
 
     Handing an action to its agent is its dispatch, so this goes through the write path,
     not through a read. Each is signed for the credential that asked (agents/signing.py):
-    the agent drops an unsigned or badly signed action.
+    the agent drops an unsigned or badly signed action. A launcher token gets none.
     """
+    if is_launcher(credential):
+        return []
     node: Node = credential.node
     dispatched: list[AgentAction] = actions.dispatch_for_node(node=node, now=timezone.now())
     return [sign_action(dict(a), credential=credential) for a in dispatched]
@@ -67,10 +69,20 @@ class AgentTokenScheme(OpenApiAuthenticationExtension):
 
 
 class IsAgent(BasePermission):
+    """A node's agent token; a launcher token is refused (403): it speaks for its group,
+    never for the node's actions."""
+
     message = "missing, unknown or revoked agent token"
 
     def has_permission(self, request: Any, view: Any) -> bool:
-        return isinstance(request.auth, AgentCredential)
+        credential = request.auth
+        if isinstance(credential, AgentCredential) and is_launcher(credential):
+            self.message = (
+                "a launcher token may not read or answer its node's actions: "
+                "use the node agent's own token"
+            )
+            return False
+        return isinstance(credential, AgentCredential)
 
 
 class AgentActions(APIView):

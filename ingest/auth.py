@@ -17,6 +17,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from agents import protocol as p
 from agents import signing
 from console.models import Node
 from ingest.models import AgentCredential
@@ -33,8 +34,8 @@ def hash_token(token: str) -> str:
 def issue_token(*, node_name: str, launcher_group: str = "") -> str:
     """Create the node if needed and return a new token (shown once, never stored).
 
-    With `launcher_group`, a launcher token: besides what any token of the node may send,
-    it may send transitions of that group although the node hosts none of its ranks.
+    With `launcher_group`, a launcher token: it speaks for that group only, never for the
+    node (`launcher_refusal`): no device or host records, no actions.
     """
     node, _ = Node.objects.get_or_create(name=node_name)
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
@@ -72,6 +73,33 @@ WHERE c.id = %(credential)s AND c.revoked_at IS NULL
 
 class CredentialRevokedError(Exception):
     """The cached credential was revoked: the batch is refused (401), nothing stored."""
+
+
+# What a launcher token may send (docs/security.md): its group's transitions and what a
+# launcher sees of its children (a rank's process exit, a serving worker's exit window).
+LAUNCHER_RECORDS = (p.Transition, p.Process, p.Serving)
+
+
+def is_launcher(credential: AgentCredential) -> bool:
+    """A launcher token speaks for its group, never for the node it is issued on: it reads
+    and answers none of the node's actions and sends none of its device records."""
+    return bool(credential.launcher_group)
+
+
+def launcher_refusal(credential: AgentCredential, records: list[Any]) -> str | None:
+    """Why a launcher token may not send this batch (403), or None."""
+    group = credential.launcher_group
+    if not group:
+        return None
+    for index, rec in enumerate(records):
+        if not isinstance(rec, LAUNCHER_RECORDS) or rec.group != group:
+            named = getattr(rec, "group", None)
+            what = rec.__struct_config__.tag + (f' of group "{named}"' if named else "")
+            return (
+                f'record {index}: a launcher token speaks for group "{group}" only: it may '
+                f"send transition, process and serving records of that group, not {what}"
+            )
+    return None
 
 
 def _bearer(header: str) -> str | None:

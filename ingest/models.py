@@ -57,9 +57,36 @@ class AgentState(models.Model):
     clock_skew_ms = models.FloatField(null=True)
     spool_depth = models.BigIntegerField(default=0)
     dropped = models.BigIntegerField(default=0)
+    # The scheduler jobs its newest heartbeat attests run on its node (None: it has no
+    # scheduler to ask). A group bound to a job takes ranks and transitions only from
+    # nodes whose agent attests it (ingest.ownership).
+    jobs = models.JSONField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.agent_id
+
+
+class GroupMember(models.Model):
+    """A node that may place the ranks of a group not bound to a scheduler job: it placed
+    one during the group's first rendezvous, or a host or the launcher declared it for a
+    generation (a transition's `nodes`). Written by ingest only (ingest.ownership).
+
+    Keyed by the node's name, not its row: a declared spare may not have reported yet. A
+    node a later declaration left out keeps its row with the generation it left at: its
+    old process still writing is the group's split brain, not a stranger's claim.
+    """
+
+    group = models.ForeignKey(ConsistencyGroup, on_delete=models.CASCADE, related_name="+")
+    node = models.CharField(max_length=128)
+    left_generation = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["group", "node"], name="group_member_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.group_id}:{self.node_id}"
 
 
 class BatchReceipt(models.Model):

@@ -21,7 +21,12 @@ from console import live, scheduling
 from faultline import metrics
 from ingest import ratelimit
 from ingest.agent_actions import actions_for_node
-from ingest.auth import CredentialRevokedError, authenticate_cached, forget_credential
+from ingest.auth import (
+    CredentialRevokedError,
+    authenticate_cached,
+    forget_credential,
+    launcher_refusal,
+)
 from ingest.store import AgentNotOwnedError, RecordError, store
 
 log = logging.getLogger(__name__)
@@ -80,6 +85,9 @@ def ingest(request: HttpRequest) -> JsonResponse:
             f"this token belongs to node {credential.node.name!r}, "
             f"the batch names {batch.agent.node!r}",
         )
+    refused = launcher_refusal(credential, batch.records)
+    if refused is not None:
+        return _error(403, refused)
     try:
         result = store(
             node=credential.node,

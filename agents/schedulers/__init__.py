@@ -1,21 +1,28 @@
 """Built-in scheduler backends: the action contract (agents/actions_contract.py) on Slurm
 and Kubernetes, each reporting the outcome read back from the scheduler.
 
-Owns choosing a backend by name (`scheduler = "slurm"` in agent.toml) and running one
-command with a timeout. A backend never decides whether an action is wise and never
-retries: the executor owns at-most-once and fencing; the service owns the gates.
+Owns choosing a backend by name (`scheduler = "slurm"` in agent.toml), running one
+command with a timeout, and the node's attestation of the jobs running on it (the
+heartbeat's `jobs`, `Attestation`). A backend never decides whether an action is wise and
+never retries: the executor owns at-most-once and fencing; the service owns the gates.
 """
 
 from __future__ import annotations
 
+import logging
 import shlex
 import subprocess
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agents import actions_contract as contract
 
 OUTPUT_LIMIT = 4096
+
+log = logging.getLogger("faultline.agent.schedulers")
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,8 @@ class Backend(Protocol):
 
     def plan(self, action: dict[str, Any], *, node: str) -> list[list[str]]: ...
 
+    def jobs_on(self, run: Runner, node: str) -> list[str] | None: ...
+
 
 def bound(text: str) -> str:
     if len(text) <= OUTPUT_LIMIT:
@@ -97,6 +106,82 @@ def backend_named(name: str | None) -> Backend | None:
             f"{', '.join(sorted(backends))}, or leave it unset and configure [hooks]"
         )
     return backends[name]
+
+
+class Attestation:
+    """The scheduler jobs running on this node, as the agent's heartbeat attests them.
+
+    The service lets a group bound to a job take ranks and transitions only from nodes
+    that attest the job (docs/security.md, "Who owns a group"). Read from the scheduler
+    every `every_s` on a thread of its own, and at once (`wants`) when a workload names a
+    job the last read did not show: the attestation must reach the service before the
+    job's first records do. None while the scheduler cannot say (not installed, down).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        node: str,
+        *,
+        every_s: float = 30.0,
+        min_gap_s: float = 0.5,
+        timeout_s: float = 10.0,
+        env: dict[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backend, self.node = backend, node
+        self.every_s, self.min_gap_s = every_s, min_gap_s
+        self.timeout_s, self.env, self.clock = timeout_s, env, clock
+        self._jobs: list[str] | None = None
+        self._read_at: float | None = None
+        self._asked: dict[str, float] = {}  # job -> when a record named it unattested
+        self._asked_at: float | None = None  # the newest of those reads
+        self._lock = threading.Lock()
+
+    @property
+    def jobs(self) -> list[str] | None:
+        return self._jobs
+
+    def refresh(self) -> list[str] | None:
+        """Read the node's jobs. A failed read keeps the last good one: a scheduler that
+        does not answer for a moment must not cut the node off from its own jobs."""
+        with self._lock:
+            self._read_at = self.clock()
+            runner = Runner(timeout_s=self.timeout_s, env=self.env)
+            try:
+                jobs = self.backend.jobs_on(runner, self.node)
+            except Exception:
+                log.exception("could not read this node's jobs from %s", self.backend.name)
+                jobs = None
+            if jobs is None:
+                log.warning("%s did not say which jobs run here: %s", self.backend.name,
+                            runner.transcript()[-300:])  # fmt: skip
+            else:
+                self._jobs = jobs
+            return self._jobs
+
+    def wants(self, job: str) -> bool:
+        """Read again when `job` is not attested yet: once per job and `every_s`, and at
+        most once per `min_gap_s` for all jobs (a workload naming made-up jobs costs one
+        read each, bounded). True when the read changed what is attested: send a heartbeat
+        before the record."""
+        known, now = self._jobs, self.clock()
+        if known is not None and job in known:
+            return False
+        asked = self._asked.get(job)
+        if asked is not None and now - asked < self.every_s:
+            return False
+        if self._asked_at is not None and now - self._asked_at < self.min_gap_s:
+            return False
+        if len(self._asked) >= 1024:
+            self._asked.clear()
+        self._asked[job] = self._asked_at = now
+        return self.refresh() != known
+
+    def run(self, stop: threading.Event) -> None:
+        """Read again every `every_s` until `stop` (the caller read once before starting)."""
+        while not stop.wait(self.every_s):
+            self.refresh()
 
 
 def execute(

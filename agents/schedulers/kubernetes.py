@@ -5,7 +5,8 @@ a cordon, so Faultline marks what it takes out with the annotation `faultline.io
 (`faultline: <action id> <reason>`): a node cordoned without it was taken out by someone
 else and is left alone (take out) or refused (put back, unless params.force). GPUs are
 kept free with one NoSchedule taint per GPU. restart_group is workload-specific: it runs
-through a hook (`[hooks] restart_group`), so this backend answers "unsupported" for it.
+through a hook (`[hooks] restart_group`), so this backend answers "unsupported" for it. It
+also reads which jobs the node's running pods belong to, for the agent to attest.
 Never run against a real API server here: tests use recorded kubectl outputs.
 """
 
@@ -62,6 +63,34 @@ def parse_node(text: str) -> dict[str, Any] | None:
     }
 
 
+# The labels that name the job a pod belongs to: a batch Job, a Kubeflow PyTorchJob (and
+# the other training operators), a JobSet. The first one a pod carries is its job.
+JOB_LABELS = (
+    "batch.kubernetes.io/job-name",
+    "job-name",
+    "training.kubeflow.org/job-name",
+    "jobset.sigs.k8s.io/jobset-name",
+)
+
+
+def parse_pod_jobs(text: str) -> list[str] | None:
+    """`kubectl get pods -o json` (a PodList) → the jobs its pods belong to; None when the
+    output is not a pod list."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
+        return None
+    jobs: set[str] = set()
+    for pod in doc["items"]:
+        labels = ((pod or {}).get("metadata") or {}).get("labels") or {}
+        job = next((labels[k] for k in JOB_LABELS if labels.get(k)), None)
+        if isinstance(job, str):
+            jobs.add(job)
+    return sorted(jobs)
+
+
 def has_taint(info: dict[str, Any], key: str) -> bool:
     return any(t.startswith(f"{key}=") for t in info.get("taints", []))
 
@@ -82,6 +111,12 @@ class Kubernetes:
     def read_node(self, run: Runner, node: str) -> dict[str, Any] | None:
         got = run("kubectl", "get", "node", node, "-o", "json")
         return parse_node(got.out) if got.ok else None
+
+    def jobs_on(self, run: Runner, node: str) -> list[str] | None:
+        """The jobs of the pods running on `node` (their job labels, `JOB_LABELS`)."""
+        selector = f"spec.nodeName={node},status.phase=Running"
+        got = run("kubectl", "get", "pods", "-A", "--field-selector", selector, "-o", "json")
+        return parse_pod_jobs(got.out) if got.ok else None
 
     # -- the command lines -----------------------------------------------------------
     def _commands(self, action: dict[str, Any], node: str) -> list[list[str]]:

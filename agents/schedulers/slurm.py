@@ -4,9 +4,12 @@ Owns the Slurm command lines and reading their outcome back: a node's state and 
 before acting (so a node someone else drained is left alone and said so) and after (the
 result is what Slurm shows, not the exit code). Slurm has one way to take a node out that
 lets running work end (`state=drain`): cordon_node, drain_node and quarantine_node all use
-it; stopping the job is restart_group's act (`scontrol requeue`). Slurm cannot take one GPU
-out without a reconfiguration, so isolate_gpu/release_gpu are "unsupported" here (a hook
-may do it). It must not cancel jobs or change a reason it did not write.
+it; stopping the job is restart_group's act (`scontrol requeue`), and only of a job that runs
+on this node (the service's group names the job, but the node acts on its own allocations
+only). Slurm cannot take one GPU out without a reconfiguration, so isolate_gpu/release_gpu
+are "unsupported" here (a hook may do it). It must not cancel jobs or change a reason it
+did not write. It also reads which jobs run on the node: the agent attests them
+(agents.schedulers.Attestation).
 """
 
 from __future__ import annotations
@@ -76,6 +79,19 @@ class Slurm:
         info["state"] = state.out.strip().splitlines()[0] if state.ok and state.out.strip() else ""
         return info
 
+    def jobs_on(self, run: Runner, node: str) -> list[str] | None:
+        """The jobs allocated on `node` (running, completing, suspended): each job's id and,
+        for an array task, its `<array>_<task>` id too. None when squeue cannot say."""
+        listed = run("squeue", "-h", "-w", node, "-o", "%A %i")
+        if not listed.ok:
+            return None
+        return sorted({word for line in listed.out.splitlines() for word in line.split()})
+
+    def runs_on(self, run: Runner, job: str, node: str) -> bool:
+        """`job` is allocated on `node` (squeue's node filter reads the job's allocation)."""
+        listed = run("squeue", "-h", "-j", job, "-w", node, "-o", "%A")
+        return listed.ok and bool(listed.out.split())
+
     def read_job(self, run: Runner, job: str) -> dict[str, str] | None:
         shown = run("scontrol", "show", "job", job, "-o")
         if not shown.ok or f"JobId={job} " not in shown.out:
@@ -89,13 +105,17 @@ class Slurm:
     def plan(self, action: dict[str, Any], *, node: str) -> list[list[str]]:
         kind = action["kind"]
         target = contract.node_name(action, node)
+        if kind == contract.RESTART_GROUP:
+            job = contract.job_id(action) or "<job>"
+            return [
+                ["squeue", "-h", "-j", job, "-w", node, "-o", "%A"],
+                ["scontrol", "requeue", job],
+            ]
         if kind in _TAKE_OUT:
             reason = contract.reason_text(action)
             return [["scontrol", "update", f"nodename={target}", "state=drain", f"reason={reason}"]]
         if kind == contract.UNCORDON_NODE:
             return [["scontrol", "update", f"nodename={target}", "state=resume"]]
-        if kind == contract.RESTART_GROUP:
-            return [["scontrol", "requeue", contract.job_id(action) or "<job>"]]
         return []
 
     # -- acting ----------------------------------------------------------------------
@@ -106,7 +126,7 @@ class Slurm:
         if kind == contract.UNCORDON_NODE:
             return self._resume(action, contract.node_name(action, node), runner)
         if kind == contract.RESTART_GROUP:
-            return self._requeue(action, runner)
+            return self._requeue(action, node, runner)
         return contract.result(
             "unsupported",
             f"slurm backend cannot run {kind} (Slurm isolates a GPU only by reconfiguring "
@@ -178,7 +198,7 @@ class Slurm:
             taken_out_by="" if applied else before.get("by", ""),
         )
 
-    def _requeue(self, action: dict[str, Any], run: Runner) -> contract.Result:
+    def _requeue(self, action: dict[str, Any], node: str, run: Runner) -> contract.Result:
         job = contract.job_id(action)
         if not job.isdigit() and not re.fullmatch(r"\d+_\d+", job):
             return contract.result(
@@ -191,6 +211,14 @@ class Slurm:
             # Not running: it starts again by itself, on nodes still in service.
             text = f"job {job} is {before['state']} already: it restarts when scheduled"
             return contract.result("already", text, target=job, before=before, after=before)
+        if not self.runs_on(run, job, node):
+            # The group's job id came from the service: act only on a job of this node's
+            # allocations, never on another user's job elsewhere.
+            text = (
+                f"refused: job {job} does not run on node {node} (its nodes: "
+                f"{before['nodes'] or '?'}); a node requeues only its own jobs"
+            )
+            return contract.result("refused", text, target=job, before=before, after=before)
         done = run("scontrol", "requeue", job)
         after = self.read_job(run, job) or {}
         # Slurm first shows COMPLETING (Restarts already +1) while it stops the job's steps,

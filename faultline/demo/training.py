@@ -90,6 +90,8 @@ class TrainGroup:
             model_version="v7",
             job=str(10_000 + zlib.crc32(self.name.encode()) % 90_000),  # restart_group's job
             objectives=OBJECTIVES.get(self.name),
+            # The new generation's nodes: a spare that replaced a node may take its ranks.
+            nodes=sorted(self.hosts),
         )
 
     def restart(self, reason: str, *, without: str | None = None) -> None:

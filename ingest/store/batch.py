@@ -20,10 +20,11 @@ from agents import protocol as p
 from console import actions, events
 from console.models import Node
 from ingest.auth import CREDENTIAL_LIVE, CredentialRevokedError
+from ingest.ownership import Claimant
 from ingest.rawsql import send
 from ingest.store.errors import check_future, check_shift, out_of_range
 from ingest.store.fleet_card import NODE_CARD, node_card
-from ingest.store.receipts import AGENT_DUPLICATE, agent_update, claim_receipt
+from ingest.store.receipts import AGENT_DUPLICATE, agent_update, attested_jobs, claim_receipt
 from ingest.store.tables import copy_rows
 from ingest.store.writer import BatchWriter
 
@@ -99,7 +100,8 @@ def ingest_batch(
     Ownership (docs/security.md): the receipt's round trip also reads who owns the GPUs the
     batch names, and the groups' round trip which of them this node hosts ranks of; what
     the node may not claim is stored as telemetry, not applied, and recorded as a
-    contract violation. `launcher_group` is the group a launcher token may transition.
+    violation about the node. `launcher_group` is the group a launcher token speaks for
+    (ingest.ownership; the view refuses its records of anything else).
 
     With `credential_id` (a credential authenticated from ingest.auth's cache) the last
     send also confirms it is still live and reads the node's health as it is now; a revoked
@@ -161,7 +163,10 @@ def store_batch(
                 raise CredentialRevokedError
         return None
     writer.device_owners, writer.node_gpus = claim.device_owners, claim.node_gpus
-    writer.launcher_group = launcher_group
+    writer.claimant = Claimant(
+        node_id=node.pk, node=node.name, launcher_group=launcher_group,
+        attested=attested_jobs(agent, batch) if writer.groups_named() else None,
+    )  # fmt: skip
     writer.credential_id = credential_id
     writer.agent_update = agent_update(agent, node, batch, now, skew)
     writer.add(batch.records)
@@ -172,6 +177,8 @@ def store_batch(
     if writer.node_health is not None and writer.node_health != node.health:
         node = copy.copy(node)  # a cached credential's node is shared by threads
         node.health = writer.node_health
+    if launcher_group:  # a launcher's batch says nothing of its node's health
+        return writer
     if _fleet_health(node, batch, agent, writer, now) and writer.card is not None:
         # The card was read before the lifecycle moved: read it again (rare).
         with send(NODE_CARD, {"node": node.pk}) as cur:

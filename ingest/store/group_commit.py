@@ -39,7 +39,7 @@ from ingest.store.batch import (
     writer_result,
 )
 from ingest.store.tables import copy_rows
-from ingest.store.writer import GROUP_LOCKING
+from ingest.store.writer import locks_group
 
 
 @dataclass
@@ -133,15 +133,16 @@ def _shareable(batch: p.Batch) -> tuple[str, str] | None:
     throughput (docs/performance.md). So every shared transaction stores its batches in
     group-name order, and a batch that would break that order is stored alone, as before
     group commit, its locks taken in name order within it: one that names several groups,
-    or one that locks its group FOR UPDATE (a transition or a checkpoint waits for every
-    batch sharing the row; in a shared transaction it would also hold up the others).
+    or one that locks its group FOR UPDATE (a transition, a checkpoint or a process record
+    naming its job waits for every batch sharing the row; in a shared transaction it would
+    also hold up the others).
     """
     name = ""
     for rec in batch.records:
         group = getattr(rec, "group", None)
         if group is None:
             continue
-        if isinstance(rec, GROUP_LOCKING) or (name and group != name):
+        if locks_group(rec) or (name and group != name):
             return None
         name = group
     return name, batch.agent.id

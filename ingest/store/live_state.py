@@ -87,7 +87,8 @@ WHERE console_rank.node_id = EXCLUDED.node_id OR console_rank.generation <> EXCL
 GROUP_WRITTEN = (
     "kind", "state", "generation", "restart_count", "world_size", "topology", "data_cursor",
     "model_version", "last_checkpoint_step", "state_since", "last_activity", "scheduler_job",
-    "objectives",
+    "objectives", "owner_job", "rendezvous_until", "generation_window_start",
+    "generation_window_advance",
 )  # fmt: skip
 GROUP_JSON = {"topology", "objectives"}
 _GROUP_SET = ", ".join(f"{f} = %(g_{f})s" for f in GROUP_WRITTEN)
@@ -97,6 +98,11 @@ UPDATE console_consistencygroup SET {_GROUP_SET},
         ELSE summary || jsonb_build_object('versions_seen', %(g_versions)s::jsonb) END
 WHERE id = %(g_id)s
 """  # noqa: S608 - constant column names
+
+# A batch that only shares the row (FOR KEY SHARE) and places the first rank of a group
+# that has none (its first rendezvous starts, ingest.ownership): written once, by the
+# first such batch to commit; another's finds the rendezvous started and changes nothing.
+GROUP_UPDATE_FORMING = GROUP_UPDATE.rstrip() + " AND rendezvous_until IS NULL\n"
 
 KIND_UPDATE = """
 UPDATE console_consistencygroup SET kind = %(g_kind)s WHERE id = %(g_id)s AND kind = 'unknown'
@@ -133,8 +139,16 @@ SELECT EXISTS (SELECT 1 FROM console_action
 _GROUP_ATTNAMES = [f.attname for f in ConsistencyGroup._meta.concrete_fields]
 GROUP_NAME, GROUP_KIND = _GROUP_ATTNAMES.index("name"), _GROUP_ATTNAMES.index("kind")
 
+# After the group's columns: whether the batch's node is one of its rendezvous nodes (-1),
+# left them at a generation (N), or never was one (NULL), and whether it has any (who
+# owns the group: ingest.ownership). Index lookups on ingest_groupmember's (group, node).
 GROUPS_AND_RANKS = f"""
-SELECT {columns(ConsistencyGroup, "g")} FROM console_consistencygroup g
+SELECT {columns(ConsistencyGroup, "g")},
+    (SELECT coalesce(m.left_generation, -1) FROM ingest_groupmember m
+     WHERE m.group_id = g.id AND m.node = %(node_name)s),
+    EXISTS (SELECT 1 FROM ingest_groupmember m WHERE m.group_id = g.id
+            AND m.left_generation IS NULL)
+FROM console_consistencygroup g
 WHERE g.name = ANY(%(names)s::text[]) ORDER BY g.name FOR KEY SHARE;
 SELECT g.name, r.rank, {", ".join(f"r.{c}" for c in RANK_STATE)}
 FROM console_consistencygroup g JOIN console_rank r ON r.group_id = g.id
@@ -143,12 +157,36 @@ WHERE g.name = ANY(%(names)s::text[]) AND r.rank = ANY(%(ranks)s::int[])
 # The ranks read are every named group's ranks among the numbers named (a superset of the
 # pairs, looked up by pair): both lists are tiny and go through (name) and (group, rank)
 # indexes. A join on a jsonb_to_recordset of the pairs was planned as a scan of all ranks.
-# A batch that may transition also reads which named groups this node hosts ranks of
-# (and which have ranks at all): who may fence a group (writer._transition_refused).
-_HOSTED = """;
-SELECT g.name,
-    EXISTS (SELECT 1 FROM console_rank r WHERE r.group_id = g.id AND r.node_id = %(node)s),
-    EXISTS (SELECT 1 FROM console_rank r WHERE r.group_id = g.id)
-FROM console_consistencygroup g WHERE g.name = ANY(%(names)s::text[])
+GROUPS_AND_RANKS_LOCKED = GROUPS_AND_RANKS.replace("FOR KEY SHARE;", "FOR UPDATE;")
+
+# Who owns a group (ingest.ownership): the nodes that joined its first rendezvous, a
+# generation's nodes declared by a host or the launcher (replacing the others), and the
+# ranks a reset leaves to the group's owners (a name taken by the job it names: ranks of
+# nodes whose agent does not attest the job; a launcher's reclaim: ranks of nodes it did
+# not declare).
+MEMBERS_JOIN = """
+INSERT INTO ingest_groupmember (group_id, node)
+SELECT unnest(%(joins)s::bigint[]), %(node_name)s ON CONFLICT DO NOTHING
 """
-GROUPS_AND_RANKS_LOCKED = GROUPS_AND_RANKS.replace("FOR KEY SHARE;", "FOR UPDATE;") + _HOSTED
+MEMBERS_DECLARE = """
+UPDATE ingest_groupmember SET left_generation = %(d_gen)s WHERE group_id = %(d_group)s
+    AND left_generation IS NULL AND NOT node = ANY(%(d_nodes)s::text[]);
+INSERT INTO ingest_groupmember (group_id, node)
+SELECT %(d_group)s, unnest(%(d_nodes)s::text[])
+ON CONFLICT (group_id, node) DO UPDATE SET left_generation = NULL
+"""
+RANKS_OF_NON_ATTESTERS_DROP = """
+DELETE FROM console_rank r WHERE r.group_id = %(d_group)s AND NOT EXISTS (
+    SELECT 1 FROM ingest_agentstate a WHERE a.node_id = r.node_id AND a.jobs ? %(d_job)s);
+DELETE FROM ingest_groupmember WHERE group_id = %(d_group)s
+"""
+RANKS_OF_UNDECLARED_DROP = """
+DELETE FROM console_rank r WHERE r.group_id = %(d_group)s AND NOT EXISTS (
+    SELECT 1 FROM console_node n WHERE n.id = r.node_id AND n.name = ANY(%(d_nodes)s::text[]));
+DELETE FROM ingest_groupmember WHERE group_id = %(d_group)s
+"""
+# A group started afresh (its name taken by its job, reclaimed by its launcher): what was
+# recorded under whoever held it before is theirs, not the group's (no incident cites it).
+VIOLATIONS_DETACH = """
+UPDATE ingest_contractviolation SET group_id = NULL WHERE group_id = %(d_group)s
+"""

@@ -27,7 +27,7 @@ from ingest.rawsql import send
 
 _AGENT_COLUMNS = (
     "node_id", "last_seq", "gaps", "gap_ranges", "batches", "records", "spool_depth", "dropped",
-    "boot_id", "receipts_pruned_through",
+    "boot_id", "receipts_pruned_through", "jobs",
 )  # fmt: skip
 
 # Receipt first: a replay stops here. The agent's row is created if new and locked, so two
@@ -78,7 +78,7 @@ UPDATE ingest_agentstate SET node_id = %(a_node)s, version = %(a_version)s,
     boot_id = %(a_boot)s, last_seq = %(a_last_seq)s, batches = %(a_batches)s,
     records = %(a_records)s, gaps = %(a_gaps)s, gap_ranges = %(a_gap_ranges)s,
     last_seen = %(now)s, clock_skew_ms = %(a_skew)s, spool_depth = %(a_spool)s,
-    dropped = %(a_dropped)s
+    dropped = %(a_dropped)s, jobs = %(a_jobs)s
 WHERE agent_id = %(a_id)s
 """
 
@@ -124,8 +124,9 @@ def claim_receipt(
     if not claimed or row is None:
         return claim
     state = dict(zip(_AGENT_COLUMNS, row, strict=True))
-    if isinstance(state["gap_ranges"], str):  # Django's connections load jsonb as text
-        state["gap_ranges"] = msgspec.json.decode(state["gap_ranges"])
+    for key in ("gap_ranges", "jobs"):
+        if isinstance(state[key], str):  # Django's connections load jsonb as text
+            state[key] = msgspec.json.decode(state[key])
     if replay_of_pruned(batch.seq, state):
         return claim  # the new receipt stays: it records a seq that was seen, as before
     claim.agent = state
@@ -161,9 +162,13 @@ def agent_update(
         gap_ranges, filled = _fill_gap(gap_ranges, seq)
         gaps -= filled
     spool, dropped = state["spool_depth"], state["dropped"]
+    jobs = state["jobs"]
+    newest = last_seq is None or seq > last_seq  # a late batch's heartbeat is not the news
     for rec in batch.records:
         if isinstance(rec, p.Heartbeat):
             spool, dropped = rec.spool_depth, rec.dropped
+            if newest:
+                jobs = rec.jobs
     return {
         "a_id": batch.agent.id,
         "a_node": node.pk,
@@ -177,7 +182,20 @@ def agent_update(
         "a_skew": round(skew.total_seconds() * 1000, 1),
         "a_spool": spool,
         "a_dropped": dropped,
+        "a_jobs": None if jobs is None else Jsonb(list(jobs)),
     }
+
+
+def attested_jobs(state: dict[str, Any], batch: p.Batch) -> frozenset[str] | None:
+    """The jobs the batch's agent attests run on its node, for this batch's ownership
+    checks: what it attested before and what this batch's heartbeats attest (a job that
+    started or ended within the batch still speaks for its records); None when it never
+    attested (no scheduler to ask)."""
+    seen: set[str] | None = None if state["jobs"] is None else set(state["jobs"])
+    for rec in batch.records:
+        if type(rec) is p.Heartbeat and rec.jobs is not None:
+            seen = (seen or set()) | set(rec.jobs)
+    return None if seen is None else frozenset(seen)
 
 
 def _fill_gap(ranges: list[list[int]], seq: int) -> tuple[list[list[int]], int]:

@@ -7,10 +7,11 @@ live-state write in one multi-statement round trip. Must not commit or open tran
 `batch.ingest_batch` owns the transaction.
 
 Ownership is decided here, over what the batch's two reads already returned (no query per
-record): a GPU, a rank's placement and a group's transitions belong to the node that
-first reported them. A claim without evidence is stored as telemetry, never applied, and
-recorded as a contract violation (as fencing treats a stale record); so is a node's GPU or
-new group beyond its limit (settings INGEST_MAX_GPUS_PER_NODE, INGEST_NEW_GROUPS_PER_HOUR).
+record): a GPU belongs to the node that first reported it, a group to its job's nodes and
+its launcher (ingest.ownership decides who). A claim without evidence is stored as
+telemetry, never applied, and recorded as a violation about the claimant, never the
+group it claimed (as fencing treats a stale record); so is a node's GPU or new group
+beyond its limit (settings INGEST_MAX_GPUS_PER_NODE, INGEST_NEW_GROUPS_PER_HOUR).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from console import events
 from console.choices import ACTION_LIVE_STATES, GroupKind
 from console.models import ConsistencyGroup, Node
 from console.policy import fleet_health
-from ingest import fencing, ratelimit
+from ingest import fencing, ownership, ratelimit
 from ingest.auth import CREDENTIAL_LIVE, CredentialRevokedError
 from ingest.copytext import flag, num, text, when
 from ingest.copytext import json as cjson
@@ -50,13 +51,19 @@ from ingest.store.live_state import (
     GROUP_KIND,
     GROUP_NAME,
     GROUP_UPDATE,
+    GROUP_UPDATE_FORMING,
     GROUP_WRITTEN,
     GROUPS_AND_RANKS,
     GROUPS_AND_RANKS_LOCKED,
     KIND_UPDATE,
+    MEMBERS_DECLARE,
+    MEMBERS_JOIN,
     NODE_UPDATE,
     RANK_STATE,
     RANK_UPSERT,
+    RANKS_OF_NON_ATTESTERS_DROP,
+    RANKS_OF_UNDECLARED_DROP,
+    VIOLATIONS_DETACH,
     recent_activity,
 )
 from ingest.store.receipts import AGENT_UPDATE
@@ -64,12 +71,16 @@ from ingest.store.tables import copy_rows
 
 # The progress (steps, checkpoints) an older generation stored past a new fence, newest
 # first per generation: read once per fence, a restart's worth of rows at most.
+# Stored but not applied (stale: a stranger's refused progress) is the stranger's claim, not
+# the group's split brain.
 WRITTEN_PAST_FENCE = """
 SELECT 'step', generation, max(ts) FROM ingest_steprecord
- WHERE group_id = %(g)s AND generation < %(gen)s AND ts > %(fence)s GROUP BY generation
+ WHERE group_id = %(g)s AND generation < %(gen)s AND ts > %(fence)s AND NOT stale
+ GROUP BY generation
 UNION ALL
 SELECT 'checkpoint', generation, max(ts) FROM ingest_checkpointrecord
- WHERE group_id = %(g)s AND generation < %(gen)s AND ts > %(fence)s GROUP BY generation
+ WHERE group_id = %(g)s AND generation < %(gen)s AND ts > %(fence)s AND NOT stale
+ GROUP BY generation
 """
 
 # Kernel events that end or endanger a rank's process: diagnose without waiting (issue 18).
@@ -83,8 +94,18 @@ _JSON = msgspec.json.Encoder()
 _NO_GROUP = {"gpu", "node"}
 
 # Records that change a group's state: a batch holding one locks its groups FOR UPDATE
-# (`BatchWriter._load_groups`); every other batch shares them FOR KEY SHARE.
+# (`BatchWriter._load_groups`); every other batch shares them FOR KEY SHARE. A process
+# record naming the scheduler job may bind the group to it (ingest.ownership).
 GROUP_LOCKING = (p.Transition, p.Checkpoint)
+
+
+def locks_group(rec: Any) -> bool:
+    return isinstance(rec, GROUP_LOCKING) or (type(rec) is p.Process and rec.job is not None)
+
+
+# Records a rank's node sends: from a node that does not own their group (ingest.ownership)
+# they are stored as telemetry and never applied.
+_RANK_RECORDS = (p.Step, p.Collective, p.Process, p.ProcessGroups, p.Probe, p.Checkpoint)
 
 
 def _plain(struct: Any) -> Any:
@@ -133,9 +154,14 @@ class BatchWriter:
         # Ownership: set by ingest_batch from the receipt's round trip.
         self.device_owners: dict[str, tuple[int, datetime | None]] = {}
         self.node_gpus = 0
-        self.launcher_group = ""
-        self.hosted: set[str] = set()  # named groups this node hosts ranks of
-        self.ranked: set[str] = set()  # named groups that have ranks at all
+        self.claimant = ownership.Claimant(node_id=node.pk, node=node.name)
+        self.owners: dict[str, ownership.Owner] = {}
+        self.joins: set[str] = set()  # groups whose first rendezvous this node joins
+        # group -> (the nodes a transition declared, the generation they are declared for)
+        self.declared: dict[str, tuple[list[str], int]] = {}
+        self.drops: dict[str, list[str]] = defaultdict(list)  # group -> a reset's statements
+        self._claimed: set[tuple[str, str]] = set()  # (kind, what): one violation each
+        self.started: set[str] = set()  # groups whose first rendezvous this batch started
         self.refused_groups: set[str] = set()  # new groups over the node's hourly limit
         self.created: list[str] = []  # groups this batch created
         # A cached credential to confirm live in the last send (ingest.auth), and the
@@ -178,7 +204,8 @@ class BatchWriter:
             # Once, here: every row, latched fault, incident and audit entry below reads it.
             scrub_record(rec)
             handlers[type(rec)](rec, ts)
-        self.last_seen = last_seen
+        # A launcher's records are its job's, not proof that the node it runs on is alive.
+        self.last_seen = None if self.claimant.launcher_group else last_seen
 
     def _load_groups(self, records: list[Any]) -> None:
         """Read the groups the batch names, creating new ones, and the live state of the
@@ -200,7 +227,7 @@ class BatchWriter:
         if self._prefetched is None:
             sql, params = self._groups_query(names, ranks, lock=lock)
             with send(sql, params) as cur:
-                self._read_groups(cur, lock=lock)
+                self._read_groups(cur)
         rows = self._prefetched or []
         self.locked = set(names) if lock else set()
         new_names: set[str] = set()
@@ -208,9 +235,15 @@ class BatchWriter:
             # Only the new rows are locked FOR UPDATE: upgrading a row this batch already
             # holds FOR KEY SHARE could deadlock with another batch doing the same.
             found = {row[GROUP_NAME] for row in rows}
+            attested = self.claimant.attested or frozenset()
+            # A group named after a job this node's agent attests is that job's from the start.
             missing = [
                 ConsistencyGroup(
-                    name=n, kind=wanted[n], state_since=self.now, created_by_id=self.node_id
+                    name=n,
+                    kind=wanted[n],
+                    state_since=self.now,
+                    created_by_id=self.node_id,
+                    owner_job=n if n in attested else "",
                 )
                 for n in names
                 if n not in found
@@ -222,6 +255,14 @@ class BatchWriter:
             self.locked |= new_names
         for row in rows:
             group = from_row(ConsistencyGroup, row)
+            membership = row[-2]  # -1: one of its nodes; N: left at generation N; None: never
+            self.owners[group.name] = ownership.Owner(
+                owner_job=group.owner_job, member=membership == -1, has_members=row[-1],
+                left_generation=membership if membership is not None and membership >= 0 else None,
+                rendezvous_until=group.rendezvous_until, world_size=group.world_size,
+                created_by_id=group.created_by_id, window_start=group.generation_window_start,
+                window_advance=group.generation_window_advance,
+            )  # fmt: skip
             if group.kind == GroupKind.UNKNOWN and wanted[group.name] != GroupKind.UNKNOWN:
                 group.kind = wanted[group.name]
             view = fencing.GroupView(
@@ -273,7 +314,7 @@ class BatchWriter:
                 continue
             serving = isinstance(rec, p.Serving) or getattr(rec, "worker", None) is not None
             kind = GroupKind.SERVING if serving else GroupKind.TRAINING
-            if isinstance(rec, GROUP_LOCKING):
+            if locks_group(rec):
                 lock = True
                 if isinstance(rec, p.Transition):
                     kind = wanted.get(name, GroupKind.UNKNOWN)
@@ -284,6 +325,10 @@ class BatchWriter:
             if rank is not None:
                 ranks.add((name, rank))
         return wanted, ranks, lock
+
+    def groups_named(self) -> bool:
+        """The batch names a group (`group_read` planned its read)."""
+        return bool(self._plan and self._plan[0])
 
     def group_read(
         self, records: list[Any]
@@ -296,27 +341,21 @@ class BatchWriter:
         if not wanted:
             return None
         sql, params = self._groups_query(sorted(wanted), ranks, lock=lock)
-        return sql, params, lambda cur: self._read_groups(cur, lock=lock)
+        return sql, params, self._read_groups
 
     def _groups_query(
         self, names: list[str], ranks: set[tuple[str, int]], *, lock: bool
     ) -> tuple[str, dict[str, Any]]:
-        params = {"names": names, "ranks": sorted({r for _, r in ranks}), "node": self.node_id}
+        params = {"names": names, "ranks": sorted({r for _, r in ranks}), "node": self.node_id,
+                  "node_name": self.node.name}  # fmt: skip
         return GROUPS_AND_RANKS_LOCKED if lock else GROUPS_AND_RANKS, params
 
-    def _read_groups(self, cur: Any, *, lock: bool) -> None:
+    def _read_groups(self, cur: Any) -> None:
         """Read `_groups_query`'s results from `cur`, positioned at its first."""
         rows = cur.fetchall()
         cur.nextset()
         for gname, rank, *values in cur.fetchall():
             self.existing_ranks[(gname, rank)] = dict(zip(RANK_STATE, values, strict=True))
-        if lock:  # who may transition: the groups this node hosts ranks of
-            cur.nextset()
-            for gname, hosted, ranked in cur.fetchall():
-                if hosted:
-                    self.hosted.add(gname)
-                if ranked:
-                    self.ranked.add(gname)
         self._prefetched = rows
 
     def _select_groups(
@@ -324,7 +363,7 @@ class BatchWriter:
     ) -> list[Any]:
         sql, params = self._groups_query(names, ranks, lock=lock)
         with send(sql, params) as cur:
-            self._read_groups(cur, lock=lock)
+            self._read_groups(cur)
         return self._prefetched or []
 
     def _written_past_the_fence(self, group: ConsistencyGroup, view: Any, fence: datetime) -> None:
@@ -341,14 +380,37 @@ class BatchWriter:
                     self.violations.append(violation)
 
     def _fence(self, rec: Any, ts: datetime, *, is_transition: bool = False) -> bool:
-        """True when the record may move live state; flags stale writers."""
+        """True when the record may move live state; flags stale writers, and refuses the
+        rank records of a node that does not own the group (ingest.ownership)."""
         group, view = self.groups[rec.group]
         self.touched_groups.add(group.name)
+        owner = self.owners[group.name]
+        if not is_transition:
+            if rec.generation <= view.generation and self._foreign(rec, owner):
+                return False  # a newer generation's is only stored (`ahead`), whoever sent it
+            forming = not view.is_new and owner.forming() and getattr(rec, "rank", None) is not None
+            if (view.is_new or forming) and rec.generation > settings.INGEST_MAX_GENERATION_JUMP:
+                self._claim("generation_jump", f"group:{group.name}", view.generation,
+                            {"record_generation": rec.generation, "active_generation": 0,
+                             "max_jump": settings.INGEST_MAX_GENERATION_JUMP})  # fmt: skip
+                return False
+            if forming:  # its first rank: the group's first rendezvous starts at its generation
+                if rec.generation != view.generation:
+                    self._reset(group, view, owner, rec.generation, ts)
+                self._start_rendezvous(group.name, owner)
         verdict = fencing.classify_generation(view, rec.generation, is_transition=is_transition)
         if verdict == "stale":
             violation = fencing.stale_violation(view, rec.__struct_config__.tag, rec.generation, ts)
-            if violation is not None:
+            if violation is None:
+                return False
+            # The group's own old generation writing: a host, a node joining its rendezvous
+            # earlier in this batch, or one that held the rank in that generation.
+            ours = is_transition or ownership.hosts(owner, self.claimant) or self._held_here(rec)
+            if ours or (not owner.owner_job and self._places_here(group.name)):
                 self.violations.append(violation)
+            else:  # a node that is none of its hosts: its claim, not the group's split brain
+                self._claim("rank_claim", f"group:{group.name}", rec.generation,
+                            {**violation.evidence, "contract": violation.kind})  # fmt: skip
             return False
         if verdict == "ahead":
             return False
@@ -358,6 +420,99 @@ class BatchWriter:
             view.is_new = False
         group.last_activity = max(group.last_activity or ts, ts)
         return True
+
+    def _foreign(self, rec: Any, owner: ownership.Owner) -> bool:
+        """True (and the claim recorded) for a rank's record (or, once the group has
+        owners, a checkpoint) from a node that may not write the group. A record of a
+        generation the group has not reached is never applied, so no claim: a spare's agent
+        may deliver its ranks before the host that declared it delivers the transition."""
+        if type(rec) is p.Checkpoint:
+            if not (owner.owner_job or owner.has_members):
+                return False
+        elif not isinstance(rec, _RANK_RECORDS) or getattr(rec, "rank", None) is None:
+            return False
+        who = self.claimant
+        if ownership.hosts(owner, who) or who.launches(rec.group):
+            return False
+        if ownership.rendezvous_open(owner, self.now):
+            # Joining the first rendezvous: only with a rank it may take (decided here, not
+            # at flush, so a refused claim's rows are stored as not applied); a checkpoint
+            # only from a node that places a rank (or while none is placed).
+            rank = getattr(rec, "rank", None)
+            if rank is None:
+                if not owner.has_members or self._places_here(rec.group):
+                    return False
+            else:
+                old = self.existing_ranks.get((rec.group, rank))
+                if ownership.may_place(owner, who, rank, rec.generation, old, self.now):
+                    return False
+        if self._held_here(rec):  # its old generation, still writing: the group's split brain
+            return False
+        evidence = {"record_kind": rec.__struct_config__.tag, "rank": getattr(rec, "rank", None),
+                    "owner_job": owner.owner_job or None}  # fmt: skip
+        self._claim("rank_claim", f"group:{rec.group}", rec.generation, evidence)
+        return True
+
+    def _held_here(self, rec: Any) -> bool:
+        """This node held the record's rank in the record's (older) generation: a node the
+        group has left since (replaced, its allocation ended) whose old process lives on."""
+        rank = getattr(rec, "rank", None)
+        if rank is None or rec.generation >= self.groups[rec.group][1].generation:
+            return False
+        if ownership.was_host(self.owners[rec.group], rec.generation):
+            return True
+        old = self.existing_ranks.get((rec.group, rank))
+        return old is not None and (old["node_id"], old["generation"]) == (
+            self.node_id,
+            rec.generation,
+        )
+
+    def _claim(
+        self, kind: str, what: str, generation: int, evidence: dict[str, Any] | None = None
+    ) -> None:
+        """Record a refused claim: evidence about this node (the claimant), never about the
+        group or rank it claimed (no incident of that group cites it). One per claimed
+        thing and kind a batch."""
+        if (kind, what) in self._claimed:
+            return
+        self._claimed.add((kind, what))
+        self.violations.append(
+            fencing.Violation(kind, f"node:{self.node.name}", generation,
+                              {"claimed": what, **(evidence or {})})
+        )  # fmt: skip
+
+    def _start_rendezvous(self, name: str, owner: ownership.Owner) -> None:
+        if owner.rendezvous_until is None:
+            owner.rendezvous_until = self.now + timedelta(seconds=settings.INGEST_RENDEZVOUS_S)
+            self.started.add(name)
+
+    def _reset(
+        self,
+        group: ConsistencyGroup,
+        view: fencing.GroupView,
+        owner: ownership.Owner,
+        generation: int,
+        ts: datetime,
+    ) -> None:
+        """Start the group afresh at `generation`: what a node announced before its job's
+        ranks came (a name squatted ahead of its job), or what its launcher reclaims."""
+        view.generation = group.generation = generation
+        view.fenced_at = group.state_since = ts
+        group.state = "initializing"
+        view.restart_count = group.restart_count = 0
+        view.data_cursor = group.data_cursor = None
+        view.model_version = group.model_version = ""
+        view.versions_seen = []
+        view.last_checkpoint_step = group.last_checkpoint_step = None
+        view.is_new = False
+        group.world_size = owner.world_size = None
+        group.topology = {}
+        group.objectives = {k: v for k, v in (group.objectives or {}).items() if k != "launcher"}
+        owner.window_start, owner.window_advance = None, 0
+        group.summary = {**group.summary, "versions_seen": []}
+        self.summary_changed.add(group.name)
+        if VIOLATIONS_DETACH not in self.drops[group.name]:
+            self.drops[group.name].append(VIOLATIONS_DETACH)
 
     def _on_heartbeat(self, rec: p.Heartbeat, ts: datetime) -> None:
         return  # heartbeats only prove liveness (self.last_seen) and spool state
@@ -490,6 +645,8 @@ class BatchWriter:
             self._rank(group, rec.rank, rec.generation)
 
     def _on_process(self, rec: p.Process, ts: datetime) -> None:
+        if rec.job is not None:
+            self._take_name(rec.job, rec.group, rec.generation, ts)
         applied = self._fence(rec, ts)
         group, _ = self.groups[rec.group]
         self.rows["processrecord"].append(
@@ -498,13 +655,62 @@ class BatchWriter:
             f"{num(rec.exit_code)}\t{num(rec.signal)}\t{text(rec.reason)}\t"
             f"{text(rec.error_type)}\t{text(rec.message)}\t{text(rec.launcher_root_cause)}\n"
         )
-        if applied:
+        if not applied:
+            return
+        if not self.claimant.launches(group.name):  # a launcher hosts no rank: evidence only
             entry = self._rank(group, rec.rank, rec.generation)
             entry["process_state"] = rec.event
             if rec.gpu:
                 entry["gpu"] = rec.gpu
-            if rec.job:
-                group.scheduler_job = rec.job
+        if rec.job is not None:
+            self._set_job(rec.job, group)
+
+    def _set_job(self, job: str, group: ConsistencyGroup) -> None:
+        """The group's scheduler job, as a node that may transition it names it (its
+        launcher, a host, one placing a rank in this batch, its creator while nothing is
+        placed); a host whose agent attests the job binds the group to it
+        (ingest.ownership). Anyone else's is a `job_claim` about them."""
+        owner, who = self.owners[group.name], self.claimant
+        if job == group.scheduler_job and (owner.owner_job or not ownership.binds(owner, who, job)):
+            return
+        # Whoever may transition the group (a host, its creator while nothing is placed).
+        host = self.groups[group.name][1].is_new or ownership.may_transition(
+            owner, who, group=group.name, places_here=self._places_here(group.name)
+        )
+        if not ownership.may_set_job(owner, who, job, group=group.name, host=host):
+            attested = sorted(who.attested) if who.attested is not None else None
+            evidence = {"job": job, "group_job": group.scheduler_job or None, "attested": attested}
+            self._claim("job_claim", f"group:{group.name}", group.generation, evidence)
+            return
+        group.scheduler_job = job
+        if host and ownership.binds(owner, who, job):
+            self._bind(group.name, job)
+
+    def _take_name(self, job: str, name: str, generation: int, ts: datetime) -> None:
+        """A group named after the job this node's agent attests is that job's: taken from
+        whoever held the name (ranks of nodes that do not attest the job are dropped) and
+        started afresh at the job's generation, unless it was the job's already."""
+        owner, who = self.owners[name], self.claimant
+        if who.launches(name) or not ownership.takes_name(owner, who, job, name):
+            return
+        group, view = self.groups[name]
+        if not view.is_new:
+            self._reset(group, view, owner, generation, ts)
+        group.scheduler_job = job
+        self._bind(name, job)
+
+    def _bind(self, name: str, job: str) -> None:
+        """Bind the group to `job`: from now on its hosts are the nodes that attest the job,
+        and the ranks other nodes hold (a first rendezvous's strangers) are dropped."""
+        owner, (group, view) = self.owners[name], self.groups[name]
+        owner.owner_job = group.owner_job = job
+        owner.member, owner.has_members = False, False
+        if not view.is_new:
+            self.drops[name].append(RANKS_OF_NON_ATTESTERS_DROP)
+            self.existing_ranks = {
+                k: v for k, v in self.existing_ranks.items()
+                if k[0] != name or v["node_id"] == self.node_id
+            }  # fmt: skip
 
     def _on_checkpoint(self, rec: p.Checkpoint, ts: datetime) -> None:
         applied = self._fence(rec, ts)
@@ -526,39 +732,46 @@ class BatchWriter:
     def _transition_refused(
         self, rec: p.Transition, group: ConsistencyGroup, view: fencing.GroupView
     ) -> bool:
-        """True (and a violation recorded) when this node may not make this transition.
+        """True (and a claim recorded) when this node may not make this transition.
 
-        Transitions come from a node that hosts ranks of the group (or places one earlier in
-        this batch), the batch that creates it, or the group's launcher token; a group with
-        no ranks yet (a serving deployment, a job before its first placement) only from the
-        node whose batch created it. A generation moves at most INGEST_MAX_GENERATION_JUMP
-        at once.
+        Who may is ingest.ownership's `may_transition` (the launcher, a host, a node placing
+        a rank earlier in this batch, the batch that creates the group, or its creator while
+        nothing is placed). A generation moves at most INGEST_MAX_GENERATION_JUMP at once
+        (a new group starts at most that high) and INGEST_GENERATION_ADVANCE_PER_HOUR in an
+        hour, whoever moves it.
         """
-        name = rec.group
-        if view.is_new or name == self.launcher_group:
-            allowed = True
-        elif name in self.ranked:
-            allowed = name in self.hosted or self._places_here(name)
-        else:  # nothing placed to check against: the creator (none recorded: nobody)
-            allowed = group.created_by_id == self.node_id
-        kind = "unauthorized_transition"
-        if allowed and not view.is_new:
-            jump = rec.generation - view.generation
-            if jump > settings.INGEST_MAX_GENERATION_JUMP:
-                allowed, kind = False, "generation_jump"
-        if allowed:
+        name, owner, who = rec.group, self.owners[rec.group], self.claimant
+        allowed = view.is_new or ownership.may_transition(owner, who, group=name, places_here=False)
+        if not allowed and not owner.owner_job and ownership.rendezvous_open(owner, self.now):
+            allowed = self._places_here(name)
+        kind = "" if allowed else "unauthorized_transition"
+        jump = rec.generation - (0 if view.is_new else view.generation)
+        if kind or jump <= 0 or self._reclaims(rec, view):
+            pass
+        elif jump > settings.INGEST_MAX_GENERATION_JUMP:
+            kind = "generation_jump"
+        elif not view.is_new and not ownership.within_budget(
+            owner, jump, self.now, per_hour=settings.INGEST_GENERATION_ADVANCE_PER_HOUR
+        ):
+            kind = "generation_rate"
+        if not kind:
             return False
-        self.violations.append(
-            fencing.Violation(
-                kind,
-                f"group:{name}",
-                view.generation,
-                {"node": self.node.name, "record_generation": rec.generation,
-                 "active_generation": view.generation, "to_state": rec.to_state,
-                 "max_jump": settings.INGEST_MAX_GENERATION_JUMP},
-            )
-        )  # fmt: skip
+        self._claim(kind, f"group:{name}", view.generation,
+                    {"record_generation": rec.generation, "active_generation": view.generation,
+                     "to_state": rec.to_state, "max_jump": settings.INGEST_MAX_GENERATION_JUMP,
+                     "advance_per_hour": settings.INGEST_GENERATION_ADVANCE_PER_HOUR})  # fmt: skip
         return True
+
+    def _reclaims(self, rec: p.Transition, view: fencing.GroupView) -> bool:
+        """The group's launcher declares its nodes at a generation below the group's: it
+        reclaims the group (a name a stranger held since its first rendezvous)."""
+        return (
+            self.claimant.launches(rec.group)
+            and rec.nodes is not None
+            and not self.owners[rec.group].owner_job
+            and not view.is_new
+            and rec.generation < view.generation
+        )
 
     def _places_here(self, name: str) -> bool:
         """True when a record earlier in this batch placed a rank of group `name` on this
@@ -571,11 +784,17 @@ class BatchWriter:
         )
 
     def _on_transition(self, rec: p.Transition, ts: datetime) -> None:
+        if rec.job is not None:
+            self._take_name(rec.job, rec.group, rec.generation, ts)
         group, view = self.groups[rec.group]
+        owner = self.owners[group.name]
         if self._transition_refused(rec, group, view):
             self.touched_groups.add(group.name)
             applied = False
         else:
+            if self._reclaims(rec, view):
+                self._reset(group, view, owner, rec.generation, ts)
+                self.drops[group.name].append(RANKS_OF_UNDECLARED_DROP)
             self.violations.extend(fencing.check_transition(view, rec))
             applied = self._fence(rec, ts, is_transition=True)
         self.rows["transitionrecord"].append(
@@ -600,9 +819,11 @@ class BatchWriter:
         if rec.restart_count is not None:
             view.restart_count = group.restart_count = max(view.restart_count, rec.restart_count)
         if rec.world_size is not None:
-            group.world_size = rec.world_size
-        if rec.job:
-            group.scheduler_job = rec.job
+            group.world_size = owner.world_size = rec.world_size
+        if rec.job is not None:
+            self._set_job(rec.job, group)
+        if rec.nodes is not None and not owner.owner_job:
+            self._declare(group.name, owner, rec.nodes)
         if rec.topology is not None:
             group.topology = _shape(rec.topology)
         if rec.data_cursor is not None:
@@ -618,6 +839,18 @@ class BatchWriter:
             view.model_version = group.model_version = rec.model_version
         group.summary = {**group.summary, "versions_seen": view.versions_seen[-20:]}
         self.summary_changed.add(group.name)
+
+    def _declare(self, name: str, owner: ownership.Owner, nodes: list[str]) -> None:
+        """The nodes of this generation's rendezvous, declared by a host or the launcher:
+        they replace the group's nodes, and no other node joins."""
+        generation = self.groups[name][0].generation
+        self.declared[name] = (sorted(set(nodes)), generation)
+        owner.member = self.node.name in nodes
+        if not owner.member:
+            owner.left_generation = generation
+        owner.has_members = bool(nodes)
+        if owner.rendezvous_until is None or owner.rendezvous_until > self.now:
+            owner.rendezvous_until = self.now
 
     def _on_serving(self, rec: p.Serving, ts: datetime) -> None:
         group, view = self.groups[rec.group]
@@ -669,7 +902,12 @@ class BatchWriter:
             sql.append(CREDENTIAL_LIVE)
             params["credential"] = self.credential_id
         self._devices_and_node(sql, params)
+        self._ownership(sql, params)
         self._ranks(sql, params)
+        if self.joins:
+            params.update(joins=[self.groups[g][0].pk for g in sorted(self.joins)],
+                          node_name=self.node.name)  # fmt: skip
+            sql.append(MEMBERS_JOIN)
         self._groups(sql, params)
         if self.agent_update:
             sql.append(AGENT_UPDATE)
@@ -752,41 +990,28 @@ class BatchWriter:
             self.devices.pop(uuid, None)
             self.device_events.pop(uuid, None)
             owner = self.device_owners.get(uuid)
-            self.violations.append(
-                fencing.Violation(
-                    kind,
-                    f"gpu:{uuid}",
-                    0,
-                    {"node": self.node.name, "owner_node_id": owner[0] if owner else None,
-                     "max_gpus_per_node": settings.INGEST_MAX_GPUS_PER_NODE},
-                )
-            )  # fmt: skip
+            self._claim(kind, f"gpu:{uuid}", 0,
+                        {"owner_node_id": owner[0] if owner else None,
+                         "max_gpus_per_node": settings.INGEST_MAX_GPUS_PER_NODE})  # fmt: skip
 
     def _may_place(self, gname: str, rank: int, entry: dict[str, Any]) -> bool:
-        """A rank placed on another node moves only with evidence: a new generation (its
-        transition re-placed the ranks) or the rank's process exited on the old node."""
+        """A rank's placement on this node (ingest.ownership.may_place): a host moves a rank
+        with evidence (a new generation re-placed the ranks, or its process exited on its
+        old node); a node that hosts nothing only takes one nobody held, while the group's
+        first rendezvous is open."""
         old = self.existing_ranks.get((gname, rank))
-        return (
-            old is None
-            or old["node_id"] == self.node_id
-            or entry["generation"] != old["generation"]
-            or old["process_state"] == "exited"
+        return ownership.may_place(
+            self.owners[gname], self.claimant, rank, entry["generation"], old, self.now
         )
 
     def _rank_move_refused(self, gname: str, rank: int, entry: dict[str, Any]) -> bool:
-        """`_may_place`'s refusal, recorded as a `rank_claim`."""
+        """`_may_place`'s refusal, recorded as a `rank_claim` about this node."""
         if self._may_place(gname, rank, entry):
             return False
-        old = self.existing_ranks[(gname, rank)]
-        self.violations.append(
-            fencing.Violation(
-                "rank_claim",
-                f"rank:{gname}/{rank}",
-                entry["generation"],
-                {"node": self.node.name, "owner_node_id": old["node_id"],
-                 "owner_process_state": old["process_state"]},
-            )
-        )  # fmt: skip
+        old = self.existing_ranks.get((gname, rank))
+        self._claim("rank_claim", f"rank:{gname}/{rank}", entry["generation"],
+                    {"owner_node_id": old["node_id"] if old else None,
+                     "owner_process_state": old["process_state"] if old else None})  # fmt: skip
         return True
 
     def _ranks(self, sql: list[str], params: dict[str, Any]) -> None:
@@ -798,6 +1023,11 @@ class BatchWriter:
         for (gname, rank), entry in self.ranks.items():
             if self._rank_move_refused(gname, rank, entry):
                 continue
+            owner = self.owners[gname]
+            if not owner.owner_job and not owner.member:  # joins the first rendezvous
+                owner.member = owner.has_members = True
+                self.joins.add(gname)
+                self._start_rendezvous(gname, owner)
             if entry.get("gpu") and self._owned_elsewhere(entry["gpu"]):
                 del entry["gpu"]  # a rank names only its own node's GPUs
             old = self.existing_ranks.get((gname, rank))
@@ -826,11 +1056,27 @@ class BatchWriter:
         params["ranks"] = Jsonb(out, dumps=_JSON.encode)
         sql.append(RANK_UPSERT)
 
+    def _ownership(self, sql: list[str], params: dict[str, Any]) -> None:
+        """Before the ranks: a reset's ranks dropped, a generation's nodes declared."""
+        for i, (name, statements) in enumerate(sorted(self.drops.items())):
+            group = self.groups[name][0]
+            params[f"x{i}_group"], params[f"x{i}_job"] = group.pk, group.owner_job
+            params[f"x{i}_nodes"] = self.declared.get(name, ([], 0))[0]
+            sql.extend(s.replace("%(d_", f"%(x{i}_") for s in statements)
+        for i, (name, (nodes, generation)) in enumerate(sorted(self.declared.items())):
+            params[f"m{i}_group"], params[f"m{i}_nodes"] = self.groups[name][0].pk, nodes
+            params[f"m{i}_gen"] = generation
+            sql.append(MEMBERS_DECLARE.replace("%(d_", f"%(m{i}_"))
+
     def _groups(self, sql: list[str], params: dict[str, Any]) -> None:
         for i, (group, _view) in enumerate(self.groups.values()):
             params[f"g{i}_id"] = group.pk
             params[f"g{i}_last_activity"] = group.last_activity
-            if group.name not in self.locked:
+            owner = self.owners[group.name]
+            group.owner_job, group.rendezvous_until = owner.owner_job, owner.rendezvous_until
+            group.generation_window_start = owner.window_start
+            group.generation_window_advance = owner.window_advance
+            if group.name not in self.locked and group.name not in self.started:
                 # FOR KEY SHARE: write only what needs no lock to be right. A kind learned
                 # from this batch's records, once (an UPDATE takes the row lock until
                 # commit; a second writer re-checks `kind = 'unknown'` after it); activity
@@ -853,13 +1099,15 @@ class BatchWriter:
                 if group.name in self.summary_changed
                 else None
             )
-            sql.append(GROUP_UPDATE.replace("%(g_", f"%(g{i}_"))
+            # Started its first rendezvous under a shared lock: once, by the first to commit.
+            update = GROUP_UPDATE if group.name in self.locked else GROUP_UPDATE_FORMING
+            sql.append(update.replace("%(g_", f"%(g{i}_"))
 
     def _write_violations(self) -> None:
-        seen: set[tuple[str, str, int]] = set()
+        seen: set[tuple[str, str, int, Any]] = set()
         rows = []
         for v in self.violations:
-            key = (v.kind, v.subject, v.generation)
+            key = (v.kind, v.subject, v.generation, v.evidence.get("claimed"))
             if key in seen:
                 continue  # one finding per batch per contract breach, not one per record
             seen.add(key)

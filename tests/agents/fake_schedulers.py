@@ -40,7 +40,7 @@ if tool == "scontrol":
         if j is None:
             print("slurm_load_jobs error: Invalid job id specified", file=sys.stderr); sys.exit(1)
         print(f"JobId={args[2]} JobName=wrap JobState={j['state']} Reason=None Requeue=1 "
-              f"Restarts={j['restarts']} BatchFlag=1 NodeList=vm")
+              f"Restarts={j['restarts']} BatchFlag=1 NodeList={','.join(j.get('nodes', ['vm']))}")
     elif args[0] == "update":
         n = node(kv("nodename="))
         if kv("state=") == "drain":
@@ -56,7 +56,16 @@ elif tool == "sinfo":
     n = node(args[args.index("-n") + 1])
     print("drained" if "DRAIN" in n["state"] else "idle")
 elif tool == "squeue":
-    print(st["jobs"][args[args.index("-j") + 1]]["state"])
+    # -w: only jobs allocated on that node (a pending job has none); -o %A / "%A %i": ids.
+    on = args[args.index("-w") + 1] if "-w" in args else None
+    ids = [args[args.index("-j") + 1]] if "-j" in args else list(st["jobs"])
+    for jid in ids:
+        j = st["jobs"].get(jid)
+        if j is None or (on is not None and (on not in j.get("nodes", ["vm"])
+                                             or j["state"] == "PENDING")):
+            continue
+        fmt = args[args.index("-o") + 1] if "-o" in args else "%T"
+        print(fmt.replace("%A", jid).replace("%i", jid).replace("%T", j["state"]))
 elif tool == "kubectl":
     verb = args[0]
     if verb == "get":

@@ -45,7 +45,9 @@ def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSchedulers:
     fake = FakeSchedulers(tmp_path / "sched")
     for key, value in fake.env().items():
         monkeypatch.setenv(key, value)
-    fake.set_state({"nodes": {}, "jobs": {JOB: {"state": "RUNNING", "restarts": 0}}})
+    fake.set_state(
+        {"nodes": {}, "jobs": {JOB: {"state": "RUNNING", "restarts": 0, "nodes": [NODE]}}}
+    )
     return fake
 
 

@@ -307,12 +307,13 @@ def test_it_stores_a_late_delivery_from_before_the_fence_without_flagging_it(pos
     post_batch(
         make_batch([transition("running", gen=1, ts=iso(before)), step(0, 1, ts=iso(before))])
     )
+    post_batch(make_batch([step(1, 8, gen=1, ts=iso(before))], node="node-2"))  # hosts rank 1
     post_batch(
         make_batch([transition("recovering", gen=2, ts=iso(before + timedelta(seconds=20)))])
     )
     late = step(1, 9, gen=1, ts=iso(before + timedelta(seconds=10)))  # made before the fence
     assert post_batch(make_batch([late], node="node-2")).status_code == 202
-    assert StepRecord.objects.get(rank=1).stale is True
+    assert StepRecord.objects.get(rank=1, step=9).stale is True
     assert ContractViolation.objects.count() == 0
 
 

@@ -6,6 +6,7 @@ installs them). Every wait is bounded; the cluster is torn down after the module
 
 from __future__ import annotations
 
+import getpass
 import json
 import threading
 import time
@@ -19,7 +20,7 @@ import pytest
 from agents import actions_contract as contract
 from agents import signing
 from agents.executor import Executor
-from agents.schedulers import execute
+from agents.schedulers import Runner, execute
 from agents.schedulers.slurm import Slurm as SlurmBackend
 from tests.system.slurm import Slurm, slurm_available, slurm_cluster
 
@@ -38,18 +39,26 @@ def cluster() -> Iterator[Slurm]:
 @pytest.fixture
 def slurm(cluster: Slurm) -> Iterator[Slurm]:
     yield cluster
-    # Leave the node idle and the queue empty for the next test.
-    cluster.run("scancel", "--quiet", "--full", f"--nodelist={cluster.node}")
+    # Leave the node idle and the queue empty for the next test: every job, the pending ones
+    # too (a requeued job waits out its BeginTime, then runs again and holds the node).
+    cluster.run("scancel", "--quiet", "--full", f"--user={getpass.getuser()}")
     cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume")
-    until(lambda: cluster.node_state() == "idle", 20, "node idle again")
+    # Read from slurmctld's node table: sinfo kept showing a node `mixed` that scontrol
+    # showed IDLE with nothing allocated, for a minute, after a requeued job was cancelled.
+    until(lambda: _node_idle(cluster), 60, "node idle again", every=0.5)
 
 
-def until(check: Callable[[], bool], timeout: float, what: str) -> None:
+def _node_idle(cluster: Slurm) -> bool:
+    shown = cluster.run("scontrol", "show", "node", cluster.node, "-o").stdout
+    return " State=IDLE " in f" {shown} " and " CPUAlloc=0 " in f" {shown} "
+
+
+def until(check: Callable[[], bool], timeout: float, what: str, every: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
-        time.sleep(0.2)
+        time.sleep(every)
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
@@ -113,6 +122,33 @@ def test_it_requeues_a_real_job_and_reads_its_state_back(slurm: Slurm, tmp_path:
     shown = slurm.run("scontrol", "show", "job", job, "-o").stdout
     assert "Restarts=1" in shown
     assert job_state() in ("PENDING", "REQUEUED", "CONFIGURING", "RUNNING")
+
+
+def test_it_requeues_only_a_job_of_its_own_node_and_attests_the_jobs_it_runs(
+    slurm: Slurm, tmp_path: Path
+) -> None:
+    """A group's job id comes from the service: the backend checks the job runs on its node
+    before it acts (a node hosting no rank once set another user's job id), and reads the
+    node's jobs for the agent to attest (docs/security.md, "Who owns a group")."""
+    submitted = slurm.run(
+        "sbatch", "--parsable", f"--chdir={tmp_path}", "--output=/dev/null", "--wrap", "sleep 60"
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    until(
+        lambda: slurm.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "RUNNING",
+        30,
+        f"job {job} running",
+    )
+    backend = SlurmBackend()
+    assert job in (backend.jobs_on(Runner(env=slurm.env), slurm.node) or [])
+    action = {"id": 71, "kind": "restart_group", "params": {"job": job}}
+    elsewhere = execute(backend, action, node="gpu-node-elsewhere", timeout_s=20, env=slurm.env)
+    assert (elsewhere["status"], elsewhere["outcome"]["state"]) == ("failed", "refused")
+    assert "Restarts=0" in slurm.run("scontrol", "show", "job", job, "-o").stdout
+    assert ["scontrol", "requeue", job] not in elsewhere["outcome"]["commands"]
+    here = run_action(slurm, {**action, "id": 72})
+    assert here["outcome"]["state"] == "applied", here["output"]
 
 
 class _Results(BaseHTTPRequestHandler):

@@ -60,8 +60,8 @@ def test_it_refuses_a_gpu_another_node_still_reports_and_records_the_claim(post_
     assert Device.objects.get(uuid="GPU-own").node.name == "evil"
     assert DeviceSample.objects.filter(gpu="GPU-victim", node__name="evil").count() == 1
     violation = ContractViolation.objects.get(kind="device_claim")
-    assert violation.subject == "gpu:GPU-victim" and violation.group is None
-    assert violation.evidence["node"] == "evil"
+    assert violation.subject == "node:evil" and violation.group is None  # about the claimant
+    assert violation.evidence["claimed"] == "gpu:GPU-victim"
 
 
 def test_it_lets_a_gpu_move_once_its_old_node_stopped_reporting_it(post_batch, settings):
@@ -97,8 +97,10 @@ def test_it_refuses_a_rank_placed_on_another_node_while_its_process_lives(post_b
 
 
 def test_it_moves_a_rank_when_its_process_exited_on_the_old_node(post_batch):
+    """Between the job's own nodes (a stranger may take no held rank: test_group_ownership)."""
     placed = make_batch([transition("running"), process(0, "started")], node="a")
     assert post_batch(placed).status_code == 202
+    assert post_batch(make_batch([process(1, "started")], node="b")).status_code == 202
     assert post_batch(make_batch([process(0, "exited")], node="a")).status_code == 202
     assert post_batch(make_batch([process(0, "started"), step(0, 3)], node="b")).status_code == 202
     assert Rank.objects.get(group__name="job", rank=0).node.name == "b"
@@ -178,10 +180,15 @@ def test_it_accepts_a_launcher_tokens_transition_of_its_own_group_only(post_batc
         [transition("recovering", gen=2), transition("completed", group="other", gen=2)],
         node="launch-1",
     )
+    response = post_batch(batch, token=token)  # another group's record: nothing of it stored
+    assert response.status_code == 403
+    assert 'record 1: a launcher token speaks for group "job" only' in response.json()["error"]
+    assert ConsistencyGroup.objects.get(name="job").generation == 1
+    batch = make_batch([transition("recovering", gen=2)], node="launch-1")
     assert post_batch(batch, token=token).status_code == 202
     assert ConsistencyGroup.objects.get(name="job").generation == 2
     assert ConsistencyGroup.objects.get(name="other").state == "running"
-    assert kinds() == ["unauthorized_transition"]
+    assert kinds() == []
 
 
 def test_it_issues_a_launcher_token_from_the_command_line(monkeypatch, capsys):
