@@ -21,6 +21,7 @@ never this package, so the package has no import cycles:
     proposals            the remediation policy's proposals and withdrawals
     breaker              the automation circuit breaker
     paging               silences, escalation policies, notification channels
+    alertmanager         Alertmanager's alerts as evidence, node incidents and GPU faults
     notifications        which pages are due; each delivered at most once
 
 It must not read telemetry (console.queries, console.snapshots) beyond what a decision
@@ -30,6 +31,7 @@ needs, render anything, or import views, tasks or ingest.
 from __future__ import annotations
 
 from console.actions.accounts import record_sso_sign_in
+from console.actions.alertmanager import latch_alert_faults, record_alertmanager
 from console.actions.audit import actor_name, audit
 from console.actions.breaker import breaker_payload, set_breaker
 from console.actions.diagnosis import record_diagnosis, record_located
@@ -115,6 +117,7 @@ __all__ = [
     "expire_silence",
     "freeze_policies",
     "isolate_gpu",
+    "latch_alert_faults",
     "latch_fault",
     "mark_node",
     "mark_out_of_service",
@@ -124,6 +127,7 @@ __all__ = [
     "propose_action",
     "propose_returns",
     "record_action_result",
+    "record_alertmanager",
     "record_diagnosis",
     "record_incident_costs",
     "record_located",
