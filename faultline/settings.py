@@ -232,6 +232,8 @@ if OIDC_ENABLED:
         name
         for name in (
             "FAULTLINE_OIDC_CLIENT_SECRET",
+            # The ID token's `iss` must equal it: without it no token can be checked.
+            "FAULTLINE_OIDC_ISSUER",
             "FAULTLINE_OIDC_AUTHORIZATION_ENDPOINT",
             "FAULTLINE_OIDC_TOKEN_ENDPOINT",
             "FAULTLINE_OIDC_USERINFO_ENDPOINT",
