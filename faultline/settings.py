@@ -83,6 +83,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # Outermost, so the latency it records covers every other middleware.
     "faultline.metrics.RequestMetricsMiddleware",
+    # Before anything reads a body (sessions, CSRF, authentication): 413/411 on the headers.
+    "faultline.middleware.BodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -331,6 +333,9 @@ SPECTACULAR_SETTINGS = {
 
 # Web serving: HTTP and websockets may sit on different ports (see README).
 FAULTLINE_WS_PORT = env_int("FAULTLINE_WS_PORT", 0, minimum=0)
+# Reverse proxies whose X-Forwarded-For (and, to gunicorn, X-Forwarded-Proto) are believed;
+# none by default: a client sets those headers freely (faultline.client).
+TRUSTED_PROXIES = env_networks("FAULTLINE_TRUSTED_PROXIES")
 WS_MAX_PER_USER = env_int("FAULTLINE_WS_MAX_PER_USER", 20, minimum=1)  # open sockets a user
 
 # /metrics (faultline.scrape): a Bearer token, or client addresses allowed without one.
