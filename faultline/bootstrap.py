@@ -130,7 +130,8 @@ class AdminLogin:
 
 
 def ensure_admin() -> AdminLogin | None:
-    """Create the first admin unless a superuser exists; return who was created."""
+    """Create the first admin unless a superuser exists; return who was created. Raises
+    BootstrapError when FAULTLINE_ADMIN_PASSWORD fails the password validators."""
     from django.contrib.auth import get_user_model
 
     user_model = get_user_model()
@@ -138,6 +139,19 @@ def ensure_admin() -> AdminLogin | None:
         return None
     username = os.environ.get("FAULTLINE_ADMIN_USER", "admin")
     given = os.environ.get("FAULTLINE_ADMIN_PASSWORD")
+    if given:
+        # The first admin's password passes the same validators as every other password
+        # (settings.AUTH_PASSWORD_VALIDATORS): a weak one stops `faultline up`, loudly.
+        from django.contrib.auth.password_validation import validate_password
+        from django.core.exceptions import ValidationError
+
+        try:
+            validate_password(given, user=user_model(username=username))
+        except ValidationError as exc:
+            raise BootstrapError(
+                f"FAULTLINE_ADMIN_PASSWORD is refused for {username}: {' '.join(exc.messages)} "
+                "Choose a stronger one, or unset it to have one generated."
+            ) from None
     password = given or secrets.token_urlsafe(12)
     user_model.objects.create_superuser(username=username, email="", password=password)
     return AdminLogin(username, password, generated=not given)

@@ -195,8 +195,12 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULER = "faultline.beat:LeaderScheduler"
 BEAT_LOCK_TTL_S = env_int("FAULTLINE_BEAT_LOCK_TTL_S", 6, minimum=2)
 
+# Applied to every password a person sets: `faultline user create`, the admin's forms, and
+# FAULTLINE_ADMIN_PASSWORD when `faultline up` creates the first admin.
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 # Django's default (2.5 MB) answered 400 to agent batches the contract allows (up to 8 MiB),
 # and the agent dead-lettered them: one limit, the contract's, for every request body.

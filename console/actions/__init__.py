@@ -8,7 +8,8 @@ import this package (`from console import actions`); the submodules import each 
 never this package, so the package has no import cycles:
 
     audit, errors        the audit log writer; the refusals every verb raises
-    accounts             the role an SSO identity holds, set at each sign-in
+    accounts             the role an SSO identity holds, set at each sign-in; an admin's
+                         edits of users and roles (the admin site)
     incidents            acknowledge, assign, comment (people)
     diagnosis            findings folded into incidents, settle and reopen (the engine)
     groups               a group's serving SLO overrides and recovery objectives
@@ -30,7 +31,13 @@ needs, render anything, or import views, tasks or ingest.
 
 from __future__ import annotations
 
-from console.actions.accounts import record_sso_sign_in
+from console.actions.accounts import (
+    delete_user,
+    record_password_change,
+    record_sso_sign_in,
+    save_user,
+    set_role,
+)
 from console.actions.alertmanager import latch_alert_faults, record_alertmanager
 from console.actions.audit import actor_name, audit
 from console.actions.breaker import breaker_payload, set_breaker
@@ -110,6 +117,7 @@ __all__ = [
     "create_silence",
     "deadline_of",
     "delete_escalation_policy",
+    "delete_user",
     "deliver",
     "dispatch_action",
     "dispatch_for_node",
@@ -131,6 +139,7 @@ __all__ = [
     "record_diagnosis",
     "record_incident_costs",
     "record_located",
+    "record_password_change",
     "record_repair_evidence",
     "record_sso_sign_in",
     "remediate",
@@ -138,11 +147,13 @@ __all__ = [
     "return_to_service",
     "save_channel",
     "save_escalation_policy",
+    "save_user",
     "schedule_due",
     "set_breaker",
     "set_group_objectives",
     "set_group_slo",
     "set_node_health",
+    "set_role",
     "settle_fleet_silence",
     "vote_on_action",
     "withdraw_action",
