@@ -16,4 +16,4 @@ USER faultline
 EXPOSE 8000 8001
 CMD ["gunicorn", "faultline.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "2", \
      "--worker-class", "gthread", "--threads", "4", "--keep-alive", "30", \
-     "--worker-connections", "4000", "--reuse-port"]
+     "--worker-connections", "4000", "--reuse-port", "--forwarded-allow-ips="]

@@ -13,8 +13,10 @@ Adding a kind or an optional param is not a version change; renaming or removing
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from datetime import UTC, datetime
+from typing import Any, Literal, NotRequired, TypedDict
 
 log = logging.getLogger("faultline.agent.actions")
 
@@ -49,7 +51,9 @@ _GPU = Param(
     "gpu", True, "GPU UUID (GPU-...) as the agent reports it; default: from target gpu:<uuid>"
 )
 _JOB = Param("job", True, "scheduler job id: Slurm job id, or the workload name the hook knows")
-_DRAIN_TIMEOUT = Param("drain_timeout_s", False, "Kubernetes: kubectl drain --timeout (300)")
+_DRAIN_TIMEOUT = Param(
+    "drain_timeout_s", False, "Kubernetes: kubectl drain --timeout, whole seconds 1-86400 (300)"
+)
 _FORCE = Param("force", False, "true: put back a node another party took out (default false)")
 
 CORDON_NODE = "cordon_node"
@@ -97,9 +101,110 @@ KINDS: dict[str, KindSpec] = {
 # service adds to every dispatched action (console.actions.remediation.agent_payload).
 COMMON_PARAMS = ("reason", "dry_run")
 
+# What a value in an action may hold. The node's executor refuses anything else, and the
+# service refuses it at proposal by the same rules, so an approved action never fails on
+# its node for its wording (a reason with a line break was approved, refused three times by
+# the node, and those failures opened the circuit breaker).
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # line breaks included
+SAFE_PARAM_KEY = re.compile(r"^[a-z_][a-z0-9_]{0,31}$")
+MAX_PARAM_CHARS = 512
+REASON_CHARS = 200  # the reason as it travels (the service keeps the whole text)
+DRAIN_TIMEOUT_DEFAULT_S = 300
+DRAIN_TIMEOUT_MAX_S = 86_400
+
+
+def value_problem(name: str, value: Any) -> str | None:
+    """Why `value` may not travel as param `name`; None when it may."""
+    if value is None or isinstance(value, bool | int | float):
+        return None
+    if not isinstance(value, str):
+        return f"param {name!r} must be a string or number, got {type(value).__name__}"
+    if len(value) > MAX_PARAM_CHARS:
+        return f"param {name!r} is longer than {MAX_PARAM_CHARS} characters"
+    if CONTROL.search(value):
+        return f"param {name!r} contains control characters (a line break, say)"
+    if value.startswith("-"):
+        return f"param {name!r} may not begin with '-' (it would read as an option)"
+    return None
+
+
+def drain_timeout_s(params: dict[str, Any]) -> int:
+    """params.drain_timeout_s as whole seconds (default 300); ValueError names a bad one.
+
+    An integer, or a string of ASCII digits (what older services passed through).
+    """
+    raw = params.get("drain_timeout_s")
+    if raw is None or raw == "":
+        return DRAIN_TIMEOUT_DEFAULT_S
+    if isinstance(raw, str) and raw.isascii() and raw.isdigit():
+        raw = int(raw)
+    if not isinstance(raw, int) or isinstance(raw, bool) or not 1 <= raw <= DRAIN_TIMEOUT_MAX_S:
+        raise ValueError(
+            f"params.drain_timeout_s must be whole seconds from 1 to {DRAIN_TIMEOUT_MAX_S}, "
+            f"got {raw!r}"
+        )
+    return raw
+
+
+def param_problems(params: dict[str, Any]) -> list[str]:
+    """What the node would refuse in `params`: names, values, typed params."""
+    found = []
+    for key, value in params.items():
+        if not isinstance(key, str) or not SAFE_PARAM_KEY.match(key):
+            found.append(f"param name {key!r} is not a safe name")
+            continue
+        problem = value_problem(key, value)
+        if problem is not None:
+            found.append(problem)
+    if "drain_timeout_s" in params:
+        try:
+            drain_timeout_s(params)
+        except ValueError as exc:
+            found.append(str(exc))
+    if params.get("force") not in (None, True, False):
+        found.append(f"params.force must be true or false, got {params['force']!r}")
+    return found
+
+
+def one_line(text: str) -> str:
+    """`text` as a rule's reason may travel: control characters and line breaks become
+    spaces, a leading '-' is dropped. (A person's reason is refused instead, so they see
+    what will be sent.)"""
+    return CONTROL.sub(" ", text).strip().lstrip("-").strip()
+
+
+# The deadline a dispatched action carries (ISO 8601 UTC, inside the signed payload): the
+# service fails the action then, so the node refuses it from then on, however late it
+# arrives or is replayed. Actions from services that predate it carry none.
+DEADLINE_FIELD = "deadline"
+
+
+def deadline_text(when: datetime) -> str:
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def past_deadline(action: dict[str, Any], now: datetime) -> str | None:
+    """Why the action may no longer run at `now` (the node's clock); None while it may."""
+    if DEADLINE_FIELD not in action:
+        return None
+    raw = action[DEADLINE_FIELD]
+    try:
+        deadline = datetime.fromisoformat(raw) if isinstance(raw, str) else None
+    except ValueError:
+        deadline = None
+    if deadline is None or deadline.tzinfo is None:
+        return f"deadline {raw!r} is not an ISO 8601 time with a zone"
+    if now >= deadline:
+        return (
+            f"its deadline {deadline_text(deadline)} has passed (this node's clock: "
+            f"{deadline_text(now)}); the service has given up on it"
+        )
+    return None
+
 
 def problems(kind: str, params: dict[str, Any], target: str = "") -> list[str]:
-    """What is wrong with an action before dispatch: '' kinds, missing or unknown params."""
+    """What is wrong with an action before dispatch: unknown kinds, missing or unknown
+    params, and any value the node would refuse."""
     spec = KINDS.get(canonical(kind))
     if spec is None:
         return [f'unknown action kind "{kind}"; known: {", ".join(sorted(KINDS))}']
@@ -112,8 +217,10 @@ def problems(kind: str, params: dict[str, Any], target: str = "") -> list[str]:
         )
         if param.required and not have:
             found.append(f"{spec.name} needs params.{param.name}: {param.help}")
-    found += [f"{spec.name} does not take params.{name}" for name in sorted(set(params) - known)]
-    return found
+    found += [
+        f"{spec.name} does not take params.{name}" for name in sorted(set(params) - known, key=str)
+    ]
+    return found + param_problems(params)
 
 
 # Old hook names from before this contract (docs/agent.md ≤ 0.1) and synonyms. Accepted in
@@ -180,7 +287,8 @@ class Outcome(TypedDict, total=False):
 
 class Action(TypedDict):
     """One action as the service hands it to the agent (`GET /api/v1/agents/actions`, and
-    the ingest response's `actions`); `params` always carries `reason` and `dry_run`."""
+    the ingest response's `actions`); `params` always carries `reason` and `dry_run`;
+    `deadline` (DEADLINE_FIELD) is when the service stops waiting for it."""
 
     id: int
     kind: str
@@ -188,6 +296,7 @@ class Action(TypedDict):
     group: str | None
     generation: int | None
     params: dict[str, Any]
+    deadline: NotRequired[str]
 
 
 class Result(TypedDict, total=False):

@@ -17,9 +17,11 @@ scheduler backend is configured); its target (and
 `params.node`/`params.gpu`) must be this node, one of this node's GPUs, or a group this
 node has reported records for — or, on an agent configured as the scheduler's controller
 (`controller_nodes`), another node a glob allows, for the node kinds a controller runs
-(CONTROLLER_KINDS); every value substituted into a hook is checked (safe characters, never
-a leading `-`, no control characters) and a group action without an integer generation is
-refused, so fencing is never skipped.
+(CONTROLLER_KINDS); every value substituted into a hook is checked by the contract's rules
+(agents/actions_contract.py: safe characters, never a leading `-`, no control characters,
+typed params) and a group action without an integer generation is refused, so fencing is
+never skipped. An action past the deadline it carries (signed with it) is refused and
+reported: the service has already failed it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +62,6 @@ EXAMPLE_HOOKS = {
 # The wire contract's Name charset (agents/protocol.py), minus a leading "-": a value that
 # starts with "-" becomes an option of the hook's program (`kubectl cordon --all`).
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.:@/][A-Za-z0-9_.:@/\-]{0,127}$")
-SAFE_PARAM_KEY = re.compile(r"^[a-z_][a-z0-9_]{0,31}$")
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-MAX_PARAM_CHARS = 512
 TARGET_KINDS = ("node", "gpu", "rank", "group")
 
 
@@ -72,20 +72,6 @@ class _SafeDict(dict[str, str]):
 
 class Refused(ValueError):
     """An action this node will not run; the message says which value and why."""
-
-
-def _check_value(name: str, value: Any) -> str:
-    if value is None or isinstance(value, bool | int | float):
-        return str(value) if value is not None else ""
-    if not isinstance(value, str):
-        raise Refused(f"param {name!r} must be a string or number, got {type(value).__name__}")
-    if len(value) > MAX_PARAM_CHARS:
-        raise Refused(f"param {name!r} is longer than {MAX_PARAM_CHARS} characters")
-    if CONTROL.search(value):
-        raise Refused(f"param {name!r} contains control characters")
-    if value.startswith("-"):
-        raise Refused(f"param {name!r} may not begin with '-' (it would read as an option)")
-    return value
 
 
 class Executor:
@@ -104,8 +90,10 @@ class Executor:
         gpus: Iterable[str] | Callable[[], Iterable[str]] = (),
         allow_unsigned: bool = False,
         controller_nodes: Iterable[str] = (),
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.node = node
+        self._clock = clock
         # Empty: not a controller; the target is always this node, its GPUs or its groups.
         self.controller_nodes = tuple(controller_nodes)
         self.hooks = contract.normalize_hooks(hooks)
@@ -196,10 +184,9 @@ class Executor:
         if raw is not None and not isinstance(raw, dict):
             raise Refused("params must be an object")
         params: dict[str, Any] = raw or {}
-        for key, value in params.items():
-            if not isinstance(key, str) or not SAFE_PARAM_KEY.match(key):
-                raise Refused(f"param name {key!r} is not a safe name")
-            _check_value(key, value)
+        found = contract.param_problems(params)
+        if found:
+            raise Refused("; ".join(found))
         # The backends act on params.node / params.gpu before the target: the same limits.
         if params.get("node") not in (None, "", self.node):
             self._check_other_node(kind, str(params["node"]), f"params.node {params['node']!r}")
@@ -257,11 +244,11 @@ class Executor:
                 return None
             group = action.get("group")
             generation = action.get("generation")
+            refusal = contract.past_deadline(action, self._clock())
             try:
                 self.check(action)
-                refusal = None
             except Refused as exc:
-                refusal = str(exc)
+                refusal = refusal or str(exc)
             newest = self.generations.get(group, -1) if isinstance(group, str) else -1
             stale = refusal is None and isinstance(generation, int) and generation < newest
             # Reserve the id before running so a duplicate delivery cannot run it twice.
@@ -278,7 +265,14 @@ class Executor:
             }
         else:
             self.observe(group, generation)
-            result = self._run(action)
+            try:
+                result = self._run(action)
+            except Exception as exc:
+                # Left as "running", the action was never reported and stayed dispatched
+                # until the agent restarted; whatever went wrong, the service hears of it.
+                log.exception("action %s: the hook or backend raised", action_id)
+                result = {"status": "failed", "exit_code": None,
+                          "output": _bound(f"error: {type(exc).__name__}: {exc}")}  # fmt: skip
         with self._lock:
             self.done[action_id] = {**result, "reported": False}
             self._save()

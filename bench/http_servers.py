@@ -35,7 +35,7 @@ def command(
         ]  # fmt: skip
     if server == "uvicorn":
         return [
-            py, "-m", "uvicorn", "faultline.asgi:application", "--host", "127.0.0.1",
+            py, "-m", "uvicorn", "faultline.asgi:django_asgi", "--host", "127.0.0.1",
             "--port", str(port), "--workers", str(workers), "--lifespan", "off",
             "--log-level", "warning", "--no-access-log",
         ]  # fmt: skip

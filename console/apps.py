@@ -24,6 +24,15 @@ def check_objectives() -> None:
     pool_defaults(getattr(settings, "FAULTLINE_OBJECTIVES", None))
 
 
+def close_sockets_on_logout(sender: object, request: object, **kwargs: object) -> None:
+    """A logout closes the websockets that session opened (console.consumers)."""
+    from console import events
+
+    key = getattr(getattr(request, "session", None), "session_key", None)
+    if key:
+        events.end_session(key)
+
+
 class ConsoleConfig(AppConfig):
     name = "console"
     default_auto_field = "django.db.models.BigAutoField"
@@ -35,3 +44,6 @@ class ConsoleConfig(AppConfig):
 
         apply_xid_overrides()
         check_objectives()
+        from django.contrib.auth.signals import user_logged_out
+
+        user_logged_out.connect(close_sockets_on_logout, dispatch_uid="faultline-ws-logout")

@@ -2,7 +2,8 @@
 
 Owns the channel names, every payload shape a live page receives (TypedDicts, JSON-safe:
 datetimes travel as ISO strings, because the Redis channel layer's msgpack cannot encode
-them), and `publish`/`publish_on_commit`. Every message carries `type` and a
+them), `publish`/`publish_on_commit`, and `end_session` (a logout closes that session's
+sockets, console.consumers). Every message carries `type` and a
 monotonically increasing `version` (milliseconds since the epoch at publish) so a page
 that reconnects can refetch anything newer than it saw. It must not read or write the
 database: callers build payloads from rows they already hold.
@@ -11,6 +12,7 @@ database: callers build payloads from rows they already hold.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import threading
@@ -29,6 +31,20 @@ FLEET = "fleet"
 EventKind = Literal[
     "node.changed", "group.changed", "incident.changed", "action.changed", "breaker.changed"
 ]
+
+
+def session_channel(session_key: str) -> str:
+    """The channel group of one login session's sockets, named by a hash (the key is a
+    credential and channel names show up in Redis)."""
+    return "session." + hashlib.sha256(session_key.encode()).hexdigest()[:40]
+
+
+def end_session(session_key: str) -> None:
+    """Close every socket opened with this login session (it logged out); never raises."""
+    try:
+        _publisher.submit(session_channel(session_key), {"type": "session.ended"})
+    except Exception:
+        log.warning("live: could not close the sockets of a session", exc_info=True)
 
 
 def group_channel(name: str) -> str:

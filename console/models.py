@@ -615,6 +615,30 @@ class ApiToken(models.Model):
         return f"token {self.prefix}… of user {self.user_id}"
 
 
+class SsoIdentity(models.Model):
+    """The console user an OpenID identity signs in as: keyed by (issuer, `sub`), the IdP's
+    stable id for a person, never by a username or an email the person may change or share.
+
+    One row per identity and one identity per user, so a person holds one account (one
+    vote) whatever names they sign in under. Written only by faultline.sso at sign-in.
+    """
+
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sso_identity"
+    )
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["issuer", "subject"], name="sso_identity_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.issuer} {self.subject} -> user {self.user_id}"
+
+
 class ExternalAlert(models.Model):
     """An alert Alertmanager delivered (node-exporter, dcgm-exporter, a site's own rules),
     stored as evidence on the node (and GPU) or group its labels name.

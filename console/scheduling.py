@@ -31,6 +31,7 @@ import redis
 from celery import current_app
 from django.conf import settings
 from django.core.cache import cache
+from django.db import transaction
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,27 @@ def enqueue(
     if queue is not None:
         options.update(queue=queue, expires=expires)
     current_app.send_task(name, args=list(args), **options)
+
+
+# Xid alerts of a large Alertmanager delivery latched after it (console.actions.alertmanager);
+# on the urgent lane: a GPU fault is what that lane exists for. Never expires.
+LATCH_ALERT_FAULTS: Final = "console.latch_alert_faults"
+ALERT_LATCH_CHUNK = 64
+
+
+def schedule_alert_latches(alert_ids: list[int]) -> None:
+    """Queue the latching of these alerts once the delivery commits, in chunks. Never
+    raises: with the broker away, beat's run of the same task (every 5 s) finds them."""
+
+    def send() -> None:
+        try:
+            for i in range(0, len(alert_ids), ALERT_LATCH_CHUNK):
+                chunk = alert_ids[i : i + ALERT_LATCH_CHUNK]
+                enqueue(LATCH_ALERT_FAULTS, chunk, queue=URGENT_QUEUE)
+        except Exception:
+            log.warning("alert latches not queued; beat's sweep will find them", exc_info=True)
+
+    transaction.on_commit(send)
 
 
 def send_notification(incident_id: int, key: str, channel: str, event: str) -> None:

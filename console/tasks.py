@@ -158,3 +158,11 @@ def sweep() -> None:
     # Queue, don't run inline: workers diagnose groups in parallel, and the debounce key
     # keeps at most one pending diagnosis per group however often the sweep fires.
     scheduling.schedule_sweep(pipeline.groups_to_sweep(now=now, window=timedelta(minutes=30)))
+
+
+@shared_task(name=scheduling.LATCH_ALERT_FAULTS, acks_late=True, max_retries=3,
+             default_retry_delay=1)  # fmt: skip
+def latch_alert_faults(alert_ids: list[int] | None = None) -> int:
+    """The Xid alerts a large Alertmanager delivery left to latch: those named, or (beat's
+    run every 5 s) the oldest still waiting. Idempotent."""
+    return actions.latch_alert_faults(alert_ids=alert_ids, now=timezone.now())

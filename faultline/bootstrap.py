@@ -136,7 +136,8 @@ class AdminLogin:
 
 
 def ensure_admin() -> AdminLogin | None:
-    """Create the first admin unless a superuser exists; return who was created."""
+    """Create the first admin unless a superuser exists; return who was created. Raises
+    BootstrapError when FAULTLINE_ADMIN_PASSWORD fails the password validators."""
     from django.contrib.auth import get_user_model
 
     user_model = get_user_model()
@@ -144,6 +145,19 @@ def ensure_admin() -> AdminLogin | None:
         return None
     username = os.environ.get("FAULTLINE_ADMIN_USER", "admin")
     given = os.environ.get("FAULTLINE_ADMIN_PASSWORD")
+    if given:
+        # The first admin's password passes the same validators as every other password
+        # (settings.AUTH_PASSWORD_VALIDATORS): a weak one stops `faultline up`, loudly.
+        from django.contrib.auth.password_validation import validate_password
+        from django.core.exceptions import ValidationError
+
+        try:
+            validate_password(given, user=user_model(username=username))
+        except ValidationError as exc:
+            raise BootstrapError(
+                f"FAULTLINE_ADMIN_PASSWORD is refused for {username}: {' '.join(exc.messages)} "
+                "Choose a stronger one, or unset it to have one generated."
+            ) from None
     password = given or secrets.token_urlsafe(12)
     user_model.objects.create_superuser(username=username, email="", password=password)
     return AdminLogin(username, password, generated=not given)
@@ -247,6 +261,19 @@ def system_up(*, host: str, port: int, ws_port: int, data_dir_arg: str | None) -
 # so the kernel spreads the fleet's connections over the workers instead of the first
 # worker to wake taking them all (docs/performance.md).
 WEB_KEEPALIVE = ("--keep-alive", "30", "--worker-connections", "4000", "--reuse-port")
+# The websocket port (faultline.asgi answers any plain HTTP request 404): uvicorn believes
+# no forwarded header (its default trusts X-Forwarded-For from 127.0.0.1), and a client's
+# websocket message is small (the console sends none).
+WS_ONLY = ("--no-proxy-headers", "--ws-max-size", "65536")
+
+
+def forwarded_allow_ips() -> tuple[str, ...]:
+    """gunicorn believes X-Forwarded-Proto only from FAULTLINE_TRUSTED_PROXIES (default: from
+    nobody; gunicorn's own default is 127.0.0.1, so anything on the host could claim https)."""
+    from faultline.env import env_networks
+
+    return ("--forwarded-allow-ips", ",".join(str(n) for n in env_networks(
+        "FAULTLINE_TRUSTED_PROXIES")))  # fmt: skip
 
 
 def raise_open_files_limit(want: int = 65536) -> int:
@@ -285,10 +312,12 @@ def service_commands(
             # workers, more batches/s than uvicorn here (docs/performance.md).
             "--worker-class", "gthread", "--threads", "4", *WEB_KEEPALIVE,
             "--graceful-timeout", "10", "--timeout", "60", "--log-level", "warning",
+            *forwarded_allow_ips(),
         ],
         "ws": [
             py, "-m", "uvicorn", "faultline.asgi:application", "--host", host,
             "--port", str(ws_port), "--lifespan", "off", "--log-level", "warning",
+            *WS_ONLY,
         ],
         "worker": [
             py, "-m", "celery", "-A", "faultline", "worker", "--queues", "celery",

@@ -11,7 +11,13 @@ from typing import Any
 
 from celery import Celery
 
-from console.scheduling import HOUSEKEEPING_QUEUE, NOTIFY_QUEUE, SEND_NOTIFICATION
+from console.scheduling import (
+    HOUSEKEEPING_QUEUE,
+    LATCH_ALERT_FAULTS,
+    NOTIFY_QUEUE,
+    SEND_NOTIFICATION,
+    URGENT_QUEUE,
+)
 from faultline import metrics
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "faultline.settings")
@@ -38,6 +44,13 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
         "task": "ingest.analyze_partitions",
         "schedule": 5.0,
         "options": _SWEEP,
+    },
+    # Xid alerts a large Alertmanager delivery left to latch, if their own messages were
+    # lost (broker away at commit): on the urgent lane, with the rest of the GPU faults.
+    "alert-latches": {
+        "task": LATCH_ALERT_FAULTS,
+        "schedule": 5.0,
+        "options": {"queue": URGENT_QUEUE, "expires": 5},
     },
     "recovery-costs": {"task": "console.measure_recovery_costs", "schedule": 10.0},
     "rollup": {"task": "console.rollup_telemetry", "schedule": 60.0},

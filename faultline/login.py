@@ -4,7 +4,8 @@ Owns counting failed password checks in the cache and refusing further tries unt
 window passes, for the login form and for HTTP Basic on the API (the same password, the
 same guesser). It must not lock anyone out when the cache is down: a console that nobody
 can open during an incident is worse than a slower brute force, so it fails open and logs.
-The client IP is REMOTE_ADDR, never X-Forwarded-For (a guesser would set it per request).
+The client IP is faultline.client's: REMOTE_ADDR, never a client's X-Forwarded-For (a
+guesser would set it per request), unless FAULTLINE_TRUSTED_PROXIES names the proxy.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from django.http import HttpRequest, HttpResponse
 from drf_spectacular.authentication import BasicScheme
 from rest_framework import authentication, exceptions
 
+from faultline.client import client_address
+
 log = logging.getLogger(__name__)
 
 
@@ -34,7 +37,7 @@ def normalise(username: str) -> str:
 
 
 def _key(username: str, request: HttpRequest) -> str:
-    who = f"{normalise(username)}|{request.META.get('REMOTE_ADDR', '')}"
+    who = f"{normalise(username)}|{client_address(request)}"
     return "login-fail:" + hashlib.sha256(who.encode()).hexdigest()[:32]
 
 
@@ -90,7 +93,7 @@ class ThrottledLoginView(auth_views.LoginView):
         username = str(request.POST.get("username", ""))
         # Checked before the password: a guesser learns nothing, even from a right guess.
         if is_locked(username, request):
-            log.warning("login throttled for %r from %s", username, request.META.get("REMOTE_ADDR"))
+            log.warning("login throttled for %r from %s", username, client_address(request))
             return _too_many()
         return super().post(request, *args, **kwargs)
 

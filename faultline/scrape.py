@@ -4,7 +4,8 @@ Owns who may scrape (FAULTLINE_METRICS_TOKEN as a Bearer token, or a client addr
 FAULTLINE_METRICS_ALLOW_CIDRS; anyone else is refused) and assembling one scrape: the
 samples every process wrote (multiprocess mode under `faultline up`, else this process's),
 the dependencies' health and the Celery queue depth asked now, and the fleet read from the
-database (console.metrics). The client address is REMOTE_ADDR, never X-Forwarded-For.
+database (console.metrics). The client address is faultline.client's: REMOTE_ADDR, never
+a client's X-Forwarded-For, unless FAULTLINE_TRUSTED_PROXIES names the proxy.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from console.scheduling import HOUSEKEEPING_QUEUE, NOTIFY_QUEUE, URGENT_QUEUE
+from faultline.client import client_address
 from faultline.metrics_dir import ENV
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ def allowed(request: HttpRequest) -> tuple[bool, int, str]:
             return True, 200, ""
         return False, 401, "metrics: wrong scrape token"
     try:
-        address = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
+        address = ipaddress.ip_address(client_address(request))
     except ValueError:
         address = None
     if address is not None and any(address in net for net in settings.METRICS_ALLOW_CIDRS):

@@ -83,6 +83,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # Outermost, so the latency it records covers every other middleware.
     "faultline.metrics.RequestMetricsMiddleware",
+    # Before anything reads a body (sessions, CSRF, authentication): 413/411 on the headers.
+    "faultline.middleware.BodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -213,8 +215,12 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULER = "faultline.beat:LeaderScheduler"
 BEAT_LOCK_TTL_S = env_int("FAULTLINE_BEAT_LOCK_TTL_S", 6, minimum=2)
 
+# Applied to every password a person sets: `faultline user create`, the admin's forms, and
+# FAULTLINE_ADMIN_PASSWORD when `faultline up` creates the first admin.
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 # Django's default (2.5 MB) answered 400 to agent batches the contract allows (up to 8 MiB),
 # and the agent dead-lettered them: one limit, the contract's, for every request body.
@@ -252,6 +258,8 @@ if OIDC_ENABLED:
         name
         for name in (
             "FAULTLINE_OIDC_CLIENT_SECRET",
+            # The ID token's `iss` must equal it: without it no token can be checked.
+            "FAULTLINE_OIDC_ISSUER",
             "FAULTLINE_OIDC_AUTHORIZATION_ENDPOINT",
             "FAULTLINE_OIDC_TOKEN_ENDPOINT",
             "FAULTLINE_OIDC_USERINFO_ENDPOINT",
@@ -349,6 +357,9 @@ SPECTACULAR_SETTINGS = {
 
 # Web serving: HTTP and websockets may sit on different ports (see README).
 FAULTLINE_WS_PORT = env_int("FAULTLINE_WS_PORT", 0, minimum=0)
+# Reverse proxies whose X-Forwarded-For (and, to gunicorn, X-Forwarded-Proto) are believed;
+# none by default: a client sets those headers freely (faultline.client).
+TRUSTED_PROXIES = env_networks("FAULTLINE_TRUSTED_PROXIES")
 WS_MAX_PER_USER = env_int("FAULTLINE_WS_MAX_PER_USER", 20, minimum=1)  # open sockets a user
 
 # /metrics (faultline.scrape): a Bearer token, or client addresses allowed without one.

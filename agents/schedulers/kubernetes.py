@@ -128,7 +128,7 @@ class Kubernetes:
                 [*mark, f"{ANNOTATION}={contract.reason_text(action)}"],
             ]
         if kind in (contract.DRAIN_NODE, contract.QUARANTINE_NODE):
-            timeout = int(contract.params_of(action).get("drain_timeout_s") or 300)
+            timeout = contract.drain_timeout_s(contract.params_of(action))
             cmds = [
                 ["kubectl", "cordon", node],
                 [*mark, f"{ANNOTATION}={contract.reason_text(action)}"],
@@ -242,8 +242,14 @@ class Kubernetes:
 
         code: int | None = 0
         drain: dict[str, Any] = {}
-        for argv in self._commands(action, node):
-            ran = runner(*argv)
+        try:
+            commands = self._commands(action, node)
+        except ValueError as exc:  # a param the executor should have refused already
+            return contract.result("error", f"refused: {exc}", **common)
+        for argv in commands:
+            # kubectl drain stops itself at --timeout; the runner must not kill it first.
+            wait = contract.drain_timeout_s(params) + 30 if argv[1] == "drain" else None
+            ran = runner(*argv, timeout_s=max(wait, runner.timeout_s) if wait else None)
             removing = argv[-1].endswith("-")
             if ran.argv[1] == "drain":
                 drain = parse_drain(ran.out, node)

@@ -8,7 +8,8 @@ import this package (`from console import actions`); the submodules import each 
 never this package, so the package has no import cycles:
 
     audit, errors        the audit log writer; the refusals every verb raises
-    accounts             the role an SSO identity holds, set at each sign-in
+    accounts             the role an SSO identity holds, set at each sign-in; an admin's
+                         edits of users and roles (the admin site)
     incidents            acknowledge, assign, comment (people)
     diagnosis            findings folded into incidents, settle and reopen (the engine)
     groups               a group's serving SLO overrides and recovery objectives
@@ -24,6 +25,7 @@ never this package, so the package has no import cycles:
                          incidents and for node incidents (the sweep)
     breaker              the automation circuit breaker
     paging               silences, escalation policies, notification channels
+    alertmanager         Alertmanager's alerts as evidence, node incidents and GPU faults
     notifications        which pages are due; each delivered at most once
 
 It must not read telemetry (console.queries, console.snapshots) beyond what a decision
@@ -32,7 +34,14 @@ needs, render anything, or import views, tasks or ingest.
 
 from __future__ import annotations
 
-from console.actions.accounts import record_sso_sign_in
+from console.actions.accounts import (
+    delete_user,
+    record_password_change,
+    record_sso_sign_in,
+    save_user,
+    set_role,
+)
+from console.actions.alertmanager import latch_alert_faults, record_alertmanager
 from console.actions.audit import actor_name, audit
 from console.actions.breaker import breaker_payload, set_breaker
 from console.actions.conditions import open_condition, settle_conditions
@@ -119,6 +128,7 @@ __all__ = [
     "create_silence",
     "deadline_of",
     "delete_escalation_policy",
+    "delete_user",
     "deliver",
     "dispatch_action",
     "dispatch_for_node",
@@ -126,6 +136,7 @@ __all__ = [
     "expire_silence",
     "freeze_policies",
     "isolate_gpu",
+    "latch_alert_faults",
     "latch_condition",
     "latch_fault",
     "mark_node",
@@ -137,10 +148,12 @@ __all__ = [
     "propose_action",
     "propose_returns",
     "record_action_result",
+    "record_alertmanager",
     "record_diagnosis",
     "record_ended_generation",
     "record_incident_costs",
     "record_located",
+    "record_password_change",
     "record_repair_evidence",
     "record_sso_sign_in",
     "remediate",
@@ -150,11 +163,13 @@ __all__ = [
     "route_waiting",
     "save_channel",
     "save_escalation_policy",
+    "save_user",
     "schedule_due",
     "set_breaker",
     "set_group_objectives",
     "set_group_slo",
     "set_node_health",
+    "set_role",
     "settle_conditions",
     "settle_fleet_silence",
     "vote_on_action",

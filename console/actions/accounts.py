@@ -1,8 +1,12 @@
-"""Single sign-on's one write: the role an IdP identity holds, set at each sign-in, audited.
+"""Console accounts: the role an SSO identity holds at each sign-in, and an admin's edits
+of users and roles through /admin/, each audited.
 
-faultline.sso decides the role from the IdP's groups; this verb applies it (Membership,
-and Django's staff/superuser flags for admins, demotion included) and writes the
-`sso_login` audit row naming the SSO identity. It must not create or touch local accounts.
+faultline.sso decides an SSO user's role from the IdP's groups; `record_sso_sign_in` applies
+it and writes the `sso_login` row. The admin's user and role forms (console/admin.py) save
+through `save_user`, `delete_user`, `set_role` and `record_password_change`, so every such
+edit has an audit row naming the admin, in the same transaction. A role is a Membership
+plus Django's staff/superuser flags, kept in step here (admin <=> superuser): the admin
+forms never set those flags directly. Passwords and their hashes are never recorded.
 """
 
 from __future__ import annotations
@@ -12,9 +16,98 @@ from typing import Any
 
 from django.db import transaction
 
-from console.actions.audit import actor_name, audit
+from console.actions.audit import actor_name, audit, role_refused
+from console.actions.errors import NotAllowed
+from console.choices import UserRole
 from console.models import Membership
-from console.roles import Actor
+from console.roles import Actor, has_role, role_of
+
+# What an audit row may show of a user's fields; anything else (the password) is named only.
+_SHOWN = ("username", "first_name", "last_name", "email", "is_active")
+
+
+def _flags(user: Any, role: str) -> list[str]:
+    """Django's staff and superuser flags follow the role (the admin site is the admins')."""
+    admin = role == UserRole.ADMIN
+    if user.is_staff == admin and user.is_superuser == admin:
+        return []
+    user.is_staff = user.is_superuser = admin
+    return ["is_staff", "is_superuser"]
+
+
+def _admin_only(actor: Actor, what: str) -> None:
+    if not has_role(actor, UserRole.ADMIN):
+        raise role_refused(actor, what, UserRole.ADMIN)
+
+
+@transaction.atomic
+def save_user(*, actor: Actor, user: Any, changed: list[str], created: bool, now: datetime) -> None:
+    """An admin added or edited a user (the admin site's form, already validated)."""
+    _admin_only(actor, "editing users")
+    user.save()
+    if created:
+        Membership.objects.get_or_create(user=user, defaults={"role": UserRole.VIEWER})
+    fields = sorted(set(changed) - {"password1", "password2", "usable_password"})
+    audit(
+        actor=actor_name(actor),
+        verb="user.created" if created else "user.changed",
+        obj=user,
+        object_type="user",
+        reason=f"{'added' if created else 'changed'} in the admin site",
+        data={"fields": fields, "values": {f: getattr(user, f) for f in fields if f in _SHOWN},
+              "role": role_of(user)},
+        now=now,
+    )  # fmt: skip
+
+
+@transaction.atomic
+def delete_user(*, actor: Actor, user: Any, now: datetime) -> None:
+    _admin_only(actor, "deleting users")
+    if user.pk == getattr(actor, "pk", None):
+        raise NotAllowed("an admin cannot delete their own account")
+    audit(actor=actor_name(actor), verb="user.deleted", obj=user, object_type="user",
+          reason="deleted in the admin site",
+          data={"username": user.get_username(), "role": role_of(user)}, now=now)  # fmt: skip
+    user.delete()
+
+
+@transaction.atomic
+def record_password_change(*, actor: Actor, user: Any, now: datetime) -> None:
+    """An admin set (or disabled) a user's password; the form saved it. Never the value."""
+    _admin_only(actor, "setting passwords")
+    audit(actor=actor_name(actor), verb="user.password_changed", obj=user, object_type="user",
+          reason="password set in the admin site",
+          data={"usable": user.has_usable_password()}, now=now)  # fmt: skip
+
+
+def role_change_problem(user: Any, role: str) -> str | None:
+    """Why `user` may not be given `role` now (None when it may): an unknown role, or the
+    last active admin losing the role (nobody could give it back)."""
+    if role not in UserRole.values:
+        return f"role must be one of {', '.join(UserRole.values)}, got {role!r}"
+    fresh = type(user).objects.get(pk=user.pk)  # not the form's copy with the role already set
+    if role_of(fresh) == UserRole.ADMIN and role != UserRole.ADMIN:
+        others = type(user).objects.filter(is_superuser=True, is_active=True).exclude(pk=user.pk)
+        if not others.exists():
+            return f"{user.get_username()} is the last admin; make another admin first"
+    return None
+
+
+@transaction.atomic
+def set_role(*, actor: Actor, user: Any, role: str, now: datetime) -> None:
+    """An admin gives a user a role: the Membership and the staff/superuser flags, audited."""
+    _admin_only(actor, "changing roles")
+    problem = role_change_problem(user, role)
+    if problem is not None:
+        raise NotAllowed(problem)
+    before = role_of(type(user).objects.get(pk=user.pk))
+    Membership.objects.update_or_create(user=user, defaults={"role": role})
+    flags = _flags(user, role)
+    if flags:
+        user.save(update_fields=flags)
+    audit(actor=actor_name(actor), verb="user.role", obj=user, object_type="user",
+          reason=f"role {before} -> {role} in the admin site",
+          data={"before": before, "after": role}, now=now)  # fmt: skip
 
 
 @transaction.atomic
@@ -30,10 +123,9 @@ def record_sso_sign_in(
 ) -> None:
     """`actor` is the SSO user signing in (they act on their own account)."""
     user: Any = actor
-    admin = role == "admin"
-    if user.is_staff != admin or user.is_superuser != admin:
-        user.is_staff = user.is_superuser = admin
-        user.save(update_fields=["is_staff", "is_superuser"])
+    flags = _flags(user, role)
+    if flags:
+        user.save(update_fields=flags)
     Membership.objects.update_or_create(user=user, defaults={"role": role})
     audit(
         actor=actor_name(actor),

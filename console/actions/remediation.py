@@ -93,14 +93,22 @@ def agent_payload(action: Action) -> AgentAction:
     """
     if action.dry_run:
         raise RemediationError(f"action {action.pk} is a dry run; it is never sent to an agent")
-    return {
+    payload: AgentAction = {
         "id": action.pk,
         "kind": action.kind,
         "target": action.target,
         "group": action.group.name if action.group else None,
         "generation": action.generation,
-        "params": {**action.params, "reason": action.reason[:200], "dry_run": False},
+        "params": {
+            **action.params,
+            "reason": action.reason[: contract.REASON_CHARS],
+            "dry_run": False,
+        },
     }
+    deadline = deadline_of(action)
+    if deadline is not None:  # signed with the rest: the node refuses the action after it
+        payload["deadline"] = contract.deadline_text(deadline)
+    return payload
 
 
 def _publish(action: Action) -> None:
@@ -169,6 +177,18 @@ def scheduler_params(
     return out
 
 
+def _check_reason(reason: str) -> None:
+    """A person's reason travels to the node as params.reason: refuse now, at proposal,
+    what the node's executor would refuse after the approvals (agents/actions_contract)."""
+    problem = contract.value_problem("reason", reason[: contract.REASON_CHARS])
+    if problem is not None:
+        what = problem.removeprefix("param 'reason' ")
+        raise RemediationError(
+            f"reason {what}: the node would refuse the action after its approvals; "
+            "write the reason on one line"
+        )
+
+
 # -- the verbs ------------------------------------------------------------------------------
 
 
@@ -199,6 +219,10 @@ def propose_action(
         raise RemediationError(f'unknown action kind "{kind}"; known: {known}') from None
     if len(reason.strip()) < 3:
         raise RemediationError("a proposal needs a reason: say what it fixes")
+    if actor is None:
+        reason = contract.one_line(reason)  # a rule's wording never fails on the node
+    else:
+        _check_reason(reason.strip())
     incident = None
     if incident_id is not None:
         incident = Incident.objects.select_related("group").filter(pk=incident_id).first()

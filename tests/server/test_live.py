@@ -112,3 +112,97 @@ def test_it_caps_the_sockets_one_user_holds_open(cast, settings):
             await comm.disconnect()
 
     asyncio.run(run())
+
+
+# -- a socket lives no longer than its login session ----------------------------------------
+
+
+def _in_thread(fn):
+    """Run `fn` in asgiref's worker thread and close that thread's database connection
+    after (the test database is dropped at the end of the run)."""
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    return sync_to_async(call)
+
+
+def _logged_in(user):
+    """A browser's login: the test client holding the session, and the session as the
+    websocket's scope carries it."""
+    from importlib import import_module
+
+    from django.conf import settings
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(user)
+    store = import_module(settings.SESSION_ENGINE).SessionStore(browser.session.session_key)
+    return browser, store
+
+
+async def _socket(user, session) -> WebsocketCommunicator:
+    comm = await _connect("/ws/live/fleet/", user)
+    comm.scope["session"] = session
+    assert (await comm.connect())[0]
+    assert (await comm.receive_json_from())["type"] == "hello"
+    return comm
+
+
+def test_logging_out_closes_that_sessions_sockets_and_not_another_sessions(cast):
+    from asgiref.sync import sync_to_async
+
+    async def run():
+        browser, session = await _in_thread(_logged_in)(cast["viewer"])
+        _, other_session = await _in_thread(_logged_in)(cast["viewer"])
+        mine = await _socket(cast["viewer"], session)
+        other = await _socket(cast["viewer"], other_session)
+        response = await _in_thread(browser.post)("/logout/")
+        assert response.status_code == 302
+        closed = await mine.receive_output(timeout=5)
+        assert closed == {"type": "websocket.close", "code": 4401}
+        await sync_to_async(live.publish)(events.FLEET, "node.changed", {"name": "n1"})
+        assert (await other.receive_json_from(timeout=5))["type"] == "node.changed"
+        await other.disconnect()
+        await _in_thread(lambda: None)()  # the consumer's session reads used that thread
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("how", ["flushed", "password", "deactivated"])
+def test_a_socket_whose_session_ended_elsewhere_gets_no_further_event(cast, how, monkeypatch):
+    from asgiref.sync import sync_to_async
+
+    from console import consumers
+
+    monkeypatch.setattr(consumers, "SESSION_RECHECK_S", 0.0)
+    user = cast["operator"]
+    held = {}
+
+    def end() -> None:
+        if how == "flushed":
+            held["session"].delete()  # an admin cleared sessions; the cookie's age ran out
+        elif how == "password":
+            user.set_password("a-new-password-456")
+            user.save()
+        else:
+            user.is_active = False
+            user.save()
+
+    async def run():
+        _, held["session"] = await _in_thread(_logged_in)(user)
+        comm = await _socket(user, held["session"])
+        await sync_to_async(live.publish)(events.FLEET, "node.changed", {"name": "n0"})
+        assert (await comm.receive_json_from(timeout=5))["data"] == {"name": "n0"}
+        await _in_thread(end)()
+        await sync_to_async(live.publish)(events.FLEET, "node.changed", {"name": "n1"})
+        closed = await comm.receive_output(timeout=5)
+        assert closed == {"type": "websocket.close", "code": 4401}
+        await _in_thread(lambda: None)()  # the consumer's session reads used that thread
+
+    asyncio.run(run())

@@ -9,6 +9,8 @@ refused; the local admin account still signs in with its password (break-glass).
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -101,3 +103,38 @@ def test_it_keeps_the_local_admin_for_break_glass(
     page = browser.new_page()
     login(page, sso_service, ADMIN)
     assert page.get_attribute("body", "data-role") == "admin"
+
+
+def _set_claims(provider: str, sub: str, claims: dict[str, Any]) -> None:
+    body = json.dumps(claims).encode()
+    request = urllib.request.Request(f"{provider}/users/{sub}", data=body, method="PUT",
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10):
+        pass
+
+
+def test_an_identity_is_one_account_whatever_username_it_claims_later(
+    browser: Any,  # noqa: F811
+    sso_service: Service,
+    provider: str,
+) -> None:
+    """Alice renamed at the IdP signs in to the same account; mallory, now claiming the
+    username "alice", gets an account of her own with her own (lower) role."""
+    _set_claims(provider, "8c1e2f3a-alice", {"preferred_username": "alice.renamed",
+                                             "groups": ["gpu-sre", "gpu-sre-leads"]})  # fmt: skip
+    page = browser.new_context().new_page()
+    sso_login(page, sso_service, "8c1e2f3a-alice")
+    page.wait_for_url(sso_service.url + "/")
+    assert "sso:alice" in page.inner_text(".who") and "renamed" not in page.inner_text(".who")
+    _set_claims(provider, "5d0b-mallory", {"preferred_username": "alice",
+                                           "groups": ["gpu-sre"]})  # fmt: skip
+    page = browser.new_context().new_page()
+    sso_login(page, sso_service, "5d0b-mallory")
+    page.wait_for_url(sso_service.url + "/")
+    assert page.get_attribute("body", "data-role") == "operator"
+    assert "sso:alice~" in page.inner_text(".who")
+    audit = sso_service.api("/api/v1/audit/?verb=sso_login")
+    rows = audit["results"] if isinstance(audit, dict) else audit
+    subs = {r["data"]["sub"]: r["actor"] for r in rows}
+    assert subs["8c1e2f3a-alice"] == "sso:alice"
+    assert subs["5d0b-mallory"].startswith("sso:alice~")

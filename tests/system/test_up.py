@@ -313,3 +313,19 @@ def test_every_shipped_web_server_keeps_agent_connections_longer_than_a_send_int
         joined = " ".join(command)
         assert " ".join(WEB_KEEPALIVE) in joined, joined
     assert float(WEB_KEEPALIVE[WEB_KEEPALIVE.index("--keep-alive") + 1]) > MAX_SEND_INTERVAL_S
+
+
+@slow
+def test_it_refuses_to_start_with_a_weak_first_admin_password(tmp_path: Path) -> None:
+    env = {**service_env(tmp_path), "FAULTLINE_ADMIN_PASSWORD": "password123"}
+    port = free_port()
+    done = subprocess.run(
+        [str(BIN / "faultline"), "up", "--port", str(port), "--ws-port",
+         str(free_port(avoid=frozenset({port}))), "--data-dir", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout[-2000:]
+    assert "FAULTLINE_ADMIN_PASSWORD is refused for admin: This password is too common." in (
+        done.stdout
+    )
+    assert not (tmp_path / "runtime.json").exists()

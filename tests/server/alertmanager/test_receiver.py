@@ -12,21 +12,9 @@ import pytest
 from console.models import AuditLog, ExternalAlert, HealthEvent, Incident
 from tests.conftest import iso, make_batch
 
+from .conftest import GPU, NODE, TOKEN
+
 pytestmark = pytest.mark.django_db
-
-TOKEN = "am-secret-token-1234567890"
-NODE, GPU = "gpu-node-7", "GPU-7f3a-0003"
-
-
-@pytest.fixture(autouse=True)
-def token(settings):
-    settings.ALERTMANAGER_TOKEN = TOKEN
-
-
-@pytest.fixture
-def inventory(post_batch):
-    sample = {"kind": "device_sample", "gpu": GPU, "index": 3, "temp_c": 55.0}
-    assert post_batch(make_batch([sample], node=NODE)).status_code == 202
 
 
 def alert(status: str = "firing", *, fp: str = "a1b2c3", start: datetime | None = None,

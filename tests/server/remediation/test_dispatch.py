@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 
@@ -39,6 +40,8 @@ def test_it_dispatches_an_approved_action_with_the_agent_shape(pool, propose, vo
             "group": None,
             "generation": None,
             "params": {"node": "n-04", "reason": "xid 79 storm", "dry_run": False},
+            # The service fails the action then; the node refuses it from then on.
+            "deadline": (now + timedelta(seconds=900)).isoformat().replace("+00:00", "Z"),
         },
     ]
     assert Action.objects.get(pk=action.pk).state == "dispatched"
