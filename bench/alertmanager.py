@@ -101,13 +101,13 @@ def _deliver(client: object, alerts: list[dict[str, object]], status: str) -> tu
                        "receiver": "faultline", "alerts": alerts})  # fmt: skip
     count = [0]
 
-    def counted(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+    def counted(execute, sql, params, many, context):  # type: ignore[no-untyped-def]  # Django's execute_wrapper hook signature, untyped upstream
         count[0] += 1
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(counted):
         t0 = time.perf_counter()
-        response = client.post(  # type: ignore[attr-defined]
+        response = client.post(  # type: ignore[attr-defined]  # django.test.Client built after setup(), typed object here
             "/api/v1/alertmanager", body, content_type="application/json",
             HTTP_AUTHORIZATION=f"Bearer {TOKEN}",
         )  # fmt: skip
@@ -142,7 +142,7 @@ def main() -> None:
             print(f"  {label:15s} {wall:7.2f} s  {queries:7d} queries")
     finally:
         if embedded is not None:
-            embedded.stop()  # type: ignore[attr-defined]
+            embedded.stop()  # type: ignore[attr-defined]  # Embedded returned by the bench's own start helper, typed object
 
 
 if __name__ == "__main__":

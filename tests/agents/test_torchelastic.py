@@ -38,7 +38,7 @@ class Capture:
 
         self.rep = Reporter(socket_path="/nonexistent/faultline.sock", **kw)
         self.records: list[dict[str, Any]] = []
-        self.rep._send = self.records.append  # type: ignore[method-assign]
+        self.rep._send = self.records.append  # type: ignore[method-assign]  # captures what the reporter would send
 
     def kinds(self) -> list[tuple[Any, ...]]:
         return [(r["kind"], r.get("event") or r.get("to_state"), r["generation"])

@@ -132,8 +132,8 @@ def test_install_wraps_the_managers_calls_once_and_keeps_their_answers(
     sent: Sent,
 ) -> None:
     module = types.SimpleNamespace(Manager=type("M", (Manager,), {}))
-    ft.install(module)  # type: ignore[arg-type]
-    ft.install(module)  # type: ignore[arg-type]
+    ft.install(module)  # type: ignore[arg-type]  # a stand-in module, not torchft
+    ft.install(module)  # type: ignore[arg-type]  # a stand-in module, not torchft
     m = module.Manager()
     m.start_quorum()
     m._quorum_id, m._participants = 1, 2
@@ -146,12 +146,12 @@ def test_install_wraps_the_managers_calls_once_and_keeps_their_answers(
 
 def test_a_failing_report_never_reaches_the_training_loop(sent: Sent) -> None:
     module = types.SimpleNamespace(Manager=type("M", (Manager,), {}))
-    ft.install(module)  # type: ignore[arg-type]
+    ft.install(module)  # type: ignore[arg-type]  # a stand-in module, not torchft
     m = module.Manager()
 
     def broken() -> int:
         raise RuntimeError("the Manager's internals moved")
 
-    m.num_participants = broken  # type: ignore[method-assign]
+    m.num_participants = broken  # type: ignore[method-assign]  # a broken method on purpose
     assert m.should_commit() is True
     assert sent.records == []

@@ -100,6 +100,7 @@ def test_it_shows_a_real_agents_eight_gpus_through_the_rest_api(service):
     assert any(a["node"] == "node-api" and a["batches"] >= 1 for a in agents)
 
 
+@slow
 def test_it_runs_the_service_as_a_role_that_may_only_append_to_the_audit_log(service):
     import json
 

@@ -42,7 +42,7 @@ def test_a_time_without_a_zone_is_utc(client: Any, inventory: Any) -> None:
 def test_an_xid_code_that_is_no_whole_code_is_a_400_naming_it(
     client: Any, inventory: Any, code: str
 ) -> None:
-    response = deliver(client, alert(instance=f"{NODE}:9100"), xid_alert(code=code))  # type: ignore[arg-type]
+    response = deliver(client, alert(instance=f"{NODE}:9100"), xid_alert(code=code))  # type: ignore[arg-type]  # a code of the wrong type on purpose
     assert response.status_code == 400, response.content
     assert response.json()["detail"].startswith("alertmanager: alerts[1].labels.err_code must be")
     assert _nothing_stored() and not HealthEvent.objects.filter(kind="fault").exists()
@@ -53,7 +53,7 @@ def test_an_xid_code_that_is_no_whole_code_is_a_400_naming_it(
 def test_a_whole_xid_code_in_any_number_form_latches(
     client: Any, inventory: Any, code: str, latched: int | None
 ) -> None:
-    assert deliver(client, xid_alert(code=code)).status_code == 200  # type: ignore[arg-type]
+    assert deliver(client, xid_alert(code=code)).status_code == 200  # type: ignore[arg-type]  # a code of the wrong type on purpose
     assert ExternalAlert.objects.get().xid == latched
     faults = HealthEvent.objects.filter(kind="fault", gpu=GPU)
     assert [e.evidence["code"] for e in faults] == ([latched] if latched else [])
@@ -135,6 +135,6 @@ def test_a_delivery_with_one_bad_alert_stores_none_of_its_good_ones(
 ) -> None:
     start = datetime.now(UTC) - timedelta(minutes=1)
     good = [alert(instance=f"{NODE}:9100", fp=f"fp{i}", start=start) for i in range(5)]
-    response = deliver(client, *good, xid_alert(code="inf"))  # type: ignore[arg-type]
+    response = deliver(client, *good, xid_alert(code="inf"))  # type: ignore[arg-type]  # a code of the wrong type on purpose
     assert response.status_code == 400
     assert _nothing_stored()
