@@ -148,9 +148,14 @@ def step_scale(
         if median <= 0:
             return None
         limit = median * STRAGGLER_RATIO
+    # Rounded once here, so the figures the page shows keep the span rule exactly; the range
+    # is widened outward to the tenth so it still holds every value.
+    median, limit = round(median, 1), round(limit, 1)
+    if limit <= median:
+        return None
     span = limit - median
-    zmin = min(median - span, data[0])
-    zmax = max(limit + span, data[-1])
+    zmin = math.floor(min(median - span, data[0]) * 10) / 10
+    zmax = math.ceil(max(limit + span, data[-1]) * 10) / 10
 
     def at(v: float) -> float:
         return round((v - zmin) / (zmax - zmin), 4)
@@ -158,10 +163,10 @@ def step_scale(
     colours = [[0.0, SCALE_COLOURS[0]], [at(median), SCALE_COLOURS[1]],
                [at(limit), SCALE_COLOURS[2]], [1.0, SCALE_COLOURS[3]]]  # fmt: skip
     return {
-        "median_ms": round(median, 1),
-        "limit_ms": round(limit, 1),
-        "zmin": round(zmin, 1),
-        "zmax": round(zmax, 1),
+        "median_ms": median,
+        "limit_ms": limit,
+        "zmin": zmin,
+        "zmax": zmax,
         "colorscale": colours,
         "rho_max": round(max(limit / median, 1.0) + span / median, 3),
         "source": source,

@@ -64,7 +64,7 @@ def test_it_shows_g_serve_versions_and_workers_and_updates_live(browser, service
 
     assert page.evaluate("window.__noReload") is True
     assert page.locator("#worker-rows tr[data-worker]").count() == 3
-    assert "TTFT ≤ 2000" in page.inner_text("#slo-note")
+    assert "TTFT ≤ 2,000 ms" in page.inner_text("#slo-note")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "serving.png"), full_page=True)
     assert errors == []

@@ -36,8 +36,13 @@ def real_drill(test):
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    work = tmp_path_factory.mktemp("drill")
+def drill_work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("drill")
+
+
+@pytest.fixture(scope="module")
+def quick_run(drill_work: Path) -> dict[str, dict]:
+    work = drill_work
     out = work / "drill.json"
     proc = subprocess.run(
         [str(BIN / "faultline"), "drill", "--quick", "--json", str(out),
@@ -52,9 +57,19 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     return {row["drill"]: row for row in rows}
 
 
-def _alive_pids(pattern: str) -> list[str]:
+def _alive_pids(pattern: str, under: Path) -> list[str]:
+    """This run's processes matching `pattern`: those whose command line names a path under
+    the run's directory (another test's drill may run beside this one)."""
     out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
-    return out.stdout.split()
+    mine = []
+    for pid in out.stdout.split():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        if any(str(under).encode() in arg for arg in argv):
+            mine.append(pid)
+    return mine
 
 
 @real_drill
@@ -131,11 +146,14 @@ def test_it_flags_the_mismatched_canary_and_blames_no_healthy_worker(quick_run) 
 
 
 @real_drill
-def test_it_leaves_no_rank_agent_or_server_behind(quick_run: dict[str, dict]) -> None:
+def test_it_leaves_no_rank_agent_or_server_behind(
+    quick_run: dict[str, dict], drill_work: Path
+) -> None:
     assert quick_run  # the run finished
-    assert _alive_pids("faultline.drill.trainer") == []
-    assert _alive_pids("faultline.drill.serving_loop") == []
-    assert _alive_pids("drill-node") == []
+    assert _alive_pids("faultline.drill.trainer", drill_work) == []
+    assert _alive_pids("faultline.drill.serving_loop", drill_work) == []
+    assert _alive_pids("drill-node", drill_work) == []
+    assert _alive_pids("faultline", drill_work) == []  # its service, Postgres and Valkey
 
 
 def test_it_renders_one_table_row_and_one_markdown_row_per_drill() -> None:
