@@ -190,7 +190,8 @@ def test_it_revives_its_embedded_valkey_and_keeps_serving(tmp_path: Path):
             return body["ready"] and new_pid != pid and said
 
         # The supervisor says so once its PING succeeds, which can be just after /readyz does.
-        wait_for(ready_again, 30, "a revived Valkey, /readyz and the supervisor saying so")
+        # 30 s each was too short beside a drill on the other worker (CI, 2 cores).
+        wait_for(ready_again, 60, "a revived Valkey, /readyz and the supervisor saying so")
         svc.start_agent("node-after-valkey")
         wait_for(
             lambda: len(svc.api("/api/v1/devices/?node=node-after-valkey")["results"]) == 8,
