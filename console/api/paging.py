@@ -1,7 +1,8 @@
 """REST for paging configuration: silences, escalation policies, notification channels.
 
-Thin adapters: validate with a serializer, call one console.actions verb, render. A
-refusal is raised and becomes JSON `{"error": ...}` in console/api/errors.py.
+Thin adapters: validate with a serializer, call one console.actions verb, render. The
+verbs ask the permission table; a refusal is raised and becomes JSON `{"error": ...}` in
+console/api/errors.py. Only reading channels is gated here (they hold secrets).
 """
 
 from __future__ import annotations
@@ -11,29 +12,25 @@ from typing import Any
 from django.db.models import QuerySet
 from django.utils import timezone
 from rest_framework import generics, serializers
-from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console import actions
 from console.actions import notifications
-from console.api.actions import by_method
-from console.api.permissions import IsAdmin, IsOperator
+from console.api.permissions import sees
 from console.api.remediation_serializers import (
     ChannelSerializer,
     PolicySerializer,
     SilenceSerializer,
 )
 from console.models import EscalationPolicy, NotificationChannel, Silence
+from console.policy.roles import Permission
 
 
 class SilenceList(generics.ListCreateAPIView):
     """Silences (viewer+ read, operator+ create; at most 72 h, reason required)."""
 
     serializer_class = SilenceSerializer
-
-    def get_permissions(self) -> list[BasePermission]:
-        return by_method(self.request, IsOperator)
 
     def get_queryset(self) -> QuerySet[Silence]:
         return Silence.objects.select_related("created_by")
@@ -59,9 +56,6 @@ class SilenceDetail(generics.RetrieveDestroyAPIView):
 
     serializer_class = SilenceSerializer
 
-    def get_permissions(self) -> list[BasePermission]:
-        return by_method(self.request, IsOperator)
-
     def get_queryset(self) -> QuerySet[Silence]:
         return Silence.objects.select_related("created_by")
 
@@ -76,9 +70,6 @@ class PolicyList(generics.ListCreateAPIView):
     serializer_class = PolicySerializer
     queryset = EscalationPolicy.objects.all()
 
-    def get_permissions(self) -> list[BasePermission]:
-        return by_method(self.request, IsAdmin)
-
     def post(self, request: Request) -> Response:
         data = PolicySerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -91,9 +82,6 @@ class PolicyList(generics.ListCreateAPIView):
 class PolicyDetail(generics.RetrieveUpdateDestroyAPIView):
     serializer_class = PolicySerializer
     queryset = EscalationPolicy.objects.all()
-
-    def get_permissions(self) -> list[BasePermission]:
-        return by_method(self.request, IsAdmin)
 
     def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         row = self.get_object()
@@ -115,7 +103,7 @@ class ChannelList(generics.ListCreateAPIView):
 
     serializer_class = ChannelSerializer
     queryset = NotificationChannel.objects.all()
-    permission_classes = [IsAdmin]
+    permission_classes = [sees(Permission.MANAGE_CHANNELS)]
 
     def post(self, request: Request) -> Response:
         data = ChannelSerializer(data=request.data)
@@ -139,7 +127,7 @@ class ChannelDetail(generics.GenericAPIView):
     """One channel (admin): GET, PATCH kind/url/enabled/secret (audited, secret never shown)."""
 
     serializer_class = ChannelSerializer
-    permission_classes = [IsAdmin]
+    permission_classes = [sees(Permission.MANAGE_CHANNELS)]
     lookup_field = "name"
 
     def get(self, request: Request, name: str) -> Response:
@@ -161,7 +149,6 @@ class ChannelEnable(generics.GenericAPIView):
     """POST .../disable/ or .../enable/ (admin, audited; optional reason)."""
 
     serializer_class = ChannelSerializer
-    permission_classes = [IsAdmin]
     enabled = True
 
     def post(self, request: Request, name: str) -> Response:
@@ -176,7 +163,6 @@ class ChannelRotateSecret(generics.GenericAPIView):
     """POST .../rotate-secret/ (admin): the new secret is in this answer only."""
 
     serializer_class = ChannelRotate
-    permission_classes = [IsAdmin]
 
     def post(self, request: Request, name: str) -> Response:
         data = ChannelRotate(data=request.data)
