@@ -20,6 +20,8 @@ SLOW_GROUP = "processes"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.has_plugin("xdist"):  # -p no:xdist: no groups to place
+        return
     for item in items:
         if item.get_closest_marker("slow") is not None:
             item.add_marker(pytest.mark.xdist_group(SLOW_GROUP))
