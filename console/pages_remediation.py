@@ -47,6 +47,11 @@ def vote(request: HttpRequest, pk: int) -> HttpResponse:
     decision = request.POST.get("decision")
     if decision not in ("approve", "reject"):
         return HttpResponse('decision must be "approve" or "reject"', status=400)
+    needed = Permission.APPROVE if decision == "approve" else Permission.REJECT
+    try:  # the verb's own table entry, asked before any lookup (a forced POST: 403)
+        actions.require(request.user, needed)
+    except actions.NotAllowed as exc:
+        return HttpResponseForbidden(str(exc))
     try:
         outcome = actions.vote_on_action(
             action_id=pk,

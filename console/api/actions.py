@@ -1,8 +1,9 @@
 """REST for remediation actions: list, propose, approve, reject, cancel, abandon.
 
-Thin adapters: validate with a serializer, call one console.actions verb, render. Any
-signed-in viewer reaches a write; the verb asks the permission table. A refusal is raised
-and becomes JSON `{"error": ...}` in console/api/errors.py (NotAllowed: 403).
+Thin adapters: validate with a serializer, call one console.actions verb, render. Each
+view names the table's Permission its verb needs (refused before validation: a caller
+below it learns nothing from a 400 or 404); the verb asks the table again and decides.
+A refusal is raised and becomes JSON `{"error": ...}` in console/api/errors.py.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics
 from rest_framework.exceptions import ValidationError
+from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console import actions
+from console.api.permissions import allows
 from console.api.remediation_serializers import (
     ActionSerializer,
     DecisionOut,
@@ -25,6 +28,7 @@ from console.api.remediation_serializers import (
 )
 from console.choices import ACTION_STATES
 from console.models import Action
+from console.policy.roles import Permission
 
 
 def actions_with_votes() -> QuerySet[Action]:
@@ -44,6 +48,7 @@ class ActionList(generics.ListCreateAPIView):
     """List actions (viewer+), or propose one (the table: operator+)."""
 
     serializer_class = ActionSerializer
+    permission_classes = [allows(write=Permission.PROPOSE)]
 
     def get_queryset(self) -> QuerySet[Action]:
         qs = actions_with_votes()
@@ -88,6 +93,9 @@ class ActionVote(APIView):
 
     approve = True
 
+    def get_permissions(self) -> list[BasePermission]:
+        return [allows(write=Permission.APPROVE if self.approve else Permission.REJECT)()]
+
     @extend_schema(request=ReasonIn, responses={200: DecisionOut})
     def post(self, request: Request, pk: int) -> Response:
         data = ReasonIn(data=request.data)
@@ -123,6 +131,7 @@ class _ReasonedDecision(APIView):
 class ActionCancel(_ReasonedDecision):
     """Cancel a proposed or approved action (the table: its proposer, or an admin)."""
 
+    permission_classes = [allows(write=Permission.CANCEL_OWN)]  # the verb: own or any
     verb = staticmethod(actions.cancel_action)
 
 
@@ -130,4 +139,5 @@ class ActionAbandon(_ReasonedDecision):
     """Give up on a dispatched action whose agent never reported (the table: admin): it
     fails, audited."""
 
+    permission_classes = [allows(write=Permission.ABANDON)]
     verb = staticmethod(actions.abandon_action)

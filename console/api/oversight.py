@@ -15,8 +15,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console import actions, remediation_queries
+from console.api.permissions import allows
 from console.api.remediation_serializers import AuditSerializer, BreakerIn, BreakerOut
 from console.models import AuditLog
+from console.policy.roles import Permission
 
 
 @extend_schema(
@@ -45,6 +47,9 @@ class AuditList(generics.ListAPIView):
 class Breaker(APIView):
     """The automation circuit breaker (the table: an operator opens it, an admin closes it;
     the verb refuses anyone else with NotAllowed, 403)."""
+
+    # Opening is the least a breaker change needs; the verb decides open or close.
+    permission_classes = [allows(write=Permission.OPEN_BREAKER)]
 
     @extend_schema(responses=BreakerOut)
     def get(self, request: Request) -> Response:

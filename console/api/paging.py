@@ -1,8 +1,10 @@
 """REST for paging configuration: silences, escalation policies, notification channels.
 
-Thin adapters: validate with a serializer, call one console.actions verb, render. The
-verbs ask the permission table; a refusal is raised and becomes JSON `{"error": ...}` in
-console/api/errors.py. Only reading channels is gated here (they hold secrets).
+Thin adapters: validate with a serializer, call one console.actions verb, render. Each
+view names the table's Permission for its writes (refused early, before validation); the
+verb asks the table again and decides. A refusal is raised and becomes JSON
+`{"error": ...}` in console/api/errors.py. Channels are not even read below
+manage_channels (they hold secrets).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from rest_framework.response import Response
 
 from console import actions
 from console.actions import notifications
-from console.api.permissions import sees
+from console.api.permissions import allows
 from console.api.remediation_serializers import (
     ChannelSerializer,
     PolicySerializer,
@@ -31,6 +33,7 @@ class SilenceList(generics.ListCreateAPIView):
     """Silences (viewer+ read, operator+ create; at most 72 h, reason required)."""
 
     serializer_class = SilenceSerializer
+    permission_classes = [allows(write=Permission.MANAGE_SILENCES)]
 
     def get_queryset(self) -> QuerySet[Silence]:
         return Silence.objects.select_related("created_by")
@@ -55,6 +58,7 @@ class SilenceDetail(generics.RetrieveDestroyAPIView):
     """Read a silence, or end it now (DELETE, operator+); the row is kept for the record."""
 
     serializer_class = SilenceSerializer
+    permission_classes = [allows(write=Permission.MANAGE_SILENCES)]
 
     def get_queryset(self) -> QuerySet[Silence]:
         return Silence.objects.select_related("created_by")
@@ -69,6 +73,7 @@ class PolicyList(generics.ListCreateAPIView):
 
     serializer_class = PolicySerializer
     queryset = EscalationPolicy.objects.all()
+    permission_classes = [allows(write=Permission.MANAGE_POLICIES)]
 
     def post(self, request: Request) -> Response:
         data = PolicySerializer(data=request.data)
@@ -82,6 +87,7 @@ class PolicyList(generics.ListCreateAPIView):
 class PolicyDetail(generics.RetrieveUpdateDestroyAPIView):
     serializer_class = PolicySerializer
     queryset = EscalationPolicy.objects.all()
+    permission_classes = [allows(write=Permission.MANAGE_POLICIES)]
 
     def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         row = self.get_object()
@@ -103,7 +109,7 @@ class ChannelList(generics.ListCreateAPIView):
 
     serializer_class = ChannelSerializer
     queryset = NotificationChannel.objects.all()
-    permission_classes = [sees(Permission.MANAGE_CHANNELS)]
+    permission_classes = [allows(read=Permission.MANAGE_CHANNELS)]
 
     def post(self, request: Request) -> Response:
         data = ChannelSerializer(data=request.data)
@@ -127,7 +133,7 @@ class ChannelDetail(generics.GenericAPIView):
     """One channel (admin): GET, PATCH kind/url/enabled/secret (audited, secret never shown)."""
 
     serializer_class = ChannelSerializer
-    permission_classes = [sees(Permission.MANAGE_CHANNELS)]
+    permission_classes = [allows(read=Permission.MANAGE_CHANNELS)]
     lookup_field = "name"
 
     def get(self, request: Request, name: str) -> Response:
@@ -149,6 +155,7 @@ class ChannelEnable(generics.GenericAPIView):
     """POST .../disable/ or .../enable/ (admin, audited; optional reason)."""
 
     serializer_class = ChannelSerializer
+    permission_classes = [allows(read=Permission.MANAGE_CHANNELS)]
     enabled = True
 
     def post(self, request: Request, name: str) -> Response:
@@ -163,6 +170,7 @@ class ChannelRotateSecret(generics.GenericAPIView):
     """POST .../rotate-secret/ (admin): the new secret is in this answer only."""
 
     serializer_class = ChannelRotate
+    permission_classes = [allows(read=Permission.MANAGE_CHANNELS)]
 
     def post(self, request: Request, name: str) -> Response:
         data = ChannelRotate(data=request.data)

@@ -1,11 +1,11 @@
 """DRF permissions from the permission table (console.policy.roles); anonymous callers are
 always refused.
 
-The API asks only whether the caller may read (`IsViewer`, the default), or see a thing
-only some roles may (`Sees`: notification channels hold secrets). Whether a change is
-allowed is the verb's to decide (console.actions asks the same table and raises
-NotAllowed, which console/api/errors.py answers with 403); views must not check roles
-for writes.
+A view names the Permission its read needs (`IsViewer`, the default: VIEW) and, for a
+write, the Permission the verb it calls asks the table for (`allows(write=...)`), so a
+caller below it is refused (403) before validation or a lookup tells them anything. The
+verb still decides (console.actions asks the same table, e.g. owner or not, and raises
+NotAllowed, which console/api/errors.py answers with 403); views never name a role.
 """
 
 from __future__ import annotations
@@ -25,14 +25,16 @@ class IsViewer(BasePermission):
         return allowed(request.user, Permission.VIEW)
 
 
-def sees(permission: Permission) -> type[BasePermission]:
-    """A permission class for reading what only `permission`'s holders may see; a write
-    needs only a viewer here, since the verb it calls asks the table itself."""
+def allows(
+    *, read: Permission = Permission.VIEW, write: Permission | None = None
+) -> type[BasePermission]:
+    """A permission class: reads need `read`; writes need `write` (default: `read`)."""
+    needed_to_write = write if write is not None else read
 
-    class Sees(BasePermission):
+    class Allows(BasePermission):
         def has_permission(self, request: Any, view: Any) -> bool:
             safe = request.method in SAFE_METHODS
-            return allowed(request.user, permission if safe else Permission.VIEW)
+            return allowed(request.user, read if safe else needed_to_write)
 
-    Sees.__name__ = f"Sees{permission.title().replace('_', '')}"
-    return Sees
+    Allows.__name__ = f"Allows{needed_to_write.title().replace('_', '')}"
+    return Allows

@@ -11,9 +11,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console import actions, serving
-from console.api.permissions import IsViewer
+from console.api.permissions import IsViewer, allows
 from console.diagnosis.records import SLO_KEYS
 from console.models import ConsistencyGroup
+from console.policy.roles import Permission
 
 SloSerializer = inline_serializer(
     name="Slo", fields={key: serializers.FloatField(required=False) for key in SLO_KEYS}
@@ -22,6 +23,8 @@ SloSerializer = inline_serializer(
 
 class GroupSlo(APIView):
     """GET the effective SLO; PUT replaces the overrides (operator+, audited)."""
+
+    permission_classes = [allows(write=Permission.SET_GROUP_OBJECTIVES)]
 
     @extend_schema(responses=SloSerializer)
     def get(self, request: Request, name: str) -> Response:
