@@ -1,9 +1,10 @@
 """Pages for remediation: the approvals queue and the audit log.
 
 Thin: read through console.remediation_queries, render, and for the vote and abandon forms
-call `console.actions.vote_on_action` / `abandon_action`. The server checks the role on
-every POST (a hidden button is not a permission) and Django's CSRF middleware guards the
-forms. The audit page is read-only.
+call `console.actions.vote_on_action` / `abandon_action`. The verbs check the permission
+table on every POST (a hidden button is not a permission; a refusal is a 403 here, a
+refused vote is audited and shown) and Django's CSRF middleware guards the forms.
+The audit page is read-only.
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from console import actions, remediation_queries
-from console.choices import UserRole
+from console.policy.roles import Permission
 from console.policy.votes import VoteRefused
-from console.roles import has_role
+from console.roles import allowed
 
 
 @login_required
 @require_GET
 def approvals(request: HttpRequest) -> HttpResponse:
-    can_vote = has_role(request.user, UserRole.APPROVER)
+    can_vote = allowed(request.user, Permission.APPROVE)
     return render(
         request,
         "console/approvals.html",
@@ -34,7 +35,7 @@ def approvals(request: HttpRequest) -> HttpResponse:
             "waiting": remediation_queries.waiting_for(request.user),
             "proposed": remediation_queries.proposed()[:200],
             "in_flight": remediation_queries.in_flight(),
-            "can_abandon": has_role(request.user, UserRole.ADMIN),
+            "can_abandon": allowed(request.user, Permission.ABANDON),
             "breaker": actions.breaker_payload(),
         },
     )
@@ -43,11 +44,14 @@ def approvals(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def vote(request: HttpRequest, pk: int) -> HttpResponse:
-    if not has_role(request.user, UserRole.APPROVER):
-        return HttpResponseForbidden("voting needs the approver role")
     decision = request.POST.get("decision")
     if decision not in ("approve", "reject"):
         return HttpResponse('decision must be "approve" or "reject"', status=400)
+    needed = Permission.APPROVE if decision == "approve" else Permission.REJECT
+    try:  # the verb's own table entry, asked before any lookup (a forced POST: 403)
+        actions.require(request.user, needed)
+    except actions.NotAllowed as exc:
+        return HttpResponseForbidden(str(exc))
     try:
         outcome = actions.vote_on_action(
             action_id=pk,
@@ -70,8 +74,6 @@ def vote(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def abandon(request: HttpRequest, pk: int) -> HttpResponse:
-    if not has_role(request.user, UserRole.ADMIN):
-        return HttpResponseForbidden("abandoning an action needs the admin role")
     try:
         outcome = actions.abandon_action(
             action_id=pk,
@@ -79,6 +81,8 @@ def abandon(request: HttpRequest, pk: int) -> HttpResponse:
             reason=request.POST.get("reason", "")[:512],
             now=timezone.now(),
         )
+    except actions.NotAllowed as exc:
+        return HttpResponseForbidden(str(exc))
     except actions.NotFound as exc:
         return HttpResponse(str(exc), status=404)
     except actions.RemediationError as exc:

@@ -11,10 +11,11 @@ from typing import Any
 
 from django.db.models import Count, Q, QuerySet
 
-from console.choices import IncidentState, UserRole
+from console.choices import IncidentState
 from console.models import Action, AuditLog, Incident
 from console.policy.lifecycle import IN_FLIGHT_STATES, ActionState
-from console.roles import User, has_role
+from console.policy.roles import Permission
+from console.roles import User, allowed
 
 
 def proposed() -> QuerySet[Action]:
@@ -51,7 +52,7 @@ def in_flight() -> list[Action]:
 
 def waiting_for(user: User) -> list[Action]:
     """Proposals this user could approve: not their own, not yet voted on by them."""
-    if not has_role(user, UserRole.APPROVER):
+    if not allowed(user, Permission.APPROVE):
         return []
     return list(
         Action.objects.filter(state=ActionState.PROPOSED)

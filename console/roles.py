@@ -1,14 +1,15 @@
 """A console user's role (viewer, operator, approver, admin), read from their Membership.
 
-Owns the mapping user -> role; the roles and their ladder are console.policy.roles' (plain
-Python, shared with the pure gates). It must not define roles or permissions itself.
+Owns the mapping user -> role; the roles, their ladder and the permission table are
+console.policy.roles' (plain Python, shared with the pure gates). It must not define roles
+or permissions itself, nor compare roles: `allowed` asks the table.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeAlias
 
-from console.policy.roles import Role, at_least, parse_role
+from console.policy.roles import Permission, Role, can
 
 if TYPE_CHECKING:  # auth models load only once the app registry is ready
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -28,9 +29,6 @@ def role_of(user: User | None) -> str:
     return str(membership.role) if membership is not None else Role.VIEWER.value
 
 
-def has_role(user: User | None, minimum: str) -> bool:
-    """Whether the user's role is `minimum` or above on the ladder."""
-    wanted = parse_role(minimum)
-    if wanted is None:
-        raise ValueError(f"unknown role {minimum!r}; known: {', '.join(r.value for r in Role)}")
-    return at_least(role_of(user), wanted)
+def allowed(user: User | None, permission: Permission, *, own: bool = False) -> bool:
+    """Whether the table lets this user's role do `permission` (`own`: on their own object)."""
+    return can(role_of(user), permission, own=own)

@@ -25,10 +25,11 @@ from console import actions, formats, queries, remediation_queries
 from console.api import objectives as objective_views
 from console.api import pages
 from console.api.reliability import DEFAULT_DAYS, days_of
-from console.choices import GroupState, UserRole
+from console.choices import GroupState
 from console.policy.lifecycle import ActionKind
+from console.policy.roles import Permission
 from console.queries import recovery
-from console.roles import has_role
+from console.roles import allowed
 
 
 @login_required
@@ -137,7 +138,7 @@ def node_page(request: HttpRequest, name: str) -> HttpResponse:
     detail = queries.node_detail(name)
     if detail is None:
         raise Http404(f"node {name} is not in the fleet inventory")
-    can_return = has_role(request.user, UserRole.APPROVER)
+    can_return = allowed(request.user, Permission.RETURN_TO_SERVICE)
     return render(request, "console/node.html", {"d": detail, "can_return": can_return})
 
 
@@ -169,7 +170,7 @@ def group_page(request: HttpRequest, name: str) -> HttpResponse:
 def incident_page(request: HttpRequest, pk: int) -> HttpResponse:
     incident = pages.incident_with_related(pk)
     people = []
-    if has_role(request.user, UserRole.OPERATOR):
+    if allowed(request.user, Permission.ASSIGN):
         people = list(
             get_user_model()
             .objects.filter(is_active=True)
@@ -202,8 +203,6 @@ def _default_target(subject: str, root_cause: dict[str, Any]) -> str:
 @require_POST
 def incident_propose(request: HttpRequest, pk: int) -> HttpResponse:
     """An operator proposes an action for this incident (the gates decide who must approve)."""
-    if not has_role(request.user, UserRole.OPERATOR):
-        raise PermissionDenied("proposing an action needs the operator role")
     try:
         outcome = actions.propose_action(
             kind=request.POST.get("kind", ""),
@@ -214,6 +213,8 @@ def incident_propose(request: HttpRequest, pk: int) -> HttpResponse:
             dry_run=request.POST.get("dry_run") == "on",
             now=timezone.now(),
         )
+    except actions.NotAllowed as exc:
+        raise PermissionDenied(str(exc)) from None
     except actions.RemediationError as exc:
         messages.error(request, str(exc))
     else:
@@ -222,12 +223,6 @@ def incident_propose(request: HttpRequest, pk: int) -> HttpResponse:
             f"action {outcome.action.pk} is {outcome.action.state}: " + "; ".join(outcome.reasons),
         )
     return redirect("incident", pk=pk)
-
-
-def _operator(request: HttpRequest) -> None:
-    # A viewer sees no buttons; a forced POST is refused the same way.
-    if not has_role(request.user, UserRole.OPERATOR):
-        raise PermissionDenied("acknowledging, assigning and commenting need the operator role")
 
 
 def _version(request: HttpRequest) -> int | None:
@@ -239,12 +234,13 @@ def _version(request: HttpRequest) -> int | None:
 @login_required
 @require_POST
 def incident_acknowledge(request: HttpRequest, pk: int) -> HttpResponse:
-    _operator(request)
     try:
         actions.acknowledge_incident(
             incident_id=pk, actor=request.user, now=timezone.now(),
             expected_version=_version(request),
         )  # fmt: skip
+    except actions.NotAllowed as exc:  # a viewer sees no buttons; a forced POST is refused
+        raise PermissionDenied(str(exc)) from None
     except actions.IncidentChangeError as exc:
         messages.error(request, str(exc))
     return redirect("incident", pk=pk)
@@ -253,7 +249,6 @@ def incident_acknowledge(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def incident_assign(request: HttpRequest, pk: int) -> HttpResponse:
-    _operator(request)
     username = request.POST.get("assignee", "").strip()
     assignee = None
     if username:
@@ -266,6 +261,8 @@ def incident_assign(request: HttpRequest, pk: int) -> HttpResponse:
             incident_id=pk, assignee=assignee, actor=request.user, now=timezone.now(),
             expected_version=_version(request),
         )  # fmt: skip
+    except actions.NotAllowed as exc:  # a viewer sees no buttons; a forced POST is refused
+        raise PermissionDenied(str(exc)) from None
     except actions.IncidentChangeError as exc:
         messages.error(request, str(exc))
     return redirect("incident", pk=pk)
@@ -274,7 +271,6 @@ def incident_assign(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def incident_comment(request: HttpRequest, pk: int) -> HttpResponse:
-    _operator(request)
     try:
         actions.comment_on_incident(
             incident_id=pk,
@@ -282,6 +278,8 @@ def incident_comment(request: HttpRequest, pk: int) -> HttpResponse:
             body=request.POST.get("body", ""),
             now=timezone.now(),
         )
+    except actions.NotAllowed as exc:  # a viewer sees no buttons; a forced POST is refused
+        raise PermissionDenied(str(exc)) from None
     except actions.IncidentChangeError as exc:
         messages.error(request, str(exc))
     return redirect("incident", pk=pk)

@@ -42,7 +42,7 @@ from console.actions.accounts import (
     set_role,
 )
 from console.actions.alertmanager import latch_alert_faults, record_alertmanager
-from console.actions.audit import actor_name, audit
+from console.actions.audit import actor_name, audit, require
 from console.actions.breaker import breaker_payload, set_breaker
 from console.actions.conditions import open_condition, settle_conditions
 from console.actions.diagnosis import record_diagnosis, record_ended_generation, record_located
@@ -159,6 +159,7 @@ __all__ = [
     "remediate",
     "remediate_group",
     "remediate_nodes",
+    "require",
     "return_to_service",
     "route_waiting",
     "save_channel",

@@ -16,11 +16,12 @@ from typing import Any
 
 from django.db import transaction
 
-from console.actions.audit import actor_name, audit, role_refused
+from console.actions.audit import actor_name, audit, require
 from console.actions.errors import NotAllowed
 from console.choices import UserRole
 from console.models import Membership
-from console.roles import Actor, has_role, role_of
+from console.policy.roles import Permission
+from console.roles import Actor, role_of
 
 # What an audit row may show of a user's fields; anything else (the password) is named only.
 _SHOWN = ("username", "first_name", "last_name", "email", "is_active")
@@ -35,15 +36,10 @@ def _flags(user: Any, role: str) -> list[str]:
     return ["is_staff", "is_superuser"]
 
 
-def _admin_only(actor: Actor, what: str) -> None:
-    if not has_role(actor, UserRole.ADMIN):
-        raise role_refused(actor, what, UserRole.ADMIN)
-
-
 @transaction.atomic
 def save_user(*, actor: Actor, user: Any, changed: list[str], created: bool, now: datetime) -> None:
     """An admin added or edited a user (the admin site's form, already validated)."""
-    _admin_only(actor, "editing users")
+    require(actor, Permission.MANAGE_USERS)
     user.save()
     if created:
         Membership.objects.get_or_create(user=user, defaults={"role": UserRole.VIEWER})
@@ -62,7 +58,7 @@ def save_user(*, actor: Actor, user: Any, changed: list[str], created: bool, now
 
 @transaction.atomic
 def delete_user(*, actor: Actor, user: Any, now: datetime) -> None:
-    _admin_only(actor, "deleting users")
+    require(actor, Permission.MANAGE_USERS)
     if user.pk == getattr(actor, "pk", None):
         raise NotAllowed("an admin cannot delete their own account")
     audit(actor=actor_name(actor), verb="user.deleted", obj=user, object_type="user",
@@ -74,7 +70,7 @@ def delete_user(*, actor: Actor, user: Any, now: datetime) -> None:
 @transaction.atomic
 def record_password_change(*, actor: Actor, user: Any, now: datetime) -> None:
     """An admin set (or disabled) a user's password; the form saved it. Never the value."""
-    _admin_only(actor, "setting passwords")
+    require(actor, Permission.MANAGE_USERS)
     audit(actor=actor_name(actor), verb="user.password_changed", obj=user, object_type="user",
           reason="password set in the admin site",
           data={"usable": user.has_usable_password()}, now=now)  # fmt: skip
@@ -96,7 +92,7 @@ def role_change_problem(user: Any, role: str) -> str | None:
 @transaction.atomic
 def set_role(*, actor: Actor, user: Any, role: str, now: datetime) -> None:
     """An admin gives a user a role: the Membership and the staff/superuser flags, audited."""
-    _admin_only(actor, "changing roles")
+    require(actor, Permission.MANAGE_USERS)
     problem = role_change_problem(user, role)
     if problem is not None:
         raise NotAllowed(problem)

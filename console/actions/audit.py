@@ -1,7 +1,8 @@
 """The audit log: who did what to which object, appended inside the change's transaction.
 
-Owns `audit` (the only writer of AuditLog rows), how an actor is named on the record and
-the role refusal message. It must not decide whether a change is allowed; the verbs do,
+Owns `audit` (the only writer of AuditLog rows), how an actor is named on the record, and
+`require`: the one check every verb makes of the permission table (console.policy.roles)
+with the refusal message. It must not decide which role a change needs (the table does)
 and the database refuses UPDATE and DELETE on the log (trigger).
 """
 
@@ -13,12 +14,13 @@ from typing import Any
 
 from console.actions.errors import NotAllowed
 from console.models import AuditLog
-from console.roles import Actor, role_of
+from console.policy.roles import WHAT, Permission, minimum_role
+from console.roles import User, allowed, role_of
 
 SYSTEM = "system"
 
 
-def actor_name(actor: Actor | None) -> str:
+def actor_name(actor: User | None) -> str:
     """A user's username, or "system" for the sweeps and rules."""
     return actor.get_username() if actor is not None else SYSTEM
 
@@ -73,8 +75,17 @@ def audit_many(rows: list[AuditRow], *, actor: str, now: datetime) -> None:
     )  # fmt: skip
 
 
-def role_refused(actor: Actor, what: str, minimum: str) -> NotAllowed:
-    """The refusal for an actor below `minimum`, naming who, their role and what it needs."""
-    return NotAllowed(
-        f"{actor_name(actor)} is a {role_of(actor)}; the {minimum} role is needed for {what}"
-    )
+def role_refused(actor: User | None, permission: Permission, *, own: bool = False) -> NotAllowed:
+    """The refusal for an actor the table does not allow: who, their role, what it needs."""
+    minimum = minimum_role(permission, own=own)
+    role = role_of(actor)
+    article = "an" if role[:1] in ("a", "e", "i", "o", "u") else "a"
+    who = f"{actor_name(actor)} is {article} {role}" if role else "nobody is signed in"
+    return NotAllowed(f"{who}; the {minimum} role is needed for {WHAT[permission]}")
+
+
+def require(actor: User | None, permission: Permission, *, own: bool = False) -> None:
+    """Raise NotAllowed unless the table lets `actor` do `permission` (`own`: as the
+    object's owner). Every verb a person calls starts with this."""
+    if not allowed(actor, permission, own=own):
+        raise role_refused(actor, permission, own=own)

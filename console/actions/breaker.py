@@ -3,7 +3,8 @@
 Owns the breaker row's writes (each audited, `breaker.changed` published after commit
 with a JSON-safe payload) and reading it for display. The rules (who may, what a
 close needs, when the gates trip it) are console.policy.breaker's and gates'.
-A refused change commits its audit row, then raises `BreakerError`.
+A refused change commits its audit row, then raises (`NotAllowed` for a role the
+permission table refuses, `BreakerError` otherwise).
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from datetime import datetime
 from django.db import transaction
 
 from console import events
-from console.actions.audit import actor_name, audit
+from console.actions.audit import actor_name, audit, role_refused
+from console.actions.errors import NotAllowed
 from console.actions.gating import breaker_input, locked_breaker
 from console.models import BreakerState
 from console.policy import breaker as breakers
 from console.policy import inputs
-from console.roles import Actor, role_of
+from console.policy.roles import Permission
+from console.roles import Actor, allowed, role_of
 
 
 def breaker_payload() -> events.BreakerPayload:
@@ -52,7 +55,8 @@ def store_gate_decision(
 def set_breaker(*, open: bool, actor: Actor, reason: str, now: datetime) -> BreakerState:
     """Open (any operator) or close (admin, with a reason) the automation circuit breaker.
 
-    A refusal is audited and committed, then raised as `breakers.BreakerError`.
+    A refusal is audited and committed, then raised: `NotAllowed` when the permission
+    table does not let the actor (403), `breakers.BreakerError` for anything else.
     """
     with transaction.atomic():
         row, refusal = _set_breaker(open, actor, reason, now)
@@ -63,10 +67,15 @@ def set_breaker(*, open: bool, actor: Actor, reason: str, now: datetime) -> Brea
 
 def _set_breaker(
     open: bool, actor: Actor, reason: str, now: datetime
-) -> tuple[BreakerState, breakers.BreakerError | None]:
+) -> tuple[BreakerState, breakers.BreakerError | NotAllowed | None]:
     row = locked_breaker()
     current = breaker_input(row)
     who = actor_name(actor)
+    permission = Permission.OPEN_BREAKER if open else Permission.CLOSE_BREAKER
+    if not allowed(actor, permission):
+        refusal = role_refused(actor, permission)
+        audit(actor=who, verb="breaker.refused", obj=row, reason=str(refusal), now=now)
+        return row, refusal
     change = breakers.open_breaker if open else breakers.close_breaker
     try:
         new = change(current, actor=who, role=role_of(actor), reason=reason, now=now)

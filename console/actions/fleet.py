@@ -24,13 +24,14 @@ from django.db import transaction
 from django.db.models import QuerySet
 
 from console import events, formats, queries
-from console.actions.audit import actor_name, audit, role_refused
+from console.actions.audit import actor_name, audit, require
 from console.actions.errors import ChangeError, NotFound
 from console.actions.incidents import publish_incident, resolve_held
-from console.choices import Health, IncidentState, UserRole
+from console.choices import Health, IncidentState
 from console.models import Device, HealthEvent, Incident, Node
 from console.policy import fleet_health as fh
-from console.roles import Actor, has_role
+from console.policy.roles import Permission
+from console.roles import Actor
 
 NodeMark = Literal["quarantined", "cordoned"]
 
@@ -693,8 +694,7 @@ def validated_due(*, now: datetime) -> list[Node]:
 def return_to_service(*, node_name: str, actor: Actor, reason: str, now: datetime) -> Node:
     """An approver states why the hardware is fixed: it returns whatever its state, a
     replacement flag or another party's cordon (audited with the reason)."""
-    if not has_role(actor, UserRole.APPROVER):
-        raise role_refused(actor, "returning hardware to service", UserRole.APPROVER)
+    require(actor, Permission.RETURN_TO_SERVICE)
     if len(reason.strip()) < 3:
         raise ChangeError("returning hardware to service needs a reason: say what was repaired")
     node = Node.objects.filter(name=node_name).first()

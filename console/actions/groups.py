@@ -17,12 +17,13 @@ from typing import Any
 from django.db import transaction
 
 from console import events, scheduling
-from console.actions.audit import actor_name, audit
+from console.actions.audit import actor_name, audit, require
 from console.actions.errors import ObjectivesError, SloError
 from console.diagnosis.records import ServingSlo
 from console.models import ConsistencyGroup
 from console.policy import objectives as pure_objectives
 from console.policy.inputs import PolicyError
+from console.policy.roles import Permission
 from console.roles import Actor
 
 SLO_KEYS = frozenset(f.name for f in fields(ServingSlo))
@@ -52,6 +53,7 @@ def set_group_slo(
     *, group_name: str, slo: dict[str, Any], actor: Actor, now: datetime
 ) -> ConsistencyGroup:
     """Replace a serving group's SLO overrides (absent keys fall back to defaults)."""
+    require(actor, Permission.SET_GROUP_OBJECTIVES)
     values = validated_slo(slo)
     group = ConsistencyGroup.objects.select_for_update(no_key=True).get(name=group_name)
     before = group.slo
@@ -73,6 +75,7 @@ def set_group_objectives(
     """Replace the operator's recovery objectives of a group (absent keys fall back to the
     launcher's, then the pool's). `goodput_target` is the group's SLO key and is stored
     there too, so the serving SLO and the objectives agree on one value."""
+    require(actor, Permission.SET_GROUP_OBJECTIVES)
     try:
         values = pure_objectives.validated(objectives)
     except PolicyError as exc:

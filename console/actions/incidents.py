@@ -3,8 +3,8 @@
 Owns the versioned, audited updates a person makes to an incident (an acknowledge that
 raced an auto-resolve must not un-resolve it) and the `incident.changed` publish after
 commit. Every verb is keyword-only, atomic, and writes an audit entry naming `actor`.
-It must not check roles (the views do: operator and above) or fold findings
-(console.actions.diagnosis does).
+Each verb asks the permission table first (console.policy.roles, through `require`); it
+must not fold findings (console.actions.diagnosis does).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from datetime import datetime
 from django.db import transaction
 
 from console import events
-from console.actions.audit import actor_name, audit
+from console.actions.audit import actor_name, audit, require
 from console.actions.errors import IncidentChangeError
 from console.choices import IncidentState
 from console.models import Incident, IncidentComment
+from console.policy.roles import Permission
 from console.roles import Actor
 
 COMMENT_LIMIT = 4000
@@ -65,6 +66,7 @@ def acknowledge_incident(
     *, incident_id: int, actor: Actor, now: datetime, expected_version: int | None = None
 ) -> Incident:
     """Mark an open incident acknowledged by `actor` (stops escalation); idempotent."""
+    require(actor, Permission.ACKNOWLEDGE)
     incident = _locked_incident(incident_id, expected_version)
     if incident.state == IncidentState.RESOLVED:
         raise IncidentChangeError(f"incident #{incident_id} is already resolved")
@@ -94,6 +96,7 @@ def assign_incident(
     expected_version: int | None = None,
 ) -> Incident:
     """Give the incident to `assignee` (None: unassign); audited with who did it."""
+    require(actor, Permission.ASSIGN)
     incident = _locked_incident(incident_id, expected_version)
     before = incident.assignee.get_username() if incident.assignee else None
     incident.assignee = assignee
@@ -111,6 +114,7 @@ def comment_on_incident(
     *, incident_id: int, actor: Actor, body: str, now: datetime
 ) -> IncidentComment:
     """Append `actor`'s comment to the incident's timeline (audited, body included)."""
+    require(actor, Permission.COMMENT)
     text = body.strip()
     if not text:
         raise IncidentChangeError("a comment cannot be empty")

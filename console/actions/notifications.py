@@ -26,11 +26,10 @@ from django.conf import settings
 from django.db import transaction
 
 from console import scheduling
-from console.actions.audit import actor_name, audit, role_refused
+from console.actions.audit import actor_name, audit, require
 from console.actions.errors import NotFound, RemediationError
 from console.actions.fleet import held_by_fleet_silence
 from console.actions.paging import active_silences, policy_input
-from console.choices import UserRole
 from console.models import (
     EscalationPolicy,
     Incident,
@@ -41,7 +40,8 @@ from console.models import (
 from console.notify import pagerduty, redact, slack, transport, webhook
 from console.notify.message import Event, Notification
 from console.policy import escalation as esc
-from console.roles import Actor, has_role
+from console.policy.roles import Permission
+from console.roles import Actor
 
 log = logging.getLogger(__name__)
 
@@ -231,8 +231,7 @@ _NEEDS_SECRET = ("webhook", "pagerduty")
 
 
 def _channel_for_update(actor: Actor, name: str) -> NotificationChannel:
-    if not has_role(actor, UserRole.ADMIN):
-        raise role_refused(actor, "channels", UserRole.ADMIN)
+    require(actor, Permission.MANAGE_CHANNELS)
     row = NotificationChannel.objects.select_for_update().filter(name=name).first()
     if row is None:
         raise NotFound(f"no notification channel named {name!r}")

@@ -2,7 +2,7 @@
 
 Same shape as every verb in console.actions (keyword-only, `actor=`, atomic, audited in
 the same transaction). The rules come from console.policy.escalation (silence bounds,
-policy validation); this module only checks roles, stores, and audits. It sends nothing
+policy validation); this module only asks the permission table, stores, and audits. It sends nothing
 (console.actions.notifications records and enqueues the sends).
 """
 
@@ -13,13 +13,13 @@ from typing import Any
 
 from django.db import transaction
 
-from console.actions.audit import actor_name, audit, role_refused
+from console.actions.audit import actor_name, audit, require
 from console.actions.errors import NotFound, RemediationError
-from console.choices import UserRole
 from console.models import EscalationPolicy, NotificationChannel, Silence
 from console.notify import redact
 from console.policy import escalation as esc
-from console.roles import Actor, has_role
+from console.policy.roles import Permission
+from console.roles import Actor
 
 
 @transaction.atomic
@@ -34,8 +34,7 @@ def save_channel(
     enabled: bool = True,
 ) -> NotificationChannel:
     """Create or update a notification channel by name (admin); the secret is never logged."""
-    if not has_role(actor, UserRole.ADMIN):
-        raise role_refused(actor, "channels", UserRole.ADMIN)
+    require(actor, Permission.MANAGE_CHANNELS)
     row = NotificationChannel.objects.select_for_update().filter(name=name).first()
     row = row or NotificationChannel(name=name)
     row.kind, row.url, row.enabled = kind, url, enabled
@@ -66,8 +65,7 @@ def create_silence(
     actor: Actor,
     now: datetime,
 ) -> Silence:
-    if not has_role(actor, UserRole.OPERATOR):
-        raise role_refused(actor, "silences", UserRole.OPERATOR)
+    require(actor, Permission.MANAGE_SILENCES)
     if not isinstance(matchers, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in matchers.items()
     ):
@@ -107,11 +105,10 @@ def create_silence(
 
 @transaction.atomic
 def expire_silence(*, silence_id: int, actor: Actor, now: datetime) -> Silence:
+    require(actor, Permission.MANAGE_SILENCES)
     silence = Silence.objects.select_for_update().filter(pk=silence_id).first()
     if silence is None:
         raise NotFound(f"silence {silence_id} does not exist")
-    if not has_role(actor, UserRole.OPERATOR):
-        raise role_refused(actor, "silences", UserRole.OPERATOR)
     if silence.ends_at > now:
         silence.ends_at = max(now, silence.starts_at + timedelta(microseconds=1))
         silence.save(update_fields=["ends_at"])
@@ -161,8 +158,7 @@ def save_escalation_policy(
     *, actor: Actor, now: datetime, policy_id: int | None = None, **fields: Any
 ) -> EscalationPolicy:
     """Create or update a policy (admin); open incidents keep the snapshot they froze."""
-    if not has_role(actor, UserRole.ADMIN):
-        raise role_refused(actor, "policies", UserRole.ADMIN)
+    require(actor, Permission.MANAGE_POLICIES)
     row = (
         EscalationPolicy.objects.select_for_update().get(pk=policy_id)
         if policy_id is not None
@@ -188,8 +184,7 @@ def save_escalation_policy(
 
 @transaction.atomic
 def delete_escalation_policy(*, policy_id: int, actor: Actor, now: datetime) -> None:
-    if not has_role(actor, UserRole.ADMIN):
-        raise role_refused(actor, "policies", UserRole.ADMIN)
+    require(actor, Permission.MANAGE_POLICIES)
     row = EscalationPolicy.objects.filter(pk=policy_id).first()
     if row is None:
         raise NotFound(f"escalation policy {policy_id} does not exist")

@@ -25,7 +25,7 @@ from agents.actions_contract import Action as AgentAction
 from agents.actions_contract import Status
 from console import events
 from console.actions import fleet
-from console.actions.audit import SYSTEM, actor_name, audit, role_refused
+from console.actions.audit import SYSTEM, actor_name, audit, require
 from console.actions.breaker import store_gate_decision
 from console.actions.errors import Conflict, NotAllowed, RemediationError
 from console.actions.fleet import NodeMark
@@ -40,7 +40,7 @@ from console.actions.gating import (
     votes_of,
 )
 from console.actions.targets import executor_for, remediation_policy, resolve_target
-from console.choices import ACTION_LIVE_STATES, IncidentState, UserRole
+from console.choices import ACTION_LIVE_STATES, IncidentState
 from console.models import Action, Incident, Node
 from console.models import Vote as VoteRow
 from console.policy import gates, inputs, votes
@@ -55,7 +55,8 @@ from console.policy.lifecycle import (
     check_transition,
     is_terminal,
 )
-from console.roles import Actor, has_role, role_of
+from console.policy.roles import Permission
+from console.roles import Actor, role_of
 
 log = logging.getLogger(__name__)
 
@@ -210,8 +211,8 @@ def propose_action(
     """Record a proposal, gate it, and auto-approve it only when policy allows automation."""
     if actor is None and not rule:
         raise RemediationError("an automatic proposal must name the rule that made it")
-    if actor is not None and not has_role(actor, UserRole.OPERATOR):
-        raise role_refused(actor, "proposing", UserRole.OPERATOR)
+    if actor is not None:
+        require(actor, Permission.PROPOSE)
     try:
         action_kind = ActionKind(kind)
     except ValueError:
@@ -405,13 +406,11 @@ def _vote(
 @transaction.atomic
 def cancel_action(*, action_id: int, actor: Actor, reason: str, now: datetime) -> Outcome:
     """Withdraw a proposed or approved action: its proposer or an admin may."""
+    require(actor, Permission.CANCEL_OWN)  # nobody below it cancels anything
     action = locked_action(action_id)
     who = actor_name(actor)
-    is_proposer = action.proposed_by_id is not None and action.proposed_by_id == actor.pk
-    if not (is_proposer and has_role(actor, UserRole.OPERATOR)) and not has_role(
-        actor, UserRole.ADMIN
-    ):
-        raise NotAllowed(f"{who} may not cancel action {action.pk}: only its proposer or an admin")
+    own = action.proposed_by_id is not None and action.proposed_by_id == actor.pk
+    require(actor, Permission.CANCEL_ANY, own=own)
     if not reason.strip():
         raise RemediationError("cancelling needs a reason")
     try:
@@ -467,9 +466,8 @@ def abandon_action(*, action_id: int, actor: Actor, reason: str, now: datetime) 
     Nothing is sent to the node: what the agent did, if anything, is unknown, which the
     result says. A result arriving afterwards is refused (the action is final).
     """
+    require(actor, Permission.ABANDON)
     who = actor_name(actor)
-    if not has_role(actor, UserRole.ADMIN):
-        raise role_refused(actor, "abandoning an action", UserRole.ADMIN)
     if len(reason.strip()) < 3:
         raise RemediationError("abandoning needs a reason: say why the agent will not report")
     action = locked_action(action_id)

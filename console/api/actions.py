@@ -1,7 +1,9 @@
 """REST for remediation actions: list, propose, approve, reject, cancel, abandon.
 
-Thin adapters: validate with a serializer, call one console.actions verb, render. A
-refusal is raised and becomes JSON `{"error": ...}` in console/api/errors.py.
+Thin adapters: validate with a serializer, call one console.actions verb, render. Each
+view names the table's Permission its verb needs (refused before validation: a caller
+below it learns nothing from a 400 or 404); the verb asks the table again and decides.
+A refusal is raised and becomes JSON `{"error": ...}` in console/api/errors.py.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console import actions
-from console.api.permissions import IsAdmin, IsApprover, IsOperator, IsViewer
+from console.api.permissions import allows
 from console.api.remediation_serializers import (
     ActionSerializer,
     DecisionOut,
@@ -26,12 +28,7 @@ from console.api.remediation_serializers import (
 )
 from console.choices import ACTION_STATES
 from console.models import Action
-
-
-def by_method(request: Request, write: type[BasePermission]) -> list[BasePermission]:
-    """Viewers read; writes need `write`."""
-    safe = request.method in ("GET", "HEAD", "OPTIONS")
-    return [IsViewer()] if safe else [write()]
+from console.policy.roles import Permission
 
 
 def actions_with_votes() -> QuerySet[Action]:
@@ -48,12 +45,10 @@ def decision(outcome: actions.Outcome, status: int = 200) -> Response:
 
 @extend_schema(parameters=[OpenApiParameter("state", str, enum=[s for s, _ in ACTION_STATES])])
 class ActionList(generics.ListCreateAPIView):
-    """List actions (viewer+), or propose one (operator+)."""
+    """List actions (viewer+), or propose one (the table: operator+)."""
 
     serializer_class = ActionSerializer
-
-    def get_permissions(self) -> list[BasePermission]:
-        return by_method(self.request, IsOperator)
+    permission_classes = [allows(write=Permission.PROPOSE)]
 
     def get_queryset(self) -> QuerySet[Action]:
         qs = actions_with_votes()
@@ -93,10 +88,13 @@ class ActionDetail(generics.RetrieveAPIView):
 
 
 class ActionVote(APIView):
-    """Approve or reject (approver+). Nobody approves their own action; any reject wins."""
+    """Approve or reject (the table: approver+). Nobody approves their own action; any
+    reject wins."""
 
-    permission_classes = [IsApprover]
     approve = True
+
+    def get_permissions(self) -> list[BasePermission]:
+        return [allows(write=Permission.APPROVE if self.approve else Permission.REJECT)()]
 
     @extend_schema(request=ReasonIn, responses={200: DecisionOut})
     def post(self, request: Request, pk: int) -> Response:
@@ -131,14 +129,15 @@ class _ReasonedDecision(APIView):
 
 
 class ActionCancel(_ReasonedDecision):
-    """Cancel a proposed or approved action: its proposer or an admin."""
+    """Cancel a proposed or approved action (the table: its proposer, or an admin)."""
 
-    permission_classes = [IsOperator]
+    permission_classes = [allows(write=Permission.CANCEL_OWN)]  # the verb: own or any
     verb = staticmethod(actions.cancel_action)
 
 
 class ActionAbandon(_ReasonedDecision):
-    """Give up on a dispatched action whose agent never reported (admin): it fails, audited."""
+    """Give up on a dispatched action whose agent never reported (the table: admin): it
+    fails, audited."""
 
-    permission_classes = [IsAdmin]
+    permission_classes = [allows(write=Permission.ABANDON)]
     verb = staticmethod(actions.abandon_action)

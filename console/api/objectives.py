@@ -16,8 +16,9 @@ from rest_framework.views import APIView
 
 from agents.protocol import DATA_CONSISTENCY, SERVING_SEMANTICS
 from console import actions
-from console.api.permissions import IsOperator, IsViewer
+from console.api.permissions import allows
 from console.models import ConsistencyGroup
+from console.policy.roles import Permission
 from console.queries import objectives as queries
 
 ObjectivesSerializer = inline_serializer(
@@ -50,8 +51,7 @@ class GroupObjectives(APIView):
     """GET the effective objectives and advice (viewer+); PUT replaces the operator's
     objectives (operator and above), audited."""
 
-    def get_permissions(self) -> list[Any]:
-        return [IsOperator()] if self.request.method == "PUT" else [IsViewer()]
+    permission_classes = [allows(write=Permission.SET_GROUP_OBJECTIVES)]
 
     @extend_schema(responses=ObjectivesView)
     def get(self, request: Request, name: str) -> Response:

@@ -1,7 +1,10 @@
 """REST for paging configuration: silences, escalation policies, notification channels.
 
-Thin adapters: validate with a serializer, call one console.actions verb, render. A
-refusal is raised and becomes JSON `{"error": ...}` in console/api/errors.py.
+Thin adapters: validate with a serializer, call one console.actions verb, render. Each
+view names the table's Permission for its writes (refused early, before validation); the
+verb asks the table again and decides. A refusal is raised and becomes JSON
+`{"error": ...}` in console/api/errors.py. Channels are not even read below
+manage_channels (they hold secrets).
 """
 
 from __future__ import annotations
@@ -11,29 +14,26 @@ from typing import Any
 from django.db.models import QuerySet
 from django.utils import timezone
 from rest_framework import generics, serializers
-from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console import actions
 from console.actions import notifications
-from console.api.actions import by_method
-from console.api.permissions import IsAdmin, IsOperator
+from console.api.permissions import allows
 from console.api.remediation_serializers import (
     ChannelSerializer,
     PolicySerializer,
     SilenceSerializer,
 )
 from console.models import EscalationPolicy, NotificationChannel, Silence
+from console.policy.roles import Permission
 
 
 class SilenceList(generics.ListCreateAPIView):
     """Silences (viewer+ read, operator+ create; at most 72 h, reason required)."""
 
     serializer_class = SilenceSerializer
-
-    def get_permissions(self) -> list[BasePermission]:
-        return by_method(self.request, IsOperator)
+    permission_classes = [allows(write=Permission.MANAGE_SILENCES)]
 
     def get_queryset(self) -> QuerySet[Silence]:
         return Silence.objects.select_related("created_by")
@@ -58,9 +58,7 @@ class SilenceDetail(generics.RetrieveDestroyAPIView):
     """Read a silence, or end it now (DELETE, operator+); the row is kept for the record."""
 
     serializer_class = SilenceSerializer
-
-    def get_permissions(self) -> list[BasePermission]:
-        return by_method(self.request, IsOperator)
+    permission_classes = [allows(write=Permission.MANAGE_SILENCES)]
 
     def get_queryset(self) -> QuerySet[Silence]:
         return Silence.objects.select_related("created_by")
@@ -75,9 +73,7 @@ class PolicyList(generics.ListCreateAPIView):
 
     serializer_class = PolicySerializer
     queryset = EscalationPolicy.objects.all()
-
-    def get_permissions(self) -> list[BasePermission]:
-        return by_method(self.request, IsAdmin)
+    permission_classes = [allows(write=Permission.MANAGE_POLICIES)]
 
     def post(self, request: Request) -> Response:
         data = PolicySerializer(data=request.data)
@@ -91,9 +87,7 @@ class PolicyList(generics.ListCreateAPIView):
 class PolicyDetail(generics.RetrieveUpdateDestroyAPIView):
     serializer_class = PolicySerializer
     queryset = EscalationPolicy.objects.all()
-
-    def get_permissions(self) -> list[BasePermission]:
-        return by_method(self.request, IsAdmin)
+    permission_classes = [allows(write=Permission.MANAGE_POLICIES)]
 
     def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         row = self.get_object()
@@ -115,7 +109,7 @@ class ChannelList(generics.ListCreateAPIView):
 
     serializer_class = ChannelSerializer
     queryset = NotificationChannel.objects.all()
-    permission_classes = [IsAdmin]
+    permission_classes = [allows(read=Permission.MANAGE_CHANNELS)]
 
     def post(self, request: Request) -> Response:
         data = ChannelSerializer(data=request.data)
@@ -139,7 +133,7 @@ class ChannelDetail(generics.GenericAPIView):
     """One channel (admin): GET, PATCH kind/url/enabled/secret (audited, secret never shown)."""
 
     serializer_class = ChannelSerializer
-    permission_classes = [IsAdmin]
+    permission_classes = [allows(read=Permission.MANAGE_CHANNELS)]
     lookup_field = "name"
 
     def get(self, request: Request, name: str) -> Response:
@@ -161,7 +155,7 @@ class ChannelEnable(generics.GenericAPIView):
     """POST .../disable/ or .../enable/ (admin, audited; optional reason)."""
 
     serializer_class = ChannelSerializer
-    permission_classes = [IsAdmin]
+    permission_classes = [allows(read=Permission.MANAGE_CHANNELS)]
     enabled = True
 
     def post(self, request: Request, name: str) -> Response:
@@ -176,7 +170,7 @@ class ChannelRotateSecret(generics.GenericAPIView):
     """POST .../rotate-secret/ (admin): the new secret is in this answer only."""
 
     serializer_class = ChannelRotate
-    permission_classes = [IsAdmin]
+    permission_classes = [allows(read=Permission.MANAGE_CHANNELS)]
 
     def post(self, request: Request, name: str) -> Response:
         data = ChannelRotate(data=request.data)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
@@ -13,9 +11,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console import actions, serving
-from console.api.permissions import IsOperator, IsViewer
+from console.api.permissions import IsViewer, allows
 from console.diagnosis.records import SLO_KEYS
 from console.models import ConsistencyGroup
+from console.policy.roles import Permission
 
 SloSerializer = inline_serializer(
     name="Slo", fields={key: serializers.FloatField(required=False) for key in SLO_KEYS}
@@ -25,8 +24,7 @@ SloSerializer = inline_serializer(
 class GroupSlo(APIView):
     """GET the effective SLO; PUT replaces the overrides (operator+, audited)."""
 
-    def get_permissions(self) -> list[Any]:
-        return [IsOperator()] if self.request.method == "PUT" else [IsViewer()]
+    permission_classes = [allows(write=Permission.SET_GROUP_OBJECTIVES)]
 
     @extend_schema(responses=SloSerializer)
     def get(self, request: Request, name: str) -> Response:

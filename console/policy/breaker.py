@@ -65,7 +65,7 @@ def open_breaker(
     breaker: BreakerState, *, actor: str, role: str, reason: str, now: datetime
 ) -> BreakerState:
     """Open the breaker by hand; any operator may stop automation (the safe direction)."""
-    if not can(role, Permission.PROPOSE):
+    if not can(role, Permission.OPEN_BREAKER):
         raise BreakerError(f"{actor} is a {role}; opening the breaker needs the operator role")
     if not reason.strip():
         raise BreakerError("opening the breaker needs a reason")

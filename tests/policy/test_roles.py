@@ -36,3 +36,22 @@ def test_it_refuses_unknown_roles_and_permissions() -> None:
 
 def test_it_reads_role_names_case_insensitively() -> None:
     assert can(" Approver ", "approve")
+
+
+def test_the_docs_table_is_the_code_table() -> None:
+    import re
+    from pathlib import Path
+
+    from console.policy.roles import MINIMUM_ROLE
+
+    text = Path(__file__).resolve().parents[2].joinpath("docs/safety.md").read_text()
+    section = text.split("## Roles\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \| (\w+) \|", section, flags=re.MULTILINE)
+    assert dict(rows) == {p.value: r.value for p, r in MINIMUM_ROLE.items()}
+
+
+def test_an_owner_needs_less_than_anyone_else_to_cancel() -> None:
+    assert can("operator", "cancel_any", own=True)
+    assert not can("operator", "cancel_any")
+    assert not can("viewer", "cancel_any", own=True)
+    assert can("admin", "cancel_any")
