@@ -453,7 +453,9 @@ class AuditLog(models.Model):
     """Append-only record of every remediation change and gate decision.
 
     `actor` is a name, not a foreign key: deleting a user must never rewrite history,
-    and a database trigger (migration 0003) refuses UPDATE and DELETE on this table.
+    and a database trigger (migration 0004) refuses UPDATE and DELETE on this table.
+    `prev_hash` and `hash` chain each row to the one before (console.auditchain), so an
+    edit or deletion made past the trigger shows in `faultline audit verify`.
     """
 
     ts = models.DateTimeField()
@@ -463,6 +465,10 @@ class AuditLog(models.Model):
     object_id = models.CharField(max_length=64, blank=True, default="")
     reason = models.TextField(blank=True, default="")
     data = models.JSONField(default=dict, blank=True)
+    # A database default: a raw INSERT (or a process from before the chain) still writes,
+    # and verify names its row.
+    prev_hash = models.CharField(max_length=64, blank=True, db_default="")
+    hash = models.CharField(max_length=64, blank=True, db_default="")
 
     class Meta:
         ordering = ["-ts", "-id"]

@@ -133,6 +133,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    """`faultline audit verify`: walk the audit log's hash chain; non-zero at the first break."""
+    with bootstrap.django_ready(args.data_dir):
+        from console import auditchain
+
+        report = auditchain.verify()
+    print(report.describe())
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="faultline", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -200,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--markdown", default=None, help="write Markdown here (else stdout)")
     report.add_argument("--data-dir", default=None, help="the service's data directory")
     report.set_defaults(func=cmd_report)
+
+    audit = sub.add_parser("audit", help="check the audit log's hash chain")
+    audit.add_argument("action", choices=["verify"])
+    audit.add_argument("--data-dir", default=None, help="the service's data directory")
+    audit.set_defaults(func=cmd_audit)
 
     manage = sub.add_parser("manage", help="run a Django management command")
     manage.add_argument("rest", nargs=argparse.REMAINDER)
