@@ -26,6 +26,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from faultline.embedded import Embedded, start_postgres
+from faultline.env import env_str
 
 
 class BackupError(RuntimeError):
@@ -63,9 +64,11 @@ def pg_binary(name: str) -> str:
 
 @contextlib.contextmanager
 def database_url(data_dir: Path) -> Iterator[str]:
-    """DATABASE_URL if set; else the embedded Postgres of `data_dir` (started or adopted,
-    and stopped again only if this process started it)."""
-    url = os.environ.get("DATABASE_URL")
+    """The schema owner's URL where the service runs as `faultline_app` (which may not read
+    everything a dump needs, nor create the schema): FAULTLINE_MIGRATE_DATABASE_URL, else
+    DATABASE_URL, else the embedded Postgres of `data_dir` as its superuser (started or
+    adopted, and stopped again unless another process holds it)."""
+    url = env_str("FAULTLINE_MIGRATE_DATABASE_URL") or env_str("DATABASE_URL")
     if url:
         yield url
         return
