@@ -454,8 +454,8 @@ class AuditLog(models.Model):
 
     `actor` is a name, not a foreign key: deleting a user must never rewrite history,
     and a database trigger (migration 0004) refuses UPDATE and DELETE on this table.
-    `prev_hash` and `hash` chain each row to the one before (console.auditchain), so an
-    edit or deletion made past the trigger shows in `faultline audit verify`.
+    `chain_seq`, `prev_hash` and `hash` chain each row to the one before (console.auditchain),
+    so an edit or deletion made past the trigger shows in `faultline audit verify`.
     """
 
     ts = models.DateTimeField()
@@ -465,8 +465,9 @@ class AuditLog(models.Model):
     object_id = models.CharField(max_length=64, blank=True, default="")
     reason = models.TextField(blank=True, default="")
     data = models.JSONField(default=dict, blank=True)
-    # A database default: a raw INSERT (or a process from before the chain) still writes,
-    # and verify names its row.
+    # Written by Postgres alone, when the row's transaction commits (a deferred trigger,
+    # migration 0016): its place in the chain, the previous row's hash and its own.
+    chain_seq = models.BigIntegerField(null=True, blank=True, unique=True)
     prev_hash = models.CharField(max_length=64, blank=True, db_default="")
     hash = models.CharField(max_length=64, blank=True, db_default="")
 

@@ -2,9 +2,8 @@
 
 Owns `audit` (the only writer of AuditLog rows), how an actor is named on the record and
 the role refusal message. It must not decide whether a change is allowed; the verbs do,
-and the database refuses UPDATE and DELETE on the log (trigger). Each row is chained to
-the one before (console.auditchain): audit late in a transaction, since the chain's lock is
-held from the append to the commit.
+and the database refuses UPDATE and DELETE on the log (trigger) and chains each row to the
+one before when its transaction commits (console.auditchain).
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from console import auditchain
 from console.actions.errors import NotAllowed
 from console.models import AuditLog
 from console.roles import Actor, role_of
@@ -41,7 +39,7 @@ def audit(
     if obj is not None:
         object_type = object_type or type(obj).__name__.lower()
         object_id = object_id or str(obj.pk)
-    row = AuditLog(
+    return AuditLog.objects.create(
         ts=now,
         actor=actor[:150],
         verb=verb,
@@ -50,8 +48,6 @@ def audit(
         reason=reason,
         data=data or {},
     )
-    auditchain.append([row])
-    return row
 
 
 @dataclass(frozen=True)
@@ -67,13 +63,14 @@ class AuditRow:
 def audit_many(rows: list[AuditRow], *, actor: str, now: datetime) -> None:
     """Append many rows in one statement (a delivery of thousands of alerts), inside the
     caller's transaction; the same rows `audit` would write one by one."""
-    auditchain.append(
+    AuditLog.objects.bulk_create(
         [
             AuditLog(ts=now, actor=actor[:150], verb=row.verb,
                      object_type=type(row.obj).__name__.lower(), object_id=str(row.obj.pk),
                      reason=row.reason, data=row.data)
             for row in rows
         ],
+        batch_size=1000,
     )  # fmt: skip
 
 
