@@ -453,7 +453,9 @@ class AuditLog(models.Model):
     """Append-only record of every remediation change and gate decision.
 
     `actor` is a name, not a foreign key: deleting a user must never rewrite history,
-    and a database trigger (migration 0003) refuses UPDATE and DELETE on this table.
+    and a database trigger (migration 0004) refuses UPDATE and DELETE on this table.
+    `chain_seq`, `prev_hash` and `hash` chain each row to the one before (console.auditchain),
+    so an edit or deletion made past the trigger shows in `faultline audit verify`.
     """
 
     ts = models.DateTimeField()
@@ -463,6 +465,11 @@ class AuditLog(models.Model):
     object_id = models.CharField(max_length=64, blank=True, default="")
     reason = models.TextField(blank=True, default="")
     data = models.JSONField(default=dict, blank=True)
+    # Written by Postgres alone, when the row's transaction commits (a deferred trigger,
+    # migration 0016): its place in the chain, the previous row's hash and its own.
+    chain_seq = models.BigIntegerField(null=True, blank=True, unique=True)
+    prev_hash = models.CharField(max_length=64, blank=True, db_default="")
+    hash = models.CharField(max_length=64, blank=True, db_default="")
 
     class Meta:
         ordering = ["-ts", "-id"]

@@ -1,4 +1,5 @@
-"""/healthz (the process serves) and /readyz (database, broker, migrations): no secrets."""
+"""/healthz (the process serves) and /readyz (database, its writes, broker, migrations): no
+secrets."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from django.core.cache import cache
 from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, JsonResponse
+
+from faultline import dbwrites
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -53,10 +56,24 @@ def readyz(request: HttpRequest) -> JsonResponse:
     except DatabaseError:
         checks["database"] = False
         checks["migrations"] = False
+    reasons: dict[str, str] = {}
     try:
         cache.set("readyz", "1", timeout=5)
         checks["broker"] = cache.get("readyz") == "1"
+        # Reachable is not writable: a full volume still answers SELECT 1. The writers
+        # remember their last refusal (faultline.dbwrites); a probe write here would need
+        # a page Postgres has not got yet to fail, which no tiny probe reliably needs.
+        refused = dbwrites.recent()
+        checks["database_writes"] = refused is None
+        if refused is not None:
+            reasons["database_writes"] = (
+                f"writes refused: {refused['reason']} (SQLSTATE {refused['sqlstate']}), "
+                f"last {refused['seconds_ago']:.0f}s ago"
+            )
     except Exception:  # noqa: BLE001 - any broker failure means not ready
         checks["broker"] = False
     ready = all(checks.values())
-    return JsonResponse({"ready": ready, "checks": checks}, status=200 if ready else 503)
+    body: dict[str, object] = {"ready": ready, "checks": checks}
+    if reasons:
+        body["reasons"] = reasons
+    return JsonResponse(body, status=200 if ready else 503)

@@ -70,6 +70,12 @@ NOTIFICATIONS = Counter(
     "Notification deliveries by outcome (sent, refused, retrying, failed).",
     ["outcome"],
 )
+DB_WRITES_REFUSED = Counter(
+    "faultline_db_writes_refused",
+    "Writes Postgres refused for want of a resource (disk_full, out_of_memory, "
+    "insufficient_resources), each answered 503 with Retry-After.",
+    ["reason"],
+)
 WEBSOCKET_CLIENTS = Gauge(
     "faultline_websocket_clients",
     "Websocket clients connected to the live console.",

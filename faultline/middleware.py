@@ -8,6 +8,8 @@ from collections.abc import Callable
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from faultline import dbwrites
+
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
     "img-src 'self' data:; connect-src 'self' ws: wss:; frame-ancestors 'none'; "
@@ -53,3 +55,28 @@ class BodyLimitMiddleware:
 
 def _closing(status: int, message: str) -> HttpResponse:
     return JsonResponse({"error": message}, status=status)
+
+
+class DatabaseRefusalMiddleware:
+    """A write Postgres refused for want of a resource (full disk, out of memory), raised by
+    any view, is answered 503 with Retry-After and counted (faultline.dbwrites): the
+    request's transaction rolled back whole, and the caller should retry, not report a bug
+    (a 500). Other exceptions pass through untouched."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        refused = dbwrites.refusal(exception)
+        if refused is None:
+            return None
+        dbwrites.record(*refused)
+        response = JsonResponse(
+            {"error": f"database refused writes ({refused[0]}): nothing was changed; retry later"},
+            status=503,
+        )
+        response["Retry-After"] = str(dbwrites.RETRY_AFTER_S)
+        return response

@@ -96,6 +96,8 @@ MIDDLEWARE = [
     "faultline.middleware.SecurityHeadersMiddleware",
     # Innermost, so its 400 still gets the headers above; Postgres cannot hold NUL.
     "faultline.nul.RejectNulMiddleware",
+    # A view's write refused for a full disk: 503 with Retry-After, never a 500.
+    "faultline.middleware.DatabaseRefusalMiddleware",
 ]
 
 ROOT_URLCONF = "faultline.urls"

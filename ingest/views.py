@@ -18,7 +18,7 @@ from django.views.decorators.http import require_POST
 
 from agents import protocol
 from console import live, scheduling
-from faultline import metrics
+from faultline import dbwrites, metrics
 from ingest import ratelimit
 from ingest.agent_actions import actions_for_node
 from ingest.auth import (
@@ -50,14 +50,31 @@ def _body(request: HttpRequest) -> bytes:
     return raw
 
 
+def _unavailable(exc: OperationalError) -> JsonResponse:
+    """503 for a database that cannot take the batch now; a full disk (or memory) is named,
+    counted and given a longer Retry-After, since only an operator can clear it."""
+    refused = dbwrites.refusal(exc)
+    if refused is not None:
+        reason, sqlstate = refused
+        dbwrites.record(reason, sqlstate)
+        log.error("ingest: the database refused the batch's writes: %s (%s)", reason, sqlstate)
+        return _error(
+            503,
+            f"database refused writes ({reason}): nothing of the batch was stored; retry later",
+            retry_after=dbwrites.RETRY_AFTER_S,
+        )
+    log.warning("ingest: database unavailable", exc_info=True)
+    return _error(503, "database unavailable: retry later", retry_after=5)
+
+
 @csrf_exempt
 @require_POST
 def ingest(request: HttpRequest) -> JsonResponse:
     try:
         # Cached: the store confirms in the batch's transaction that it is still live.
         credential = authenticate_cached(request.headers.get("Authorization", ""))
-    except OperationalError:
-        return _error(503, "database unavailable: retry later", retry_after=5)
+    except OperationalError as exc:
+        return _unavailable(exc)
     if credential is None:
         return _error(401, "missing, unknown or revoked agent token")
     if ratelimit.known_over(credential.pk):
@@ -109,9 +126,8 @@ def ingest(request: HttpRequest) -> JsonResponse:
         # A number the contract allows but a live-state column cannot hold: the agent's
         # fault, so 400 (a retry would fail the same way), and nothing was stored.
         return _error(400, f"batch: a value is out of range for storage ({exc})")
-    except OperationalError:
-        log.warning("ingest: database unavailable", exc_info=True)
-        return _error(503, "database unavailable: retry later", retry_after=5)
+    except OperationalError as exc:
+        return _unavailable(exc)
     except DatabaseError:
         log.exception("ingest: batch rejected by the database")
         return _error(503, "batch could not be stored: retry later", retry_after=5)

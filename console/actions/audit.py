@@ -2,8 +2,9 @@
 
 Owns `audit` (the only writer of AuditLog rows), how an actor is named on the record, and
 `require`: the one check every verb makes of the permission table (console.policy.roles)
-with the refusal message. It must not decide which role a change needs (the table does)
-and the database refuses UPDATE and DELETE on the log (trigger).
+with the refusal message. It must not decide which role a change needs (the table does).
+The database refuses UPDATE and DELETE on the log (trigger) and chains each row to the one
+before when its transaction commits (console.auditchain).
 """
 
 from __future__ import annotations

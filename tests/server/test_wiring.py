@@ -50,7 +50,7 @@ def test_it_reports_liveness_and_readiness_without_secrets(client):
     assert ready.status_code == 200
     assert ready.json() == {
         "ready": True,
-        "checks": {"database": True, "migrations": True, "broker": True},
+        "checks": {"database": True, "migrations": True, "broker": True, "database_writes": True},
     }
 
 
@@ -66,7 +66,9 @@ def test_readiness_sees_a_migration_unapplied_after_it_was_ready(client):
         )
     ready = client.get("/readyz")
     assert ready.status_code == 503
-    assert ready.json()["checks"] == {"database": True, "migrations": False, "broker": True}
+    assert ready.json()["checks"] == {
+        "database": True, "migrations": False, "broker": True, "database_writes": True
+    }  # fmt: skip
 
 
 def test_it_ships_a_compose_file_with_every_role_and_healthchecks():

@@ -63,6 +63,13 @@ def test_it_lets_the_app_role_append_and_read_the_audit_log(app_conn):
     row = _append(app_conn)
     found = app_conn.execute("SELECT verb FROM console_auditlog WHERE id = %s", [row])
     assert found.fetchone() == ("test.appended",)
+    # Its commit sealed it into the hash chain (the seal runs as the table's owner).
+    sealed = app_conn.execute("SELECT chain_seq, hash FROM console_auditlog WHERE id = %s", [row])
+    seq, digest = sealed.fetchone()
+    assert seq is not None and len(digest) == 64
+    from console import auditchain
+
+    assert auditchain.verify().ok
 
 
 DENIED = "permission denied for table console_auditlog"
