@@ -11,7 +11,7 @@ Understood layouts, one checkpoint per sub-directory of a configured root:
     (-> written; the cursor is optional) and a `COMMITTED` marker (-> committed).
 Group, generation, step and checkpoint id come from `faultline.json` in the checkpoint
 dir ({"group", "generation", "step", "checkpoint_id"}, and optionally "data_cursor": where
-a restore resumes the data, issue 20), else from the root's config, with the step parsed
+a restore resumes the data), else from the root's config, with the step parsed
 from the directory name (`step_000100` -> 100).
 Hashing runs in one low-priority thread at a bounded read rate so it cannot starve the
 trainer's own checkpoint I/O.

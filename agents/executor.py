@@ -9,7 +9,7 @@ wise — the service's gates and human approvers do — but it does refuse what 
 stale: an action for an older generation than the newest it has seen for that group
 (fencing, DESIGN.md §1 contract 1). Hooks run as argument lists, never through a shell.
 
-It does not trust the server for what reaches a hook or a backend (issue 22 #8): an action
+It does not trust the server for what reaches a hook or a backend: an action
 must carry a valid signature made with this agent's key (agents/signing.py) unless
 `allow_unsigned` is configured for a migration; its kind must be one this node accepts
 (`allowed_kinds`, default: the kinds with a hook, plus every contract kind when a

@@ -1,4 +1,4 @@
-"""Read a PyTorch flight-recorder dump and turn it into contract records (issue 17).
+"""Read a PyTorch flight-recorder dump and turn it into contract records.
 
 Owns the translation from a flight-recorder dump (the pickle PyTorch's NCCL watchdog
 writes on a timeout, or `torch._C._distributed_c10d._dump_nccl_trace()` returns) into the

@@ -65,7 +65,7 @@ FIELDS: dict[str, frozenset[str]] = {
         }
     ),
     "collective": frozenset({"group", "generation", "rank", "entries"}),
-    "process_groups": frozenset({"group", "generation", "rank", "groups"}),  # issue 17
+    "process_groups": frozenset({"group", "generation", "rank", "groups"}),
     "checkpoint": frozenset(
         {
             "group",
@@ -76,7 +76,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "manifest",
             "duration_ms",
             "detail",
-            "data_cursor",  # issue 20
+            "data_cursor",
         }
     ),
     "transition": frozenset(
@@ -92,7 +92,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "data_cursor",
             "model_version",
             "job",
-            "objectives",  # issue 20
+            "objectives",
             "nodes",  # the generation's rendezvous (docs/security.md, "Who owns a group")
         }
     ),
@@ -109,7 +109,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "generation",
         }
     ),
-    # correctness probes (issue 23)
+    # correctness probes
     "probe": frozenset(
         {
             "group",
@@ -130,7 +130,7 @@ REQUIRED: dict[str, frozenset[str]] = {
     "process": frozenset({"group", "generation", "rank", "event"}),
     "step": frozenset({"group", "generation", "rank", "step"}),
     "collective": frozenset({"group", "generation", "rank", "entries"}),
-    "process_groups": frozenset({"group", "generation", "rank", "groups"}),  # issue 17
+    "process_groups": frozenset({"group", "generation", "rank", "groups"}),
     "checkpoint": frozenset({"group", "generation", "checkpoint_id", "phase"}),
     "transition": frozenset({"group", "generation", "to_state"}),
     "serving": frozenset({"group", "worker", "window"}),

@@ -104,7 +104,7 @@ class DeviceSample(_Record, tag="device_sample"):
     mem_util_pct: Pct | None = None
 
 
-# -- Xid recovery action (issue 18) ---------------------------------------------------
+# -- Xid recovery action ---------------------------------------------------
 # What the GPU needs, as the driver says it: NVML's nvmlDeviceGetGpuRecoveryAction when the
 # event was read, else the kernel log's own words (the Xid 154 line "GPU recovery action
 # changed from ... to ...", or NVIDIA's decode of an NVLink5 Xid's fields: a fatal decode
@@ -120,7 +120,7 @@ class DeviceEvent(_Record, tag="device_event"):
     event: Code
     code: int | None = None
     detail: Short | None = None
-    recovery_action: RecoveryAction | None = None  # issue 18: see RecoveryAction above
+    recovery_action: RecoveryAction | None = None  # see RecoveryAction above
 
 
 class Process(_Record, tag="process"):
@@ -165,7 +165,7 @@ class Step(_Record, tag="step"):
     grad_norm: Real | None = None
     loss_scale: Real | None = None
     overflow: bool | None = None
-    # Correlation (issue 23): the logical step's stable id, the same on every rank.
+    # Correlation: the logical step's stable id, the same on every rank.
     step_id: Name | None = None
     # Utilisation, added to v1 additively: the FLOPs this rank's step did by the model's
     # count (MFU's numerator) and by the hardware's (rematerialisation included: HFU's),
@@ -176,7 +176,7 @@ class Step(_Record, tag="step"):
     lr: Real | None = None
 
 
-# -- collectives: process groups and per-call detail (issue 17) -----------------------
+# -- collectives: process groups and per-call detail -----------------------
 # Matching needs to know who is in which process group and what each call moved. Every
 # field below is optional: a payload from before these fields existed means what it meant.
 MAX_PG_RANKS = 16384
@@ -224,7 +224,7 @@ class ProcessGroups(_Record, tag="process_groups"):
     groups: Annotated[list[ProcessGroupInfo], Meta(max_length=MAX_PROCESS_GROUPS)]
 
 
-# -- end of issue 17 block ---------------------------------------------------------------
+# -- end of the process-group block -----------------------------------------------------
 
 
 class Collective(_Record, tag="collective"):
@@ -255,13 +255,13 @@ class Checkpoint(_Record, tag="checkpoint"):
     manifest: Manifest | None = None
     duration_ms: NonNeg | None = None
     detail: Short | None = None
-    # Issue 20: the data cursor a restore from this checkpoint resumes at (the samples its
+    # the data cursor a restore from this checkpoint resumes at (the samples its
     # saved loader state has consumed, in the steps' `data_cursor` units). Absent: the
     # checkpoint saved no loader state, so exactly-once resume cannot be proven.
     data_cursor: Count | None = None
 
 
-# -- recovery objectives (issue 20) -------------------------------------------------------
+# -- recovery objectives -------------------------------------------------------
 # What a group promises about recovery (the seed's RPO, RTO, data consistency and serving
 # semantics, plus its goodput SLO). The one definition of the vocabularies: the service's
 # REST, pool defaults and diagnosis import them from here.
@@ -323,7 +323,7 @@ class Transition(_Record, tag="transition"):
     # The nodes of this generation's rendezvous (node names): from the group's launcher or
     # one of its hosts, they become the nodes that may place the group's ranks.
     nodes: Annotated[list[Name], Meta(max_length=MAX_GROUP_NODES)] | None = None
-    # Issue 20: the launcher's recovery objectives for the group (replace what it declared
+    # the launcher's recovery objectives for the group (replace what it declared
     # before, key by key; an operator's REST overrides win).
     objectives: Objectives | None = None
 
@@ -354,7 +354,7 @@ class ServingWindowStats(Struct, gc=False, forbid_unknown_fields=True, omit_defa
     # Correlation: the window's first and last request ids (its requests, end to end).
     first_request_id: Name | None = None
     last_request_id: Name | None = None
-    # The worker's process ended (issue 23): sent by whoever saw it exit (its launcher,
+    # The worker's process ended: sent by whoever saw it exit (its launcher,
     # supervisor or router) as the worker's last window, `active`/`queued` = the requests
     # the sender knew in flight on it. A worker's next window (after a restart) supersedes it.
     exited: bool = False
@@ -389,7 +389,7 @@ class Serving(_Record, tag="serving"):
     generation: Generation | None = None
 
 
-# ---- correctness probes (issue 23) ---------------------------------------------------------
+# ---- correctness probes ---------------------------------------------------------
 # The seed's fourth health check: a fixed input still gives the expected answer. A training
 # rank reports a fixed batch's loss (`value`) or a checksum of a deterministic forward pass
 # every N steps; a serving worker a fixed request's output checksum. Compared across ranks at
@@ -412,7 +412,7 @@ class Probe(_Record, tag="probe"):
 
 
 # ---- end of correctness probes ---------------------------------------------------------------
-# -- host, network and kernel evidence (issue 18) ----------------------------------------
+# -- host, network and kernel evidence ----------------------------------------
 # Bounded records of the layers below the GPU. No free text: event codes (agents/kmsg.py,
 # agents/host.py define the vocabularies), device names and numbers only.
 PortName = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:@/\-]+$")]

@@ -364,7 +364,7 @@ class Reporter:
         except Exception:  # noqa: BLE001 -- never raise into the workload; count it
             self.dropped += 1
 
-    # -- process groups (issue 17) ------------------------------------------------------
+    # -- process groups ------------------------------------------------------
     def collective_encoded(self, fragments: list[str]) -> None:
         """`collective` with each entry already JSON-encoded (agents.torch caches the
         encoding of entries that did not change: re-encoding a 256-entry window every step
@@ -391,7 +391,7 @@ class Reporter:
         except Exception:  # noqa: BLE001 -- never raise into the workload; count it
             self.dropped += 1
 
-    # -- end of issue 17 block -----------------------------------------------------------
+    # -- end of the process-group block ---------------------------------------------------
 
     def checkpoint(
         self,
@@ -416,7 +416,7 @@ class Reporter:
                 ("step", step),
                 ("manifest", manifest),
                 ("duration_ms", duration_ms),
-                ("data_cursor", data_cursor),  # issue 20: where a restore resumes the data
+                ("data_cursor", data_cursor),  # where a restore resumes the data
                 ("detail", None if detail is None else scrub(detail, 256)),
             ):
                 if value is not None:
@@ -457,7 +457,7 @@ class Reporter:
                 ("data_cursor", data_cursor),
                 ("model_version", model_version),
                 ("job", job or self.job),
-                ("objectives", objectives),  # issue 20: RPO, RTO, consistency, semantics
+                ("objectives", objectives),  # RPO, RTO, consistency, semantics
                 ("nodes", list(nodes) if nodes is not None else None),
             ):
                 if value is not None:

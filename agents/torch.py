@@ -63,7 +63,7 @@ def _first_tensor(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     return None
 
 
-# -- what one call moved (issue 17) ------------------------------------------------------
+# -- what one call moved ------------------------------------------------------
 # op -> (input argument, output argument): lists of tensors count their elements together.
 _TENSORS = {
     "all_reduce": ("tensor", "tensor"),

@@ -6,7 +6,7 @@ times GET /groups/<name>/ and GET /api/v1/pages/groups/<name>/charts/ with the D
 test client (server time and bytes; goal <= 300 ms and <= 1 MB each), next to two
 baselines measured in the same run: `SELECT count(*)` over the group's step rows and the
 fleet page. The cold chart is timed twice: from raw rows (before any step-bin rollup, as
-before issue 6), and after the rollup ran as Celery beat runs it (`ingest.step_bins`:
+before the rollup existed), and after the rollup ran as Celery beat runs it (`ingest.step_bins`:
 closed 5 s buckets rolled, the last seconds read raw). The rollup passes are timed too:
 the first (catch-up) pass over the whole window, the steady pass beat repeats every 5 s
 (the last 3 closed buckets, ~200k step rows at 16k ranks) and the once-a-minute refold

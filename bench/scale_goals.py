@@ -1,4 +1,4 @@
-"""Issue 19's goals in one run: the benches that measure them, each goal met or not.
+"""The scale goals in one run: the benches that measure them, each goal met or not.
 
 Made for a box bigger than the project's 2-vCPU machine, where the goals that depend on
 cores (steady ingest against one COPY connection; a 16k-rank job stepping once a second)

@@ -17,7 +17,7 @@ def apply_xid_overrides() -> None:
 
 
 def check_objectives() -> None:
-    """Validate FAULTLINE_OBJECTIVES (pool defaults of the recovery objectives, issue 20) so
+    """Validate FAULTLINE_OBJECTIVES (pool defaults of the recovery objectives) so
     a typo stops startup instead of failing the first diagnosis."""
     from console.policy.objectives import pool_defaults
 

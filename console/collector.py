@@ -1,4 +1,4 @@
-"""The cyclic garbage collector around live diagnosis passes (issue 19).
+"""The cyclic garbage collector around live diagnosis passes.
 
 A worker that keeps a 16k-rank group's live state (`console.snapshots`) holds ~5 M
 objects; a gen-2 collection walks all of them (0.7-0.9 s) and lands on whichever pass

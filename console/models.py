@@ -142,7 +142,7 @@ class ConsistencyGroup(models.Model):
     # Serving SLO overrides (ttft_ms_p99, tpot_ms_p99, e2e_ms_p99, goodput_target); the
     # defaults live in console.diagnosis.records.ServingSlo.
     slo = models.JSONField(default=dict, blank=True)
-    # Recovery objectives (issue 20) by who declared them: {"launcher": {...}, "operator":
+    # Recovery objectives by who declared them: {"launcher": {...}, "operator":
     # {...}}, keys agents.protocol.OBJECTIVE_KEYS; pool defaults come from settings.
     # console.queries.objectives merges them (operator > launcher > pool > default).
     objectives = models.JSONField(default=dict, blank=True)

@@ -49,7 +49,7 @@ def _node_grid(nodes: list[dict[str, Any]]) -> SafeString:
     """The fleet grid's markup, every node in order: a compact tile or a card with its GPUs.
 
     Built here, not in the template: the template engine spent more on 2,048 tiles (and
-    on each sick card's GPU cells) than the queries did (issue 19). The same markup the
+    on each sick card's GPU cells) than the queries did. The same markup the
     template wrote, and the same as static/console/fleet.js draws for a live push; every
     value is escaped as the template's autoescape did (`html.escape`, which Django's
     `escape` wraps: 3,000 calls through Django's lazy wrapper were a third of the grid).

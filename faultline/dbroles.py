@@ -1,7 +1,7 @@
 """Database roles: migrations own the schema, the service runs as `faultline_app`.
 
-Owns the grants that make the audit log append-only against the service itself (issue 22
-#9). The role that runs migrations (the owner) keeps owning `console_auditlog` and its
+Owns the grants that make the audit log append-only against the service itself.
+The role that runs migrations (the owner) keeps owning `console_auditlog` and its
 trigger; the service's runtime role may only SELECT and INSERT there, so it can neither
 UPDATE, DELETE nor TRUNCATE a row, nor disable the trigger (owner only), nor set
 `session_replication_role` (superuser only). Elsewhere it gets plain DML, plus ownership

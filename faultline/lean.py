@@ -3,7 +3,7 @@
 Every agent batch passed the whole middleware stack and the URL resolver, although the
 endpoint reads no session, no cookie, no user and no message and is CSRF-exempt (it
 authenticates by its bearer token, ingest.auth). At a fleet at rest the fixed cost per
-batch is what limits ingest (docs/performance.md, issue 19), so faultline.wsgi sends this
+batch is what limits ingest (docs/performance.md), so faultline.wsgi sends this
 one path here: the same view, the same response headers (the security, metrics and NUL
 middleware still run, in the configured order), no resolver walk. Any other middleware
 added to settings.MIDDLEWARE later runs here too unless it is named in SKIPPED.

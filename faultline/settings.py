@@ -341,7 +341,7 @@ SPECTACULAR_SETTINGS = {
     # /api/schema/ and /api/docs/ map every operation: viewers and up only, like the API.
     "SERVE_PERMISSIONS": ["console.api.permissions.IsViewer"],
     "COMPONENT_SPLIT_REQUEST": True,
-    # Group and GroupDetail (issue 20) share these choice sets: name them once.
+    # Group and GroupDetail share these choice sets: name them once.
     "ENUM_NAME_OVERRIDES": {
         "GroupKindEnum": "console.choices.GroupKind",
         "GroupStateEnum": "console.choices.GroupState",
@@ -453,7 +453,7 @@ FAULTLINE_REMEDIATION_POOLS = _REMEDIATION.get("remediation") or {}
 
 
 def _objectives_file(path: str) -> dict[str, Any]:
-    """`FAULTLINE_OBJECTIVES`: a TOML or JSON file of recovery objectives per pool (issue 20):
+    """`FAULTLINE_OBJECTIVES`: a TOML or JSON file of recovery objectives per pool:
     `[default]` and `[pools.<name>]` with agents.protocol.Objectives keys; validated where
     used (console.queries.objectives), loudly."""
     if not path:

@@ -252,7 +252,7 @@ class CheckpointRecord(_GroupRecord):
     manifest = models.JSONField(null=True)
     duration_ms = models.FloatField(null=True)
     detail = models.CharField(max_length=256, null=True)
-    data_cursor = models.BigIntegerField(null=True)  # where a restore resumes (issue 20)
+    data_cursor = models.BigIntegerField(null=True)  # where a restore resumes
 
     class Meta:
         indexes = [models.Index(fields=["group", "checkpoint_id", "ts"])]
@@ -290,7 +290,7 @@ class ServingWindow(_GroupRecord):
 
 
 class ProbeRecord(_GroupRecord):
-    """A correctness probe's answer: a fixed input's loss or output checksum (issue 23).
+    """A correctness probe's answer: a fixed input's loss or output checksum.
 
     Event-sized (every N steps per rank, or every few seconds per serving worker), so not
     partitioned; the diagnosis compares answers across ranks at one step and over time.
@@ -445,7 +445,7 @@ class RollupMark(models.Model):
         return f"{self.name} [{self.rolled_from:%H:%M:%S}, {self.rolled_until:%H:%M:%S})"
 
 
-# -- host, network and kernel evidence (issue 18) ------------------------------------------
+# -- host, network and kernel evidence ------------------------------------------
 # Event-sized tables (host_event, net_event) keep their rows: incidents cite them. The
 # per-round samples (net_sample, host_sample) are trimmed to a day by retention.run; the
 # snapshot reads only their newest row per node and port.

@@ -65,7 +65,7 @@ def run(*, now: datetime, keep_days: int, policy: Policy | None = None) -> dict[
     # the minute rollups): keep one day of them, not the raw retention. At 16k ranks that
     # is ~4.4M small rows, removed by an hourly DELETE by bucket.
     removed["ingest_stepbinrollup"] = step_bins.trim(before=max(cutoff, now - STEP_BINS_KEEP))
-    # Host and network samples (issue 18) feed only the snapshot's newest row per node and
+    # Host and network samples feed only the snapshot's newest row per node and
     # port: a day of them is plenty (their events are kept).
     for model in (HostSample, NetSample):
         deleted, _ = model.objects.filter(ts__lt=now - HOST_SAMPLES_KEEP).delete()

@@ -24,7 +24,7 @@ class SloError(ChangeError):
 
 
 class ObjectivesError(ChangeError):
-    """Recovery objectives we cannot use (issue 20); the message names the key and why."""
+    """Recovery objectives we cannot use; the message names the key and why."""
 
 
 class Conflict(RemediationError):

@@ -81,7 +81,7 @@ def fleet_state(*, exclude: int | None, include_proposed: bool) -> inputs.FleetS
         pool_gpus[node_pool[n]] = pool_gpus.get(node_pool[n], 0) + 1
     isolated = {g for g, _, i in gpus if i}
     states = [*ACTION_LIVE_STATES, ActionState.PROPOSED] if include_proposed else ACTION_LIVE_STATES
-    # A dry run never runs, so it takes nothing out (issue 22 #1).
+    # A dry run never runs, so it takes nothing out.
     pending = Action.objects.filter(state__in=states, dry_run=False).exclude(pk=exclude)
     for kind, node, gpu in pending.values_list("kind", "node__name", "gpu"):
         if kind in NODE_KINDS and node:

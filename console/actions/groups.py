@@ -2,7 +2,7 @@
 objectives.
 
 Owns validating and storing a group's SLO (keys are console.diagnosis.records.ServingSlo's
-fields, the one definition) and the operator's recovery objectives (issue 20; keys and
+fields, the one definition) and the operator's recovery objectives (keys and
 values are agents.protocol.Objectives', validated by console.policy.objectives), the audit
 entry and the re-diagnosis after commit. It must not touch the group's live state (ingest
 and the pipeline own that) nor the launcher's declaration (ingest stores it beside).

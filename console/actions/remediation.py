@@ -61,7 +61,7 @@ from console.roles import Actor, role_of
 log = logging.getLogger(__name__)
 
 OUTPUT_LIMIT = 4096
-# A dispatched action whose agent reports nothing this long fails (issue 22 #11).
+# A dispatched action whose agent reports nothing this long fails.
 DEFAULT_DEADLINE_S = 900
 
 

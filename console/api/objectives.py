@@ -1,4 +1,4 @@
-"""Recovery objectives of a group (issue 20): read the effective set with where each key came
+"""Recovery objectives of a group: read the effective set with where each key came
 from, replace the operator's (operator or admin, audited through console.actions), and the
 checkpoint-interval / hot-spare advice computed from the group's own numbers."""
 

@@ -121,7 +121,7 @@ class GroupSerializer(serializers.ModelSerializer):
 
 class GroupDetailSerializer(GroupSerializer):
     """One group: adds its recovery objectives (with sources) and the checkpoint-interval
-    and hot-spare advice (issue 20); not in the list, where it would cost a query per row."""
+    and hot-spare advice; not in the list, where it would cost a query per row."""
 
     objectives = serializers.SerializerMethodField()
     checkpoint_advice = serializers.SerializerMethodField()

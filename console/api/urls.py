@@ -74,7 +74,7 @@ urlpatterns += [
     path("pages/incidents/<int:pk>/", pages.IncidentPage.as_view(), name="page-incident"),
 ]
 
-# Recovery objectives and checkpoint advice of a group (issue 20).
+# Recovery objectives and checkpoint advice of a group.
 from console.api import objectives as objective_views  # noqa: E402 - appended section
 
 urlpatterns += [

@@ -65,7 +65,7 @@ class DiagnosisConfig:
     slo_target: float = 0.95
     serving_retry_ratio: float = 0.1
     serving_retry_min: int = 20
-    # host (issue 18): kernel events older than this explain nothing now; a checkpoint
+    # host: kernel events older than this explain nothing now; a checkpoint
     # disk with at most this fraction free is full
     host_event_window_s: float = 1800.0
     disk_full_free_fraction: float = 0.01

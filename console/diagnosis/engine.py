@@ -55,7 +55,7 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("contracts", contracts.run),
     ("checkpoints", checkpoints.run),
     ("restarts", restarts.run),
-    ("objectives", objectives.run),  # issue 20: needs the valid checkpoint
+    ("objectives", objectives.run),  # needs the valid checkpoint
     ("numerics", numerics.run),
     ("probes", probes.run),
     ("device", device.run),
@@ -85,7 +85,7 @@ NO_RESTART = (
             "checkpoint_corrupt",
             "checkpoint_missing_shard",
             "checkpoint_modified",
-            # host evidence (issue 18): the group keeps running; the node needs a look
+            # host evidence: the group keeps running; the node needs a look
             "machine_check",
             "pcie_aer",
             "nvswitch_error",
@@ -93,7 +93,7 @@ NO_RESTART = (
         }
     )
     | RISK_KINDS
-)  # issue 20: a risk (RPO/RTO) needs no restart and never blocks one
+)  # a risk (RPO/RTO) needs no restart and never blocks one
 # Root causes whose node must be left out of the restarted group.
 EXCLUDE_NODE = frozenset({"xid", "gpu_lost", "ecc_dbe", "node_down"})
 ROLE_ORDER = {"root_cause": 0, "undetermined": 1, "symptom": 2}
@@ -242,7 +242,7 @@ def _recovery(
         return Recovery(False, storm, ckpt_id, *losses)
     if f.kind in NO_RESTART or f.severity == MINOR:
         return Recovery(True, f"no restart needed: {f.summary}", ckpt_id)
-    if ctx.restart_unsafe is not None:  # issue 20: the group's data consistency
+    if ctx.restart_unsafe is not None:  # the group's data consistency
         return Recovery(False, ctx.restart_unsafe, ckpt_id, *losses)
     if ctx.snap.kind == "training" and ckpt is None:
         return Recovery(

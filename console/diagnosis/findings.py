@@ -25,7 +25,7 @@ MINOR = "minor"
 INFO = "info"
 SEVERITY_RANK = {CRITICAL: 0, MAJOR: 1, MINOR: 2, INFO: 3}
 
-# Recovery objectives (issue 20, rules/objectives.py): a promise at risk or broken. They are
+# Recovery objectives (rules/objectives.py): a promise at risk or broken. They are
 # risks, not faults: they head their own incident, never need a restart, never block one
 # and call for no remediation (console.policy.remediation maps them to nothing).
 RPO_EXCEEDED = "rpo_exceeded"  # newest valid checkpoint older than the RPO

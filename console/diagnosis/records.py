@@ -97,7 +97,7 @@ class CollectiveEntry:
     dtype: str | None
     state: str  # scheduled | started | completed
     started_ts: datetime | None = None
-    # Contract v1 additions (issue 17); absent in older payloads.
+    # Contract v1 additions; absent in older payloads.
     out_numel: int | None = None
     out_dtype: str | None = None
     in_splits: tuple[int, ...] | None = None
@@ -198,7 +198,7 @@ class CheckpointEvent:
     manifest: Manifest | None
     duration_ms: float | None = None
     detail: str | None = None  # e.g. the agent naming the shard that changed
-    data_cursor: int | None = None  # where a restore resumes the data (issue 20)
+    data_cursor: int | None = None  # where a restore resumes the data
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +264,7 @@ SLO_KEYS: tuple[str, ...] = tuple(f.name for f in fields(ServingSlo))
 
 @dataclass(frozen=True, slots=True)
 class Objectives:
-    """A group's effective recovery objectives (issue 20), already merged and validated by
+    """A group's effective recovery objectives, already merged and validated by
     console.policy.objectives; None means nothing was promised. `sources` names who set
     each key (operator, launcher, pool:<name>, default) for the evidence."""
 
@@ -303,7 +303,7 @@ class ContractFinding:
 
 @dataclass(frozen=True, slots=True)
 class ProbeRecord:
-    """A correctness probe's answer (issue 23): a fixed input's `value` and/or `checksum`,
+    """A correctness probe's answer: a fixed input's `value` and/or `checksum`,
     from a training rank (`rank`, `step`) or a serving worker (`worker`, `model_version`)."""
 
     ts: datetime
@@ -317,7 +317,7 @@ class ProbeRecord:
     model_version: str | None = None
 
 
-# -- host, network and kernel evidence (issue 18) ------------------------------------------
+# -- host, network and kernel evidence ------------------------------------------
 @dataclass(frozen=True, slots=True)
 class HostEvent:
     """A kernel-log event of a node (agents/kmsg.py codes: oom_kill, mce, aer_*, ...)."""

@@ -125,13 +125,13 @@ class GroupSnapshot:
     contract_findings: tuple[ContractFinding, ...] = ()
     slo: ServingSlo = field(default_factory=ServingSlo)
     probes: tuple[ProbeRecord, ...] = ()  # oldest first, every generation
-    # Host, network and kernel evidence of the group's nodes (issue 18), oldest first.
+    # Host, network and kernel evidence of the group's nodes, oldest first.
     host_events: tuple[HostEvent, ...] = ()
     net_events: tuple[NetEvent, ...] = ()
     net_ports: tuple[NetPort, ...] = ()  # newest sample per (node, port)
     hosts: tuple[HostState, ...] = ()  # newest host sample per node
     process_groups: tuple[ProcessGroup, ...] = ()  # active generation, sorted by pg
-    objectives: Objectives = field(default_factory=Objectives)  # issue 20: RPO, RTO, ...
+    objectives: Objectives = field(default_factory=Objectives)  # RPO, RTO, ...
 
 
 def _num(value: Any) -> float | None:

@@ -1,4 +1,4 @@
-"""User API tokens as SHA-256 hashes (issue 22 #10); existing DRF tokens are moved over.
+"""User API tokens as SHA-256 hashes; existing DRF tokens are moved over.
 
 DRF's `authtoken_token` kept each token in clear and the admin listed it. Forward: every
 row there is copied as its hash (same user, same token keeps working) and the clear rows

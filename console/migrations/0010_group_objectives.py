@@ -1,4 +1,4 @@
-# Issue 20: a consistency group's recovery objectives (RPO, RTO, consistency, semantics).
+# a consistency group's recovery objectives (RPO, RTO, consistency, semantics).
 
 from django.db import migrations, models
 

@@ -1,5 +1,5 @@
 """The node whose ingest batch created a group: the only one that may transition it before
-any rank is placed (issue 22, finding 3). Existing groups get NULL (no creator known)."""
+any rank is placed (finding 3). Existing groups get NULL (no creator known)."""
 
 import django.db.models.deletion
 from django.db import migrations, models

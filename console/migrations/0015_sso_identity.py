@@ -1,4 +1,4 @@
-"""SSO accounts keyed by (issuer, sub) instead of the username claim (issue 42, item 3).
+"""SSO accounts keyed by (issuer, sub) instead of the username claim.
 
 Existing `sso:` accounts are linked to the identity that created them, read from their
 first `sso_login` audit row (it records issuer and sub). An account no identity created

@@ -1,4 +1,4 @@
-"""Checkpoint-interval and hot-spare advice from a group's own numbers (issue 20).
+"""Checkpoint-interval and hot-spare advice from a group's own numbers.
 
 Owns the closed forms — Young's optimal interval sqrt(2*C*M), Daly's first-order
 sqrt(2*C*M) - C and his higher-order correction — the expected-waste models they minimise,

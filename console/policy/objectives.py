@@ -1,4 +1,4 @@
-"""Recovery objectives (issue 20): validate a declaration and merge a group's effective set.
+"""Recovery objectives: validate a declaration and merge a group's effective set.
 
 Owns the precedence — an operator's REST declaration over the launcher's (a `transition`'s
 `objectives`) over the pool's default over the fleet default — and which source set each

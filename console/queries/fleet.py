@@ -31,7 +31,7 @@ def groups_overview() -> QuerySet[ConsistencyGroup]:
 
     Not two joined `Count(distinct=True)`: the join repeats each group's whole row
     (summary JSON and all) once per rank x incident and sorts that, which spilled 13 MB to
-    disk for one 16,384-rank group and cost the fleet page 50-330 ms (issue 19).
+    disk for one 16,384-rank group and cost the fleet page 50-330 ms.
     """
     return ConsistencyGroup.objects.annotate(
         open_incidents=_count(Incident.objects.exclude(state="resolved")),
@@ -87,7 +87,7 @@ def fleet_grid(
     A grid of more than `compact_above` nodes is compact: there a healthy, unflagged node
     (its own and every GPU's health `ok`, not quarantined, cordoned or latched) is a tile,
     which shows no GPU, so Postgres builds no GPU list for it. Building 16k GPUs' JSON was
-    most of a 2,048-node page (issue 19); a sick fleet still gets every sick node's card.
+    most of a 2,048-node page; a sick fleet still gets every sick node's card.
     """
     ids_sql, ids_params = _node_ids(None, labels, hardware)
     with connection.cursor() as cur:
@@ -141,7 +141,7 @@ def _grid_nodes(rows: list[tuple[Any, ...]]) -> list[FleetNode]:
 
 
 # One node's GPU list as JSON: Postgres builds it, decoded once per node, so no per-GPU
-# Python object or JSON decode (issue 19: the per-field decodes of `last_sample` were most
+# Python object or JSON decode (the per-field decodes of `last_sample` were most
 # of a 2,048-node page). The same fields as ingest's NODE_CARD (ingest.store.fleet_card),
 # which a test holds equal.
 _DEVICES = """coalesce((

@@ -1,4 +1,4 @@
-"""Reads for a group's recovery objectives and its checkpoint-interval advice (issue 20).
+"""Reads for a group's recovery objectives and its checkpoint-interval advice.
 
 Owns where the inputs come from: the pool defaults (settings.FAULTLINE_OBJECTIVES), the
 group's pool (the pool most of its ranks' nodes are in), its declared objectives, its

@@ -555,7 +555,7 @@ def evidence_records(
          "draining", "window"],
         node_names,
     )  # fmt: skip
-    # Correctness probes: compared across ranks at one step and over time (issue 23).
+    # Correctness probes: compared across ranks at one step and over time.
     probes = m.ProbeRecord.objects.filter(
         group=group, generation=group.generation, stale=False, ts__gte=now - EVENT_WINDOW
     ).order_by("-ts")[:MAX_PROBE_ROWS]
@@ -606,7 +606,7 @@ def contract_violations(group: ConsistencyGroup, now: datetime) -> list[dict[str
     ]
 
 
-# -- host, network and kernel evidence (issue 18) ------------------------------------------
+# -- host, network and kernel evidence ------------------------------------------
 # Kernel events explain exits for as long as the stop lasts (a day, like device events);
 # net events and the newest samples speak for the last EVENT_WINDOW only: a link that
 # flapped an hour ago does not explain a collective that is slow now.
@@ -661,7 +661,7 @@ def _node_rows(
     return _records(_fetch(sql, params), kind, fields, node_names, lead=("ts", "node"))
 
 
-# -- recovery objectives and checkpoint advice (issue 20) ---------------------------------
+# -- recovery objectives and checkpoint advice ---------------------------------
 ADVICE_WINDOW = timedelta(days=7)
 MAX_ADVICE_ROWS = 5000
 
@@ -857,7 +857,7 @@ def groups_first_transition(group_ids: list[int], since: datetime) -> dict[int, 
     return {r["group_id"]: r["first"] for r in rows}
 
 
-# -- correlation: the one step or request an incident is about (issue 23) ------------------
+# -- correlation: the one step or request an incident is about ------------------
 TRACE_NEIGHBOURS = 8  # ranks either side of the culprit a step trace lists (its node, its TP group)
 TRACE_SPAN = timedelta(minutes=10)  # one logical step's records lie within this of each other
 

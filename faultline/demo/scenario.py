@@ -15,7 +15,7 @@ STEP_S = 1.0
 SERVING_WINDOW_S = 5.0
 CKPT_EVERY = 10
 
-# Recovery objectives each training group's launcher declares (issue 20). train-a's RPO is
+# Recovery objectives each training group's launcher declares. train-a's RPO is
 # a little over its checkpoint interval: met while checkpoints land, exceeded (a risk
 # finding, `rpo_exceeded`) once the corrupt checkpoint of the matrix leaves the newest
 # valid one 20 steps behind. Restarts rewind the data to the checkpoint: allow_repeat.

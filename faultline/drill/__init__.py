@@ -125,7 +125,7 @@ def run_remediation(args: argparse.Namespace) -> int:
 
 def service_env(rows: int) -> dict[str, str]:
     """Settings of the drill's own service. Every row is a new job (a group or two) from
-    the one drill node, so the per-node cap on new groups an hour (20, issue 22) refused
+    the one drill node, so the per-node cap on new groups an hour (20) refused
     every row's records past the 20th of a whole-matrix run, and those rows named nothing:
     the drill's node gets room for its rows."""
     return {"FAULTLINE_INGEST_NEW_GROUPS_PER_HOUR": str(max(20, 3 * rows))}

@@ -46,12 +46,12 @@ DETECT_CAP_S = 4 * DETECT_TIMEOUT_S  # even a job that keeps stepping ends the w
 # slow_link: the shaped link carries one step's bytes in SLOW_FACTOR x a healthy step, so
 # the collective is >= SLOW_FACTOR / (SLOW_FACTOR + 1) of a faulted step (3: 75 %, over the
 # rule's 50 % even if the rest of the step doubles under load) and the link is busy, bytes
-# queued, in most of the agent's reads (docs/drills.md, issue 23).
+# queued, in most of the agent's reads (docs/drills.md).
 SLOW_FACTOR = 3.0
 LINK_SAMPLE_STEPS = 4  # healthy steps over which the link's bytes per step are measured
 CONVERGE_S = 10.0
 # At load ~25 on 2 shared cores three ranks took 158-163 s from launch to their first step
-# (issue 23; 5-10 s on a quiet box): a start that is slow but alive is not a failed drill.
+# (5-10 s on a quiet box): a start that is slow but alive is not a failed drill.
 START_CAP_S = 300.0
 CKPT_FAULTS = frozenset(
     {"corrupt_checkpoint", "ckpt_shard_missing", "ckpt_shard_duplicated", "ckpt_partial_manifest"}
@@ -574,7 +574,7 @@ class Drill:
         A fixed rate is a different fault on a quiet box and a loaded one: at 2 mbit
         the tiny model's ~45 kB a step took about as long as the rest of a step, so
         under load the collective fell under the rule's 50 % and the link sat idle in
-        half of the agent's reads (issue 23)."""
+        half of the agent's reads."""
         net = self.net
         if net is None:
             return

@@ -1,4 +1,4 @@
-"""Process groups per rank (issue 17): pg, size and member ranks, once per generation."""
+"""Process groups per rank: pg, size and member ranks, once per generation."""
 
 import django.db.models.deletion
 from django.db import migrations, models

@@ -1,4 +1,4 @@
-# Issue 20: the data cursor a restore from a checkpoint resumes at. (Numbered after main's
+# the data cursor a restore from a checkpoint resumes at. (Numbered after main's
 # 0009_receipt_watermark, which landed first: linear, no merge migration needed.)
 
 from django.db import migrations, models

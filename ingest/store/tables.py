@@ -42,7 +42,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "ts", "node_id", "group_id", "generation", "stale", "probe", "rank", "worker", "step",
         "value", "checksum", "duration_ms", "model_version",
     ),
-    # -- host, network and kernel evidence (issue 18)
+    # -- host, network and kernel evidence
     "hostevent": ("ts", "node_id", "event", "device", "code", "pid", "comm", "severity"),
     "netevent": (
         "ts", "node_id", "port", "link", "event", "state", "rate_gbps", "prev_rate_gbps",

@@ -83,7 +83,7 @@ SELECT 'checkpoint', generation, max(ts) FROM ingest_checkpointrecord
  GROUP BY generation
 """
 
-# Kernel events that end or endanger a rank's process: diagnose without waiting (issue 18).
+# Kernel events that end or endanger a rank's process: diagnose without waiting.
 HOST_URGENT = p.URGENT_HOST_EVENTS
 
 # msgspec encodes contract Structs straight to JSON bytes, 5-10x faster than json.dumps of
@@ -556,7 +556,7 @@ class BatchWriter:
                      "ts": ts.isoformat()}
                 )  # fmt: skip
 
-    # -- host, network and kernel evidence (issue 18): rows only, no live state ----------
+    # -- host, network and kernel evidence: rows only, no live state ----------
     def _on_host_event(self, rec: p.HostEvent, ts: datetime) -> None:
         self.rows["hostevent"].append(
             f"{when(ts)}{self.node_cell}{text(rec.event)}\t{text(rec.device)}\t{num(rec.code)}\t"
@@ -829,7 +829,7 @@ class BatchWriter:
         if rec.data_cursor is not None:
             view.data_cursor = group.data_cursor = rec.data_cursor
         if rec.objectives is not None:
-            # Issue 20: the launcher's declaration replaces its previous one key by key; an
+            # the launcher's declaration replaces its previous one key by key; an
             # operator's (console.actions.groups) is kept beside it and wins when merged.
             declared = {**(group.objectives or {}).get("launcher", {}), **_plain(rec.objectives)}
             group.objectives = {**(group.objectives or {}), "launcher": declared}
@@ -870,7 +870,7 @@ class BatchWriter:
         )
 
     def _on_probe(self, rec: p.Probe, ts: datetime) -> None:
-        """Stored as evidence only: a probe moves no live state (issue 23)."""
+        """Stored as evidence only: a probe moves no live state."""
         group, view = self.groups[rec.group]
         if rec.generation is None:  # a serving worker follows the group's generation
             generation, applied = view.generation, True

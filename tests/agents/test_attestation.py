@@ -1,5 +1,5 @@
 """The node's agent attests the scheduler jobs running on it (docs/security.md, "Who owns
-a group"), and its Slurm backend acts only on a job of its own node (issue 42 #5).
+a group"), and its Slurm backend acts only on a job of its own node.
 
 Scheduler commands are the stateful fakes of tests/agents/fake_schedulers.py; the real
 Slurm runs in tests/system/test_slurm.py.

@@ -75,7 +75,7 @@ def test_it_commits_a_manifest_checkpoint_only_with_the_marker(tmp_path: Path) -
 def test_it_carries_the_data_cursor_the_launcher_wrote_beside_the_checkpoint(
     tmp_path: Path,
 ) -> None:
-    """Issue 20: `faultline.json`'s data_cursor rides on every phase; absent stays absent."""
+    """`faultline.json`'s data_cursor rides on every phase; absent stays absent."""
     root = tmp_path / "ckpts"
     ckpt = _manifest_ckpt(root, "ckpt-9", {"model.bin": b"m" * 50})
     (ckpt / "faultline.json").write_text(

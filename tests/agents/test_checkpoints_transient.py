@@ -1,6 +1,6 @@
 """A scan that catches torch DCP mid-rename (`.metadata.tmp`) must not list the temp file
 as a shard: the commit without it read as `checkpoint_missing_shard` (seen in the
-telemetry_down drill on a loaded box, issue 23)."""
+telemetry_down drill on a loaded box)."""
 
 from __future__ import annotations
 

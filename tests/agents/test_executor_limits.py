@@ -1,4 +1,4 @@
-"""The node's own limits on actions (issue 22 #8): signatures, kinds, targets, arguments."""
+"""The node's own limits on actions: signatures, kinds, targets, arguments."""
 
 from __future__ import annotations
 

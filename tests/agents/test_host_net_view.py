@@ -1,6 +1,6 @@
 # ruff: noqa: E501 - /proc fixture lines are as wide as the kernel writes them
 """The agent's view of a node's network from another namespace: named interfaces, the
-TCP MIB and the per-peer socket table (agents/host.py, issue 23)."""
+TCP MIB and the per-peer socket table (agents/host.py)."""
 
 from __future__ import annotations
 

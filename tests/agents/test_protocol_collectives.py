@@ -1,5 +1,5 @@
-"""Contract v1 stays compatible: collective payloads from before issue 17 are accepted as
-they were, and the new fields and the `process_groups` kind are validated strictly."""
+"""Contract v1 stays compatible: collective payloads from before process-group detail are accepted
+as they were, and the new fields and the `process_groups` kind are validated strictly."""
 
 from __future__ import annotations
 

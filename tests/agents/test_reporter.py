@@ -94,7 +94,7 @@ def test_it_delivers_every_workload_kind_as_valid_contract_records(short_dir: Pa
     types = [type(r) for r in batch.records]
     assert types == [Step, CollectiveRecord, Checkpoint, Transition, Serving, Process]
     assert got[0]["loss"] == "NaN" and got[0]["rank"] == 5 and got[0]["generation"] == 3
-    assert batch.records[2].data_cursor == 40960  # issue 20: where a restore resumes
+    assert batch.records[2].data_cursor == 40960  # where a restore resumes
     objectives = batch.records[3].objectives
     assert objectives is not None and objectives.rpo_steps == 16
     assert objectives.consistency == "allow_repeat"
@@ -240,7 +240,7 @@ def test_it_never_blocks_when_the_agent_stops_reading(short_dir: Path) -> None:
     assert elapsed < 1.0
 
 
-# -- correctness probes and correlation (issue 23) -----------------------------------------
+# -- correctness probes and correlation -----------------------------------------
 GOLDEN = Path(__file__).parent / "golden"
 
 

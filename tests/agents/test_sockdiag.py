@@ -1,6 +1,6 @@
 """The kernel's per-socket TCP counters (agents/sockdiag.py) and the per-peer loss the
 monitor makes of them (agents/host.py): read from this machine's own kernel, and from a
-drill namespace with real packet loss (issue 23: a lossy link named whatever instant the
+drill namespace with real packet loss (a lossy link named whatever instant the
 socket-table reads land on)."""
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ def test_it_folds_waits_under_an_explained_cause_at_once() -> None:
     assert all(f.caused_by == (roots[0].id,) for f in waits)
 
 
-# -- process groups (issue 17): TP x DP, pipelines, MoE, FSDP, coalesced --------------
+# -- process groups: TP x DP, pipelines, MoE, FSDP, coalesced --------------
 
 TP = {"tp0": [0, 1, 2, 3], "tp1": [4, 5, 6, 7]}
 DP = {f"dp{i}": [i, i + 4] for i in range(4)}

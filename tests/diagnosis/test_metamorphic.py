@@ -169,7 +169,7 @@ def _running(nan: Collection[tuple[int, int]] = frozenset()) -> list[Record]:
 def _wrong_group(culprit: int = 3) -> list[Record]:
     """TP 2 over 16 ranks (pg "1" .. "8", as torch names them, `process_groups` as
     agents.torch sends them): rank 3 enters its TP group's all_reduce where every other rank
-    enters the world's (issue 41's flight-recorder case)."""
+    enters the world's (the flight-recorder case)."""
     out = []
     for rk in range(RANKS):
         tp = str(rk // 2 + 1)

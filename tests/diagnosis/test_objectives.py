@@ -1,4 +1,4 @@
-"""Recovery objectives (issue 20): RPO and RTO findings and the data-consistency limit on
+"""Recovery objectives: RPO and RTO findings and the data-consistency limit on
 restart advice, on plain snapshots."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Silence after a telemetry outage: a node replaying its spool has not delivered its
-newest steps yet, and its ranks must not be paged as stalled for that (issue 23)."""
+newest steps yet, and its ranks must not be paged as stalled for that."""
 
 from __future__ import annotations
 

@@ -227,7 +227,7 @@ def test_a_stall_with_no_collective_evidence_stays_undetermined() -> None:
 
 def test_a_big_groups_step_time_is_read_from_every_kth_rank(monkeypatch: Any) -> None:
     """Past DURATION_RANKS ranks the stall threshold's median and MAD come from every k-th
-    rank (issue 19: a 16k-rank pass sorted 520k durations); a group at or under the cap
+    rank (a 16k-rank pass sorted 520k durations); a group at or under the cap
     reads every rank. Ranks 1 and 3 are slow here so the two readings differ."""
     from console.diagnosis.config import DiagnosisConfig
     from console.diagnosis.rules import base

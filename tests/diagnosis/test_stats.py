@@ -1,4 +1,4 @@
-"""The sorted-input statistics equal the plain ones to the bit (issue 19: a 16k-rank pass
+"""The sorted-input statistics equal the plain ones to the bit (a 16k-rank pass
 sorts its 260k step durations once, and the MAD reads them in O(log n))."""
 
 from __future__ import annotations

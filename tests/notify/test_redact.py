@@ -1,4 +1,4 @@
-"""Redaction of channel secrets for the audit log (issue 22 #7)."""
+"""Redaction of channel secrets for the audit log."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checkpoint-interval and hot-spare advice (issue 20): closed forms on textbook inputs, and
+"""Checkpoint-interval and hot-spare advice: closed forms on textbook inputs, and
 the advised interval minimises its model's expected waste (numerically, over a grid)."""
 
 from __future__ import annotations

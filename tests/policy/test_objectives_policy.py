@@ -1,4 +1,4 @@
-"""Which recovery objectives are in force and who set them (issue 20)."""
+"""Which recovery objectives are in force and who set them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The beat leader lock (issue 19): one holder at a time, taken over when it lapses."""
+"""The beat leader lock: one holder at a time, taken over when it lapses."""
 
 from __future__ import annotations
 

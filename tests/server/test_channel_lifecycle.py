@@ -1,4 +1,4 @@
-"""Notification channels after creation: update, disable, rotate the secret (issue 22 low).
+"""Notification channels after creation: update, disable, rotate the secret.
 
 Through the REST API as the roles would; every change audited without the URL's path or
 any secret.

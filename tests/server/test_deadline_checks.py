@@ -1,4 +1,4 @@
-"""A pass at the moment a silent rank crosses its hang threshold (issue 19): the pass that
+"""A pass at the moment a silent rank crosses its hang threshold: the pass that
 sees the same deadline twice queues one check for then, and the check runs only while
 that deadline still holds. Without it the rank waited for the sweep's next tick, its
 debounce and the pass in front (seconds at 16k ranks)."""

@@ -1,4 +1,4 @@
-"""Token holders cannot cause 500s with hostile input (issue 22 low): a `sent_at` at the end
+"""Token holders cannot cause 500s with hostile input: a `sent_at` at the end
 of the calendar on ingest. (Deeply nested JSON: security-misc's tests/server/security/.)"""
 
 from __future__ import annotations

@@ -291,7 +291,7 @@ def _device_read(node_ids: set[int], names: dict[int, str], now: datetime) -> li
 
 
 def test_gpu_samples_are_decoded_again_only_when_their_row_changed(post_batch):
-    """The per-GPU cache (issue 19: decoding 16k last_samples each pass cost up to 1 s)
+    """The per-GPU cache (decoding 16k last_samples each pass cost up to 1 s)
     gives what a cold read gives, after every kind of change ingest makes."""
     from console.models import Node
 

@@ -1,4 +1,4 @@
-"""Recovery objectives end to end (issue 20): declared by the launcher's transition, by an
+"""Recovery objectives end to end: declared by the launcher's transition, by an
 operator over REST or per pool; RPO findings through the real ingest path and the sweep;
 restart advice that respects an `exact` group's data consistency."""
 

@@ -63,7 +63,7 @@ def test_the_five_costs_of_a_replayed_kill_equal_the_hand_computed_ones(post_bat
          "pid": 100 + r, "gpu": f"GPU-rc-{r}", "ts": iso(at(0))}
         for r in range(2)
     ]  # fmt: skip
-    # The launcher declares its objectives (issue 20): the costs judge them.
+    # The launcher declares its objectives: the costs judge them.
     declared = {"rto_s": 5, "rpo_steps": 10}
     start = _transition(1, "initializing", "running", at(0), objectives=declared)
     assert send([start, *procs], 0).status_code == 202

@@ -1,4 +1,4 @@
-"""Diagnosis scheduling on ingest's hot path (issue 19): one Redis round trip, and none
+"""Diagnosis scheduling on ingest's hot path: one Redis round trip, and none
 for an ordinary batch within the debounce window of finding a run already pending; a
 batch with a critical device event still checks."""
 

@@ -1,4 +1,4 @@
-"""The urgent lane judges the node that reported the event, not the world (issue 19).
+"""The urgent lane judges the node that reported the event, not the world.
 
 At 16k ranks a full pass is seconds and the lane's own process held no live state, so its
 first run of a big group was a full read: an Xid's incident took 8-12 s

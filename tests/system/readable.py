@@ -1,4 +1,4 @@
-"""What a page must not show a person (issue 48): the rules the console browser test applies.
+"""What a page must not show a person: the rules the console browser test applies.
 
 `problems(page)` collects the rendered text of a Playwright page (every visible text node,
 the Plotly charts' SVG text included; `<script>`/`<style>` left out) and returns each:

@@ -1,4 +1,4 @@
-"""Two beats, one leader (issue 19): kill or freeze the leader, the sweeps keep running.
+"""Two beats, one leader: kill or freeze the leader, the sweeps keep running.
 
 A real `faultline up` runs beat A; a second beat B (as a second service instance would
 run it) joins against the same Valkey and stands by. Freezing A (SIGSTOP: the supervisor

@@ -1,4 +1,4 @@
-"""Faultline survives its own faults (issue 10): kill, stop and skew its parts under load.
+"""Faultline survives its own faults: kill, stop and skew its parts under load.
 
 Each test breaks one part of a real `faultline up` (its own data dir, loopback only) while a
 real agent or a direct client pushes, puts it back, and checks what users depend on: every

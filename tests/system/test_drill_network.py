@@ -1,4 +1,4 @@
-"""The drill's network rows (issue 23): the agents' view into each namespace node, the
+"""The drill's network rows: the agents' view into each namespace node, the
 rows themselves end to end, and the telemetry_down row's A/B arithmetic."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_the_outage_is_judged_against_the_up_windows_beside_it_not_a_drifting_ba
 
 
 def test_the_slow_link_is_sized_so_the_network_dominates_a_step() -> None:
-    # Measured at load ~25 (issue 23): 50.5 kB a step each way, 532 ms a healthy step. The
+    # Measured at load ~25: 50.5 kB a step each way, 532 ms a healthy step. The
     # old fixed 2 mbit carried that in 0.2 s, less than half a step: the collective share
     # sat near the rule's 50 % and the link idled in half the agent's reads.
     rate_bps, queue = slow_link_rate(50_500, 0.532)
@@ -189,7 +189,7 @@ def test_the_network_rows_name_the_faulty_node_and_only_it(tmp_path: Path) -> No
 def _check_network_rows(tmp_path: Path) -> None:
     tmp_path.mkdir()
     out = tmp_path / "net.json"
-    # slow_link's rate is sized from the link's measured bytes per step (issue 23: a fixed
+    # slow_link's rate is sized from the link's measured bytes per step (a fixed
     # 2 mbit was barely a fault under load, and named nothing in two whole-suite CI runs).
     rows_run = ("slow_link", "lossy_link", "partition")
     only = [a for row in rows_run for a in ("--only", row)]

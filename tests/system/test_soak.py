@@ -1,4 +1,4 @@
-"""The 2-minute soak (issue 10): a real `faultline up` under steady ingest, diagnosis and a
+"""The 2-minute soak: a real `faultline up` under steady ingest, diagnosis and a
 live websocket; no errors, websocket messages flowing, every process reported.
 
 The 30-minute run with the memory rule is `python bench/soak.py` (docs/reliability.md); a

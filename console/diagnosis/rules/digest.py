@@ -1,4 +1,4 @@
-"""What the rules read of one rank's steps, derived once per `RankState` (issue 19).
+"""What the rules read of one rank's steps, derived once per `RankState`.
 
 Owns `RankDigest`: a rank's steps of the active generation, its recent window (the newest
 `RECENT_STEPS` of them), the window's per-step columns (step time, each phase, a

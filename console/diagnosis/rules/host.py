@@ -1,7 +1,7 @@
 """Host rule family: kernel-log evidence of a group's nodes, and checkpoint disks.
 
 Owns `machine_check`, `pcie_aer`, `hung_task`, `io_error`, `nvswitch_error` and
-`disk_full` (issue 18), plus the lookups other rules use: `kernel_oom` (the OOM-killer
+`disk_full`, plus the lookups other rules use: `kernel_oom` (the OOM-killer
 line behind a rank's exit, for `process`) and `net_evidence` (the port and counter behind
 a slow collective, for `stragglers`). A full checkpoint disk is the root cause of the
 checkpoint that failed on it: the finding names the disk, the checkpoint is its symptom.

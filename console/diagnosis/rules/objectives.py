@@ -1,4 +1,4 @@
-"""Recovery-objective rule family (issue 20): RPO and RTO findings and the data-consistency
+"""Recovery-objective rule family: RPO and RTO findings and the data-consistency
 limit on restart advice.
 
 Owns `rpo_exceeded` (the progress a failure would lose now — steps since, or age of, the

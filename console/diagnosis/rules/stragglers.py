@@ -229,7 +229,7 @@ def run(ctx: Context) -> None:
     # Collective time inflated only on the ranks of one node: that node's network.
     if len(net_slow) == 1:
         node, ranks = next(iter(net_slow.items()))
-        # Cite the port and the counter that moved (issue 18), or say there is none.
+        # Cite the port and the counter that moved, or say there is none.
         port = net_evidence(ctx, node, ctx.cfg.host_event_window_s)
         if port is None:
             cited = ""

@@ -1,4 +1,4 @@
-"""Cached agent tokens and group commit (issue 19): cheaper per batch, never less safe.
+"""Cached agent tokens and group commit: cheaper per batch, never less safe.
 
 A revoked token is refused on its next batch although its credential is cached in this
 process (the store re-checks revocation in the batch's transaction); batches that share one

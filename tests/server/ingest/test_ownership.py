@@ -1,4 +1,4 @@
-"""Issue 22 (High 2-4, Medium 5): one node's token must not reach beyond its node.
+"""One node's token must not reach beyond its node.
 
 Every test posts real batches with real agent tokens through POST /api/v1/ingest.
 """

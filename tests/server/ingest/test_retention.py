@@ -1,4 +1,4 @@
-"""Retention (issue 19): receipts pruned behind a high-water mark, events and rollups by age.
+"""Retention: receipts pruned behind a high-water mark, events and rollups by age.
 
 Receipts are the contract's idempotency key; once pruned, the agent's watermark and gap
 list must still tell a replay (202, duplicate, nothing stored twice) from a late batch that

@@ -1,4 +1,4 @@
-"""The incident page's correlation view (issue 23): the one step a rank's incident is about,
+"""The incident page's correlation view: the one step a rank's incident is about,
 its records and collective calls on every rank beside it joined by `step_id`; and the
 request-id range of a worker's incident. Records go through real ingest and incidents
 come from the real pipeline (tests.server.scenarios.timeline)."""

@@ -73,7 +73,7 @@ def test_it_shows_advice_checkpoint_and_state_on_the_group_page(viewer_client, t
 def test_it_renders_the_group_page_in_a_fixed_number_of_queries(
     viewer_client, training_group, django_assert_max_num_queries
 ):
-    # 7 + 4 for the recovery objectives and their advice (issue 20: nodes, checkpoints,
+    # 7 + 4 for the recovery objectives and their advice (nodes, checkpoints,
     # transitions, failures), none of which grows with the group.
     with django_assert_max_num_queries(11):
         assert viewer_client.get("/groups/llm-pages/").status_code == 200
@@ -168,7 +168,7 @@ def _big_fleet(gpus_each: int = 2) -> None:
 def test_it_sends_a_big_fleets_healthy_nodes_as_tiles_without_their_gpus(
     viewer_client, training_group
 ):
-    """Issue 19: a tile shows no GPU, so the page's JSON (every open fleet page refetches
+    """A tile shows no GPU, so the page's JSON (every open fleet page refetches
     it) carries a tile's GPU count, not 8 GPU dicts; a sick node keeps its whole card."""
     from console.models import Device
 

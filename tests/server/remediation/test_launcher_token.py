@@ -1,5 +1,5 @@
-"""A launcher token speaks for its group, never for the node it was issued on (issue 42,
-Medium 4: one sent an Xid for another node, polled that node's actions and posted a
+"""A launcher token speaks for its group, never for the node it was issued on (a launcher
+token once sent an Xid for another node, polled that node's actions and posted a
 forged `succeeded`). Real endpoints, real tokens, real Postgres."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Kernel, network and storage evidence (issue 18), replayed through the real ingest path.
+"""Kernel, network and storage evidence, replayed through the real ingest path.
 
 The records come from the agent's own code: captured kernel-log lines (tests/agents/
 fixtures/kmsg/) through agents/kmsg.py and agents/evidence.py, and a fake HCA and disk

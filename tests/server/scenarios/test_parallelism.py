@@ -1,4 +1,4 @@
-"""Real parallelism shapes through the real ingest path (issue 17).
+"""Real parallelism shapes through the real ingest path.
 
 Each scenario: healthy training on 8 ranks (2 nodes x 4 GPUs; 4 for the pipeline), every
 rank's `process_groups` record, then its collective window posted by its node's agent.

@@ -1,4 +1,4 @@
-"""Actions are signed per agent on the service and verified by the node (issue 22 #8)."""
+"""Actions are signed per agent on the service and verified by the node."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The API's own surface: schema and docs behind login, bounded pages (issue 22, low)."""
+"""The API's own surface: schema and docs behind login, bounded pages (low)."""
 
 from __future__ import annotations
 

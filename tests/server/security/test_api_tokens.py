@@ -1,4 +1,4 @@
-"""User API tokens are stored as hashes and shown once (issue 22 #10)."""
+"""User API tokens are stored as hashes and shown once."""
 
 from __future__ import annotations
 

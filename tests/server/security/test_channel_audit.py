@@ -1,4 +1,4 @@
-"""Slack webhook URLs must not reach the audit log every viewer reads (issue 22 #7).
+"""Slack webhook URLs must not reach the audit log every viewer reads.
 
 console/actions/paging.py save_channel records only the URL's origin
 (console.notify.redact), and the audit API redacts rows written before that.

@@ -1,4 +1,4 @@
-"""The audit log is append-only against the service's own role (issue 22 #9).
+"""The audit log is append-only against the service's own role.
 
 A real login as the runtime role, on the embedded Postgres, after `db_roles` granted it:
 everything that could rewrite history fails; what the service does every day works.

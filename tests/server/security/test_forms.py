@@ -1,4 +1,4 @@
-"""Forms and API bodies that used to answer 500 (issue 22, low)."""
+"""Forms and API bodies that used to answer 500 (low)."""
 
 from __future__ import annotations
 

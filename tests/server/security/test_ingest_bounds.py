@@ -1,4 +1,4 @@
-"""Token holders cannot make ingest answer 500 (issue 22, low): far timestamps, deep JSON."""
+"""Token holders cannot make ingest answer 500 (low): far timestamps, deep JSON."""
 
 from __future__ import annotations
 

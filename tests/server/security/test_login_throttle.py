@@ -1,4 +1,4 @@
-"""Login throttle (issue 22 #6): the counter keys on the name Django authenticates."""
+"""Login throttle: the counter keys on the name Django authenticates."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The worker must not post pages to internal addresses given as channel URLs (issue 22, low)."""
+"""The worker must not post pages to internal addresses given as channel URLs (low)."""
 
 from __future__ import annotations
 

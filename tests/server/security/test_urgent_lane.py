@@ -1,4 +1,4 @@
-"""Issue 22 (High 4): an established group's device event reaches its own diagnosis lane.
+"""An established group's device event reaches its own diagnosis lane.
 
 On a saturated worker the young groups' diagnoses (a flood's invented groups) ran ahead of
 a real Xid's: the worker holds countdown tasks in memory and runs them in countdown order.
