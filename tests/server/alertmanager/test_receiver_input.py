@@ -85,6 +85,8 @@ def _deep(levels: int) -> str:
         (b"\xff\xfe not utf-8", "alertmanager: "),
         ("[]", "'alerts' list"),
     ],
+    # The bodies carry now(): ids from them would differ between xdist workers.
+    ids=lambda value: "body" if isinstance(value, bytes) or str(value)[:1] in "{[" else None,
 )  # fmt: skip
 def test_a_malformed_delivery_is_a_400_naming_what_and_stores_nothing(
     client: Any, inventory: Any, body: Any, names: str
