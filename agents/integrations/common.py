@@ -175,6 +175,11 @@ class Session:
         self._losses: list[Any] = []
         self.lr: float | None = None
         self._verifiers: list[threading.Thread] = []
+        # Set once the newest save's `committed` went out (or was given up): each report
+        # waits for the one before, so commits reach the service in save order whichever
+        # directory settles first (ingest reads an older commit after a newer one as a
+        # non-monotonic checkpoint).
+        self._last_commit: threading.Event | None = None
         self._stop = threading.Event()
 
     # Lightning's spawn strategies pickle the trainer, callbacks included, into each child
@@ -182,7 +187,7 @@ class Session:
     # initialises its own at `begin`).
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(rep=None, _verifiers=[], _stop=None, _losses=[])
+        state.update(rep=None, _verifiers=[], _stop=None, _losses=[], _last_commit=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -365,21 +370,28 @@ class Session:
         directory = target if target.is_dir() else target.parent
         ident = name(target.name if target.is_dir() else target.stem)
         first = manifest_of(target, fmt)  # now: the framework may rotate it away soon
+        before, mine = self._last_commit, threading.Event()
+        self._last_commit = mine
 
         def report() -> None:
             with never_raises("checkpoint report"):
                 with contextlib.suppress(AttributeError, OSError):
                     os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-                manifest = self._settled(target, fmt, first) if target.is_dir() else first
-                if not manifest["shards"]:
-                    return  # removed (a rotation) before it held still: nothing to vouch for
-                rep.checkpoint(
-                    ident,
-                    "committed",
-                    step=step,
-                    manifest=manifest,
-                    duration_ms=round(duration_ms, 3),
-                )
+                try:
+                    manifest = self._settled(target, fmt, first) if target.is_dir() else first
+                    if before is not None:
+                        before.wait(SETTLE_MAX_S + SETTLE_S)
+                    if not manifest["shards"]:
+                        return  # removed (a rotation) before it held still: nothing to vouch for
+                    rep.checkpoint(
+                        ident,
+                        "committed",
+                        step=step,
+                        manifest=manifest,
+                        duration_ms=round(duration_ms, 3),
+                    )
+                finally:
+                    mine.set()
                 if not self.verify_checkpoints or not manifest["shards"]:
                     return
                 checked, problem = check_shards(

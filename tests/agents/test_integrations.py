@@ -181,6 +181,39 @@ def test_it_reports_a_directory_once_other_ranks_files_have_landed(tmp_path, fas
     validate(rep.records)
 
 
+def test_commits_go_out_in_save_order_whichever_directory_settles_first(
+    tmp_path: Path, fast_settle
+) -> None:
+    """An earlier save whose directory keeps changing (another rank still writing) is
+    committed before a later save that held still at once: never after it, which ingest
+    would read as a checkpoint older than the newest commit."""
+    import threading
+    import time
+
+    early, late = tmp_path / "checkpoint-4", tmp_path / "checkpoint-8"
+    for ckpt in (early, late):
+        ckpt.mkdir()
+        (ckpt / "model.safetensors").write_bytes(b"m" * 100)
+    rep = _Capture()
+    session = Session(rep=rep)
+    session.begin(rank=0, world=2, group_hint="run")
+    session.verify_checkpoints = False
+    session.checkpoint(early, step=4, duration_ms=1.0, fmt="transformers")
+    session.checkpoint(late, step=8, duration_ms=1.0, fmt="transformers")
+
+    def slow_rank() -> None:  # keeps checkpoint-4's listing moving for ~1 s
+        for i in range(5):
+            (early / f"rng_state_{i}.pth").write_bytes(b"r")
+            time.sleep(0.15)
+
+    writer = threading.Thread(target=slow_rank)
+    writer.start()
+    writer.join()
+    session.wait_verified(10)
+    committed = [r["checkpoint_id"] for r in rep.kinds("checkpoint") if r["phase"] == "committed"]
+    assert committed == ["checkpoint-4", "checkpoint-8"]
+
+
 def test_it_reports_a_single_file_save_by_its_name(tmp_path: Path, fast_settle) -> None:
     path = tmp_path / "epoch=0-step=8.ckpt"
     path.write_bytes(b"x" * 4096)

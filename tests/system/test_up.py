@@ -195,7 +195,7 @@ def test_it_revives_its_embedded_valkey_and_keeps_serving(tmp_path: Path):
         svc.start_agent("node-after-valkey")
         wait_for(
             lambda: len(svc.api("/api/v1/devices/?node=node-after-valkey")["results"]) == 8,
-            30,
+            60,
             "ingest after the Valkey restart",
         )
     finally:
