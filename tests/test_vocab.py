@@ -128,3 +128,14 @@ def test_the_orders_hold_each_value_once() -> None:
     assert len(set(vocab.HEALTH_ORDER)) == len(vocab.HEALTH_ORDER) == 5
     assert list(vocab.SEVERITY_RANK) == list(vocab.SEVERITY_ORDER)
     assert sorted(vocab.SEVERITY_RANK.values()) == list(range(len(vocab.SEVERITY_ORDER)))
+
+
+def test_the_agent_clips_action_output_within_the_one_limit() -> None:
+    from agents import executor, schedulers
+
+    text = "h" * 5000 + "t" * 5000
+    for clip in (schedulers.bound, executor._bound):
+        out = clip(text)
+        assert len(out) <= vocab.ACTION_OUTPUT_LIMIT
+        assert out.startswith("h" * 2000) and out.endswith("t" * 2000) and "[truncated]" in out
+        assert clip("short") == "short"
