@@ -139,3 +139,12 @@ def test_the_agent_clips_action_output_within_the_one_limit() -> None:
         assert len(out) <= vocab.ACTION_OUTPUT_LIMIT
         assert out.startswith("h" * 2000) and out.endswith("t" * 2000) and "[truncated]" in out
         assert clip("short") == "short"
+
+
+def test_the_group_charts_colour_exactly_the_vocabularys_group_states() -> None:
+    # A colour per state is the page's own (not a vocabulary), but its keys must follow the
+    # vocabulary's states: a new state would otherwise be drawn in the fallback grey.
+    script = (ROOT / "static" / "console" / "group.js").read_text()
+    table = re.search(r"const STATE_COLORS = \{(.*?)\};", script, re.S)
+    assert table is not None
+    assert set(re.findall(r"([a-z_]+):", table.group(1))) == set(vocab.GROUP_STATES)
