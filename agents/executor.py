@@ -44,13 +44,15 @@ from pathlib import Path
 from typing import Any
 
 from agents import actions_contract as contract
-from agents import schedulers, signing
+from agents import schedulers, signing, vocab
 from agents.sender import opener_for
 from agents.spool import read_json, write_atomic
 
 log = logging.getLogger("faultline.agent.executor")
 
-OUTPUT_LIMIT = 4096
+# The one limit both sides keep (agents/vocab.py); the clipped text fits within it.
+OUTPUT_LIMIT = vocab.ACTION_OUTPUT_LIMIT
+_CUT = "\n...[truncated]...\n"
 
 # Examples documented in docs/agent.md; nothing runs unless configured.
 EXAMPLE_HOOKS = {
@@ -454,4 +456,5 @@ class Executor:
 def _bound(text: str) -> str:
     if len(text) <= OUTPUT_LIMIT:
         return text
-    return text[: OUTPUT_LIMIT // 2] + "\n...[truncated]...\n" + text[-OUTPUT_LIMIT // 2 :]
+    keep = (OUTPUT_LIMIT - len(_CUT)) // 2
+    return text[:keep] + _CUT + text[-keep:]

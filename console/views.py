@@ -21,6 +21,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
+from agents.vocab import HEALTH_OK
 from console import actions, formats, queries, remediation_queries
 from console.api import objectives as objective_views
 from console.api import pages
@@ -60,8 +61,9 @@ def _node_grid(nodes: list[dict[str, Any]]) -> SafeString:
         if n["compact"]:
             gpus = n["gpus"]
             parts.append(
-                f'<div class="node compact health-ok" data-node="{name}" data-gpus="{gpus}" '
-                f'title="{name} · {gpus} GPUs ok"><span class="node-name">{name}</span></div>'
+                f'<div class="node compact health-{HEALTH_OK}" data-node="{name}" '
+                f'data-gpus="{gpus}" title="{name} · {gpus} GPUs {HEALTH_OK}">'
+                f'<span class="node-name">{name}</span></div>'
             )
         else:
             parts.append(_node_card(n, name))

@@ -21,6 +21,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import Q
 
+from agents import vocab
 from console import scheduling
 from console.actions.audit import AuditRow, audit, audit_many
 from console.actions.fleet import latch_fault, open_node_incident, publish_nodes
@@ -31,8 +32,14 @@ from console.models import ConsistencyGroup, Device, ExternalAlert, HealthEvent,
 ACTOR = "alertmanager"
 XID_METRIC = "DCGM_FI_DEV_XID_ERRORS"
 XID_WINDOW = timedelta(minutes=10)  # a DCGM Xid and the agent's Xid this close are one fault
-SEVERITIES = {"critical": "critical", "page": "critical", "error": "major", "major": "major",
-              "warning": "minor", "minor": "minor", "info": "info", "none": "info"}  # fmt: skip
+# An alert's `severity` label as ours: ours (agents.vocab) as they are, then other words.
+SEVERITIES = {
+    **{s: s for s in vocab.SEVERITY_ORDER},
+    "page": vocab.SEVERITY_CRITICAL,
+    "error": vocab.SEVERITY_MAJOR,
+    "warning": vocab.SEVERITY_MINOR,
+    "none": vocab.SEVERITY_INFO,
+}
 NODE_LABELS = ("node", "instance", "Hostname", "hostname")
 MAX_CODE = 2**31  # the column's range; real Xid codes are below 200
 # New GPU faults one delivery latches in its own request; the rest go to the urgent lane's
@@ -154,7 +161,7 @@ def _fill(row: ExternalAlert, a: AlertIn, known: _Known, now: datetime) -> None:
         node = device.node
     row.name = labels.get("alertname", "")[:200] or "alert"
     row.status = "resolved" if a.status == "resolved" else "firing"
-    row.severity = SEVERITIES.get(labels.get("severity", "").lower(), "major")
+    row.severity = SEVERITIES.get(labels.get("severity", "").lower(), vocab.SEVERITY_MAJOR)
     row.summary = (annotations.get("summary") or annotations.get("description") or "")[:512]
     row.labels, row.annotations, row.ends_at = labels, annotations, a.ends_at
     row.node, row.gpu = node, device.uuid if device else ""

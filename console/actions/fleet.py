@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
 
+from agents import vocab
 from console import events, formats, queries
 from console.actions.audit import actor_name, audit, require
 from console.actions.errors import ChangeError, NotFound
@@ -66,7 +67,7 @@ def set_node_health(*, name: str, health: str, actor: str, now: datetime, reason
     node.save(update_fields=["health"])
     audit(actor=actor, verb="node.health", obj=node, reason=reason, now=now,
           data={"before": before, "after": health})  # fmt: skip
-    if health == "down":
+    if health == Health.DOWN:
         _silent_incident(node, reason=reason, now=now)
     publish_node(name)
     return True
@@ -124,16 +125,17 @@ def mark_silent_together(
     nodes = list(
         Node.objects.select_for_update(no_key=True)
         .filter(name__in=names)
-        .exclude(health="down")
+        .exclude(health=Health.DOWN)
         .order_by("name")
     )
     marked = [node.name for node in nodes]
     if not nodes:
         return []
-    Node.objects.filter(pk__in=[node.pk for node in nodes]).update(health="down")
+    Node.objects.filter(pk__in=[node.pk for node in nodes]).update(health=Health.DOWN)
     for node in nodes:
         audit(actor=actor, verb="node.health", obj=node, reason=reason, now=now,
-              data={"before": node.health, "after": "down", "together": len(nodes)})  # fmt: skip
+              data={"before": node.health, "after": vocab.HEALTH_DOWN,
+                    "together": len(nodes)})  # fmt: skip
     incident = _open_fleet_silence()
     silent = sorted({*marked, *(incident.root_cause.get("nodes", []) if incident else [])})
     summary = (
@@ -227,8 +229,8 @@ def _settle_fleet_silence(*, actor: str, now: datetime) -> list[str] | None:
     if incident is None:
         return None
     names = list(incident.root_cause.get("nodes", []))
-    still = list(Node.objects.filter(name__in=names, health="down").order_by("name"))
-    reporting = Node.objects.exclude(health="down").count() + len(still)
+    still = list(Node.objects.filter(name__in=names, health=Health.DOWN).order_by("name"))
+    reporting = Node.objects.exclude(health=Health.DOWN).count() + len(still)
     if still and fh.mass_silence(len(still), reporting):
         return None
     for node in still:
@@ -484,7 +486,7 @@ def _node_incident(
     return incident
 
 
-HARDWARE_KINDS = frozenset({"xid", "gpu_lost", "ecc_dbe", "row_remap_failure"})
+HARDWARE_KINDS = vocab.HARDWARE_FAULT_KINDS
 HARDWARE = "hardware:"  # a latched fault's node incident: hardware:<gpu uuid or node name>
 # A node's conditions: its take-out latches the node until they clear (Repair.CONDITION).
 CONDITION_KINDS = frozenset({"nic_down", "disk_full", NODE_SILENT})

@@ -21,6 +21,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from agents import actions_contract as contract
+from agents import vocab
 from agents.actions_contract import Action as AgentAction
 from agents.actions_contract import Status
 from console import events
@@ -60,7 +61,8 @@ from console.roles import Actor, role_of
 
 log = logging.getLogger(__name__)
 
-OUTPUT_LIMIT = 4096
+# The agent clips to the same limit (agents.vocab); an older agent's longer text is clipped here.
+OUTPUT_LIMIT = vocab.ACTION_OUTPUT_LIMIT
 # A dispatched action whose agent reports nothing this long fails.
 DEFAULT_DEADLINE_S = 900
 

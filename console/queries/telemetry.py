@@ -17,8 +17,8 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Min, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
-from agents.gpu_health import CRITICAL_EVENTS
 from agents.protocol import URGENT_HOST_EVENTS
+from agents.vocab import HARDWARE_FAULT_KINDS as CRITICAL_EVENTS
 from agents.wire import parse_step_id, step_id
 from console import charts
 from console.models import ConsistencyGroup

@@ -17,6 +17,7 @@ import psycopg
 from django.db import connection, transaction
 
 from agents import protocol as p
+from agents.vocab import HEALTH_DOWN
 from console import actions, events
 from console.models import Node
 from ingest.auth import CREDENTIAL_LIVE, CredentialRevokedError
@@ -54,7 +55,7 @@ def _fleet_health(
     again); a port down or a full local disk opens the node's condition incident. Stored
     iff the batch is. True when it changed anything the node card shows."""
     who = f"agent:{node.name}"
-    if node.health == "down":  # the sweep marked it silent (as authenticated this batch)
+    if node.health == HEALTH_DOWN:  # the sweep marked it silent (as authenticated this batch)
         actions.node_reporting(node_id=node.pk, actor=who, now=now)
     before, after = agent.get("boot_id") or "", batch.agent.boot_id or ""
     rebooted = bool(before and after and before != after)

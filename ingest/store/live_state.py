@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from agents.gpu_health import HEALTH_ORDER
+from agents.vocab import HEALTH_ORDER
 from console.models import ConsistencyGroup
 from ingest.rawsql import columns
 

@@ -27,7 +27,7 @@ from django.db import transaction
 from psycopg.types.json import Jsonb
 
 from agents import protocol as p
-from agents import xid
+from agents import vocab, xid
 from agents.gpu_health import CRITICAL, CRITICAL_EVENTS, sample_health
 from console import events
 from console.choices import ACTION_LIVE_STATES, GroupKind
@@ -498,7 +498,7 @@ class BatchWriter:
         ranks came (a name squatted ahead of its job), or what its launcher reclaims."""
         view.generation = group.generation = generation
         view.fenced_at = group.state_since = ts
-        group.state = "initializing"
+        group.state = vocab.INITIALIZING
         view.restart_count = group.restart_count = 0
         view.data_cursor = group.data_cursor = None
         view.model_version = group.model_version = ""
