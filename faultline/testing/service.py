@@ -182,8 +182,7 @@ def start_service(
          "--data-dir", str(data_dir), "--workers", "2", "--worker-concurrency", "1"],
         env={**service_env(data_dir, release), **(env or {})},
         cwd=release,
-        # Appended: a restart on the same data dir (an upgrade) keeps the last one's log.
-        stdout=open(log, "ab"),  # noqa: SIM115 - lives with the process
+        stdout=open(log, "wb"),  # noqa: SIM115 - lives with the process
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip

@@ -6,11 +6,11 @@ clone has no tags). Its service runs from that checkout on this virtual environm
 two releases pin the same runtime dependencies) and its agent, stdlib only, with the
 checkout on PYTHONPATH. The steps, in the documented order:
 
-1. the previous release's service and agent; this release's agent beside it (a node
-   upgraded early: this agent against that release's service);
+1. the previous release's service and agent; this release's agent beside it for a while
+   (a node upgraded too early: that service refuses its batches, the reason for the order);
 2. the service upgraded in place on the same data directory: stopped, and this release's
    `faultline up` migrates the live database (the previous release's schema) before it
-   listens, while both agents keep pushing;
+   listens, while the previous release's agent keeps pushing;
 3. the agents upgraded node by node: the previous release's agent replaced by this one on
    the same state directory (same identity, same spool, its seq continued).
 
@@ -58,6 +58,7 @@ PREVIOUS_COMMIT = "ee86161"  # what the tag points at, for clones fetched withou
 # The last migrations the previous release shipped: its database is at this state.
 PREVIOUS_MIGRATIONS = {"console": "0012_group_creator", "ingest": "0010_checkpoint_data_cursor"}
 GPUS = 8
+FULL_BATCH = 1000  # records: the agents' max_batch_records, the same in both releases
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[str]:
@@ -193,6 +194,11 @@ def _refused(front: Front, node: str) -> int:
     return sum(1 for s in front.of(node) if (s.status, s.by) == (400, "service"))
 
 
+def _drained(front: Front, node: str, after_seq: int) -> bool:
+    return any(s.seq > after_seq and s.status in (200, 202) and s.records < FULL_BATCH
+               for s in front.of(node))  # fmt: skip
+
+
 def _acked(front: Front, node: str) -> int:
     return sum(1 for s in front.of(node) if s.status in (200, 202))
 
@@ -233,6 +239,7 @@ def test_an_upgrade_from_the_previous_release_loses_and_duplicates_nothing(
         t0 = time.monotonic()
         front.backend = None
         stop_service(old)
+        shutil.copy(old.log, tmp_path / "up-previous.log")  # the next start rewrites up.log
         # As root, the previous release's stop could not reach its data directory once
         # another pytest session had made /tmp/pytest-of-root private again (since fixed:
         # faultline/embedded.py `_traversable_again`), and returned while its Postgres was
@@ -252,8 +259,10 @@ def test_an_upgrade_from_the_previous_release_loses_and_duplicates_nothing(
         assert _migrations(new) == _migrations_of_this_checkout()
         outage = [s for s in front.of("node-prev") if s.by == "front"]
         t1 = time.monotonic()
-        acked = _acked(front, "node-prev")
-        wait_for(lambda: _acked(front, "node-prev") > acked + 2, 60, "the old agent's backlog")
+        # Drained: a batch built after the restart held less than a full batch, so the
+        # spool had no more than that left.
+        last = max(s.seq for s in front.of("node-prev"))
+        wait_for(lambda: _drained(front, "node-prev", last), 60, "the old agent's backlog")
         figures["drain_after_ready_s"] = round(time.monotonic() - t1, 1)
 
         # 3 -- the agents, node by node: the previous release's replaced by this one on the
@@ -306,8 +315,9 @@ def test_an_upgrade_from_the_previous_release_loses_and_duplicates_nothing(
             with contextlib.suppress(Exception):
                 stop_service(svc)
         ARTIFACTS.mkdir(exist_ok=True)
-        with contextlib.suppress(OSError):
-            (ARTIFACTS / "upgrade-up.log").write_bytes((data / "up.log").read_bytes())
+        for name, path in (("previous", tmp_path / "up-previous.log"), ("up", data / "up.log")):
+            with contextlib.suppress(OSError):
+                (ARTIFACTS / f"upgrade-{name}.log").write_bytes(path.read_bytes())
 
 
 def _migrate_back_and_forth(data: Path) -> None:
