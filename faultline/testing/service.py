@@ -120,6 +120,8 @@ class Service:
                 *extra,
             ],
             stdout=subprocess.DEVNULL,
+            # Appended: an agent replaced on the same state dir (an upgrade) keeps the old
+            # one's lines beside its own.
             stderr=open(state / "agent.log", "ab"),  # noqa: SIM115 - lives with the process
             env=None if release is None else {**os.environ, "PYTHONPATH": str(release)},
             cwd=release,
