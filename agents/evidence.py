@@ -128,5 +128,6 @@ class Evidence:
     def io_errors_of(self, device: str) -> int:
         """Kernel I/O error lines for `device` or its partitions' disk (nvme1n1p1 -> nvme1n1)."""
         with self._lock:
-            return sum(n for d, n in self.io_errors.items() if device.startswith(d) or
-                       d.startswith(device))  # fmt: skip
+            return sum(
+                n for d, n in self.io_errors.items() if device.startswith(d) or d.startswith(device)
+            )

@@ -273,8 +273,11 @@ class Executor:
                 # Left as "running", the action was never reported and stayed dispatched
                 # until the agent restarted; whatever went wrong, the service hears of it.
                 log.exception("action %s: the hook or backend raised", action_id)
-                result = {"status": "failed", "exit_code": None,
-                          "output": _bound(f"error: {type(exc).__name__}: {exc}")}  # fmt: skip
+                result = {
+                    "status": "failed",
+                    "exit_code": None,
+                    "output": _bound(f"error: {type(exc).__name__}: {exc}"),
+                }
         with self._lock:
             self.done[action_id] = {**result, "reported": False}
             self._save()

@@ -37,8 +37,15 @@ GroupStateName = Literal[
 ]
 GROUP_STATES: Final[tuple[str, ...]] = get_args(GroupStateName)
 assert GROUP_STATES == (  # noqa: S101 - an import-time check that the two spellings agree
-    INITIALIZING, RUNNING, QUIESCING, CHECKPOINTING, RECOVERING, COMPLETED, FAILED, STOPPED,
-)  # fmt: skip
+    INITIALIZING,
+    RUNNING,
+    QUIESCING,
+    CHECKPOINTING,
+    RECOVERING,
+    COMPLETED,
+    FAILED,
+    STOPPED,
+)
 # The group has ended: nothing of it runs until a new generation starts it again.
 TERMINAL_GROUP_STATES: Final = frozenset({COMPLETED, FAILED, STOPPED})
 
@@ -50,8 +57,12 @@ HEALTH_CRITICAL: Final = "critical"
 HEALTH_DOWN: Final = "down"  # a node the service has not heard from (the silence sweep)
 # Best to worst: a node is as healthy as its worst GPU; a grid cell shows the worst.
 HEALTH_ORDER: Final[tuple[str, ...]] = (
-    HEALTH_OK, HEALTH_UNKNOWN, HEALTH_WARNING, HEALTH_CRITICAL, HEALTH_DOWN,
-)  # fmt: skip
+    HEALTH_OK,
+    HEALTH_UNKNOWN,
+    HEALTH_WARNING,
+    HEALTH_CRITICAL,
+    HEALTH_DOWN,
+)
 
 # -- severities ------------------------------------------------------------------------------
 SEVERITY_CRITICAL: Final = "critical"
@@ -60,8 +71,11 @@ SEVERITY_MINOR: Final = "minor"
 SEVERITY_INFO: Final = "info"
 # Most to least severe: incidents and findings sort by it.
 SEVERITY_ORDER: Final[tuple[str, ...]] = (
-    SEVERITY_CRITICAL, SEVERITY_MAJOR, SEVERITY_MINOR, SEVERITY_INFO,
-)  # fmt: skip
+    SEVERITY_CRITICAL,
+    SEVERITY_MAJOR,
+    SEVERITY_MINOR,
+    SEVERITY_INFO,
+)
 SEVERITY_RANK: Final[dict[str, int]] = {s: i for i, s in enumerate(SEVERITY_ORDER)}
 
 # -- hardware faults -------------------------------------------------------------------------

@@ -150,9 +150,11 @@ def node_return(request: HttpRequest, name: str) -> HttpResponse:
     """An approver states why the node is repaired; the write path checks the role."""
     try:
         actions.return_to_service(
-            node_name=name, actor=request.user, reason=request.POST.get("reason", ""),
+            node_name=name,
+            actor=request.user,
+            reason=request.POST.get("reason", ""),
             now=timezone.now(),
-        )  # fmt: skip
+        )
     except (actions.ChangeError, actions.NotAllowed, actions.NotFound) as exc:
         messages.error(request, str(exc))
     return redirect("node", name=name)
@@ -238,9 +240,11 @@ def _version(request: HttpRequest) -> int | None:
 def incident_acknowledge(request: HttpRequest, pk: int) -> HttpResponse:
     try:
         actions.acknowledge_incident(
-            incident_id=pk, actor=request.user, now=timezone.now(),
+            incident_id=pk,
+            actor=request.user,
+            now=timezone.now(),
             expected_version=_version(request),
-        )  # fmt: skip
+        )
     except actions.NotAllowed as exc:  # a viewer sees no buttons; a forced POST is refused
         raise PermissionDenied(str(exc)) from None
     except actions.IncidentChangeError as exc:
@@ -260,9 +264,12 @@ def incident_assign(request: HttpRequest, pk: int) -> HttpResponse:
             return redirect("incident", pk=pk)
     try:
         actions.assign_incident(
-            incident_id=pk, assignee=assignee, actor=request.user, now=timezone.now(),
+            incident_id=pk,
+            assignee=assignee,
+            actor=request.user,
+            now=timezone.now(),
             expected_version=_version(request),
-        )  # fmt: skip
+        )
     except actions.NotAllowed as exc:  # a viewer sees no buttons; a forced POST is refused
         raise PermissionDenied(str(exc)) from None
     except actions.IncidentChangeError as exc:

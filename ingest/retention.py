@@ -156,9 +156,13 @@ def _first_id_at_or_after(
 
 
 def delete_batched(
-    table: str, column: str, before: datetime, *, keep_live_groups: bool = False,
+    table: str,
+    column: str,
+    before: datetime,
+    *,
+    keep_live_groups: bool = False,
     batch: int = DELETE_BATCH,
-) -> int:  # fmt: skip
+) -> int:
     """Delete `table`'s rows with `column` < `before`, one id range of `batch` a transaction.
 
     Rows are appended in about time order, so the old ones are an id prefix (found by a

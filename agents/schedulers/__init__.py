@@ -158,8 +158,11 @@ class Attestation:
                 log.exception("could not read this node's jobs from %s", self.backend.name)
                 jobs = None
             if jobs is None:
-                log.warning("%s did not say which jobs run here: %s", self.backend.name,
-                            runner.transcript()[-300:])  # fmt: skip
+                log.warning(
+                    "%s did not say which jobs run here: %s",
+                    self.backend.name,
+                    runner.transcript()[-300:],
+                )
             else:
                 self._jobs = jobs
             return self._jobs

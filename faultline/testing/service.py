@@ -59,18 +59,26 @@ class Service:
         resp = conn.getresponse()
         page = resp.read().decode()
         csrf = next(
-            c.split(";")[0] for c in resp.headers.get_all("Set-Cookie") or []
+            c.split(";")[0]
+            for c in resp.headers.get_all("Set-Cookie") or []
             if c.startswith("csrftoken=")
-        )  # fmt: skip
+        )
         match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
         if match is None:
             raise RuntimeError("login page has no CSRF token")
         form = urllib.parse.urlencode(
             {"username": auth[0], "password": auth[1], "csrfmiddlewaretoken": match.group(1)}
         )
-        conn.request("POST", "/login/", body=form, headers={
-            "Content-Type": "application/x-www-form-urlencoded", "Cookie": csrf,
-            "Referer": self.url + "/login/"})  # fmt: skip
+        conn.request(
+            "POST",
+            "/login/",
+            body=form,
+            headers={
+                "Content-Type": "application/x-www-form-urlencoded",
+                "Cookie": csrf,
+                "Referer": self.url + "/login/",
+            },
+        )
         resp = conn.getresponse()
         resp.read()
         conn.close()
@@ -101,8 +109,11 @@ class Service:
         checkout), `server`: a URL in front of this service (a proxy) instead of its own."""
         state = self.data_dir / "agents" / node
         state.mkdir(parents=True, exist_ok=True)
-        agent = [str(BIN / "faultline-agent")] if release is None else [
-            sys.executable, "-m", "agents.cli"]  # fmt: skip
+        agent = (
+            [str(BIN / "faultline-agent")]
+            if release is None
+            else [sys.executable, "-m", "agents.cli"]
+        )
         proc = subprocess.Popen(
             [
                 *agent,
@@ -180,16 +191,29 @@ def start_service(
     log = data_dir / "up.log"
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [*faultline_command(release), "up", "--port", str(port), "--ws-port", str(ws_port),
-         "--data-dir", str(data_dir), "--workers", "2", "--worker-concurrency", "1"],
+        [
+            *faultline_command(release),
+            "up",
+            "--port",
+            str(port),
+            "--ws-port",
+            str(ws_port),
+            "--data-dir",
+            str(data_dir),
+            "--workers",
+            "2",
+            "--worker-concurrency",
+            "1",
+        ],
         env={**service_env(data_dir, release), **(env or {})},
         cwd=release,
         stdout=open(log, "wb"),  # noqa: SIM115 - lives with the process
         stderr=subprocess.STDOUT,
         start_new_session=True,
-    )  # fmt: skip
-    service = Service(f"http://127.0.0.1:{port}", port, ws_port, data_dir, proc, log,
-                      release=release)  # fmt: skip
+    )
+    service = Service(
+        f"http://127.0.0.1:{port}", port, ws_port, data_dir, proc, log, release=release
+    )
 
     def ready() -> bool:
         if proc.poll() is not None:
