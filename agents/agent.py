@@ -191,10 +191,14 @@ class Agent:
 
         def paths(sys_root: Path, proc_root: Path, ckpt: list[Path]) -> HostPaths:
             return HostPaths(
-                sys_root, proc_root, ckpt,
-                net_sys_root=config.net_sys_root, net_dir=config.net_dir,
-                interfaces=tuple(config.interfaces), net_ns=config.net_ns,
-            )  # fmt: skip
+                sys_root,
+                proc_root,
+                ckpt,
+                net_sys_root=config.net_sys_root,
+                net_dir=config.net_dir,
+                interfaces=tuple(config.interfaces),
+                net_ns=config.net_ns,
+            )
 
         # A configured network view is real even beside fake GPUs (the drill's namespaces).
         self.net: HostMonitor | None = None

@@ -36,8 +36,14 @@ FIELDS: dict[str, tuple[str, float]] = {
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("pcie_replays", 1.0),
     "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": ("nvlink_errors", 1.0),
 }
-INTEGER_FIELDS = {"mem_used_bytes", "ecc_sbe", "ecc_dbe", "retired_or_remapped_pending",
-                  "pcie_replays", "nvlink_errors"}  # fmt: skip
+INTEGER_FIELDS = {
+    "mem_used_bytes",
+    "ecc_sbe",
+    "ecc_dbe",
+    "retired_or_remapped_pending",
+    "pcie_replays",
+    "nvlink_errors",
+}
 XID = "DCGM_FI_DEV_XID_ERRORS"
 
 
@@ -137,8 +143,9 @@ class DcgmBackend:
         return device_sample(uuid, gpu_index, fields)
 
     def start_events(self, sink: Callable[[Record], None]) -> None:
-        threading.Thread(target=self._watch_xids, args=(sink,), daemon=True,
-                         name="faultline-dcgm-xid").start()  # fmt: skip
+        threading.Thread(
+            target=self._watch_xids, args=(sink,), daemon=True, name="faultline-dcgm-xid"
+        ).start()
 
     def _watch_xids(self, sink: Callable[[Record], None]) -> None:
         first = True

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from agents import kmsg, xid
+from agents import kmsg, vocab, xid
 from agents.nvml import device_event
 from agents.wire import Record, iso_ts, record
 
@@ -65,8 +65,8 @@ class Evidence:
 
     def device_sink(self, rec: Record) -> None:
         event = rec.get("event")
-        if rec.get("kind") == "device_event" and event in ("xid", "gpu_lost"):
-            code = int(rec.get("code") or 0) if event == "xid" else event
+        if rec.get("kind") == "device_event" and event in (vocab.XID, vocab.GPU_LOST):
+            code = int(rec.get("code") or 0) if event == vocab.XID else event
             if not self._admit(rec, code, _when(rec["ts"]), "nvml"):
                 return
         self.emit(rec)
@@ -128,5 +128,6 @@ class Evidence:
     def io_errors_of(self, device: str) -> int:
         """Kernel I/O error lines for `device` or its partitions' disk (nvme1n1p1 -> nvme1n1)."""
         with self._lock:
-            return sum(n for d, n in self.io_errors.items() if device.startswith(d) or
-                       d.startswith(device))  # fmt: skip
+            return sum(
+                n for d, n in self.io_errors.items() if device.startswith(d) or d.startswith(device)
+            )

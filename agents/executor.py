@@ -44,13 +44,15 @@ from pathlib import Path
 from typing import Any
 
 from agents import actions_contract as contract
-from agents import schedulers, signing
+from agents import schedulers, signing, vocab
 from agents.sender import opener_for
 from agents.spool import read_json, write_atomic
 
 log = logging.getLogger("faultline.agent.executor")
 
-OUTPUT_LIMIT = 4096
+# The one limit both sides keep (agents/vocab.py); the clipped text fits within it.
+OUTPUT_LIMIT = vocab.ACTION_OUTPUT_LIMIT
+_CUT = "\n...[truncated]...\n"
 
 # Examples documented in docs/agent.md; nothing runs unless configured.
 EXAMPLE_HOOKS = {
@@ -271,8 +273,11 @@ class Executor:
                 # Left as "running", the action was never reported and stayed dispatched
                 # until the agent restarted; whatever went wrong, the service hears of it.
                 log.exception("action %s: the hook or backend raised", action_id)
-                result = {"status": "failed", "exit_code": None,
-                          "output": _bound(f"error: {type(exc).__name__}: {exc}")}  # fmt: skip
+                result = {
+                    "status": "failed",
+                    "exit_code": None,
+                    "output": _bound(f"error: {type(exc).__name__}: {exc}"),
+                }
         with self._lock:
             self.done[action_id] = {**result, "reported": False}
             self._save()
@@ -454,4 +459,5 @@ class Executor:
 def _bound(text: str) -> str:
     if len(text) <= OUTPUT_LIMIT:
         return text
-    return text[: OUTPUT_LIMIT // 2] + "\n...[truncated]...\n" + text[-OUTPUT_LIMIT // 2 :]
+    keep = (OUTPUT_LIMIT - len(_CUT)) // 2
+    return text[:keep] + _CUT + text[-keep:]

@@ -201,8 +201,9 @@ class FakeHost:
         elif name == "mce":
             self.kernel("mce: [Hardware Error]: CPU 3: Machine Check: 0 Bank 5: be00000000800400")
         elif name == "aer":
-            self.kernel("pcieport 0000:80:01.0: AER: Uncorrected (Non-Fatal) error received: "
-                        "0000:81:00.0")  # fmt: skip
+            self.kernel(
+                "pcieport 0000:80:01.0: AER: Uncorrected (Non-Fatal) error received: 0000:81:00.0"
+            )
         elif name == "hung":
             self.kernel(f"INFO: task python:{int(arg or 4243)} blocked for more than 120 seconds.")
         elif name == "disk_full":

@@ -23,7 +23,7 @@ import uuid as uuidlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents import xid
+from agents import vocab, xid
 from agents.nvml import EventSink, device_event, device_sample
 from agents.wire import Record
 
@@ -33,11 +33,11 @@ SCRIPTS = (
     "temp_ramp",
     "thermal_throttle",
     "power_throttle",
-    "xid",
+    vocab.XID,
     "xid79",
     "dbe",
-    "gpu_lost",
-    "row_remap_failure",
+    vocab.GPU_LOST,
+    vocab.ROW_REMAP_FAILURE,
     "slow_clocks",
     "nvlink_errors",
     "clear",

@@ -501,8 +501,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     for path in args.dumps:
         try:
             rank = args.rank if args.rank is not None else rank_of(path)
-            groups, window = to_records(load(path, owner=owner), group=args.group,
-                                        generation=args.generation, rank=rank)  # fmt: skip
+            groups, window = to_records(
+                load(path, owner=owner), group=args.group, generation=args.generation, rank=rank
+            )
         except (DumpError, pickle.UnpicklingError, ValueError) as exc:
             print(f"{path}: refused: {exc}", file=sys.stderr)
             refused += 1

@@ -13,10 +13,13 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from agents import vocab
+
 # -- health ---------------------------------------------------------------------------------
-OK, UNKNOWN, WARNING, CRITICAL, DOWN = "ok", "unknown", "warning", "critical", "down"
-# Best to worst: a node is as healthy as its worst GPU; a grid cell shows the worst.
-HEALTH_ORDER: tuple[str, ...] = (OK, UNKNOWN, WARNING, CRITICAL, DOWN)
+# The health values and their order are agents/vocab.py's; the short names are this module's.
+OK, UNKNOWN, WARNING = vocab.HEALTH_OK, vocab.HEALTH_UNKNOWN, vocab.HEALTH_WARNING
+CRITICAL, DOWN = vocab.HEALTH_CRITICAL, vocab.HEALTH_DOWN
+HEALTH_ORDER = vocab.HEALTH_ORDER
 
 # -- throttle reasons -----------------------------------------------------------------------
 # nvmlClocksEventReason* bits (formerly "throttle reasons"), decoded to stable names that
@@ -44,7 +47,7 @@ WARNING_REASONS = SLOWDOWN_REASONS - {"sw_power_cap"}
 
 WARNING_TEMP_C = 85.0
 # Device events that make a GPU critical at once (and push its node card without delay).
-CRITICAL_EVENTS = frozenset({"xid", "ecc_dbe", "gpu_lost", "row_remap_failure"})
+CRITICAL_EVENTS = vocab.HARDWARE_FAULT_KINDS
 
 
 def decode_throttle_reasons(mask: int) -> list[str]:

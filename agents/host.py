@@ -389,8 +389,10 @@ class HostMonitor:
         self.has_ib = ib is not None
         if ib is None and not self._said_no_ib:
             self._said_no_ib = True
-            log.info("no InfiniBand on this host (%s): reading Ethernet only",
-                     Path(sys_root) / "class" / "infiniband")  # fmt: skip
+            log.info(
+                "no InfiniBand on this host (%s): reading Ethernet only",
+                Path(sys_root) / "class" / "infiniband",
+            )
         tcp = read_tcp(self.paths.net_dir or self.paths.proc_root / "net")
         eth = read_eth_ports(sys_root, self.paths.interfaces)
         return [*(ib or []), *eth, *([tcp] if tcp else [])]

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, get_args
 import msgspec
 from msgspec import Meta, Struct
 
-from agents import wire
+from agents import vocab, wire
 
 PROTOCOL_VERSION = 1
 
@@ -51,17 +51,9 @@ NonNeg = Annotated[float, Meta(ge=0)]
 # the very fault the console exists to catch).
 Real = float | Literal["NaN", "Infinity", "-Infinity"]
 
-GroupState = Literal[
-    "initializing",
-    "running",
-    "quiescing",
-    "checkpointing",
-    "recovering",
-    "completed",
-    "failed",
-    "stopped",
-]
-GROUP_STATES: tuple[str, ...] = get_args(GroupState)
+# The group states are agents/vocab.py's (the console and the pages share them).
+GroupState = vocab.GroupStateName
+GROUP_STATES: tuple[str, ...] = vocab.GROUP_STATES
 
 
 # gc=False on every Struct: records are trees (no cycles), and a 1,000-record batch would

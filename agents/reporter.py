@@ -510,8 +510,12 @@ class Reporter:
     ) -> None:
         """A serving worker's process exited: its launcher or router says so at once (the
         worker cannot), with the requests it knew in flight on it (contract: `window.exited`)."""
-        window: dict[str, Any] = {"seconds": seconds, "active": active, "queued": queued,
-                                  "exited": True}  # fmt: skip
+        window: dict[str, Any] = {
+            "seconds": seconds,
+            "active": active,
+            "queued": queued,
+            "exited": True,
+        }
         if exit_code is not None:
             window["exit_code"] = exit_code
         self.serving_window(worker, window, ready=False, draining=draining, group=group)

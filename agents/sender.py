@@ -167,9 +167,11 @@ class IngestConnection:
                 response = self._conn.getresponse()
                 payload = response.read()
             except (
-                http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+                http.client.RemoteDisconnected,
+                ConnectionResetError,
+                BrokenPipeError,
                 ConnectionAbortedError,
-            ):  # fmt: skip
+            ):
                 self.close()
                 if reused and attempt == 1:
                     # The server closed this kept-alive connection as we used it. Whether

@@ -57,8 +57,17 @@ class EngineConfig:
     slo: engines.Slo = field(default_factory=engines.Slo)
 
 
-_KEYS = {"url", "engine", "group", "worker", "interval", "timeout", "model_version",
-         "kv_schema", "slo"}  # fmt: skip
+_KEYS = {
+    "url",
+    "engine",
+    "group",
+    "worker",
+    "interval",
+    "timeout",
+    "model_version",
+    "kv_schema",
+    "slo",
+}
 
 
 def wire_name(value: object) -> str | None:
@@ -104,8 +113,10 @@ def parse_config(items: object, node: str) -> list[EngineConfig]:
         if not isinstance(worker, str) or wire_name(worker) != worker:
             raise ValueError(f"{where}: worker {worker!r} must be a name ([A-Za-z0-9_.:@/-])")
         numbers = {}
-        for key, default, top in (("interval", DEFAULT_INTERVAL_S, MAX_WINDOW_S),
-                                  ("timeout", DEFAULT_TIMEOUT_S, 60.0)):  # fmt: skip
+        for key, default, top in (
+            ("interval", DEFAULT_INTERVAL_S, MAX_WINDOW_S),
+            ("timeout", DEFAULT_TIMEOUT_S, 60.0),
+        ):
             value = item.get(key, default)
             if not _number(value) or not 0 < value <= top:
                 raise ValueError(f"{where}: {key} {value!r} must be seconds in (0, {top:g}]")
@@ -124,12 +135,17 @@ def parse_config(items: object, node: str) -> list[EngineConfig]:
                 raise ValueError(f"{where}: {key} {value!r} must be a name ([A-Za-z0-9_.:@/-])")
         out.append(
             EngineConfig(
-                url=base, engine=str(engine), group=str(group), worker=str(worker),
-                interval=numbers["interval"], timeout=numbers["timeout"],
-                model_version=item.get("model_version"), kv_schema=item.get("kv_schema"),
+                url=base,
+                engine=str(engine),
+                group=str(group),
+                worker=str(worker),
+                interval=numbers["interval"],
+                timeout=numbers["timeout"],
+                model_version=item.get("model_version"),
+                kv_schema=item.get("kv_schema"),
                 slo=engines.Slo(**limits),
             )
-        )  # fmt: skip
+        )
     workers = [(c.group, c.worker) for c in out]
     if len(set(workers)) != len(workers):
         raise ValueError("[[serving]]: two entries report as the same group and worker")
@@ -201,8 +217,12 @@ class EngineScraper:
             log.warning(
                 "serving %s: the %s threshold %g ms is not a bucket bound of %s; requests are "
                 "counted as meeting it only up to %s (slo_met is a lower bound)",
-                self.cfg.worker, term, ms, key, at,
-            )  # fmt: skip
+                self.cfg.worker,
+                term,
+                ms,
+                key,
+                at,
+            )
 
     def _json(self, path: str) -> Mapping[str, Any]:
         try:
@@ -234,8 +254,7 @@ class EngineScraper:
                     dtype = server.get("kv_cache_dtype") or "auto"
                     self.server_kv = f"{dtype}-p{server['page_size']}"
             kv = self.server_kv
-        return (self.cfg.model_version or wire_name(model),
-                self.cfg.kv_schema or wire_name(kv))  # fmt: skip
+        return (self.cfg.model_version or wire_name(model), self.cfg.kv_schema or wire_name(kv))
 
     def poll(self, now: float) -> Record | None:
         """Scrape once at monotonic `now`; the window since the previous scrape, if any."""

@@ -66,8 +66,9 @@ def _request(seq: int) -> bytes:
     ext = 1 << (INET_DIAG_INFO - 1)
     body = struct.pack("=BBBBI", socket.AF_INET, socket.IPPROTO_TCP, ext, 0, 1 << TCP_ESTABLISHED)
     body += b"\0" * 48
-    head = _NLMSG.pack(_NLMSG.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP,
-                       seq, 0)  # fmt: skip
+    head = _NLMSG.pack(
+        _NLMSG.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0
+    )
     return head + body
 
 
@@ -140,8 +141,11 @@ class SockDiag:
         try:
             sock = _open_in(netns) if netns else _new_socket()
         except OSError as e:
-            log.info("no per-socket TCP counters (sock_diag%s): %s; reading /proc only",
-                     f" in {netns}" if netns else "", e)  # fmt: skip
+            log.info(
+                "no per-socket TCP counters (sock_diag%s): %s; reading /proc only",
+                f" in {netns}" if netns else "",
+                e,
+            )
             return None
         return cls(sock)
 

@@ -228,8 +228,9 @@ class Recorder:
             if ins is not None and outs is not None:
                 out.update(in_splits=ins, out_splits=outs)
         elif op == "all_to_all" and src and dst:
-            out.update(in_splits=[int(t.numel()) for t in src],
-                       out_splits=[int(t.numel()) for t in dst])  # fmt: skip
+            out.update(
+                in_splits=[int(t.numel()) for t in src], out_splits=[int(t.numel()) for t in dst]
+            )
         if op in _P2P:
             peer = self._peer(op, bound)
             if peer is not None:
@@ -239,8 +240,14 @@ class Recorder:
     def _entry(self, op: str, group: Any, fields: dict[str, Any]) -> dict[str, Any]:
         """Number and append one entry (caller holds the lock)."""
         pg = self._pg_of(group)
-        entry: dict[str, Any] = {"seq": 0, "pg": pg, "op": op, "state": "started",
-                                 "started_ts": iso_ts(), **fields}  # fmt: skip
+        entry: dict[str, Any] = {
+            "seq": 0,
+            "pg": pg,
+            "op": op,
+            "state": "started",
+            "started_ts": iso_ts(),
+            **fields,
+        }
         if op in _P2P:
             self.p2p_order[pg] = self.p2p_order.get(pg, 0) + 1
             entry["seq"] = self.p2p_order[pg]
@@ -312,8 +319,7 @@ class Recorder:
                         op = op if op in _P2P else "isend"
                         key = _P2P[op]
                         bound = {"tensor": p2p.tensor, "group": p2p.group, key: p2p.peer}
-                        fields = self._describe(torch, "send" if key == "dst" else "recv",
-                                                bound)  # fmt: skip
+                        fields = self._describe(torch, "send" if key == "dst" else "recv", bound)
                         fields["coalesced"] = batch
                         entries.append(self._entry(op, p2p.group, fields))
             except Exception:  # noqa: BLE001, S110 -- instrumentation never breaks training
@@ -366,15 +372,24 @@ class Recorder:
         out: list[dict[str, Any]] = []
         try:
             world = dist.group.WORLD
-            out.append({"pg": "default", "size": int(dist.get_world_size()),
-                        "backend": _code(dist.get_backend())})  # fmt: skip
+            out.append(
+                {
+                    "pg": "default",
+                    "size": int(dist.get_world_size()),
+                    "backend": _code(dist.get_backend()),
+                }
+            )
             c10d = dist.distributed_c10d
             for pg, name in sorted(c10d._world.pg_names.items(), key=lambda kv: str(kv[1])):
                 if pg is world:
                     continue
                 ranks = [int(r) for r in dist.get_process_group_ranks(pg)]
-                info = {"pg": str(name)[:64], "size": len(ranks), "ranks": ranks,
-                        "desc": _code(getattr(pg, "group_desc", None))}  # fmt: skip
+                info = {
+                    "pg": str(name)[:64],
+                    "size": len(ranks),
+                    "ranks": ranks,
+                    "desc": _code(getattr(pg, "group_desc", None)),
+                }
                 with contextlib.suppress(Exception):
                     info["backend"] = _code(dist.get_backend(pg))
                 out.append({k: v for k, v in info.items() if v is not None})

@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from agents.integrations import torchelastic
 
-    api.LocalElasticAgent = torchelastic.elastic_agent_class(api.LocalElasticAgent)  # type: ignore[misc]  # launch_agent reads the module's name
+    api.LocalElasticAgent = torchelastic.elastic_agent_class(api.LocalElasticAgent)  # type: ignore[misc, unused-ignore]  # launch_agent reads the module's name (unused without torch: then Any)
     config_from_args = torchrun.config_from_args
 
     def through_launch(args: Any) -> Any:

@@ -18,6 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from agents import vocab
+
 # -- classes: whose fault an Xid is, which decides what Faultline does with it ------------
 # application: the program faulted (bad address, bad push buffer, killed channel); the GPU
 #   is fine. Evidence on the process, never a hardware fault, never a reason to take the
@@ -625,10 +627,8 @@ def is_hardware_fault(
     A lost GPU, a double-bit ECC error or a failed row remap always does; an Xid only when
     its class (with overrides) is hardware or the driver reports a recovery action.
     """
-    if event in ("gpu_lost", "ecc_dbe", "row_remap_failure"):
-        return True
-    if event != "xid":
-        return False
+    if event != vocab.XID:
+        return event in vocab.HARDWARE_FAULT_KINDS
     info = (catalog or _active).get(code)
     return effective_class(info, recovery_action) == HARDWARE
 

@@ -101,40 +101,72 @@ _TLW: dict[int, Rule] = {0x1: _NF_IGNORE, 0x2: _NF_SUPPORT, 0x4: _F_RESET, **_SW
 
 # (Xid, unit) -> errorStatus bit -> rule. Rows of NVIDIA's sheet, one per status bit.
 _BITS: dict[tuple[int, str], dict[int, Rule]] = {
-    (144, "SAW_MVB"): {0x1: _NF_SUPPORT, 0x2: _F_RESET, 0x4: _NF_IGNORE, 0x8: _NF_SUPPORT,
-                       0x10: _F_RESET, 0x20: _NF_IGNORE},
+    (144, "SAW_MVB"): {
+        0x1: _NF_SUPPORT,
+        0x2: _F_RESET,
+        0x4: _NF_IGNORE,
+        0x8: _NF_SUPPORT,
+        0x10: _F_RESET,
+        0x20: _NF_IGNORE,
+    },
     (145, "RLW_CTRL"): dict(_SW),
-    (145, "RLW_REMAP"): {0x1: (NONFATAL, EVAL_154, "CONTACT_SUPPORT"),
-                         0x2: (NONFATAL, EVAL_154, "CONTACT_SUPPORT"),
-                         **{b: (NONFATAL, EVAL_154, "CHECK_NVLINK_FAILURE_FLOW")
-                            for b in (0x4, 0x8, 0x10, 0x20)},
-                         0x40: _F_RESET, 0x80: _F_RESET, 0x100: _NF_IGNORE, 0x200: _NF_IGNORE,
-                         **_SW},
+    (145, "RLW_REMAP"): {
+        0x1: (NONFATAL, EVAL_154, "CONTACT_SUPPORT"),
+        0x2: (NONFATAL, EVAL_154, "CONTACT_SUPPORT"),
+        **{b: (NONFATAL, EVAL_154, "CHECK_NVLINK_FAILURE_FLOW") for b in (0x4, 0x8, 0x10, 0x20)},
+        0x40: _F_RESET,
+        0x80: _F_RESET,
+        0x100: _NF_IGNORE,
+        0x200: _NF_IGNORE,
+        **_SW,
+    },
     (145, "RLW_RSPCOL"): {0x1: _NF_IGNORE, 0x2: _F_RESET, **_SW},
     # 0x1-0x4: "Non-fatal*": a second action (RESET_GPU) only when the traffic loss persists.
-    (145, "RLW_RXPIPE"): {0x1: _NF_SUPPORT, 0x2: _NF_SUPPORT, 0x4: _NF_SUPPORT,
-                          0x8: _NF_SUPPORT, **_SW},
-    (145, "RLW_SRC_TRACK"): {0x1: _F_RESET, 0x2: _NF_IGNORE, 0x4: (NONFATAL, EVAL_154, "IGNORE"),
-                             0x8: (NONFATAL, EVAL_154, "IGNORE"), 0x10: _F_RESET,
-                             0x20: _F_RESET, **_SW},
-    (145, "RLW_TAGSTATE"): {0x1: _NF_IGNORE, 0x2: _F_RESET, 0x10000: _NF_IGNORE,
-                            0x20000: _F_RESET, 0x100000: _F_RESET, **_SW},
+    (145, "RLW_RXPIPE"): {
+        0x1: _NF_SUPPORT,
+        0x2: _NF_SUPPORT,
+        0x4: _NF_SUPPORT,
+        0x8: _NF_SUPPORT,
+        **_SW,
+    },
+    (145, "RLW_SRC_TRACK"): {
+        0x1: _F_RESET,
+        0x2: _NF_IGNORE,
+        0x4: (NONFATAL, EVAL_154, "IGNORE"),
+        0x8: (NONFATAL, EVAL_154, "IGNORE"),
+        0x10: _F_RESET,
+        0x20: _F_RESET,
+        **_SW,
+    },
+    (145, "RLW_TAGSTATE"): {
+        0x1: _NF_IGNORE,
+        0x2: _F_RESET,
+        0x10000: _NF_IGNORE,
+        0x20000: _F_RESET,
+        0x100000: _F_RESET,
+        **_SW,
+    },
     (146, "TLW_CTRL"): dict(_TLW),
     (146, "TLW_RX"): dict(_TLW),  # TLW_RX_PIPE0 and _PIPE1 decode alike
     (146, "TLW_TX"): dict(_TLW),
     (147, "TREX"): {0x1: _NF_SUPPORT, **_SW},  # NVIDIA: not in production code
     (148, "NVLPW_CTRL"): dict(_SW),
-}  # fmt: skip
+}
 # (Xid, unit) -> errorStatus value -> rule: units whose status is a value, not a bit mask.
 _VALUES: dict[tuple[int, str], dict[int, Rule]] = {
     (149, "NETIR_INT"): {0x0: (LINK_FATAL, RESET, "SYMPATHETIC_REPORT_SOLO")},
     (149, "NETIR_BER_EVENT"): {
         v: (NONFATAL, IGNORE, "INVESTIGATE_LINK_SI_AND_CABLES") for v in (0x0, 0x1, 0x2, 0x3)
     },
-    (149, "NETIR_MFDE_EVENT"): {0x1: _F_RESET, 0x3: _NF_IGNORE, 0x4: _F_RESET, 0x5: _F_RESET,
-                                0x7: _F_RESET},
+    (149, "NETIR_MFDE_EVENT"): {
+        0x1: _F_RESET,
+        0x3: _NF_IGNORE,
+        0x4: _F_RESET,
+        0x5: _F_RESET,
+        0x7: _F_RESET,
+    },
     (150, "MSE_WATCHDOG"): {0x0: _F_RESET},
-}  # fmt: skip
+}
 # Xid 149 NETIR_LINK_EVT (link down): intrinfo bits 20-25 say why.
 _LINK_DOWN: dict[int, Rule] = {
     0b000000: (LINK_FATAL, RESET, "SYMPATHETIC_REPORT_SOLO"),

@@ -69,8 +69,9 @@ def _inventory(nodes: int, gpus: int, stamp: str) -> list[tuple[str, list[str]]]
 START = (datetime.now(UTC) - timedelta(minutes=5)).isoformat().replace("+00:00", "Z")
 
 
-def _alerts(inventory: list[tuple[str, list[str]]], total: int, xid_share: float,
-            status: str) -> list[dict[str, object]]:  # fmt: skip
+def _alerts(
+    inventory: list[tuple[str, list[str]]], total: int, xid_share: float, status: str
+) -> list[dict[str, object]]:
     start = START  # the same alerts each time: a re-delivery, then their resolves
     end = datetime.now(UTC).isoformat().replace("+00:00", "Z")
     xids = int(total * xid_share)
@@ -78,27 +79,57 @@ def _alerts(inventory: list[tuple[str, list[str]]], total: int, xid_share: float
     slots = [(name, g, uuid) for name, uuids in inventory for g, uuid in enumerate(uuids)]
     for i in range(xids):
         name, g, uuid = slots[i % len(slots)]
-        labels = {"alertname": "DCGM_FI_DEV_XID_ERRORS", "severity": "critical",
-                  "Hostname": name, "gpu": str(g), "UUID": uuid, "err_code": "79"}  # fmt: skip
-        out.append({"status": status, "labels": labels, "annotations": {"summary": "Xid 79"},
-                    "startsAt": start, "endsAt": end if status == "resolved" else
-                    "0001-01-01T00:00:00Z", "fingerprint": f"x{i:07d}"})  # fmt: skip
+        labels = {
+            "alertname": "DCGM_FI_DEV_XID_ERRORS",
+            "severity": "critical",
+            "Hostname": name,
+            "gpu": str(g),
+            "UUID": uuid,
+            "err_code": "79",
+        }
+        out.append(
+            {
+                "status": status,
+                "labels": labels,
+                "annotations": {"summary": "Xid 79"},
+                "startsAt": start,
+                "endsAt": end if status == "resolved" else "0001-01-01T00:00:00Z",
+                "fingerprint": f"x{i:07d}",
+            }
+        )
     for i in range(total - xids):
         name = inventory[i % len(inventory)][0]
-        labels = {"alertname": f"NodeCheck{i // len(inventory)}", "severity": "warning",
-                  "instance": f"{name}:9100", "job": "node"}  # fmt: skip
-        out.append({"status": status, "labels": labels,
-                    "annotations": {"summary": "node-exporter says so"}, "startsAt": start,
-                    "endsAt": end if status == "resolved" else "0001-01-01T00:00:00Z",
-                    "fingerprint": f"n{i:07d}"})  # fmt: skip
+        labels = {
+            "alertname": f"NodeCheck{i // len(inventory)}",
+            "severity": "warning",
+            "instance": f"{name}:9100",
+            "job": "node",
+        }
+        out.append(
+            {
+                "status": status,
+                "labels": labels,
+                "annotations": {"summary": "node-exporter says so"},
+                "startsAt": start,
+                "endsAt": end if status == "resolved" else "0001-01-01T00:00:00Z",
+                "fingerprint": f"n{i:07d}",
+            }
+        )
     return out
 
 
 def _deliver(client: object, alerts: list[dict[str, object]], status: str) -> tuple[float, int]:
     from django.db import connection
 
-    body = json.dumps({"version": "4", "groupKey": "{}:{}", "status": status,
-                       "receiver": "faultline", "alerts": alerts})  # fmt: skip
+    body = json.dumps(
+        {
+            "version": "4",
+            "groupKey": "{}:{}",
+            "status": status,
+            "receiver": "faultline",
+            "alerts": alerts,
+        }
+    )
     count = [0]
 
     def counted(execute, sql, params, many, context):  # type: ignore[no-untyped-def]  # Django's execute_wrapper hook signature, untyped upstream
@@ -108,9 +139,11 @@ def _deliver(client: object, alerts: list[dict[str, object]], status: str) -> tu
     with connection.execute_wrapper(counted):
         t0 = time.perf_counter()
         response = client.post(  # type: ignore[attr-defined]  # django.test.Client built after setup(), typed object here
-            "/api/v1/alertmanager", body, content_type="application/json",
+            "/api/v1/alertmanager",
+            body,
+            content_type="application/json",
             HTTP_AUTHORIZATION=f"Bearer {TOKEN}",
-        )  # fmt: skip
+        )
         wall = time.perf_counter() - t0
     if response.status_code != 200:
         raise SystemExit(f"receiver answered {response.status_code}: {response.content[:500]!r}")
@@ -133,10 +166,15 @@ def main() -> None:
         nodes = max(1, args.alerts // args.per_node)
         inventory = _inventory(nodes, args.gpus, stamp)
         client = Client()
-        print(f"{args.alerts} alerts ({args.xid_share:.0%} DCGM Xid) on {nodes} nodes, "
-              f"{args.gpus} GPUs each; code from {args.root}")  # fmt: skip
-        for label, status in (("first delivery", "firing"), ("re-delivery", "firing"),
-                              ("resolves", "resolved")):  # fmt: skip
+        print(
+            f"{args.alerts} alerts ({args.xid_share:.0%} DCGM Xid) on {nodes} nodes, "
+            f"{args.gpus} GPUs each; code from {args.root}"
+        )
+        for label, status in (
+            ("first delivery", "firing"),
+            ("re-delivery", "firing"),
+            ("resolves", "resolved"),
+        ):
             alerts = _alerts(inventory, args.alerts, args.xid_share, status)
             wall, queries = _deliver(client, alerts, status)
             print(f"  {label:15s} {wall:7.2f} s  {queries:7d} queries")

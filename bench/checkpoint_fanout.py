@@ -98,14 +98,20 @@ def main() -> None:
         finally:
             shutil.rmtree(work, ignore_errors=True)
     base, new = out[False], out[True]
-    print(f"{args.nodes} agents on one root, the job on {args.job_nodes} of them, one "
-          f"{args.mb} MiB checkpoint in {SHARDS} shards written and committed")  # fmt: skip
-    for key, label in (("records", "records sent"), ("hashed_mib", "MiB hashed"),
-                       ("stats_per_round", "files stat'ed a scan round"),
-                       ("seconds", "seconds (this box)")):  # fmt: skip
+    print(
+        f"{args.nodes} agents on one root, the job on {args.job_nodes} of them, one "
+        f"{args.mb} MiB checkpoint in {SHARDS} shards written and committed"
+    )
+    for key, label in (
+        ("records", "records sent"),
+        ("hashed_mib", "MiB hashed"),
+        ("stats_per_round", "files stat'ed a scan round"),
+        ("seconds", "seconds (this box)"),
+    ):
         ratio = new[key] / base[key] if base[key] else float("nan")
-        print(f"  {label:28s} unshared {base[key]:10.1f}  shared {new[key]:10.1f}  "
-              f"ratio {ratio:.4f}")  # fmt: skip
+        print(
+            f"  {label:28s} unshared {base[key]:10.1f}  shared {new[key]:10.1f}  ratio {ratio:.4f}"
+        )
 
 
 if __name__ == "__main__":

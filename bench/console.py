@@ -96,21 +96,43 @@ def build(ranks: int, steps: int) -> None:
     )
     end = T0 + timedelta(seconds=steps * 1.2)
     group = ConsistencyGroup.objects.create(
-        name=GROUP, kind="training", state="running", generation=2, restart_count=1,
-        world_size=ranks, state_since=T0, last_activity=end,
+        name=GROUP,
+        kind="training",
+        state="running",
+        generation=2,
+        restart_count=1,
+        world_size=ranks,
+        state_since=T0,
+        last_activity=end,
         summary={
-            "goodput": {"window_s": 600.0, "wall_s": 80.0, "tokens_total": 10**9,
-                        "tokens_valid": 9 * 10**8, "g_train_tokens_per_s": 1.1e7,
-                        "badput_s": {"stall": 2.0, "restart": 5.0, "checkpoint": 1.5,
-                                     "recompute": 3.0, "invalid": 0.0},
-                        "productive_fraction": 0.86},
-            "tail_ratio": 1.31, "phase_medians_ms": {"compute": 800.0, "collective": 250.0},
+            "goodput": {
+                "window_s": 600.0,
+                "wall_s": 80.0,
+                "tokens_total": 10**9,
+                "tokens_valid": 9 * 10**8,
+                "g_train_tokens_per_s": 1.1e7,
+                "badput_s": {
+                    "stall": 2.0,
+                    "restart": 5.0,
+                    "checkpoint": 1.5,
+                    "recompute": 3.0,
+                    "invalid": 0.0,
+                },
+                "productive_fraction": 0.86,
+            },
+            "tail_ratio": 1.31,
+            "phase_medians_ms": {"compute": 800.0, "collective": 250.0},
             "newest_valid_checkpoint": "ckpt-40",
-            "recovery_advice": {"auto_restart_safe": True, "reason": "restart from ckpt-40",
-                                "checkpoint": "ckpt-40", "lost_steps": 20,
-                                "lost_tokens": 20 * 4096 * ranks, "lost_gpu_hours": 109.2},
+            "recovery_advice": {
+                "auto_restart_safe": True,
+                "reason": "restart from ckpt-40",
+                "checkpoint": "ckpt-40",
+                "lost_steps": 20,
+                "lost_tokens": 20 * 4096 * ranks,
+                "lost_gpu_hours": 109.2,
+            },
         },
-    )  # fmt: skip
+    )
     Rank.objects.bulk_create(
         [
             Rank(
@@ -132,10 +154,16 @@ def build(ranks: int, steps: int) -> None:
     _copy_steps(group.pk, ranks, steps, slow, by_name, rnd)
     _transitions_and_checkpoints(group, by_name["bench-0000"], steps)
     Incident.objects.create(
-        group=group, generation=2, fingerprint="bench-straggler", kind="straggler",
-        subject=f"rank:{GROUP}/{min(slow)}", severity="major", summary="Rank is a straggler",
-        root_cause={"evidence": {"rank": min(slow), "tail_ratio": 1.6}}, opened_at=end,
-    )  # fmt: skip
+        group=group,
+        generation=2,
+        fingerprint="bench-straggler",
+        kind="straggler",
+        subject=f"rank:{GROUP}/{min(slow)}",
+        severity="major",
+        summary="Rank is a straggler",
+        root_cause={"evidence": {"rank": min(slow), "tail_ratio": 1.6}},
+        opened_at=end,
+    )
 
 
 def _copy_steps(
@@ -264,8 +292,10 @@ def _rollups(newest: datetime, runs: int) -> None:
     print(f"rollup    first pass (catch-up, whole window): {ms:7.1f} ms  {written}")
     steady = [timed(newest, step_bins.LOOKBACK_BUCKETS)[0] for _ in range(runs)]
     rows = _rows_between(newest, step_bins.LOOKBACK_BUCKETS)
-    print(f"rollup    steady pass (every 5 s, {step_bins.LOOKBACK_BUCKETS} buckets, "
-          f"{rows} step rows): {statistics.median(steady):7.1f} ms")  # fmt: skip
+    print(
+        f"rollup    steady pass (every 5 s, {step_bins.LOOKBACK_BUCKETS} buckets, "
+        f"{rows} step rows): {statistics.median(steady):7.1f} ms"
+    )
     ms, _ = timed(newest, step_bins.BACKSTOP_BUCKETS)
     print(f"rollup    minute refold ({step_bins.BACKSTOP_BUCKETS} buckets): {ms:7.1f} ms")
 
@@ -301,8 +331,10 @@ def main(argv: list[str] | None = None) -> None:
 
         started = time.perf_counter()
         build(args.ranks, args.steps)
-        print(f"built {args.ranks} ranks x {args.steps} steps in "
-              f"{time.perf_counter() - started:.1f} s")  # fmt: skip
+        print(
+            f"built {args.ranks} ranks x {args.steps} steps in "
+            f"{time.perf_counter() - started:.1f} s"
+        )
         from django.contrib.auth.models import User
 
         user = User.objects.filter(username="bench").first() or create_user(
@@ -322,8 +354,9 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 rows = cur.fetchone()[0]
             count_ms.append((time.perf_counter() - t) * 1000)
-        print(f"baseline  SELECT count(*) ({rows} step rows): "
-              f"{statistics.median(count_ms):7.1f} ms")  # fmt: skip
+        print(
+            f"baseline  SELECT count(*) ({rows} step rows): {statistics.median(count_ms):7.1f} ms"
+        )
         charts = f"/api/v1/pages/groups/{GROUP}/charts/"
         for label, url, cold in [
             ("fleet page (goal <= 300 ms)", "/", False),

@@ -78,15 +78,17 @@ def in_service(service: Service, code: str, *args: str) -> str:
     `faultline token create` does, once for many calls); its last stdout line."""
     script = (
         "import json, sys\nfrom faultline import bootstrap\n"
-        "with bootstrap.django_ready(sys.argv[1]):\n" + "".join(
-            f"    {line}\n" for line in code.splitlines()
-        )
-    )  # fmt: skip
+        "with bootstrap.django_ready(sys.argv[1]):\n"
+        + "".join(f"    {line}\n" for line in code.splitlines())
+    )
     out = subprocess.run(
         [sys.executable, "-c", script, str(service.data_dir), *args],
-        env=service_env(service.data_dir), capture_output=True, text=True, timeout=180,
+        env=service_env(service.data_dir),
+        capture_output=True,
+        text=True,
+        timeout=180,
         check=True,
-    )  # fmt: skip
+    )
     return out.stdout.strip().splitlines()[-1]
 
 
@@ -140,11 +142,14 @@ class Fleet:
         count = (ranks + PER_NODE - 1) // PER_NODE
         self.nodes_of = {g: [f"{g}-n{i}" for i in range(count)] for g in groups}
         self.nodes = [n for g in groups for n in self.nodes_of[g]]
-        self.tokens: dict[str, str] = json.loads(in_service(
-            service, "from ingest.auth import issue_token\n"
-            "print(json.dumps({n: issue_token(node_name=n) for n in sys.argv[2:]}))",
-            *self.nodes,
-        ))  # fmt: skip
+        self.tokens: dict[str, str] = json.loads(
+            in_service(
+                service,
+                "from ingest.auth import issue_token\n"
+                "print(json.dumps({n: issue_token(node_name=n) for n in sys.argv[2:]}))",
+                *self.nodes,
+            )
+        )
         self.seq = dict.fromkeys(self.nodes, 0)
         self.silent: set[tuple[str, int]] = set()
         self.groups: dict[str, int] = {}  # group -> step counter
@@ -157,12 +162,15 @@ class Fleet:
     def establish(self, groups: list[str]) -> int:
         """Clear the groups' young marks (console.scheduling.young_key; Django's cache
         key, set by ingest when it created them): how many were marked."""
-        return int(in_service(
-            self.service, "from django.core.cache import cache\n"
-            "keys = [f'diag-young:{g}' for g in sys.argv[2:]]\n"
-            "found = cache.get_many(keys)\ncache.delete_many(keys)\nprint(len(found))",
-            *groups,
-        ))  # fmt: skip
+        return int(
+            in_service(
+                self.service,
+                "from django.core.cache import cache\n"
+                "keys = [f'diag-young:{g}' for g in sys.argv[2:]]\n"
+                "found = cache.get_many(keys)\ncache.delete_many(keys)\nprint(len(found))",
+                *groups,
+            )
+        )
 
     def post(self, node: str, records: list[dict]) -> None:
         with self.lock:
@@ -224,8 +232,11 @@ class Fleet:
         posts = []
         for group, nodes in self.nodes_of.items():
             for node_index, node in enumerate(nodes):
-                posts.append(self.pool.submit(self.post, node, self.records(
-                    group, node_index, steps.get(group), now)))  # fmt: skip
+                posts.append(
+                    self.pool.submit(
+                        self.post, node, self.records(group, node_index, steps.get(group), now)
+                    )
+                )
         for post in posts:
             post.result()
         for group in self.groups:
@@ -282,12 +293,24 @@ def flood(
             groups = min(groups, 20)
             stop.wait(0.1)
         records = [
-            {"kind": "step", "group": f"flood-{g:05d}", "generation": 1, "rank": 0,
-             "step": seq, "tokens": 1, "duration_ms": 1000.0, "ts": now}
+            {
+                "kind": "step",
+                "group": f"flood-{g:05d}",
+                "generation": 1,
+                "rank": 0,
+                "step": seq,
+                "tokens": 1,
+                "duration_ms": 1000.0,
+                "ts": now,
+            }
             for g in range(groups)
-        ]  # fmt: skip
-        body = {"agent": {"id": "flood-agent", "node": node, "version": "bench"},
-                "seq": seq, "sent_at": now, "records": records}  # fmt: skip
+        ]
+        body = {
+            "agent": {"id": "flood-agent", "node": node, "version": "bench"},
+            "seq": seq,
+            "sent_at": now,
+            "records": records,
+        }
         request = urllib.request.Request(
             service.url + "/api/v1/ingest",
             data=json.dumps(body).encode(),
@@ -362,9 +385,12 @@ class Watcher:
             hits = [
                 (t, k)
                 for (g, gen, k, subject), t in list(self.seen.items())
-                if g == group and generation in (None, gen) and k in kinds and t >= since
+                if g == group
+                and generation in (None, gen)
+                and k in kinds
+                and t >= since
                 and only.get(k, subject) == subject
-            ]  # fmt: skip
+            ]
             if hits:
                 t, kind = min(hits)
                 return t - since, kind, t
@@ -375,9 +401,10 @@ class Watcher:
         """'kind subject' of every incident of `group`'s `generation` seen so far: on a
         miss, what the service named instead (or that it named nothing)."""
         return sorted(
-            f"{k} {subject}" for (g, gen, k, subject) in list(self.seen)
+            f"{k} {subject}"
+            for (g, gen, k, subject) in list(self.seen)
             if g == group and gen == generation
-        )  # fmt: skip
+        )
 
 
 def pct(values: list[float], p: float) -> float:
@@ -446,26 +473,45 @@ def pipeline_curve(
             ]
         )
         Rank.objects.bulk_create(
-            [Rank(group=group, rank=r, node=nodes[r // PER_NODE], generation=1)
-             for r in range(ranks)]
-        )  # fmt: skip
+            [
+                Rank(group=group, rank=r, node=nodes[r // PER_NODE], generation=1)
+                for r in range(ranks)
+            ]
+        )
         # Every rank's GPU with a live sample, as ingest keeps it (console_device).
         sample = {"ts": now.isoformat(), **SAMPLE}
         Device.objects.bulk_create(
-            [Device(uuid=f"GPU-{ranks}-{r}", node=nodes[r // PER_NODE], index=r % PER_NODE,
-                    last_sample={**sample, "index": r % PER_NODE}, last_seen=now)
-             for r in range(ranks)], batch_size=20_000,
-        )  # fmt: skip
+            [
+                Device(
+                    uuid=f"GPU-{ranks}-{r}",
+                    node=nodes[r // PER_NODE],
+                    index=r % PER_NODE,
+                    last_sample={**sample, "index": r % PER_NODE},
+                    last_seen=now,
+                )
+                for r in range(ranks)
+            ],
+            batch_size=20_000,
+        )
 
         def step_rows(
             s: int, at: datetime, nodes: list[Node] = nodes, group: Any = group, n: int = ranks
         ) -> list[StepRecord]:
             return [
-                StepRecord(ts=at, node=nodes[r // PER_NODE], group=group, generation=1, rank=r,
-                           step=s, tokens=4096, duration_ms=1000,
-                           phases={"compute": 700, "collective": 300}, loss=2.0)
+                StepRecord(
+                    ts=at,
+                    node=nodes[r // PER_NODE],
+                    group=group,
+                    generation=1,
+                    rank=r,
+                    step=s,
+                    tokens=4096,
+                    duration_ms=1000,
+                    phases={"compute": 700, "collective": 300},
+                    loss=2.0,
+                )
                 for r in range(n)
-            ]  # fmt: skip
+            ]
 
         for s in range(steps):
             StepRecord.objects.bulk_create(
@@ -564,10 +610,21 @@ def pipeline_curve(
     emb.stop(force=True)
     if len(sizes) > 1:
         a, b = out[sizes[0]], out[sizes[-1]]
-        for mode in ("full", "stepped", "fleet", "idle", "idle_cold", "full_cpu", "stepped_cpu",
-                     "fleet_cpu", "idle_cpu"):  # fmt: skip
-            print(f"growth {sizes[0]}->{sizes[-1]} ranks (x{sizes[-1] / sizes[0]:.0f}): "
-                  f"{mode} pass x{b[mode] / a[mode]:.1f}")  # fmt: skip
+        for mode in (
+            "full",
+            "stepped",
+            "fleet",
+            "idle",
+            "idle_cold",
+            "full_cpu",
+            "stepped_cpu",
+            "fleet_cpu",
+            "idle_cpu",
+        ):
+            print(
+                f"growth {sizes[0]}->{sizes[-1]} ranks (x{sizes[-1] / sizes[0]:.0f}): "
+                f"{mode} pass x{b[mode] / a[mode]:.1f}"
+            )
     return out
 
 
@@ -588,37 +645,45 @@ def main() -> int:
     parser.add_argument("--flood-groups", type=int, default=0)
     parser.add_argument("--explicit-only", action="store_true")
     parser.add_argument(
-        "--young", action="store_true",
+        "--young",
+        action="store_true",
         help="leave the bench's groups young (diagnosed on their nodes' young budget)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--flood-sustained", action="store_true",
+        "--flood-sustained",
+        action="store_true",
         help="after its first batch the flood stays under the limits with its 20 groups",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--scale", action="store_true",
+        "--scale",
+        action="store_true",
         help="one big group, the bulk of its rows written by the bench (bench/detect_scale.py);"
         " the default from --ranks 1024 up",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--http-nodes", type=int, default=16, help="--scale: nodes that post over HTTP every step"
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--no-device-refresh", action="store_true",
+        "--no-device-refresh",
+        action="store_true",
         help="--scale: the bench-written nodes' GPU samples stay as at start",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--worker-memory-mb", type=int, default=0,
+        "--worker-memory-mb",
+        type=int,
+        default=0,
         help="--scale: FAULTLINE_WORKER_MAX_MEMORY_MB for the service (default: its own)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--no-checks", action="store_true",
+        "--no-checks",
+        action="store_true",
         help="--scale: no pass queued for a hang threshold's moment (FAULTLINE_DIAGNOSIS_CHECKS=0)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--scale-trials", default="explicit,silent,straggler",
+        "--scale-trials",
+        default="explicit,silent,straggler",
         help="--scale: which trials to run, comma-separated (each --trials times)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     if (args.scale or args.ranks >= 1024) and not args.pipeline_only:
         from bench.detect_scale import run_scale
@@ -651,7 +716,7 @@ def main() -> int:
                 target=flood,
                 args=(service, args.flood_groups, fleet.stop, flood_sent, args.flood_sustained),
                 daemon=True,
-            ).start()  # fmt: skip
+            ).start()
         time.sleep(max(6.0, 8 * args.step_s))  # step-time history for the hang threshold
         print(f"load average (1 min) at the first trial: {load()}", flush=True)
 
@@ -695,8 +760,10 @@ def main() -> int:
 
     goal_silent = max(3 * args.step_s, 5.0)
     if args.flood_groups:
-        print(f"flood: {args.flood_groups} invented groups a batch, "
-              f"{flood_sent[0]} batches accepted, {flood_sent[1]} refused")  # fmt: skip
+        print(
+            f"flood: {args.flood_groups} invented groups a batch, "
+            f"{flood_sent[0]} batches accepted, {flood_sent[1]} refused"
+        )
     if args.explicit_only:
         print("explicit trials (s): " + " ".join(f"{x:.2f}" for x in explicit))
         print(f"explicit_p50_s {pct(explicit, 50):.2f} explicit_p99_s {pct(explicit, 99):.2f}")

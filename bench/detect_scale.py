@@ -116,11 +116,14 @@ class ScaleFleet:
 
     # -- identities and HTTP -------------------------------------------------------------
     def issue_tokens(self) -> None:
-        self.tokens = json.loads(in_service(
-            self.service, "from ingest.auth import issue_token\n"
-            "print(json.dumps({n: issue_token(node_name=n) for n in sys.argv[2:]}))",
-            *self.nodes,
-        ))  # fmt: skip
+        self.tokens = json.loads(
+            in_service(
+                self.service,
+                "from ingest.auth import issue_token\n"
+                "print(json.dumps({n: issue_token(node_name=n) for n in sys.argv[2:]}))",
+                *self.nodes,
+            )
+        )
 
     def gpu(self, rank: int) -> tuple[str, str]:
         node = self.nodes[rank // PER_NODE]
@@ -138,12 +141,18 @@ class ScaleFleet:
         for local in range(PER_NODE):
             gpu = f"GPU-{node}-{local}"
             hot = gpu in self.throttled
-            out.append({
-                "kind": "device_sample", "gpu": gpu, "index": local, "ts": ts, **SAMPLE,
-                "temp_c": 92.0 if hot else SAMPLE["temp_c"],
-                "sm_clock_mhz": 990.0 if hot else SAMPLE["sm_clock_mhz"],
-                "throttle_reasons": ["hw_thermal_slowdown"] if hot else [],
-            })  # fmt: skip
+            out.append(
+                {
+                    "kind": "device_sample",
+                    "gpu": gpu,
+                    "index": local,
+                    "ts": ts,
+                    **SAMPLE,
+                    "temp_c": 92.0 if hot else SAMPLE["temp_c"],
+                    "sm_clock_mhz": 990.0 if hot else SAMPLE["sm_clock_mhz"],
+                    "throttle_reasons": ["hw_thermal_slowdown"] if hot else [],
+                }
+            )
         return out
 
     def start(self) -> None:
@@ -155,16 +164,32 @@ class ScaleFleet:
             for local in range(PER_NODE):
                 rank = i * PER_NODE + local
                 if rank < self.ranks:
-                    records.append({"kind": "process", "group": self.group, "generation": 1,
-                                    "rank": rank, "event": "started", "pid": 1000 + local,
-                                    "gpu": f"GPU-{node}-{local}", "ts": now})  # fmt: skip
+                    records.append(
+                        {
+                            "kind": "process",
+                            "group": self.group,
+                            "generation": 1,
+                            "rank": rank,
+                            "event": "started",
+                            "pid": 1000 + local,
+                            "gpu": f"GPU-{node}-{local}",
+                            "ts": now,
+                        }
+                    )
             if i == 0:
                 # After its ranks, as a launcher announces the job (faultline.demo): the
                 # group may have been created by a peer's batch, and a transition from a
                 # node that has placed none of its ranks is refused as unauthorized.
-                records.append({"kind": "transition", "group": self.group, "generation": 1,
-                                "to_state": "running", "world_size": self.ranks,
-                                "ts": now})  # fmt: skip
+                records.append(
+                    {
+                        "kind": "transition",
+                        "group": self.group,
+                        "generation": 1,
+                        "to_state": "running",
+                        "world_size": self.ranks,
+                        "ts": now,
+                    }
+                )
             records += self._samples(i, now)
             posts.append(self.pool.submit(self.post, node, records))
         for p in posts:
@@ -200,8 +225,13 @@ class ScaleFleet:
         duration = base + busy * (slowest - 1.0)
         mine = busy * self.slow.get(rank, 1.0)
         compute = mine * 0.9
-        phases = {"compute": compute, "input": mine - compute, "collective": duration - mine,
-                  "checkpoint": 0.0, "optimizer": 0.0}  # fmt: skip
+        phases = {
+            "compute": compute,
+            "input": mine - compute,
+            "collective": duration - mine,
+            "checkpoint": 0.0,
+            "optimizer": 0.0,
+        }
         return duration, phases
 
     def _stepping(self, rank: int) -> bool:
@@ -223,10 +253,20 @@ class ScaleFleet:
                 if rank >= self.ranks or not self._stepping(rank):
                     continue
                 duration, phases = self._phases(rank)
-                records.append({"kind": "step", "group": self.group, "generation": gen,
-                                "rank": rank, "step": step, "tokens": 4096,
-                                "duration_ms": duration, "phases": phases, "loss": 2.0,
-                                "ts": now})  # fmt: skip
+                records.append(
+                    {
+                        "kind": "step",
+                        "group": self.group,
+                        "generation": gen,
+                        "rank": rank,
+                        "step": step,
+                        "tokens": 4096,
+                        "duration_ms": duration,
+                        "phases": phases,
+                        "loss": 2.0,
+                        "ts": now,
+                    }
+                )
             records += self._samples(i, now)
             posts.append(self.pool.submit(self.post, node, records))
         t0 = time.monotonic()
@@ -283,9 +323,19 @@ class ScaleFleet:
         self.throttled.clear()
         self.stop_all_at = None
         now = datetime.now(UTC)
-        self.post(self.nodes[0], [{"kind": "transition", "group": self.group,
-                                   "generation": self.generation, "to_state": "running",
-                                   "world_size": self.ranks, "ts": iso(now)}])  # fmt: skip
+        self.post(
+            self.nodes[0],
+            [
+                {
+                    "kind": "transition",
+                    "group": self.group,
+                    "generation": self.generation,
+                    "to_state": "running",
+                    "world_size": self.ranks,
+                    "ts": iso(now),
+                }
+            ],
+        )
         ts = when(now)
         lines = []
         for rank in range(self.ranks):
@@ -503,8 +553,10 @@ def _workers() -> dict[int, tuple[float, int]]:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[int(pid)] = ((int(fields[11]) + int(fields[12])) / tick,
-                         int(fields[21]) * page // 2**20)  # fmt: skip
+        out[int(pid)] = (
+            (int(fields[11]) + int(fields[12])) / tick,
+            int(fields[21]) * page // 2**20,
+        )
     return out
 
 
@@ -522,8 +574,13 @@ def run_scale(args: Any) -> int:
         env["FAULTLINE_DIAGNOSIS_CHECKS"] = "0"
     service = start_service(data, env=env)
     fleet = ScaleFleet(service, ranks, step_s, args.http_nodes, not args.no_device_refresh)
-    results: dict[str, list[float]] = {"explicit": [], "silent": [], "straggler_steps": [],
-                                       "page": [], "page_wait": []}  # fmt: skip
+    results: dict[str, list[float]] = {
+        "explicit": [],
+        "silent": [],
+        "straggler_steps": [],
+        "page": [],
+        "page_wait": [],
+    }
     pager: Pager | None = None
     passes: dict[str, float] = {}
     hung_in: dict[int, str] = {}  # generation -> its silent trial's right rank_hang
@@ -557,8 +614,12 @@ def run_scale(args: Any) -> int:
         time.sleep(max(10.0, 10 * step_s))
         c1, s1, cpu1, w1 = *_metrics(service), _worker_cpu(), time.monotonic()
         n = max(c1 - c0, 1.0)
-        passes = {"passes": c1 - c0, "mean_s": (s1 - s0) / n, "per_s": (c1 - c0) / (w1 - w0),
-                  "worker_cpu_per_s": (cpu1 - cpu0) / (w1 - w0)}  # fmt: skip
+        passes = {
+            "passes": c1 - c0,
+            "mean_s": (s1 - s0) / n,
+            "per_s": (c1 - c0) / (w1 - w0),
+            "worker_cpu_per_s": (cpu1 - cpu0) / (w1 - w0),
+        }
         print(
             f"[scale] steady: {passes['passes']:.0f} diagnosis passes in {w1 - w0:.0f} s, mean "
             f"{passes['mean_s'] * 1000:.0f} ms a pass; workers' CPU "
@@ -580,8 +641,18 @@ def run_scale(args: Any) -> int:
             gen = fleet.generation
             if kind == "explicit":
                 t0 = time.monotonic()
-                fleet.post(node, [{"kind": "device_event", "gpu": gpu, "event": "xid",
-                                   "code": 79, "ts": iso(datetime.now(UTC))}])  # fmt: skip
+                fleet.post(
+                    node,
+                    [
+                        {
+                            "kind": "device_event",
+                            "gpu": gpu,
+                            "event": "xid",
+                            "code": 79,
+                            "ts": iso(datetime.now(UTC)),
+                        }
+                    ],
+                )
                 fleet.dead.add(rank)
                 fleet.stop_all_at = fleet.step + 1
                 want = {"xid"}
@@ -616,9 +687,10 @@ def run_scale(args: Any) -> int:
             # A rank_hang of a rank that did not stop is a false root cause.
             right = f"rank_hang rank:{fleet.group}/{rank}"
             wrong = [
-                a for a in watcher.arrived(fleet.group, gen)
+                a
+                for a in watcher.arrived(fleet.group, gen)
                 if a.startswith("rank_hang ") and not (kind == "silent" and a == right)
-            ]  # fmt: skip
+            ]
             if kind == "silent":
                 hung_in[gen] = right
             print(
@@ -655,12 +727,17 @@ def run_scale(args: Any) -> int:
         fleet.stop.set()
         pump.join(30)
         took = time.monotonic() - beat_t0
-        print(f"[scale] beat tasks run in {took:.0f} s: "
-              f"{_beat_report(beat0, _task_runs(service), took)}", flush=True)  # fmt: skip
+        print(
+            f"[scale] beat tasks run in {took:.0f} s: "
+            f"{_beat_report(beat0, _task_runs(service), took)}",
+            flush=True,
+        )
         checks = _checks(service)
-        print(f"[scale] passes queued for a hang threshold's moment (console.check_group): "
-              f"{checks.get('ran', 0):.0f} ran, {checks.get('moved', 0):.0f} found it moved",
-              flush=True)  # fmt: skip
+        print(
+            f"[scale] passes queued for a hang threshold's moment (console.check_group): "
+            f"{checks.get('ran', 0):.0f} ran, {checks.get('moved', 0):.0f} found it moved",
+            flush=True,
+        )
     finally:
         fleet.stop.set()
         if pager is not None:
@@ -669,9 +746,10 @@ def run_scale(args: Any) -> int:
     # Counted over the whole run (some arrive after their trial): rank_hang incidents of
     # ranks that did not stop are false root causes.
     false_hangs = sum(
-        1 for (g, gen, kind, subject) in list(watcher.seen)
+        1
+        for (g, gen, kind, subject) in list(watcher.seen)
         if g == fleet.group and kind == "rank_hang" and hung_in.get(gen) != f"{kind} {subject}"
-    )  # fmt: skip
+    )
     median_step = step_s * 1.0
     goal_silent = max(3 * median_step, 5.0) + 1.0
     ex, si, st = results["explicit"], results["silent"], results["straggler_steps"]

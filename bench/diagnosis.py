@@ -144,12 +144,26 @@ def tick(ranks: int, k: int) -> list[dict[str, Any]]:
     """The records of one more step of every rank (what a 1 s step sends per pass)."""
     d = 1000.0
     return [
-        {"kind": "step", "ts": NOW + timedelta(seconds=k), "group": GROUP, "generation": 1,
-         "rank": rk, "step": 600 + k, "tokens": 4096, "duration_ms": d, "loss": 2.0,
-         "phases": {"compute": d * 0.6, "collective": d * 0.3, "input": d * 0.05,
-                    "checkpoint": 0.0, "optimizer": d * 0.05}}
+        {
+            "kind": "step",
+            "ts": NOW + timedelta(seconds=k),
+            "group": GROUP,
+            "generation": 1,
+            "rank": rk,
+            "step": 600 + k,
+            "tokens": 4096,
+            "duration_ms": d,
+            "loss": 2.0,
+            "phases": {
+                "compute": d * 0.6,
+                "collective": d * 0.3,
+                "input": d * 0.05,
+                "checkpoint": 0.0,
+                "optimizer": d * 0.05,
+            },
+        }
         for rk in range(ranks)
-    ]  # fmt: skip
+    ]
 
 
 def run_size(
@@ -289,9 +303,11 @@ def main() -> None:
     if len(sizes) > 1:
         a, b = got[sizes[0]], got[sizes[-1]]
         grow = sizes[-1] / sizes[0]
-        for label, keys in (("full", ("full_build", "full_diag")),
-                            ("live stepped", ("step_build", "step_diag")),
-                            ("live idle", ("xid_build", "xid_diag"))):  # fmt: skip
+        for label, keys in (
+            ("full", ("full_build", "full_diag")),
+            ("live stepped", ("step_build", "step_diag")),
+            ("live idle", ("xid_build", "xid_diag")),
+        ):
             ratio = sum(b[k] for k in keys) / max(sum(a[k] for k in keys), 1e-9)
             print(f"growth {sizes[0]}->{sizes[-1]} ranks (x{grow:.0f}): {label} pass x{ratio:.1f}")
 

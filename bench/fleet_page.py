@@ -50,9 +50,15 @@ def _sicken(nodes: int) -> dict[str, int]:
 
     names = [f"bench-{i:04d}" for i in range(nodes)]
     Node.objects.filter(name__in=names).update(
-        health="ok", quarantined=False, cordoned=False, lifecycle="healthy",
-        lifecycle_reason="", lifecycle_since=None, taken_out_by="", replace_flagged=False,
-    )  # fmt: skip
+        health="ok",
+        quarantined=False,
+        cordoned=False,
+        lifecycle="healthy",
+        lifecycle_reason="",
+        lifecycle_since=None,
+        taken_out_by="",
+        replace_flagged=False,
+    )
     sample = {"temp_c": 61.0, "power_w": 540.0, "util_pct": 97.0, "throttle_reasons": []}
     Device.objects.filter(node__name__in=names).update(health="ok", last_sample=sample)
     step = max(nodes // 20, 1)  # ~1 % of the fleet in each sickness below, spread out
@@ -74,8 +80,13 @@ def _sicken(nodes: int) -> dict[str, int]:
     Node.objects.filter(name__in=quarantined).update(quarantined=True)
     Node.objects.filter(name__in=cordoned).update(cordoned=True)
     Node.objects.filter(name__in=out[::2]).update(replace_flagged=True)
-    return {"warning": len(warn), "critical": len(crit), "out_of_service": len(out),
-            "quarantined": len(quarantined), "cordoned": len(cordoned)}  # fmt: skip
+    return {
+        "warning": len(warn),
+        "critical": len(crit),
+        "out_of_service": len(out),
+        "quarantined": len(quarantined),
+        "cordoned": len(cordoned),
+    }
 
 
 def _pg_cpu_s(pid: int) -> float:
@@ -138,10 +149,14 @@ def child(runs: int) -> dict[str, Any]:
             size = len(body)
         pg_ms = (_pg_cpu_s(postmaster) - pg0) * 1000 / runs
         out[label] = {
-            "p50": statistics.median(wall), "p95": _pct(wall, 0.95),
-            "sql": statistics.median(sql), "cpu": statistics.median(cpu), "pg_cpu": pg_ms,
-            "bytes": size, "gzip": len(gzip.compress(body, 6)),
-        }  # fmt: skip
+            "p50": statistics.median(wall),
+            "p95": _pct(wall, 0.95),
+            "sql": statistics.median(sql),
+            "cpu": statistics.median(cpu),
+            "pg_cpu": pg_ms,
+            "bytes": size,
+            "gzip": len(gzip.compress(body, 6)),
+        }
     data_ms = []
     for _ in range(runs):
         started = time.perf_counter()
@@ -155,8 +170,12 @@ def _run_child(tree: Path, runs: int) -> dict[str, Any]:
     env = {**os.environ, "FLEET_BENCH_TREE": str(tree), "PYTHONPATH": str(tree)}
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--child", "--runs", str(runs)],
-        cwd=tree, env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"{tree}: child failed\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -202,16 +221,22 @@ def main(argv: list[str] | None = None) -> None:
             started = time.perf_counter()
             build(args.nodes * GPUS, 1)
             sick = _sicken(args.nodes)
-            print(f"built {args.nodes} nodes x {GPUS} GPUs in "
-                  f"{time.perf_counter() - started:.1f} s; sick nodes: {sick}")  # fmt: skip
+            print(
+                f"built {args.nodes} nodes x {GPUS} GPUs in "
+                f"{time.perf_counter() - started:.1f} s; sick nodes: {sick}"
+            )
         if not User.objects.filter(username="bench").exists():
             create_user(username="bench", role="viewer", password="bench-pass-123")  # noqa: S106
         trees = [("this", _ROOT)] + ([("old", args.against.resolve())] if args.against else [])
         print(f"trees: {', '.join(f'{n}={t}' for n, t in trees)}; {args.runs} requests each")
-        print("                ------------------ page GET / (ms, KiB) ----------------"
-              "---- | ------- JSON twin --------")  # fmt: skip
-        print("tree   round     p50     p95    data     sql    rest     cpu  pg cpu"
-              "    size   gzip |     p50     p95    cpu pg cpu    size")  # fmt: skip
+        print(
+            "                ------------------ page GET / (ms, KiB) ----------------"
+            "---- | ------- JSON twin --------"
+        )
+        print(
+            "tree   round     p50     p95    data     sql    rest     cpu  pg cpu"
+            "    size   gzip |     p50     p95    cpu pg cpu    size"
+        )
         results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in trees}
         for rnd in range(1, args.rounds + 1):
             order = trees if rnd % 2 else trees[::-1]

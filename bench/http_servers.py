@@ -28,24 +28,68 @@ def command(
         from faultline.bootstrap import WEB_KEEPALIVE
 
         return [
-            py, "-m", "gunicorn", "faultline.wsgi:application", "--bind", f"127.0.0.1:{port}",
-            "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
-            *(WEB_KEEPALIVE if extra is None else extra), "--backlog", "2048",
-            "--timeout", "60", "--log-level", "warning",
-        ]  # fmt: skip
+            py,
+            "-m",
+            "gunicorn",
+            "faultline.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(workers),
+            "--worker-class",
+            "gthread",
+            "--threads",
+            str(threads),
+            *(WEB_KEEPALIVE if extra is None else extra),
+            "--backlog",
+            "2048",
+            "--timeout",
+            "60",
+            "--log-level",
+            "warning",
+        ]
     if server == "uvicorn":
         return [
-            py, "-m", "uvicorn", "faultline.asgi:django_asgi", "--host", "127.0.0.1",
-            "--port", str(port), "--workers", str(workers), "--lifespan", "off",
-            "--log-level", "warning", "--no-access-log",
-        ]  # fmt: skip
+            py,
+            "-m",
+            "uvicorn",
+            "faultline.asgi:django_asgi",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--lifespan",
+            "off",
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ]
     if server == "granian":  # a Rust HTTP front for the same WSGI app (measured, not shipped)
         return [
-            py, "-m", "granian", "--interface", "wsgi", "faultline.wsgi:application",
-            "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
-            "--blocking-threads", str(threads), "--backlog", "2048",
-            "--log-level", "warning", "--no-access-log", "--http", "1",
-        ]  # fmt: skip
+            py,
+            "-m",
+            "granian",
+            "--interface",
+            "wsgi",
+            "faultline.wsgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--blocking-threads",
+            str(threads),
+            "--backlog",
+            "2048",
+            "--log-level",
+            "warning",
+            "--no-access-log",
+            "--http",
+            "1",
+        ]
     raise ValueError(f"unknown server {server!r}: use gunicorn, uvicorn or granian")
 
 
@@ -69,9 +113,13 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) 
 
 @contextlib.contextmanager
 def running(
-    server: str, port: int, env: dict[str, str], workers: int = 2, threads: int = 4,
+    server: str,
+    port: int,
+    env: dict[str, str],
+    workers: int = 2,
+    threads: int = 4,
     extra: tuple[str, ...] | None = None,
-) -> Iterator[int]:  # fmt: skip
+) -> Iterator[int]:
     """Run `server` on `port` for the duration of the block; yields the server's pid."""
     proc = subprocess.Popen(
         command(server, port, workers, threads, extra),

@@ -81,49 +81,82 @@ def node_records(agent: Agent, second: int, ts: str, ts_dt: datetime) -> list[di
         gpu = f"GPU-{agent.node}-{g}"
         out.append(
             {
-                "kind": "device_sample", "ts": ts, "gpu": gpu, "index": g,
-                "temp_c": 55.0 + (second + g) % 20, "power_w": 610.0 + g, "util_pct": 97.0,
+                "kind": "device_sample",
+                "ts": ts,
+                "gpu": gpu,
+                "index": g,
+                "temp_c": 55.0 + (second + g) % 20,
+                "power_w": 610.0 + g,
+                "util_pct": 97.0,
                 "sm_clock_mhz": 1980.0 - (40.0 if (second + g) % 50 == 0 else 0.0),
-                "mem_clock_mhz": 2619.0, "mem_used_bytes": 71_000_000_000, "ecc_sbe": 0,
-                "ecc_dbe": 0, "retired_or_remapped_pending": 0, "nvlink_errors": 0,
+                "mem_clock_mhz": 2619.0,
+                "mem_used_bytes": 71_000_000_000,
+                "ecc_sbe": 0,
+                "ecc_dbe": 0,
+                "retired_or_remapped_pending": 0,
+                "nvlink_errors": 0,
                 "pcie_replays": 0,
                 "throttle_reasons": ["sw_power_cap"] if (second + g) % 97 == 0 else [],
             }
-        )  # fmt: skip
+        )
         common = {"ts": ts, "group": agent.group, "generation": 1, "rank": g0 + g}
         out.append(
             {
-                "kind": "step", **common, "step": second, "tokens": 8192,
+                "kind": "step",
+                **common,
+                "step": second,
+                "tokens": 8192,
                 "duration_ms": 950.0 + (second * 7 + g * 13) % 60,
-                "phases": {"compute": 700.0, "collective": 180.0, "input": 20.0,
-                           "optimizer": 40.0},
-                "loss": 2.31, "grad_norm": 1.07, "loss_scale": 65536.0, "overflow": False,
+                "phases": {"compute": 700.0, "collective": 180.0, "input": 20.0, "optimizer": 40.0},
+                "loss": 2.31,
+                "grad_norm": 1.07,
+                "loss_scale": 65536.0,
+                "overflow": False,
             }
-        )  # fmt: skip
+        )
         out.append(
             {
-                "kind": "collective", **common,
+                "kind": "collective",
+                **common,
                 "entries": [
-                    {"seq": second * 4 + i, "op": "allreduce", "numel": 1 << 20,
-                     "dtype": "bf16", "state": "completed", "started_ts": started}
+                    {
+                        "seq": second * 4 + i,
+                        "op": "allreduce",
+                        "numel": 1 << 20,
+                        "dtype": "bf16",
+                        "state": "completed",
+                        "started_ts": started,
+                    }
                     for i in range(4)
                 ],
             }
-        )  # fmt: skip
+        )
     if second % 30 == 7:
         out.append(
-            {"kind": "device_event", "ts": ts, "gpu": f"GPU-bench-{a:04d}-0",
-             "event": "thermal", "detail": "slowdown threshold crossed"}
-        )  # fmt: skip
+            {
+                "kind": "device_event",
+                "ts": ts,
+                "gpu": f"GPU-bench-{a:04d}-0",
+                "event": "thermal",
+                "detail": "slowdown threshold crossed",
+            }
+        )
     if second % 60 == 59:
         out.append(
             {
-                "kind": "checkpoint", "ts": ts, "group": agent.group, "generation": 1,
-                "checkpoint_id": f"ck-{second}", "phase": "committed", "step": second,
-                "manifest": {"shards": [{"path": f"shard-{i}", "bytes": 1 << 30}
-                                        for i in range(8)], "format": "dcp"},
+                "kind": "checkpoint",
+                "ts": ts,
+                "group": agent.group,
+                "generation": 1,
+                "checkpoint_id": f"ck-{second}",
+                "phase": "committed",
+                "step": second,
+                "manifest": {
+                    "shards": [{"path": f"shard-{i}", "bytes": 1 << 30} for i in range(8)],
+                    "format": "dcp",
+                },
             }
-        )  # fmt: skip
+        )
     return out
 
 
@@ -136,10 +169,15 @@ def build_batches(agents: list[Agent], batches_each: int, batch_seconds: int) ->
     total = 0
     for agent in agents:
         first = {
-            "kind": "transition", "ts": iso[0], "group": agent.group, "generation": 1,
-            "to_state": "running", "restart_count": 0, "world_size": NODES_PER_GROUP * GPUS,
+            "kind": "transition",
+            "ts": iso[0],
+            "group": agent.group,
+            "generation": 1,
+            "to_state": "running",
+            "restart_count": 0,
+            "world_size": NODES_PER_GROUP * GPUS,
             "model_version": "m-1",
-        }  # fmt: skip
+        }
         agent.batches, agent.encoded = [], []
         for b in range(batches_each):
             recs: list[dict[str, Any]] = [first] if b == 0 else []
@@ -269,9 +307,13 @@ class _Start:
 
 
 def _send_all(
-    agents: list[Agent], port: int, run_id: str, start: _Start, result: Result,
+    agents: list[Agent],
+    port: int,
+    run_id: str,
+    start: _Start,
+    result: Result,
     lock: threading.Lock,
-) -> None:  # fmt: skip
+) -> None:
     """Post the agents' batches in turn (first batches of all, then second batches...): one
     thread standing in for many nodes, each node's batches spaced as in a real fleet."""
     records = errors = acked = 0
@@ -434,35 +476,90 @@ def copy_baseline(database_url: str, agents: list[Agent], sent: dict[int, int]) 
     return result
 
 
-def _baseline_row(rows: dict[str, list[tuple[Any, ...]]], r: dict[str, Any], nid: int, gid: int,
-                  jsonb: Any) -> None:  # fmt: skip
+def _baseline_row(
+    rows: dict[str, list[tuple[Any, ...]]], r: dict[str, Any], nid: int, gid: int, jsonb: Any
+) -> None:
     kind, ts = r["kind"], datetime.fromisoformat(r["ts"])
     if kind == "device_sample":
         rows["devicesample"].append(
-            (ts, nid, r["gpu"], r["index"], r["temp_c"], r["power_w"], r["sm_clock_mhz"],
-             r["mem_clock_mhz"], r["util_pct"], r["mem_used_bytes"], r["ecc_sbe"], r["ecc_dbe"],
-             r["retired_or_remapped_pending"], jsonb(r["throttle_reasons"]), r["nvlink_errors"],
-             r["pcie_replays"])
-        )  # fmt: skip
+            (
+                ts,
+                nid,
+                r["gpu"],
+                r["index"],
+                r["temp_c"],
+                r["power_w"],
+                r["sm_clock_mhz"],
+                r["mem_clock_mhz"],
+                r["util_pct"],
+                r["mem_used_bytes"],
+                r["ecc_sbe"],
+                r["ecc_dbe"],
+                r["retired_or_remapped_pending"],
+                jsonb(r["throttle_reasons"]),
+                r["nvlink_errors"],
+                r["pcie_replays"],
+            )
+        )
     elif kind == "step":
         rows["steprecord"].append(
-            (ts, nid, gid, 1, False, r["rank"], r["step"], r["tokens"], None, r["duration_ms"],
-             jsonb(r["phases"]), r["loss"], r["grad_norm"], r["loss_scale"], r["overflow"])
-        )  # fmt: skip
+            (
+                ts,
+                nid,
+                gid,
+                1,
+                False,
+                r["rank"],
+                r["step"],
+                r["tokens"],
+                None,
+                r["duration_ms"],
+                jsonb(r["phases"]),
+                r["loss"],
+                r["grad_norm"],
+                r["loss_scale"],
+                r["overflow"],
+            )
+        )
     elif kind == "collective":
         rows["collectivewindow"].append((ts, nid, gid, 1, False, r["rank"], jsonb(r["entries"])))
     elif kind == "device_event":
         rows["deviceevent"].append((ts, nid, r["gpu"], r["event"], None, r["detail"], ""))
     elif kind == "checkpoint":
         rows["checkpointrecord"].append(
-            (ts, nid, gid, 1, False, r["checkpoint_id"], r["step"], r["phase"],
-             jsonb(r["manifest"]), None, None, r.get("data_cursor"))
-        )  # fmt: skip
+            (
+                ts,
+                nid,
+                gid,
+                1,
+                False,
+                r["checkpoint_id"],
+                r["step"],
+                r["phase"],
+                jsonb(r["manifest"]),
+                None,
+                None,
+                r.get("data_cursor"),
+            )
+        )
     elif kind == "transition":
         rows["transitionrecord"].append(
-            (ts, nid, gid, 1, False, None, r["to_state"], None, 0, r["world_size"], None, None,
-             r["model_version"])
-        )  # fmt: skip
+            (
+                ts,
+                nid,
+                gid,
+                1,
+                False,
+                None,
+                r["to_state"],
+                None,
+                0,
+                r["world_size"],
+                None,
+                None,
+                r["model_version"],
+            )
+        )
 
 
 # -- setup -----------------------------------------------------------------------------------
@@ -505,10 +602,13 @@ def run_shape(shape: Shape, env: dict[str, str], args: argparse.Namespace) -> Re
 
     t0 = time.perf_counter()
     agents = [
-        Agent(i, f"bench-{shape.name}-node-{i:04d}",
-              f"bench-{shape.name}-job-{i // NODES_PER_GROUP:03d}")
+        Agent(
+            i,
+            f"bench-{shape.name}-node-{i:04d}",
+            f"bench-{shape.name}-job-{i // NODES_PER_GROUP:03d}",
+        )
         for i in range(shape.nodes)
-    ]  # fmt: skip
+    ]
     for a in agents:
         a.token = issue_token(node_name=a.node)
     per_batch = shape.batch_seconds * (1 + 3 * GPUS)
@@ -539,14 +639,17 @@ def run_shape(shape: Shape, env: dict[str, str], args: argparse.Namespace) -> Re
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--quick", action="store_true",
+        "--quick",
+        action="store_true",
         help="about a minute: the steady and the backlog shape, unless one is given",
-    )  # fmt: skip
+    )
     parser.add_argument("--compare-asgi", action="store_true", help="also load uvicorn")
     parser.add_argument(
-        "--server", default="gunicorn", choices=("gunicorn", "granian"),
+        "--server",
+        default="gunicorn",
+        choices=("gunicorn", "granian"),
         help="the WSGI server under load (granian: pip install granian; not shipped)",
-    )  # fmt: skip
+    )
     parser.add_argument("--nodes", type=int, help="simulated 8-GPU nodes (default 8)")
     parser.add_argument("--senders", type=int, help="concurrent connections (default: nodes)")
     parser.add_argument("--seconds", type=float, default=20.0, help="load time per server")
@@ -558,13 +661,15 @@ def main() -> None:
         "--nodes-per-group", type=int, default=4, help="nodes of one training job (group)"
     )
     parser.add_argument(
-        "--per-batch-connections", action="store_true",
+        "--per-batch-connections",
+        action="store_true",
         help="open a connection per batch instead of one kept-alive connection per node",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--server-args", help="gunicorn connection options instead of faultline up's, "
+        "--server-args",
+        help="gunicorn connection options instead of faultline up's, "
         "e.g. '--keep-alive 30' (no --reuse-port); '' for gunicorn's defaults",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     global WORKERS, THREADS, PER_BATCH, SERVER_ARGS
     WORKERS, THREADS = args.workers, args.threads
@@ -582,9 +687,14 @@ def main() -> None:
     else:
         nodes = args.nodes or 8
         shapes = [
-            Shape("custom", args.batch_seconds or STEADY.batch_seconds, nodes,
-                  args.senders or nodes, args.target)
-        ]  # fmt: skip
+            Shape(
+                "custom",
+                args.batch_seconds or STEADY.batch_seconds,
+                nodes,
+                args.senders or nodes,
+                args.target,
+            )
+        ]
 
     tmp = Path(tempfile.mkdtemp(prefix="faultline-bench-ingest-"))
     embedded = None

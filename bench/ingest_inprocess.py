@@ -106,12 +106,19 @@ def run(
 
         def post(body: bytes) -> None:
             environ = {
-                "REQUEST_METHOD": "POST", "PATH_INFO": "/api/v1/ingest", "SCRIPT_NAME": "",
-                "SERVER_NAME": "testserver", "SERVER_PORT": "80", "HTTP_HOST": "testserver",
-                "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(body),
-                "CONTENT_LENGTH": str(len(body)), "CONTENT_TYPE": "application/json",
-                "HTTP_AUTHORIZATION": headers["Authorization"], "HTTP_CONTENT_ENCODING": "gzip",
-            }  # fmt: skip
+                "REQUEST_METHOD": "POST",
+                "PATH_INFO": "/api/v1/ingest",
+                "SCRIPT_NAME": "",
+                "SERVER_NAME": "testserver",
+                "SERVER_PORT": "80",
+                "HTTP_HOST": "testserver",
+                "wsgi.url_scheme": "http",
+                "wsgi.input": io.BytesIO(body),
+                "CONTENT_LENGTH": str(len(body)),
+                "CONTENT_TYPE": "application/json",
+                "HTTP_AUTHORIZATION": headers["Authorization"],
+                "HTTP_CONTENT_ENCODING": "gzip",
+            }
             status: list[str] = []
             out = application(environ, lambda s, h: status.append(s))
             content = b"".join(out)

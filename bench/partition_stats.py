@@ -143,8 +143,10 @@ def main(argv: list[str] | None = None) -> None:
             for behind in (1, args.behind):
                 ms = _ms(lambda b=behind: read(b), args.runs)
                 results[stage][f"{behind} step(s) behind"] = ms
-                print(f"  {stage:20s} read {behind} step(s) behind: {read(behind):6d} rows "
-                      f"{ms:8.1f} ms  plan: {plan(behind)}")  # fmt: skip
+                print(
+                    f"  {stage:20s} read {behind} step(s) behind: {read(behind):6d} rows "
+                    f"{ms:8.1f} ms  plan: {plan(behind)}"
+                )
         # The late-row re-check's `id = ANY(ids)` as a filter over rows (the plan a live 16k
         # pass got): psycopg sends ints as smallint[] or int[], and a cross-type = is not
         # hashed, so the array is scanned per row. OFFSET 0 keeps the filter off the index.
@@ -162,16 +164,20 @@ def main(argv: list[str] | None = None) -> None:
 
         uncast = _ms(lambda: any_filter(""), 1)
         cast = _ms(lambda: any_filter("::bigint[]"), args.runs)
-        print(f"late-row filter, {len(late):,} ids over {span:,} rows: uncast {uncast:.0f} ms, "
-              f"::bigint[] {cast:.1f} ms, ratio {cast / uncast:.4f}")  # fmt: skip
+        print(
+            f"late-row filter, {len(late):,} ids over {span:,} rows: uncast {uncast:.0f} ms, "
+            f"::bigint[] {cast:.1f} ms, ratio {cast / uncast:.4f}"
+        )
         rest = _ms(partitions.analyze_young, args.runs)
         base = _ms(select_1, 50)
         print(f"analyze_young at rest (nothing due): {rest:.2f} ms")
         print(f"baseline SELECT 1: {base:.3f} ms")
         for key, before in results["never analyzed"].items():
             after = results["after analyze_young"][key]
-            print(f"read {key}: {before:.1f} ms never analyzed, {after:.1f} ms analyzed, "
-                  f"ratio {after / before:.3f}")  # fmt: skip
+            print(
+                f"read {key}: {before:.1f} ms never analyzed, {after:.1f} ms analyzed, "
+                f"ratio {after / before:.3f}"
+            )
         print(f"analyze_young at rest / SELECT 1: {rest / base:.1f}")
         with connection.cursor() as cur:
             for name in created:

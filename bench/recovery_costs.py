@@ -86,13 +86,24 @@ def build(
     redo_to = steps + extra
     end = restart_at + timedelta(seconds=RESTORE_S + (redo_to - resume) * step_s)
     group = ConsistencyGroup.objects.create(
-        name=GROUP, kind="training", state="running", generation=2, restart_count=1,
-        world_size=ranks, state_since=restart_at, last_activity=end,
-    )  # fmt: skip
+        name=GROUP,
+        kind="training",
+        state="running",
+        generation=2,
+        restart_count=1,
+        world_size=ranks,
+        state_since=restart_at,
+        last_activity=end,
+    )
     other = ConsistencyGroup.objects.create(
-        name=OTHER, kind="training", state="running", generation=1, world_size=others,
-        state_since=T0, last_activity=end,
-    )  # fmt: skip
+        name=OTHER,
+        kind="training",
+        state="running",
+        generation=1,
+        world_size=others,
+        state_since=T0,
+        last_activity=end,
+    )
     cols = "ts, node_id, group_id, generation, stale, rank, step, tokens, data_cursor, loss"
     with (
         connection.cursor() as cur,
@@ -154,20 +165,37 @@ def build(
 
     def incident(key: str, gen: int, kind: str, first: datetime, resolved: datetime) -> Any:
         return Incident.objects.create(
-            group=group, generation=gen, fingerprint=f"bench-{key}", kind=kind,
-            subject=f"rank:{GROUP}/3", severity="major", summary=f"bench {kind}",
-            root_cause={"evidence": {"rank": 3}}, state="resolved", opened_at=first,
+            group=group,
+            generation=gen,
+            fingerprint=f"bench-{key}",
+            kind=kind,
+            subject=f"rank:{GROUP}/3",
+            severity="major",
+            summary=f"bench {kind}",
+            root_cause={"evidence": {"rank": 3}},
+            state="resolved",
+            opened_at=first,
             resolved_at=resolved,
-            timeline={"first_evidence": first.isoformat(),
-                      "detected": (first + timedelta(seconds=2)).isoformat()},
-        )  # fmt: skip
+            timeline={
+                "first_evidence": first.isoformat(),
+                "detected": (first + timedelta(seconds=2)).isoformat(),
+            },
+        )
 
     a = incident("a", 1, "process_exit", fail_at, restart_at)
     b = incident("b", 2, "straggler", first_b, end)
     return {
-        "group": group, "a": a, "b": b, "resume": resume, "steps": steps, "redo_to": redo_to,
-        "fail_at": fail_at, "restart_at": restart_at, "end": end, "step_s": step_s,
-    }  # fmt: skip
+        "group": group,
+        "a": a,
+        "b": b,
+        "resume": resume,
+        "steps": steps,
+        "redo_to": redo_to,
+        "fail_at": fail_at,
+        "restart_at": restart_at,
+        "end": end,
+        "step_s": step_s,
+    }
 
 
 def _count(sql: str, params: list[Any]) -> tuple[float, int]:

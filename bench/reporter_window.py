@@ -43,9 +43,18 @@ def main() -> None:
     full: list[float] = []
     cached: list[float] = []
     for step in range(args.steps):
-        rec.entries.append({"seq": step, "pg": "default", "op": "all_reduce", "state": "completed",
-                            "started_ts": iso_ts(), "numel": 2113, "dtype": "float32",
-                            "step_id": f"g1:s{step}"})  # fmt: skip
+        rec.entries.append(
+            {
+                "seq": step,
+                "pg": "default",
+                "op": "all_reduce",
+                "state": "completed",
+                "started_ts": iso_ts(),
+                "numel": 2113,
+                "dtype": "float32",
+                "step_id": f"g1:s{step}",
+            }
+        )
         began = time.perf_counter()
         rep.collective([dict(e) for e in rec.entries])
         mid = time.perf_counter()

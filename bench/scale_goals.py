@@ -130,15 +130,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-s", type=float, default=1.0)
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument(
-        "--workers", type=int, default=max(2, cores // 4),
+        "--workers",
+        type=int,
+        default=max(2, cores // 4),
         help="gunicorn workers for the ingest bench (default: a quarter of the cores, >= 2)",
-    )  # fmt: skip
+    )
     parser.add_argument("--page-runs", type=int, default=20)
     parser.add_argument("--skip", default="", help="comma-separated: ingest, detect, page")
     parser.add_argument(
-        "--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "scale-goals",
+        "--out",
+        type=Path,
+        default=Path(os.environ.get("OUT", "/tmp")) / "scale-goals",
         help="where each bench's output and goals.json go",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     skip = {s for s in args.skip.split(",") if s}
@@ -147,23 +151,41 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{cores} cores, load average {load:.1f} at start", flush=True)
     goals: list[Goal] = []
     if "ingest" not in skip:
-        text = _run("ingest", [py, "bench/ingest.py", "--quick", "--workers",
-                               str(args.workers)], args.out)  # fmt: skip
+        text = _run(
+            "ingest", [py, "bench/ingest.py", "--quick", "--workers", str(args.workers)], args.out
+        )
         goals += ingest_goals(text)
     if "detect" not in skip:
-        text = _run("detect", [py, "bench/detect.py", "--ranks", str(args.ranks), "--trials",
-                               str(args.trials), "--step-s", str(args.step_s)],
-                    args.out)  # fmt: skip
+        text = _run(
+            "detect",
+            [
+                py,
+                "bench/detect.py",
+                "--ranks",
+                str(args.ranks),
+                "--trials",
+                str(args.trials),
+                "--step-s",
+                str(args.step_s),
+            ],
+            args.out,
+        )
         goals += detect_goals(text, args.step_s)
     if "page" not in skip:
-        text = _run("page", [py, "bench/fleet_page.py", "--rounds", "1", "--runs",
-                             str(args.page_runs)], args.out)  # fmt: skip
+        text = _run(
+            "page",
+            [py, "bench/fleet_page.py", "--rounds", "1", "--runs", str(args.page_runs)],
+            args.out,
+        )
         goals += page_goals(text)
     print()
     for goal in goals:
         print(goal.line())
-    report = {"cores": cores, "load_at_start": load, "goals": [
-        {**asdict(g), "met": g.met} for g in goals]}  # fmt: skip
+    report = {
+        "cores": cores,
+        "load_at_start": load,
+        "goals": [{**asdict(g), "met": g.met} for g in goals],
+    }
     (args.out / "goals.json").write_text(json.dumps(report, indent=1))
     return 0 if all(g.met for g in goals) else 1
 

@@ -36,9 +36,13 @@ FLEETS = (1_000, 16_384, 100_000)  # GPUs
 # Tables that grow with time at a fleet at rest (the bench's device events, one every 30 s
 # per node, and checkpoints, one a minute per node, are far above a healthy fleet's rate).
 GROWING = (
-    "ingest_devicesample", "ingest_steprecord", "ingest_collectivewindow",
-    "ingest_batchreceipt", "ingest_deviceevent", "ingest_checkpointrecord",
-)  # fmt: skip
+    "ingest_devicesample",
+    "ingest_steprecord",
+    "ingest_collectivewindow",
+    "ingest_batchreceipt",
+    "ingest_deviceevent",
+    "ingest_checkpointrecord",
+)
 GPUS_PER_NODE = 8
 
 _SIZES = """
@@ -76,10 +80,12 @@ def time_prune(receipts: int) -> tuple[float, float]:
 
     old = datetime.now(UTC) - timedelta(days=2)
     with connection.cursor() as cur:
-        cur.execute("INSERT INTO ingest_agentstate (agent_id, node_id, version, boot_id, batches,"
-                    " records, duplicates, gaps, gap_ranges, spool_depth, dropped) SELECT"
-                    " 'sizing-' || g, (SELECT min(id) FROM console_node), '', '', 0, 0, 0, 0,"
-                    " '[]', 0, 0 FROM generate_series(1, 1000) g")  # fmt: skip
+        cur.execute(
+            "INSERT INTO ingest_agentstate (agent_id, node_id, version, boot_id, batches,"
+            " records, duplicates, gaps, gap_ranges, spool_depth, dropped) SELECT"
+            " 'sizing-' || g, (SELECT min(id) FROM console_node), '', '', 0, 0, 0, 0,"
+            " '[]', 0, 0 FROM generate_series(1, 1000) g"
+        )
         cur.execute(
             "INSERT INTO ingest_batchreceipt (agent_id, seq, received_at, records) "
             "SELECT 'sizing-' || (g %% 1000 + 1), g, %s, 125 FROM generate_series(1, %s) g",
@@ -92,16 +98,22 @@ def time_prune(receipts: int) -> tuple[float, float]:
     return removed / seconds, pg / max(removed, 1) * 1e6
 
 
-def report(sizes: dict[str, tuple[int, int]], node_seconds: float, r: bench.Result,
-           prune: tuple[float, float]) -> None:  # fmt: skip
+def report(
+    sizes: dict[str, tuple[int, int]],
+    node_seconds: float,
+    r: bench.Result,
+    prune: tuple[float, float],
+) -> None:
     web_ms = r.server_cpu_s / max(r.batches, 1) * 1000
     pg_ms = r.postgres_cpu_s / max(r.batches, 1) * 1000
     rec_per_node_s = r.records / max(r.batches, 1) / 5
-    print(f"\nmeasured: {r.rate:.0f} records/s, {r.batches / r.seconds:.0f} batches/s, "
-          f"web {web_ms:.1f} ms/batch, Postgres {pg_ms:.1f} ms/batch, "
-          f"{rec_per_node_s:.1f} records per node-second, {node_seconds:.0f} node-seconds "
-          f"stored; receipt prune {prune[0]:.0f} rows/s, Postgres {prune[1]:.1f} s per 1M "
-          f"rows; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(
+        f"\nmeasured: {r.rate:.0f} records/s, {r.batches / r.seconds:.0f} batches/s, "
+        f"web {web_ms:.1f} ms/batch, Postgres {pg_ms:.1f} ms/batch, "
+        f"{rec_per_node_s:.1f} records per node-second, {node_seconds:.0f} node-seconds "
+        f"stored; receipt prune {prune[0]:.0f} rows/s, Postgres {prune[1]:.1f} s per 1M "
+        f"rows; load average {os.getloadavg()[0]:.1f}"
+    )
     print("\nper table (measured): rows per node-second, bytes per row (heap+indexes+TOAST)")
     grown = {t: v for t, v in sizes.items() if v[0] > 0 and t in GROWING}
     per_ns = {t: rows / node_seconds for t, (rows, _) in grown.items()}
@@ -113,8 +125,10 @@ def report(sizes: dict[str, tuple[int, int]], node_seconds: float, r: bench.Resu
         if rows and t not in GROWING:
             print(f"  {t:34s} {rows / nodes_now:9.3f} {size / rows:8.0f}  ({rows} rows, {size} B)")
     print("\nprojected (linear in nodes; 1 s sampling, 5 s batches):")
-    print("| GPUs | nodes | records/s | batches/s | web cores | Postgres cores "
-          "| rows/day (steps, samples, windows, receipts) | disk/day |")  # fmt: skip
+    print(
+        "| GPUs | nodes | records/s | batches/s | web cores | Postgres cores "
+        "| rows/day (steps, samples, windows, receipts) | disk/day |"
+    )
     for gpus in FLEETS:
         nodes = gpus / GPUS_PER_NODE
         batches = nodes / 5
@@ -125,9 +139,11 @@ def report(sizes: dict[str, tuple[int, int]], node_seconds: float, r: bench.Resu
             for t in ("ingest_steprecord", "ingest_devicesample", "ingest_collectivewindow")
         )
         receipts = batches * 86_400 / 1e6
-        print(f"| {gpus:,} | {nodes:,.0f} | {nodes * rec_per_node_s:,.0f} | {batches:,.0f} | "
-              f"{batches * web_ms / 1000:.1f} | {batches * pg_ms / 1000:.1f} | {rows} / "
-              f"{receipts:,.0f} M | {disk / 1e9:,.0f} GB |")  # fmt: skip
+        print(
+            f"| {gpus:,} | {nodes:,.0f} | {nodes * rec_per_node_s:,.0f} | {batches:,.0f} | "
+            f"{batches * web_ms / 1000:.1f} | {batches * pg_ms / 1000:.1f} | {rows} / "
+            f"{receipts:,.0f} M | {disk / 1e9:,.0f} GB |"
+        )
 
 
 def load(args: argparse.Namespace, env: dict[str, str]) -> bench.Result:
@@ -135,8 +151,10 @@ def load(args: argparse.Namespace, env: dict[str, str]) -> bench.Result:
     store every row twice)."""
     from ingest.auth import issue_token
 
-    agents = [bench.Agent(i, f"size-node-{i:05d}", f"size-job-{i // bench.NODES_PER_GROUP:04d}")
-              for i in range(args.nodes)]  # fmt: skip
+    agents = [
+        bench.Agent(i, f"size-node-{i:05d}", f"size-job-{i // bench.NODES_PER_GROUP:04d}")
+        for i in range(args.nodes)
+    ]
     for a in agents:
         a.token = issue_token(node_name=a.node)
     per_batch = 5 * (1 + 3 * bench.GPUS)

@@ -83,18 +83,41 @@ def batch(node: str, agent_id: str, seq: int, now: float, fault: bool) -> dict[s
     ]
     for i in range(8):
         records.append(
-            {"kind": "device_sample", "ts": ts, "gpu": f"GPU-{node}-{i}", "index": i,
-             "temp_c": 60.0 + i, "power_w": 300.0, "sm_clock_mhz": 1980.0,
-             "mem_clock_mhz": 2619.0, "util_pct": 97.0, "mem_used_bytes": 70 << 30,
-             "ecc_sbe": 0, "ecc_dbe": 0, "retired_or_remapped_pending": 0,
-             "throttle_reasons": [], "nvlink_errors": 0, "pcie_replays": 0}
-        )  # fmt: skip
+            {
+                "kind": "device_sample",
+                "ts": ts,
+                "gpu": f"GPU-{node}-{i}",
+                "index": i,
+                "temp_c": 60.0 + i,
+                "power_w": 300.0,
+                "sm_clock_mhz": 1980.0,
+                "mem_clock_mhz": 2619.0,
+                "util_pct": 97.0,
+                "mem_used_bytes": 70 << 30,
+                "ecc_sbe": 0,
+                "ecc_dbe": 0,
+                "retired_or_remapped_pending": 0,
+                "throttle_reasons": [],
+                "nvlink_errors": 0,
+                "pcie_replays": 0,
+            }
+        )
     for rank in range(8):
         records.append(
-            {"kind": "step", "ts": ts, "group": f"soak-{node}", "generation": 0, "rank": rank,
-             "step": seq, "tokens": 4096, "duration_ms": 250.0, "data_cursor": seq,
-             "loss": "NaN" if fault and rank == 0 else 2.0, "grad_norm": 1.0}
-        )  # fmt: skip
+            {
+                "kind": "step",
+                "ts": ts,
+                "group": f"soak-{node}",
+                "generation": 0,
+                "rank": rank,
+                "step": seq,
+                "tokens": 4096,
+                "duration_ms": 250.0,
+                "data_cursor": seq,
+                "loss": "NaN" if fault and rank == 0 else 2.0,
+                "grad_norm": 1.0,
+            }
+        )
     return {
         "agent": {"id": agent_id, "node": node, "version": "soak"},
         "seq": seq,
@@ -119,9 +142,16 @@ def poster(svc: Service, node: str, token: str, rate: float, stop: float, stats:
         t0 = time.monotonic()
         error = None
         try:
-            conn.request("POST", "/api/v1/ingest", body=body, headers={
-                "Authorization": f"Bearer {token}", "Content-Type": "application/json",
-                "Content-Encoding": "gzip"})  # fmt: skip
+            conn.request(
+                "POST",
+                "/api/v1/ingest",
+                body=body,
+                headers={
+                    "Authorization": f"Bearer {token}",
+                    "Content-Type": "application/json",
+                    "Content-Encoding": "gzip",
+                },
+            )
             resp = conn.getresponse()
             resp.read()
             if resp.status != 202:
@@ -233,8 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         valkey_keys: dict[int, int | None] = {}  # keys must not pile up (channel groups, ...)
         uss: dict[int, dict[str, float]] = {}
         printed = 0
-        print(f"soak: {args.nodes} nodes x {args.rate} batches/s x 17 records, "
-              f"{args.minutes:g} min, service {svc.url}", flush=True)  # fmt: skip
+        print(
+            f"soak: {args.nodes} nodes x {args.rate} batches/s x 17 records, "
+            f"{args.minutes:g} min, service {svc.url}",
+            flush=True,
+        )
         while time.monotonic() < stop + 1:
             time.sleep(5)
             minute = int((time.monotonic() - start) // 60)

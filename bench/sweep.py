@@ -197,8 +197,10 @@ def main(argv: list[str] | None = None) -> None:
         held_ms = [ms for ms, _ in held]
         lane_ms = statistics.median(ms for ms, _ in lane)
         base_ms = statistics.median(ms for ms, _ in base)
-        print(f"fleet {NODES} nodes x {GPUS} GPUs, one {NODES * GPUS}-rank group + "
-              f"{args.jobs} jobs of {GPUS} ranks; {args.runs} runs")  # fmt: skip
+        print(
+            f"fleet {NODES} nodes x {GPUS} GPUs, one {NODES * GPUS}-rank group + "
+            f"{args.jobs} jobs of {GPUS} ranks; {args.runs} runs"
+        )
         rest_p50 = statistics.median(rest_ms)
         print(
             f"node sweep at rest      p50 {rest_p50:7.2f} ms  p95 {_pct(rest_ms, 0.95):7.2f} ms"

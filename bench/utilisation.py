@@ -46,8 +46,15 @@ def run(ranks: int, runs: int) -> None:
             rec["model_flops"] = 4e14
         elif rec["kind"] == "device_sample":
             rec["name"] = "NVIDIA H100 80GB HBM3"
-    snap = build_snapshot(group=base.GROUP, generation=1, state="running", records=records,
-                          nodes={}, contract_findings=[], now=base.NOW)  # fmt: skip
+    snap = build_snapshot(
+        group=base.GROUP,
+        generation=1,
+        state="running",
+        records=records,
+        nodes={},
+        contract_findings=[],
+        now=base.NOW,
+    )
     steps = {r.rank: r.current_steps for r in snap.ranks}  # as the engine indexes them
     memo: dict[int, Any] = {}
 
@@ -78,8 +85,10 @@ def run(ranks: int, runs: int) -> None:
         engine._utilisation(ctx, base.NOW)
         times.append((time.process_time() - began) * 1000)
     label = "nothing changed (engine)"
-    print(f"{ranks:>6} ranks  {label:<28} min {min(times):7.2f}  median "
-          f"{statistics.median(times):7.2f} ms CPU")  # fmt: skip
+    print(
+        f"{ranks:>6} ranks  {label:<28} min {min(times):7.2f}  median "
+        f"{statistics.median(times):7.2f} ms CPU"
+    )
 
 
 def main() -> None:

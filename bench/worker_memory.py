@@ -135,9 +135,15 @@ def main(argv: list[str] | None = None) -> int:
         call_command("migrate", verbosity=0)
         ready = data_dir / "fed"
         feeder = subprocess.Popen(
-            [sys.executable, __file__, f"--feed={ready}", f"--nodes={args.nodes}",
-             f"--rate={args.rate}", f"--backfill-min={args.backfill_min}"]
-        )  # fmt: skip
+            [
+                sys.executable,
+                __file__,
+                f"--feed={ready}",
+                f"--nodes={args.nodes}",
+                f"--rate={args.rate}",
+                f"--backfill-min={args.backfill_min}",
+            ]
+        )
         from console import notify_tasks, tasks
         from console.models import ConsistencyGroup
         from ingest import tasks as ingest_tasks

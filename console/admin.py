@@ -163,8 +163,13 @@ class AuditedUserAdmin(UserAdmin):
     filter_horizontal = ()
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        actions.save_user(actor=request.user, user=obj, changed=list(form.changed_data),
-                          created=not change, now=timezone.now())  # fmt: skip
+        actions.save_user(
+            actor=request.user,
+            user=obj,
+            changed=list(form.changed_data),
+            created=not change,
+            now=timezone.now(),
+        )
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         actions.delete_user(actor=request.user, user=obj, now=timezone.now())

@@ -160,8 +160,12 @@ def step_scale(
     def at(v: float) -> float:
         return round((v - zmin) / (zmax - zmin), 4)
 
-    colours = [[0.0, SCALE_COLOURS[0]], [at(median), SCALE_COLOURS[1]],
-               [at(limit), SCALE_COLOURS[2]], [1.0, SCALE_COLOURS[3]]]  # fmt: skip
+    colours = [
+        [0.0, SCALE_COLOURS[0]],
+        [at(median), SCALE_COLOURS[1]],
+        [at(limit), SCALE_COLOURS[2]],
+        [1.0, SCALE_COLOURS[3]],
+    ]
     return {
         "median_ms": median,
         "limit_ms": limit,

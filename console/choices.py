@@ -1,14 +1,16 @@
 """Enumerations shared by the console's models, API and pages.
 
 Django's `TextChoices` views of vocabularies. Where a pure package owns the vocabulary
-(roles in console.policy.roles, action kinds and states in console.policy.lifecycle),
-the choices here are built from it, never spelled a second time.
+(group states, health and severities in agents.vocab, roles in console.policy.roles,
+action kinds and states in console.policy.lifecycle), the choices here are built from it,
+never spelled a second time.
 """
 
 from __future__ import annotations
 
 from django.db import models
 
+from agents import vocab
 from console.policy.fleet_health import HealthState, Repair, TakenOutBy
 from console.policy.lifecycle import LIVE_STATES, ActionKind, ActionState
 from console.policy.roles import Role as _Role
@@ -21,22 +23,29 @@ class GroupKind(models.TextChoices):
 
 
 class GroupState(models.TextChoices):
-    INITIALIZING = "initializing"
-    RUNNING = "running"
-    QUIESCING = "quiescing"
-    CHECKPOINTING = "checkpointing"
-    RECOVERING = "recovering"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    STOPPED = "stopped"
+    INITIALIZING = vocab.INITIALIZING
+    RUNNING = vocab.RUNNING
+    QUIESCING = vocab.QUIESCING
+    CHECKPOINTING = vocab.CHECKPOINTING
+    RECOVERING = vocab.RECOVERING
+    COMPLETED = vocab.COMPLETED
+    FAILED = vocab.FAILED
+    STOPPED = vocab.STOPPED
+
+
+# The group has ended (agents.vocab's terminal subset), as model values.
+TERMINAL_GROUP_STATES = tuple(
+    GroupState(s) for s in vocab.GROUP_STATES if s in vocab.TERMINAL_GROUP_STATES
+)
 
 
 class Health(models.TextChoices):
-    OK = "ok"
-    WARNING = "warning"
-    CRITICAL = "critical"
-    DOWN = "down"
-    UNKNOWN = "unknown"
+    # The order of the choices is the migrations'; the health order is vocab.HEALTH_ORDER.
+    OK = vocab.HEALTH_OK
+    WARNING = vocab.HEALTH_WARNING
+    CRITICAL = vocab.HEALTH_CRITICAL
+    DOWN = vocab.HEALTH_DOWN
+    UNKNOWN = vocab.HEALTH_UNKNOWN
 
 
 LIFECYCLE_STATES = [(s.value, s.value.replace("_", " ")) for s in HealthState]
@@ -51,10 +60,10 @@ class Role(models.TextChoices):
 
 
 class Severity(models.TextChoices):
-    CRITICAL = "critical"
-    MAJOR = "major"
-    MINOR = "minor"
-    INFO = "info"
+    CRITICAL = vocab.SEVERITY_CRITICAL
+    MAJOR = vocab.SEVERITY_MAJOR
+    MINOR = vocab.SEVERITY_MINOR
+    INFO = vocab.SEVERITY_INFO
 
 
 class IncidentState(models.TextChoices):

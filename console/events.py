@@ -91,8 +91,19 @@ def node_payload(row: tuple[Any, ...]) -> NodePayload:
     """A node card from one row of the card columns, in `NodePayload`'s order (the fleet
     grid's query and ingest's in-batch `NODE_CARD` select the same columns): one
     definition of the card for the page, the REST and the live push."""
-    (name, health, last_seen, quarantined, cordoned, devices, lifecycle, reason, since,
-     taken_out_by, flagged) = row  # fmt: skip
+    (
+        name,
+        health,
+        last_seen,
+        quarantined,
+        cordoned,
+        devices,
+        lifecycle,
+        reason,
+        since,
+        taken_out_by,
+        flagged,
+    ) = row
     return {
         "name": name,
         "health": health,

@@ -514,9 +514,10 @@ class Silence(models.Model):
     class Meta:
         ordering = ["-starts_at", "-id"]
         constraints = [
-            models.CheckConstraint(condition=Q(ends_at__gt=models.F("starts_at")),
-                                   name="silence_ends_after_start"),
-        ]  # fmt: skip
+            models.CheckConstraint(
+                condition=Q(ends_at__gt=models.F("starts_at")), name="silence_ends_after_start"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"silence {self.pk} {self.matchers}"
@@ -668,14 +669,20 @@ class ExternalAlert(models.Model):
     )
     gpu = models.CharField(max_length=96, blank=True, default="")  # the GPU's uuid
     group = models.ForeignKey(
-        ConsistencyGroup, on_delete=models.SET_NULL, null=True, blank=True,
+        ConsistencyGroup,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
         related_name="external_alerts",
-    )  # fmt: skip
+    )
     xid = models.IntegerField(null=True, blank=True)
     incident = models.ForeignKey(
-        Incident, on_delete=models.SET_NULL, null=True, blank=True,
+        Incident,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
         related_name="external_alerts",
-    )  # fmt: skip
+    )
     # How it met a known fault: "" (its own), "agent" (the agent's Xid on the same GPU
     # latched it first) or "alert" (another alert did).
     joined = models.CharField(max_length=16, blank=True, default="")

@@ -76,9 +76,19 @@ def diagnose(*, group_name: str, now: datetime) -> datetime | None:
             "diagnosis %s: slow pass %.2f s (%s read of %s rows, %s ranks rebuilt; snapshot "
             "%.2f s [%s], engine %.2f s, incidents %.2f s, remediation %.2f s; %d ranks, "
             "%d findings)",
-            group_name, t4 - t0, p.get("mode"), p.get("rows"), p.get("touched"), t1 - t0,
-            parts, t2 - t1, t3 - t2, t4 - t3, len(snapshot.ranks), len(result.findings),
-        )  # fmt: skip
+            group_name,
+            t4 - t0,
+            p.get("mode"),
+            p.get("rows"),
+            p.get("touched"),
+            t1 - t0,
+            parts,
+            t2 - t1,
+            t3 - t2,
+            t4 - t3,
+            len(snapshot.ranks),
+            len(result.findings),
+        )
     if due is not None and (result.next_check is None or due < result.next_check):
         return due
     return result.next_check

@@ -85,8 +85,14 @@ def audit_log(
 
 
 # What `faultline demo` narrates: incidents opened and resolved, actions proposed and decided.
-ACTION_VERBS = ("action.proposed", "action.approved", "action.rejected", "action.succeeded",
-                "action.failed", "action.cancelled")  # fmt: skip
+ACTION_VERBS = (
+    "action.proposed",
+    "action.approved",
+    "action.rejected",
+    "action.succeeded",
+    "action.failed",
+    "action.cancelled",
+)
 
 
 def demo_feed(*, since: datetime, skip: set[str]) -> list[dict[str, Any]]:
@@ -100,8 +106,12 @@ def demo_feed(*, since: datetime, skip: set[str]) -> list[dict[str, Any]]:
         .order_by("opened_at")[:200]
     )
     for i in incidents:
-        base = {"object": i.pk, "kind": i.kind, "summary": i.summary,
-                "group": i.group.name if i.group else None}  # fmt: skip
+        base = {
+            "object": i.pk,
+            "kind": i.kind,
+            "summary": i.summary,
+            "group": i.group.name if i.group else None,
+        }
         marks = [("incident.opened", i.opened_at)]
         if i.state == IncidentState.RESOLVED and i.resolved_at is not None:
             marks.append(("incident.resolved", i.resolved_at))
@@ -117,7 +127,17 @@ def demo_feed(*, since: datetime, skip: set[str]) -> list[dict[str, Any]]:
     for r in fresh:
         a = acts.get(int(r.object_id))
         if a is not None:
-            out.append({"key": f"audit:{r.pk}", "verb": r.verb, "at": r.ts, "actor": r.actor,
-                        "object": a.pk, "kind": a.kind, "target": a.target, "state": a.state,
-                        "approvals_required": a.approvals_required})  # fmt: skip
+            out.append(
+                {
+                    "key": f"audit:{r.pk}",
+                    "verb": r.verb,
+                    "at": r.ts,
+                    "actor": r.actor,
+                    "object": a.pk,
+                    "kind": a.kind,
+                    "target": a.target,
+                    "state": a.state,
+                    "approvals_required": a.approvals_required,
+                }
+            )
     return sorted(out, key=lambda item: item["at"])

@@ -23,9 +23,12 @@ def serving_state_of(group: ConsistencyGroup) -> dict[str, Any] | None:
     if group.kind != "serving":
         return None
     return (group.summary or {}).get("serving_state") or {
-        "state": "initializing", "reason": "not diagnosed yet", "workers": 0, "ready": 0,
+        "state": "initializing",
+        "reason": "not diagnosed yet",
+        "workers": 0,
+        "ready": 0,
         "breaching": 0,
-    }  # fmt: skip
+    }
 
 
 def effective_slo(group: ConsistencyGroup) -> dict[str, float]:
@@ -47,11 +50,24 @@ def workers(group: ConsistencyGroup) -> list[dict[str, Any]]:
                 **row,
                 "g_serve": round(met / seconds, 3) if seconds else None,
                 "slo_met_ratio": round(met / requests, 4) if requests else None,
-                **{k: win.get(k) for k in ("requests", "ttft_ms_p99", "tpot_ms_p99",
-                                           "e2e_ms_p99", "queued", "active", "preempted",
-                                           "kv_used_pct", "evictions", "oom", "retries")},
+                **{
+                    k: win.get(k)
+                    for k in (
+                        "requests",
+                        "ttft_ms_p99",
+                        "tpot_ms_p99",
+                        "e2e_ms_p99",
+                        "queued",
+                        "active",
+                        "preempted",
+                        "kv_used_pct",
+                        "evictions",
+                        "oom",
+                        "retries",
+                    )
+                },
             }
-        )  # fmt: skip
+        )
     return out
 
 

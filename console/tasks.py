@@ -25,9 +25,12 @@ URGENT_RETRY_MARGIN = 10
 
 
 @shared_task(
-    bind=True, name=scheduling.DIAGNOSE_GROUP, acks_late=True, max_retries=None,
+    bind=True,
+    name=scheduling.DIAGNOSE_GROUP,
+    acks_late=True,
+    max_retries=None,
     default_retry_delay=1,
-)  # fmt: skip
+)
 def diagnose_group(self: Task, group: str, lane: str = "", node: str = "") -> None:
     """`lane`: scheduling.URGENT for a run on the urgent lane (its own debounce key): the
     run judges the nodes that reported an urgent event (`node`, and any other of the group's
@@ -160,8 +163,9 @@ def sweep() -> None:
     scheduling.schedule_sweep(pipeline.groups_to_sweep(now=now, window=timedelta(minutes=30)))
 
 
-@shared_task(name=scheduling.LATCH_ALERT_FAULTS, acks_late=True, max_retries=3,
-             default_retry_delay=1)  # fmt: skip
+@shared_task(
+    name=scheduling.LATCH_ALERT_FAULTS, acks_late=True, max_retries=3, default_retry_delay=1
+)
 def latch_alert_faults(alert_ids: list[int] | None = None) -> int:
     """The Xid alerts a large Alertmanager delivery left to latch: those named, or (beat's
     run every 5 s) the oldest still waiting. Idempotent."""

@@ -21,6 +21,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
+from agents.vocab import HEALTH_OK
 from console import actions, formats, queries, remediation_queries
 from console.api import objectives as objective_views
 from console.api import pages
@@ -60,8 +61,9 @@ def _node_grid(nodes: list[dict[str, Any]]) -> SafeString:
         if n["compact"]:
             gpus = n["gpus"]
             parts.append(
-                f'<div class="node compact health-ok" data-node="{name}" data-gpus="{gpus}" '
-                f'title="{name} · {gpus} GPUs ok"><span class="node-name">{name}</span></div>'
+                f'<div class="node compact health-{HEALTH_OK}" data-node="{name}" '
+                f'data-gpus="{gpus}" title="{name} · {gpus} GPUs {HEALTH_OK}">'
+                f'<span class="node-name">{name}</span></div>'
             )
         else:
             parts.append(_node_card(n, name))
@@ -148,9 +150,11 @@ def node_return(request: HttpRequest, name: str) -> HttpResponse:
     """An approver states why the node is repaired; the write path checks the role."""
     try:
         actions.return_to_service(
-            node_name=name, actor=request.user, reason=request.POST.get("reason", ""),
+            node_name=name,
+            actor=request.user,
+            reason=request.POST.get("reason", ""),
             now=timezone.now(),
-        )  # fmt: skip
+        )
     except (actions.ChangeError, actions.NotAllowed, actions.NotFound) as exc:
         messages.error(request, str(exc))
     return redirect("node", name=name)
@@ -236,9 +240,11 @@ def _version(request: HttpRequest) -> int | None:
 def incident_acknowledge(request: HttpRequest, pk: int) -> HttpResponse:
     try:
         actions.acknowledge_incident(
-            incident_id=pk, actor=request.user, now=timezone.now(),
+            incident_id=pk,
+            actor=request.user,
+            now=timezone.now(),
             expected_version=_version(request),
-        )  # fmt: skip
+        )
     except actions.NotAllowed as exc:  # a viewer sees no buttons; a forced POST is refused
         raise PermissionDenied(str(exc)) from None
     except actions.IncidentChangeError as exc:
@@ -258,9 +264,12 @@ def incident_assign(request: HttpRequest, pk: int) -> HttpResponse:
             return redirect("incident", pk=pk)
     try:
         actions.assign_incident(
-            incident_id=pk, assignee=assignee, actor=request.user, now=timezone.now(),
+            incident_id=pk,
+            assignee=assignee,
+            actor=request.user,
+            now=timezone.now(),
             expected_version=_version(request),
-        )  # fmt: skip
+        )
     except actions.NotAllowed as exc:  # a viewer sees no buttons; a forced POST is refused
         raise PermissionDenied(str(exc)) from None
     except actions.IncidentChangeError as exc:

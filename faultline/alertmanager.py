@@ -95,10 +95,17 @@ def parse(body: Any) -> list[AlertIn]:
             xid = xid_code(labels, annotations)
         except ValueError as exc:
             raise ValueError(f"{where}.{exc}") from None
-        out.append(AlertIn(
-            status=status, starts_at=starts, ends_at=ends, fingerprint=fingerprint[:64],
-            labels=labels, annotations=annotations, xid=xid,
-        ))  # fmt: skip
+        out.append(
+            AlertIn(
+                status=status,
+                starts_at=starts,
+                ends_at=ends,
+                fingerprint=fingerprint[:64],
+                labels=labels,
+                annotations=annotations,
+                xid=xid,
+            )
+        )
     return out
 
 

@@ -29,9 +29,17 @@ NOT_FOUND = b'{"error": "this port serves websockets only (/ws/live/...)"}'
 
 async def websockets_only(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """404 for any HTTP request, sent before (and instead of) reading its body."""
-    await send({"type": "http.response.start", "status": 404, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(NOT_FOUND)).encode()),
-        (b"connection", b"close")]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 404,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(NOT_FOUND)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": NOT_FOUND})
 
 

@@ -99,8 +99,10 @@ def backup(url: str, path: Path) -> Result:
     partial = path.with_name(path.name + ".partial")
     started = time.monotonic()
     try:
-        _run([pg_binary("pg_dump"), "--format=custom", f"--file={partial}", f"--dbname={url}"],
-             f"pg_dump of database {_name(url)}")  # fmt: skip
+        _run(
+            [pg_binary("pg_dump"), "--format=custom", f"--file={partial}", f"--dbname={url}"],
+            f"pg_dump of database {_name(url)}",
+        )
         partial.chmod(0o600)  # it holds password and token hashes
         partial.replace(path)
     finally:
@@ -138,8 +140,15 @@ def restore(url: str, path: Path, *, force: bool = False) -> Result:
             "restore into an empty database, or pass --force to drop and replace them"
         )
     started = time.monotonic()
-    cmd = [restore_bin, "--no-owner", "--no-acl", "--single-transaction", "--exit-on-error",
-           f"--dbname={url}", str(path)]  # fmt: skip
+    cmd = [
+        restore_bin,
+        "--no-owner",
+        "--no-acl",
+        "--single-transaction",
+        "--exit-on-error",
+        f"--dbname={url}",
+        str(path),
+    ]
     if existing:
         cmd[1:1] = ["--clean", "--if-exists"]
     _run(cmd, f"pg_restore into database {_name(url)}")

@@ -178,12 +178,16 @@ def announce_admin(login: AdminLogin, directory: Path, out: TextIO | None = None
             file=out,
         )
     elif out.isatty():
-        print(f"faultline: first admin login (shown once): {login.username} / {login.password}",
-              file=out)  # fmt: skip
+        print(
+            f"faultline: first admin login (shown once): {login.username} / {login.password}",
+            file=out,
+        )
     else:
         path = write_admin_password(directory, login.password)
-        print(f"faultline: first admin login: {login.username}, password in {path} (mode 0600)",
-              file=out)  # fmt: skip
+        print(
+            f"faultline: first admin login: {login.username}, password in {path} (mode 0600)",
+            file=out,
+        )
 
 
 def write_admin_password(directory: Path, password: str) -> Path:
@@ -272,8 +276,10 @@ def forwarded_allow_ips() -> tuple[str, ...]:
     nobody; gunicorn's own default is 127.0.0.1, so anything on the host could claim https)."""
     from faultline.env import env_networks
 
-    return ("--forwarded-allow-ips", ",".join(str(n) for n in env_networks(
-        "FAULTLINE_TRUSTED_PROXIES")))  # fmt: skip
+    return (
+        "--forwarded-allow-ips",
+        ",".join(str(n) for n in env_networks("FAULTLINE_TRUSTED_PROXIES")),
+    )
 
 
 def raise_open_files_limit(want: int = 65536) -> int:
@@ -306,42 +312,130 @@ def service_commands(
     py = sys.executable
     return {
         "web": [
-            py, "-m", "gunicorn", "faultline.wsgi:application",
-            "--bind", f"{host}:{port}", "--workers", str(workers),
+            py,
+            "-m",
+            "gunicorn",
+            "faultline.wsgi:application",
+            "--bind",
+            f"{host}:{port}",
+            "--workers",
+            str(workers),
             # Threads overlap a request's Postgres/Redis waits: same CPU per batch as sync
             # workers, more batches/s than uvicorn here (docs/performance.md).
-            "--worker-class", "gthread", "--threads", "4", *WEB_KEEPALIVE,
-            "--graceful-timeout", "10", "--timeout", "60", "--log-level", "warning",
+            "--worker-class",
+            "gthread",
+            "--threads",
+            "4",
+            *WEB_KEEPALIVE,
+            "--graceful-timeout",
+            "10",
+            "--timeout",
+            "60",
+            "--log-level",
+            "warning",
             *forwarded_allow_ips(),
         ],
         "ws": [
-            py, "-m", "uvicorn", "faultline.asgi:application", "--host", host,
-            "--port", str(ws_port), "--lifespan", "off", "--log-level", "warning",
+            py,
+            "-m",
+            "uvicorn",
+            "faultline.asgi:application",
+            "--host",
+            host,
+            "--port",
+            str(ws_port),
+            "--lifespan",
+            "off",
+            "--log-level",
+            "warning",
             *WS_ONLY,
         ],
         "worker": [
-            py, "-m", "celery", "-A", "faultline", "worker", "--queues", "celery",
-            "--concurrency", str(worker_concurrency), "--loglevel", "WARNING",
-            "--without-heartbeat", "--without-gossip", "--without-mingle",
+            py,
+            "-m",
+            "celery",
+            "-A",
+            "faultline",
+            "worker",
+            "--queues",
+            "celery",
+            "--concurrency",
+            str(worker_concurrency),
+            "--loglevel",
+            "WARNING",
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
         ],
         "worker-urgent": [
-            py, "-m", "celery", "-A", "faultline", "worker", "--queues", "diagnose-urgent",
-            "--hostname", "urgent@%h", "--concurrency", "1", "--loglevel", "WARNING",
-            "--without-heartbeat", "--without-gossip", "--without-mingle",
+            py,
+            "-m",
+            "celery",
+            "-A",
+            "faultline",
+            "worker",
+            "--queues",
+            "diagnose-urgent",
+            "--hostname",
+            "urgent@%h",
+            "--concurrency",
+            "1",
+            "--loglevel",
+            "WARNING",
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
         ],
         "worker-housekeeping": [
-            py, "-m", "celery", "-A", "faultline", "worker", "--queues", "housekeeping",
-            "--hostname", "housekeeping@%h", "--concurrency", "1", "--loglevel", "WARNING",
-            "--without-heartbeat", "--without-gossip", "--without-mingle",
+            py,
+            "-m",
+            "celery",
+            "-A",
+            "faultline",
+            "worker",
+            "--queues",
+            "housekeeping",
+            "--hostname",
+            "housekeeping@%h",
+            "--concurrency",
+            "1",
+            "--loglevel",
+            "WARNING",
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
         ],
         "worker-notify": [
-            py, "-m", "celery", "-A", "faultline", "worker", "--queues", "notify",
-            "--hostname", "notify@%h", "--pool", "threads", "--concurrency", "4",
-            "--loglevel", "WARNING", "--without-heartbeat", "--without-gossip",
+            py,
+            "-m",
+            "celery",
+            "-A",
+            "faultline",
+            "worker",
+            "--queues",
+            "notify",
+            "--hostname",
+            "notify@%h",
+            "--pool",
+            "threads",
+            "--concurrency",
+            "4",
+            "--loglevel",
+            "WARNING",
+            "--without-heartbeat",
+            "--without-gossip",
             "--without-mingle",
         ],
         "beat": [
-            py, "-m", "celery", "-A", "faultline", "beat", "--loglevel", "WARNING",
-            "--schedule", str(directory / "celerybeat-schedule"),
+            py,
+            "-m",
+            "celery",
+            "-A",
+            "faultline",
+            "beat",
+            "--loglevel",
+            "WARNING",
+            "--schedule",
+            str(directory / "celerybeat-schedule"),
         ],
-    }  # fmt: skip
+    }

@@ -32,9 +32,13 @@ def cmd_up(args: argparse.Namespace) -> int:
             system.hand_over()
             bootstrap.raise_open_files_limit()
             commands = bootstrap.service_commands(
-                host=args.host, port=args.port, ws_port=args.ws_port, workers=args.workers,
-                worker_concurrency=args.worker_concurrency, directory=system.data_dir,
-            )  # fmt: skip
+                host=args.host,
+                port=args.port,
+                ws_port=args.ws_port,
+                workers=args.workers,
+                worker_concurrency=args.worker_concurrency,
+                directory=system.data_dir,
+            )
             sup = Supervisor(commands, dict(os.environ), embedded=system.embedded)
             sup.handle_signals()
             url = f"http://{bootstrap.public_host(args.host)}:{args.port}/"
@@ -173,8 +177,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
         print(f"faultline: restore refused: {exc}", file=sys.stderr)
         return 2
     print(f"restore: {result.tables} tables from {result.path} in {result.seconds:.1f}s")
-    print("restore: next, `faultline audit verify`; with an external Postgres also "
-          "`faultline manage db_roles` (grants are not restored)")  # fmt: skip
+    print(
+        "restore: next, `faultline audit verify`; with an external Postgres also "
+        "`faultline manage db_roles` (grants are not restored)"
+    )
     return 0
 
 

@@ -155,12 +155,15 @@ DB_LOCK_TIMEOUT_MS = env_int("FAULTLINE_DB_LOCK_TIMEOUT_MS", 10_000, minimum=0)
 DB_IDLE_IN_TRANSACTION_S = env_int("FAULTLINE_DB_IDLE_IN_TRANSACTION_S", 30, minimum=0)
 _db_options = cast("dict[str, str]", _db["OPTIONS"])
 _db_options["options"] = " ".join(
-    filter(None, [
-        _db_options.get("options", ""),
-        f"-c lock_timeout={DB_LOCK_TIMEOUT_MS}",
-        f"-c idle_in_transaction_session_timeout={DB_IDLE_IN_TRANSACTION_S * 1000}",
-    ])
-)  # fmt: skip
+    filter(
+        None,
+        [
+            _db_options.get("options", ""),
+            f"-c lock_timeout={DB_LOCK_TIMEOUT_MS}",
+            f"-c idle_in_transaction_session_timeout={DB_IDLE_IN_TRANSACTION_S * 1000}",
+        ],
+    )
+)
 _db["CONN_MAX_AGE"] = 0
 _db["TEST"] = {"NAME": env_str("FAULTLINE_TEST_DB_NAME") or None}
 DATABASES = {"default": _db}

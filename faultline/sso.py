@@ -101,8 +101,13 @@ class FaultlineOIDCBackend(OIDCAuthenticationBackend):
         # (back to the login page, where the local form still works), never a 500.
         try:
             return super().authenticate(request, **kwargs)
-        except (SuspiciousOperation, requests.RequestException, jwt.PyJWTError,
-                KeyError, ValueError) as exc:  # fmt: skip
+        except (
+            SuspiciousOperation,
+            requests.RequestException,
+            jwt.PyJWTError,
+            KeyError,
+            ValueError,
+        ) as exc:
             log.warning("sso: sign-in refused: %s: %s", type(exc).__name__, exc)
             return None
 

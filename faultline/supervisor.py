@@ -88,10 +88,13 @@ class Supervisor:
         self.logs.mkdir(parents=True, exist_ok=True)
         with open(self.log_of(name), "ab") as log:
             self.procs[name] = subprocess.Popen(
-                self.commands[name], env=self.env, stdin=subprocess.DEVNULL,
-                stdout=None if name in self.passthrough else log, stderr=log,
+                self.commands[name],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=None if name in self.passthrough else log,
+                stderr=log,
                 process_group=0,  # the terminal's Ctrl-C is the supervisor's to hand on
-            )  # fmt: skip
+            )
 
     def log_of(self, name: str) -> Path:
         """Where a child's output goes (`agent:node-001` -> agent-node-001.log)."""

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from django.db import connection
 from django.db.backends.utils import CursorWrapper
 
-from console.choices import GroupState, IncidentState
+from console.choices import TERMINAL_GROUP_STATES, IncidentState
 from ingest import partitions, rollups, step_bins
 from ingest.models import HostSample, NetSample
 
@@ -41,7 +41,7 @@ GROUP_EVENTS = (
     "ingest_contractviolation",
 )
 ROLLUPS = ("ingest_steprollup", "ingest_devicerollup")  # by `minute`
-_TERMINAL = (GroupState.COMPLETED, GroupState.FAILED, GroupState.STOPPED)
+_TERMINAL = TERMINAL_GROUP_STATES
 _OPEN = (IncidentState.OPEN, IncidentState.ACKNOWLEDGED)
 
 
@@ -156,9 +156,13 @@ def _first_id_at_or_after(
 
 
 def delete_batched(
-    table: str, column: str, before: datetime, *, keep_live_groups: bool = False,
+    table: str,
+    column: str,
+    before: datetime,
+    *,
+    keep_live_groups: bool = False,
     batch: int = DELETE_BATCH,
-) -> int:  # fmt: skip
+) -> int:
     """Delete `table`'s rows with `column` < `before`, one id range of `batch` a transaction.
 
     Rows are appended in about time order, so the old ones are an id prefix (found by a

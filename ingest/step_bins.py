@@ -157,9 +157,13 @@ def rollup(*, now: datetime, buckets: int = LOOKBACK_BUCKETS) -> dict[str, int]:
         cur.execute("SET LOCAL jit = off")  # compiling costs more than it saves here
         cur.execute("SET LOCAL work_mem = '64MB'")  # hash both grouping sets in memory
         params = {
-            "start": start, "end": end, "width": BUCKET_S, "epoch": EPOCH,
-            "hres": HIST_RESOLUTION, "max_bins": MAX_RANK_BINS,
-        }  # fmt: skip
+            "start": start,
+            "end": end,
+            "width": BUCKET_S,
+            "epoch": EPOCH,
+            "hres": HIST_RESOLUTION,
+            "max_bins": MAX_RANK_BINS,
+        }
         cur.execute(_DELETE_MISALIGNED_SQL, params)
         cur.execute(_ROLLUP_SQL, params)
         bins, hist = cur.fetchone()

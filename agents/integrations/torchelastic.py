@@ -274,8 +274,7 @@ class LauncherReport:
         if self.group is not None:
             generation = self.generation(restart_count)
             reason = re.sub(r"[^A-Za-z0-9_.:\-]", "_", signal_name)[:64] or "signal"
-            self._transition("stopped", from_state="running", reason=reason,
-                             generation=generation)  # fmt: skip
+            self._transition("stopped", from_state="running", reason=reason, generation=generation)
 
 
 def _quietly(fn: Callable[[], None]) -> None:
@@ -323,9 +322,11 @@ def elastic_agent_class(base: type[Any]) -> type[Any]:
             if context is not None and callable(close):
 
                 def close_noting_failures(*args: Any, **kwargs: Any) -> Any:
-                    _quietly(lambda: before.update(
-                        dict.fromkeys(getattr(context, "_failures", None) or {}, time.time())
-                    ))  # fmt: skip
+                    _quietly(
+                        lambda: before.update(
+                            dict.fromkeys(getattr(context, "_failures", None) or {}, time.time())
+                        )
+                    )
                     return close(*args, **kwargs)
 
                 context.close = close_noting_failures

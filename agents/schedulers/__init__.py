@@ -19,8 +19,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agents import actions_contract as contract
+from agents import vocab
 
-OUTPUT_LIMIT = 4096
+# The one limit both sides keep (agents/vocab.py); the clipped text fits within it.
+OUTPUT_LIMIT = vocab.ACTION_OUTPUT_LIMIT
+_CUT = "\n...[truncated]...\n"
 
 log = logging.getLogger("faultline.agent.schedulers")
 
@@ -89,7 +92,8 @@ class Backend(Protocol):
 def bound(text: str) -> str:
     if len(text) <= OUTPUT_LIMIT:
         return text
-    return text[: OUTPUT_LIMIT // 2] + "\n...[truncated]...\n" + text[-OUTPUT_LIMIT // 2 :]
+    keep = (OUTPUT_LIMIT - len(_CUT)) // 2
+    return text[:keep] + _CUT + text[-keep:]
 
 
 def backend_named(name: str | None) -> Backend | None:
@@ -154,8 +158,11 @@ class Attestation:
                 log.exception("could not read this node's jobs from %s", self.backend.name)
                 jobs = None
             if jobs is None:
-                log.warning("%s did not say which jobs run here: %s", self.backend.name,
-                            runner.transcript()[-300:])  # fmt: skip
+                log.warning(
+                    "%s did not say which jobs run here: %s",
+                    self.backend.name,
+                    runner.transcript()[-300:],
+                )
             else:
                 self._jobs = jobs
             return self._jobs

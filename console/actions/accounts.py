@@ -50,10 +50,13 @@ def save_user(*, actor: Actor, user: Any, changed: list[str], created: bool, now
         obj=user,
         object_type="user",
         reason=f"{'added' if created else 'changed'} in the admin site",
-        data={"fields": fields, "values": {f: getattr(user, f) for f in fields if f in _SHOWN},
-              "role": role_of(user)},
+        data={
+            "fields": fields,
+            "values": {f: getattr(user, f) for f in fields if f in _SHOWN},
+            "role": role_of(user),
+        },
         now=now,
-    )  # fmt: skip
+    )
 
 
 @transaction.atomic
@@ -61,9 +64,15 @@ def delete_user(*, actor: Actor, user: Any, now: datetime) -> None:
     require(actor, Permission.MANAGE_USERS)
     if user.pk == getattr(actor, "pk", None):
         raise NotAllowed("an admin cannot delete their own account")
-    audit(actor=actor_name(actor), verb="user.deleted", obj=user, object_type="user",
-          reason="deleted in the admin site",
-          data={"username": user.get_username(), "role": role_of(user)}, now=now)  # fmt: skip
+    audit(
+        actor=actor_name(actor),
+        verb="user.deleted",
+        obj=user,
+        object_type="user",
+        reason="deleted in the admin site",
+        data={"username": user.get_username(), "role": role_of(user)},
+        now=now,
+    )
     user.delete()
 
 
@@ -71,9 +80,15 @@ def delete_user(*, actor: Actor, user: Any, now: datetime) -> None:
 def record_password_change(*, actor: Actor, user: Any, now: datetime) -> None:
     """An admin set (or disabled) a user's password; the form saved it. Never the value."""
     require(actor, Permission.MANAGE_USERS)
-    audit(actor=actor_name(actor), verb="user.password_changed", obj=user, object_type="user",
-          reason="password set in the admin site",
-          data={"usable": user.has_usable_password()}, now=now)  # fmt: skip
+    audit(
+        actor=actor_name(actor),
+        verb="user.password_changed",
+        obj=user,
+        object_type="user",
+        reason="password set in the admin site",
+        data={"usable": user.has_usable_password()},
+        now=now,
+    )
 
 
 def role_change_problem(user: Any, role: str) -> str | None:
@@ -101,9 +116,15 @@ def set_role(*, actor: Actor, user: Any, role: str, now: datetime) -> None:
     flags = _flags(user, role)
     if flags:
         user.save(update_fields=flags)
-    audit(actor=actor_name(actor), verb="user.role", obj=user, object_type="user",
-          reason=f"role {before} -> {role} in the admin site",
-          data={"before": before, "after": role}, now=now)  # fmt: skip
+    audit(
+        actor=actor_name(actor),
+        verb="user.role",
+        obj=user,
+        object_type="user",
+        reason=f"role {before} -> {role} in the admin site",
+        data={"before": before, "after": role},
+        now=now,
+    )
 
 
 @transaction.atomic
@@ -129,7 +150,12 @@ def record_sso_sign_in(
         obj=user,
         object_type="user",
         reason=f"signed in through {issuer or 'the OpenID provider'} as {role}",
-        data={"issuer": issuer, "sub": sub[:255], "groups": groups[:50], "role": role,
-              "created": created},
+        data={
+            "issuer": issuer,
+            "sub": sub[:255],
+            "groups": groups[:50],
+            "role": role,
+            "created": created,
+        },
         now=now,
-    )  # fmt: skip
+    )

@@ -21,6 +21,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import Q
 
+from agents import vocab
 from console import scheduling
 from console.actions.audit import AuditRow, audit, audit_many
 from console.actions.fleet import latch_fault, open_node_incident, publish_nodes
@@ -31,8 +32,14 @@ from console.models import ConsistencyGroup, Device, ExternalAlert, HealthEvent,
 ACTOR = "alertmanager"
 XID_METRIC = "DCGM_FI_DEV_XID_ERRORS"
 XID_WINDOW = timedelta(minutes=10)  # a DCGM Xid and the agent's Xid this close are one fault
-SEVERITIES = {"critical": "critical", "page": "critical", "error": "major", "major": "major",
-              "warning": "minor", "minor": "minor", "info": "info", "none": "info"}  # fmt: skip
+# An alert's `severity` label as ours: ours (agents.vocab) as they are, then other words.
+SEVERITIES = {
+    **{s: s for s in vocab.SEVERITY_ORDER},
+    "page": vocab.SEVERITY_CRITICAL,
+    "error": vocab.SEVERITY_MAJOR,
+    "warning": vocab.SEVERITY_MINOR,
+    "none": vocab.SEVERITY_INFO,
+}
 NODE_LABELS = ("node", "instance", "Hostname", "hostname")
 MAX_CODE = 2**31  # the column's range; real Xid codes are below 200
 # New GPU faults one delivery latches in its own request; the rest go to the urgent lane's
@@ -66,10 +73,13 @@ def xid_code(labels: dict[str, str], annotations: dict[str, str]) -> int | None:
     the field; text that is no number at all is skipped, as before."""
     if not is_xid_alert(labels):
         return None
-    for where, raw in (("labels.code", labels.get("code")), ("labels.xid", labels.get("xid")),
-                       ("labels.err_code", labels.get("err_code")),
-                       ("annotations.code", annotations.get("code")),
-                       ("annotations.value", annotations.get("value"))):  # fmt: skip
+    for where, raw in (
+        ("labels.code", labels.get("code")),
+        ("labels.xid", labels.get("xid")),
+        ("labels.err_code", labels.get("err_code")),
+        ("annotations.code", annotations.get("code")),
+        ("annotations.value", annotations.get("value")),
+    ):
         if raw in (None, ""):
             continue
         try:
@@ -77,8 +87,9 @@ def xid_code(labels: dict[str, str], annotations: dict[str, str]) -> int | None:
         except (TypeError, ValueError):
             continue
         if not (math.isfinite(number) and number.is_integer() and 0 <= number < MAX_CODE):
-            raise ValueError(f"{where} must be a whole Xid code from 0 to {MAX_CODE - 1}, "
-                             f"got {str(raw)[:40]!r}")  # fmt: skip
+            raise ValueError(
+                f"{where} must be a whole Xid code from 0 to {MAX_CODE - 1}, got {str(raw)[:40]!r}"
+            )
         if number:
             return int(number)
     return None
@@ -123,8 +134,13 @@ class _Known:
 
 
 def _known(alerts: list[AlertIn]) -> _Known:
-    names = {n for a in alerts for key in NODE_LABELS
-             if (v := a.labels.get(key, "").strip()) for n in _names(v)}  # fmt: skip
+    names = {
+        n
+        for a in alerts
+        for key in NODE_LABELS
+        if (v := a.labels.get(key, "").strip())
+        for n in _names(v)
+    }
     nodes = {n.name: n for n in Node.objects.filter(name__in=names)}
     uuids = {a.labels.get("UUID") or a.labels.get("uuid") or "" for a in alerts} - {""}
     devices = {d.uuid: d for d in Device.objects.select_related("node").filter(uuid__in=uuids)}
@@ -133,8 +149,12 @@ def _known(alerts: list[AlertIn]) -> _Known:
         (d.node_id, d.index): d
         for d in Device.objects.select_related("node").filter(node_id__in=indexed)
     }
-    groups = {g.name: g for g in ConsistencyGroup.objects.filter(
-        name__in={a.labels.get("group", "") for a in alerts} - {""})}  # fmt: skip
+    groups = {
+        g.name: g
+        for g in ConsistencyGroup.objects.filter(
+            name__in={a.labels.get("group", "") for a in alerts} - {""}
+        )
+    }
     fingerprints = {a.fingerprint for a in alerts}
     rows = {
         (r.fingerprint, r.starts_at): r
@@ -154,7 +174,7 @@ def _fill(row: ExternalAlert, a: AlertIn, known: _Known, now: datetime) -> None:
         node = device.node
     row.name = labels.get("alertname", "")[:200] or "alert"
     row.status = "resolved" if a.status == "resolved" else "firing"
-    row.severity = SEVERITIES.get(labels.get("severity", "").lower(), "major")
+    row.severity = SEVERITIES.get(labels.get("severity", "").lower(), vocab.SEVERITY_MAJOR)
     row.summary = (annotations.get("summary") or annotations.get("description") or "")[:512]
     row.labels, row.annotations, row.ends_at = labels, annotations, a.ends_at
     row.node, row.gpu = node, device.uuid if device else ""
@@ -163,8 +183,20 @@ def _fill(row: ExternalAlert, a: AlertIn, known: _Known, now: datetime) -> None:
     row.resolved_at = (a.ends_at or now) if row.status == "resolved" else None
 
 
-_FIELDS = ["name", "status", "severity", "summary", "labels", "annotations", "ends_at", "node",
-           "gpu", "group", "xid", "resolved_at"]  # fmt: skip
+_FIELDS = [
+    "name",
+    "status",
+    "severity",
+    "summary",
+    "labels",
+    "annotations",
+    "ends_at",
+    "node",
+    "gpu",
+    "group",
+    "xid",
+    "resolved_at",
+]
 
 
 def _values(row: ExternalAlert, fields: list[str]) -> tuple[Any, ...]:
@@ -224,14 +256,22 @@ def _alert_incident(node: Node, row: ExternalAlert, now: datetime) -> Incident:
     if incident is not None:
         return incident
     incident = Incident.objects.create(
-        node=node, fingerprint=f"{ACTOR}:{node.name}", kind="external_alert",
-        subject=f"node:{node.name}", role="root_cause", severity=row.severity, opened_at=now,
+        node=node,
+        fingerprint=f"{ACTOR}:{node.name}",
+        kind="external_alert",
+        subject=f"node:{node.name}",
+        role="root_cause",
+        severity=row.severity,
+        opened_at=now,
         summary=f"{row.name} on {node.name}: {row.summary}".rstrip(": ")[:512],
-        root_cause={"kind": "external_alert", "subject": f"node:{node.name}",
-                    "node": node.name, "evidence": {"alertname": row.name,
-                                                    "labels": row.labels}},
+        root_cause={
+            "kind": "external_alert",
+            "subject": f"node:{node.name}",
+            "node": node.name,
+            "evidence": {"alertname": row.name, "labels": row.labels},
+        },
         timeline={"first_evidence": row.starts_at.isoformat(), "detected": now.isoformat()},
-    )  # fmt: skip
+    )
     audit(actor=ACTOR, verb="incident.opened", obj=incident, now=now, reason=incident.summary)
     publish_incident(incident)
     return incident
@@ -280,14 +320,25 @@ def record_alertmanager(*, alerts: list[AlertIn], actor: str = ACTOR, now: datet
     # A re-delivery (repeat_interval) changes nothing: only rows that differ are written.
     _update([rows[k] for k in stored if _values(rows[k], _FIELDS) != stored[k]], _FIELDS)
     changed = [rows[k] for k in rows if before[k] != rows[k].status]
-    audit_many([
-        AuditRow(verb=f"alert.{row.status}", obj=row,
-                 reason=f"{row.name}: {row.summary}".rstrip(": "),
-                 data={"fingerprint": row.fingerprint,
-                       "node": row.node.name if row.node else None, "gpu": row.gpu,
-                       "group": row.group.name if row.group else None, "xid": row.xid})
-        for row in changed
-    ], actor=ACTOR, now=now)  # fmt: skip
+    audit_many(
+        [
+            AuditRow(
+                verb=f"alert.{row.status}",
+                obj=row,
+                reason=f"{row.name}: {row.summary}".rstrip(": "),
+                data={
+                    "fingerprint": row.fingerprint,
+                    "node": row.node.name if row.node else None,
+                    "gpu": row.gpu,
+                    "group": row.group.name if row.group else None,
+                    "xid": row.xid,
+                },
+            )
+            for row in changed
+        ],
+        actor=ACTOR,
+        now=now,
+    )
     _apply(changed, now)
     nodes = sorted({r.node.name for r in changed if r.node is not None})
     if nodes:  # a re-delivery changed none
@@ -336,11 +387,19 @@ def _place(rows: list[ExternalAlert], now: datetime, *, inline_latches: int | No
                 inline_latches = None if inline_latches is None else inline_latches - 1
                 alert.add(key)  # a later alert of this delivery on the same fault joins it
                 latch = latch_fault(
-                    node_id=node.pk, event="xid", gpu=row.gpu, code=row.xid, actor=ACTOR,
-                    now=now, detail=f"Alertmanager {row.name}",
-                    evidence={"source": ACTOR, "fingerprint": row.fingerprint,
-                              "ts": row.starts_at.isoformat()},
-                )  # fmt: skip
+                    node_id=node.pk,
+                    event="xid",
+                    gpu=row.gpu,
+                    code=row.xid,
+                    actor=ACTOR,
+                    now=now,
+                    detail=f"Alertmanager {row.name}",
+                    evidence={
+                        "source": ACTOR,
+                        "fingerprint": row.fingerprint,
+                        "ts": row.starts_at.isoformat(),
+                    },
+                )
                 if latch is not None:
                     row.incident_id = latch.incident_id
                     incidents.pop(node.pk, None)  # the latch may have opened the node's
@@ -360,8 +419,9 @@ def latch_alert_faults(*, alert_ids: list[int] | None, now: datetime) -> int:
     named, or with None the oldest LATCH_BATCH still waiting. Alerts already placed,
     resolved since, gone, or held by another run are skipped, so a redelivered task is
     harmless. Returns how many alerts it placed."""
-    waiting = ExternalAlert.objects.filter(status="firing", incident__isnull=True, joined="",
-                                           xid__isnull=False, node__isnull=False)  # fmt: skip
+    waiting = ExternalAlert.objects.filter(
+        status="firing", incident__isnull=True, joined="", xid__isnull=False, node__isnull=False
+    )
     if alert_ids is not None:
         waiting = waiting.filter(pk__in=alert_ids)
     rows = list(

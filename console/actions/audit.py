@@ -67,13 +67,19 @@ def audit_many(rows: list[AuditRow], *, actor: str, now: datetime) -> None:
     caller's transaction; the same rows `audit` would write one by one."""
     AuditLog.objects.bulk_create(
         [
-            AuditLog(ts=now, actor=actor[:150], verb=row.verb,
-                     object_type=type(row.obj).__name__.lower(), object_id=str(row.obj.pk),
-                     reason=row.reason, data=row.data)
+            AuditLog(
+                ts=now,
+                actor=actor[:150],
+                verb=row.verb,
+                object_type=type(row.obj).__name__.lower(),
+                object_id=str(row.obj.pk),
+                reason=row.reason,
+                data=row.data,
+            )
             for row in rows
         ],
         batch_size=1000,
-    )  # fmt: skip
+    )
 
 
 def role_refused(actor: User | None, permission: Permission, *, own: bool = False) -> NotAllowed:

@@ -37,9 +37,15 @@ def fingerprint(kind: str, node: str, key: str) -> str:
 
 @transaction.atomic
 def open_condition(
-    *, node_id: int, kind: str, key: str, summary: str, evidence: dict[str, Any], actor: str,
+    *,
+    node_id: int,
+    kind: str,
+    key: str,
+    summary: str,
+    evidence: dict[str, Any],
+    actor: str,
     now: datetime,
-) -> Incident | None:  # fmt: skip
+) -> Incident | None:
     """The node's incident for this condition (one open per node and port or root); None
     when one is open already (ingest reports a full disk every sample)."""
     node = Node.objects.get(pk=node_id)
@@ -52,13 +58,25 @@ def open_condition(
         return None
     subject = f"node:{node.name}"
     incident = Incident.objects.create(
-        node=node, fingerprint=fp, kind=kind, subject=subject, role="root_cause",
-        severity="major", opened_at=now, summary=summary[:512],
-        root_cause={"kind": kind, "subject": subject, "node": node.name,
-                    "evidence": {**evidence, "node": node.name, "key": key, "by": actor}},
-        timeline={"first_evidence": str(evidence.get("ts") or now.isoformat()),
-                  "detected": now.isoformat()},
-    )  # fmt: skip
+        node=node,
+        fingerprint=fp,
+        kind=kind,
+        subject=subject,
+        role="root_cause",
+        severity="major",
+        opened_at=now,
+        summary=summary[:512],
+        root_cause={
+            "kind": kind,
+            "subject": subject,
+            "node": node.name,
+            "evidence": {**evidence, "node": node.name, "key": key, "by": actor},
+        },
+        timeline={
+            "first_evidence": str(evidence.get("ts") or now.isoformat()),
+            "detected": now.isoformat(),
+        },
+    )
     publish_incident(incident)
     return incident
 
@@ -107,9 +125,12 @@ def _resolve(incident_id: int, why: str, *, now: datetime) -> None:
     resolve_held(incident, actor=SYSTEM, reason=why, now=now)
     if incident.node_id is not None:
         record_repair_evidence(
-            node_id=incident.node_id, evidence=fh.CONDITION_CLEARED, actor=SYSTEM, now=now,
+            node_id=incident.node_id,
+            evidence=fh.CONDITION_CLEARED,
+            actor=SYSTEM,
+            now=now,
             detail={"cleared": incident.kind, "incident": incident.pk, "why": why},
-        )  # fmt: skip
+        )
 
 
 def others_with(incident: Incident) -> int:

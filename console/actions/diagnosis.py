@@ -169,9 +169,13 @@ def record_located(
         if head["subject"] not in subjects:
             continue
         incident, was_changed = _upsert_incident(
-            group, {**head, "recovery": ADVICE_PENDING}, followers[head["id"]], now,
-            located=True, generation=diagnosis.generation,
-        )  # fmt: skip
+            group,
+            {**head, "recovery": ADVICE_PENDING},
+            followers[head["id"]],
+            now,
+            located=True,
+            generation=diagnosis.generation,
+        )
         incident.timeline = {**incident.timeline, "urgent_lane": now.isoformat()}
         incident.save(update_fields=["timeline", "updated_at"])
         if was_changed:
@@ -256,10 +260,13 @@ def _revise(
                 **revised.timeline,
                 "revised": [
                     *revised.timeline.get("revised", []),
-                    {"at": now.isoformat(), "from": was, "to": {"kind": head["kind"],
-                                                                "subject": head["subject"]}},
+                    {
+                        "at": now.isoformat(),
+                        "from": was,
+                        "to": {"kind": head["kind"], "subject": head["subject"]},
+                    },
                 ],
-            }  # fmt: skip
+            }
             del provisional[revised.fingerprint]
             revised.fingerprint = fp
             revised.version += 1
@@ -270,10 +277,8 @@ def _revise(
             del provisional[other.fingerprint]
             other.state, other.resolved_at = IncidentState.RESOLVED, now
             other.version += 1
-            other.timeline = {**other.timeline, "resolved": now.isoformat(),
-                              "merged_into": into}  # fmt: skip
-            other.save(update_fields=["state", "resolved_at", "version", "timeline",
-                                      "updated_at"])  # fmt: skip
+            other.timeline = {**other.timeline, "resolved": now.isoformat(), "merged_into": into}
+            other.save(update_fields=["state", "resolved_at", "version", "timeline", "updated_at"])
             other.alerts.filter(active=True).update(active=False)
             changed.append(other.pk)
     return changed

@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
 
+from agents import vocab
 from console import events, formats, queries
 from console.actions.audit import actor_name, audit, require
 from console.actions.errors import ChangeError, NotFound
@@ -64,9 +65,15 @@ def set_node_health(*, name: str, health: str, actor: str, now: datetime, reason
     before = node.health
     node.health = health
     node.save(update_fields=["health"])
-    audit(actor=actor, verb="node.health", obj=node, reason=reason, now=now,
-          data={"before": before, "after": health})  # fmt: skip
-    if health == "down":
+    audit(
+        actor=actor,
+        verb="node.health",
+        obj=node,
+        reason=reason,
+        now=now,
+        data={"before": before, "after": health},
+    )
+    if health == Health.DOWN:
         _silent_incident(node, reason=reason, now=now)
     publish_node(name)
     return True
@@ -89,14 +96,22 @@ def _silent_incident(node: Node, *, reason: str, now: datetime) -> None:
     ):
         return
     incident = Incident.objects.create(
-        node=node, fingerprint=fingerprint, kind=NODE_SILENT, subject=f"node:{node.name}",
-        role="root_cause", severity="major", opened_at=now,
+        node=node,
+        fingerprint=fingerprint,
+        kind=NODE_SILENT,
+        subject=f"node:{node.name}",
+        role="root_cause",
+        severity="major",
+        opened_at=now,
         summary=f"{node.name} stopped reporting ({reason or 'agent silent'})"[:512],
-        root_cause={"kind": NODE_SILENT, "subject": f"node:{node.name}", "node": node.name,
-                    "evidence": {"last_seen": node.last_seen.isoformat() if node.last_seen
-                                 else None}},
+        root_cause={
+            "kind": NODE_SILENT,
+            "subject": f"node:{node.name}",
+            "node": node.name,
+            "evidence": {"last_seen": node.last_seen.isoformat() if node.last_seen else None},
+        },
         timeline={"detected": now.isoformat()},
-    )  # fmt: skip
+    )
     _link_silent_groups(incident, [node.name])
     publish_incident(incident)
 
@@ -124,30 +139,46 @@ def mark_silent_together(
     nodes = list(
         Node.objects.select_for_update(no_key=True)
         .filter(name__in=names)
-        .exclude(health="down")
+        .exclude(health=Health.DOWN)
         .order_by("name")
     )
     marked = [node.name for node in nodes]
     if not nodes:
         return []
-    Node.objects.filter(pk__in=[node.pk for node in nodes]).update(health="down")
+    Node.objects.filter(pk__in=[node.pk for node in nodes]).update(health=Health.DOWN)
     for node in nodes:
-        audit(actor=actor, verb="node.health", obj=node, reason=reason, now=now,
-              data={"before": node.health, "after": "down", "together": len(nodes)})  # fmt: skip
+        audit(
+            actor=actor,
+            verb="node.health",
+            obj=node,
+            reason=reason,
+            now=now,
+            data={"before": node.health, "after": vocab.HEALTH_DOWN, "together": len(nodes)},
+        )
     incident = _open_fleet_silence()
     silent = sorted({*marked, *(incident.root_cause.get("nodes", []) if incident else [])})
     summary = (
         f"{len(silent)} nodes stopped reporting together ({reason}): more likely the path "
         "to Faultline (ingest, a proxy, the network) than a fault on each node"
     )[:512]
-    cause = {"kind": FLEET_SILENT, "subject": "fleet", "nodes": silent,
-             "evidence": {"silent": len(silent), "reporting_before": reporting}}  # fmt: skip
+    cause = {
+        "kind": FLEET_SILENT,
+        "subject": "fleet",
+        "nodes": silent,
+        "evidence": {"silent": len(silent), "reporting_before": reporting},
+    }
     if incident is None:
         incident = Incident.objects.create(
-            fingerprint=FLEET_SILENT, kind=FLEET_SILENT, subject="fleet", role="root_cause",
-            severity="critical", opened_at=now, summary=summary, root_cause=cause,
+            fingerprint=FLEET_SILENT,
+            kind=FLEET_SILENT,
+            subject="fleet",
+            role="root_cause",
+            severity="critical",
+            opened_at=now,
+            summary=summary,
+            root_cause=cause,
             timeline={"detected": now.isoformat()},
-        )  # fmt: skip
+        )
     else:
         incident.summary, incident.root_cause = summary, cause
         incident.version += 1
@@ -185,10 +216,14 @@ def _link_silent_groups(incident: Incident, names: list[str]) -> None:
     job is down there), since their pages wait for its."""
     linked = (
         Incident.objects.filter(
-            group__isnull=False, kind__in=SILENCE_KINDS, root_cause__evidence__node__in=names,
+            group__isnull=False,
+            kind__in=SILENCE_KINDS,
+            root_cause__evidence__node__in=names,
             root_incident__isnull=True,
-        ).exclude(state=IncidentState.RESOLVED).update(root_incident=incident)
-    )  # fmt: skip
+        )
+        .exclude(state=IncidentState.RESOLVED)
+        .update(root_incident=incident)
+    )
     if linked and incident.kind == NODE_SILENT:
         raise_severity(incident, "critical")
 
@@ -227,8 +262,8 @@ def _settle_fleet_silence(*, actor: str, now: datetime) -> list[str] | None:
     if incident is None:
         return None
     names = list(incident.root_cause.get("nodes", []))
-    still = list(Node.objects.filter(name__in=names, health="down").order_by("name"))
-    reporting = Node.objects.exclude(health="down").count() + len(still)
+    still = list(Node.objects.filter(name__in=names, health=Health.DOWN).order_by("name"))
+    reporting = Node.objects.exclude(health=Health.DOWN).count() + len(still)
     if still and fh.mass_silence(len(still), reporting):
         return None
     for node in still:
@@ -254,9 +289,12 @@ def node_reporting(*, node_id: int, actor: str, now: datetime) -> int:
         resolved += 1
     if resolved:
         record_repair_evidence(
-            node_id=node_id, evidence=fh.CONDITION_CLEARED, actor=actor, now=now,
+            node_id=node_id,
+            evidence=fh.CONDITION_CLEARED,
+            actor=actor,
+            now=now,
             detail={"cleared": NODE_SILENT},
-        )  # fmt: skip
+        )
     return resolved
 
 
@@ -274,8 +312,14 @@ def mark_node(*, node_id: int, mark: NodeMark, actor: str, reason: str, now: dat
 def isolate_gpu(*, uuid: str, actor: str, reason: str, now: datetime) -> None:
     """Mark a GPU isolated (the effect of a succeeded isolate_gpu action)."""
     Device.objects.filter(uuid=uuid).update(isolated=True)
-    audit(actor=actor, verb="gpu.isolated", object_type="device", object_id=uuid, now=now,
-          reason=reason)  # fmt: skip
+    audit(
+        actor=actor,
+        verb="gpu.isolated",
+        object_type="device",
+        object_id=uuid,
+        now=now,
+        reason=reason,
+    )
 
 
 # -- the health lifecycle (console.policy.fleet_health decides; this stores) ---------------
@@ -323,15 +367,25 @@ def _move_health(
         row.lifecycle_evidence = evidence
     row.save()
     HealthEvent.objects.create(
-        node=node, gpu=device.uuid if device else "", kind=kind, before=before, after=target,
-        reason=reason[:512], evidence=evidence or {}, actor=actor[:160], at=now,
-    )  # fmt: skip
+        node=node,
+        gpu=device.uuid if device else "",
+        kind=kind,
+        before=before,
+        after=target,
+        reason=reason[:512],
+        evidence=evidence or {},
+        actor=actor[:160],
+        at=now,
+    )
     audit(
-        actor=actor, verb=f"{'gpu' if device else 'node'}.lifecycle", now=now, reason=reason,
+        actor=actor,
+        verb=f"{'gpu' if device else 'node'}.lifecycle",
+        now=now,
+        reason=reason,
         object_type="device" if device else "node",
         object_id=device.uuid if device else str(node.pk),
         data={"kind": kind, "before": before, "after": str(target)},
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)
@@ -370,8 +424,14 @@ def latch_fault(
     reason = f"{what} on {_subject(node, device)}: needs {needed.replace('_', ' ')}"
     if detail:
         reason += f" ({detail})"
-    proof = {"event": event, "code": code, "recovery_action": recovery_action, "gpu": gpu,
-             "detail": detail[:256], **(evidence or {})}  # fmt: skip
+    proof = {
+        "event": event,
+        "code": code,
+        "recovery_action": recovery_action,
+        "gpu": gpu,
+        "detail": detail[:256],
+        **(evidence or {}),
+    }
     new_episode = False
     for row in (device, node):
         if row is None:
@@ -381,15 +441,24 @@ def latch_fault(
         if episode:
             new_episode = new_episode or row is (device or node)
             target = fh.HealthState.FAULTED
-            _move_health(row, node, target, kind="fault", reason=reason, actor=actor, now=now,
-                         evidence=proof)  # fmt: skip
+            _move_health(
+                row, node, target, kind="fault", reason=reason, actor=actor, now=now, evidence=proof
+            )
         else:
             row.save(update_fields=["repair_needed"])
     flagged = False
     if new_episode:
         flagged = _flag_repeat_offender(node, device, gpu=gpu, actor=actor, now=now)
-    incident = _node_incident(node, device, event=event, reason=reason, proof=proof, now=now,
-                              new_episode=new_episode, flagged=flagged)  # fmt: skip
+    incident = _node_incident(
+        node,
+        device,
+        event=event,
+        reason=reason,
+        proof=proof,
+        now=now,
+        new_episode=new_episode,
+        flagged=flagged,
+    )
     publish_node(node.name)
     return Latch(incident.pk, new_episode, flagged)
 
@@ -429,14 +498,27 @@ def _flag_repeat_offender(
     for r in rows:
         r.replace_flagged = True
         r.save(update_fields=["replace_flagged"])
-    why = (f"{len(faults)} {what} in {p.repeat_window.days} days: flagged for replacement; "
-           "returning it needs an approver")  # fmt: skip
+    why = (
+        f"{len(faults)} {what} in {p.repeat_window.days} days: flagged for replacement; "
+        "returning it needs an approver"
+    )
     HealthEvent.objects.create(
-        node=node, gpu=gpu if device in rows else "", kind="flagged", after=rows[0].lifecycle,
-        reason=why, actor=actor, at=now,
-    )  # fmt: skip
-    audit(actor=actor, verb="node.flagged_for_replacement", obj=node, reason=why, now=now,
-          data={"gpu": gpu, "faults": [t.isoformat() for t in faults]})  # fmt: skip
+        node=node,
+        gpu=gpu if device in rows else "",
+        kind="flagged",
+        after=rows[0].lifecycle,
+        reason=why,
+        actor=actor,
+        at=now,
+    )
+    audit(
+        actor=actor,
+        verb="node.flagged_for_replacement",
+        obj=node,
+        reason=why,
+        now=now,
+        data={"gpu": gpu, "faults": [t.isoformat() for t in faults]},
+    )
     return True
 
 
@@ -463,18 +545,27 @@ def _node_incident(
     created = incident is None
     if incident is None:
         incident = Incident(
-            node=node, fingerprint=fingerprint, opened_at=now, role="root_cause",
-            timeline={"first_evidence": proof.get("ts") or now.isoformat(),
-                      "detected": now.isoformat()},
-        )  # fmt: skip
+            node=node,
+            fingerprint=fingerprint,
+            opened_at=now,
+            role="root_cause",
+            timeline={
+                "first_evidence": proof.get("ts") or now.isoformat(),
+                "detected": now.isoformat(),
+            },
+        )
     elif not new_episode and not flagged:
         return incident
     incident.kind = event
     incident.subject = f"gpu:{device.uuid}" if device else f"node:{node.name}"
     incident.severity = "critical"
     incident.summary = (reason + ("; flagged for replacement" if flagged else ""))[:512]
-    incident.root_cause = {"kind": event, "subject": incident.subject, "evidence": proof,
-                           "node": node.name}  # fmt: skip
+    incident.root_cause = {
+        "kind": event,
+        "subject": incident.subject,
+        "evidence": proof,
+        "node": node.name,
+    }
     incident.symptom_count = 0 if created else incident.symptom_count + 1
     if not created:
         incident.version += 1
@@ -484,7 +575,7 @@ def _node_incident(
     return incident
 
 
-HARDWARE_KINDS = frozenset({"xid", "gpu_lost", "ecc_dbe", "row_remap_failure"})
+HARDWARE_KINDS = vocab.HARDWARE_FAULT_KINDS
 HARDWARE = "hardware:"  # a latched fault's node incident: hardware:<gpu uuid or node name>
 # A node's conditions: its take-out latches the node until they clear (Repair.CONDITION).
 CONDITION_KINDS = frozenset({"nic_down", "disk_full", NODE_SILENT})
@@ -504,9 +595,11 @@ def open_node_incident(node_name: str, *, hardware: bool = False) -> Incident | 
 def link_group_incidents(*, node: Node, incident: Incident) -> None:
     """Open group incidents whose root cause is a hardware fault on this node name it."""
     Incident.objects.filter(
-        group__isnull=False, kind__in=HARDWARE_KINDS, root_cause__evidence__node=node.name,
+        group__isnull=False,
+        kind__in=HARDWARE_KINDS,
+        root_cause__evidence__node=node.name,
         root_incident__isnull=True,
-    ).exclude(state=IncidentState.RESOLVED).update(root_incident=incident)  # fmt: skip
+    ).exclude(state=IncidentState.RESOLVED).update(root_incident=incident)
 
 
 _AWAITING = (fh.HealthState.FAULTED, fh.HealthState.OUT_OF_SERVICE, fh.HealthState.REPAIRING)
@@ -514,9 +607,14 @@ _AWAITING = (fh.HealthState.FAULTED, fh.HealthState.OUT_OF_SERVICE, fh.HealthSta
 
 @transaction.atomic
 def record_repair_evidence(
-    *, node_id: int, evidence: str, actor: str, now: datetime, gpu: str = "",
+    *,
+    node_id: int,
+    evidence: str,
+    actor: str,
+    now: datetime,
+    gpu: str = "",
     detail: dict[str, Any] | None = None,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """Evidence of repair: the node rebooted (a new boot_id) or a GPU was reset. Every
     latched GPU (and the node) whose fault this repair answers starts its validation
     window; returns the subjects that did ("node", or GPU uuids)."""
@@ -532,13 +630,29 @@ def record_repair_evidence(
     }.get(evidence, evidence)
     for d in devices:
         if d.lifecycle in _AWAITING and fh.repaired_by(d.repair_needed, evidence):
-            _move_health(d, node, fh.HealthState.VALIDATING, kind="repair", actor=actor, now=now,
-                         reason=f"{why}; validating", evidence=detail or {})  # fmt: skip
+            _move_health(
+                d,
+                node,
+                fh.HealthState.VALIDATING,
+                kind="repair",
+                actor=actor,
+                now=now,
+                reason=f"{why}; validating",
+                evidence=detail or {},
+            )
             moved.append(d.uuid)
     still = Device.objects.filter(node=node, lifecycle__in=_AWAITING).exists()
     if node.lifecycle in _AWAITING and not still and _node_repaired(node, evidence, moved):
-        _move_health(node, node, fh.HealthState.VALIDATING, kind="repair", actor=actor, now=now,
-                     reason=f"{why}; validating", evidence=detail or {})  # fmt: skip
+        _move_health(
+            node,
+            node,
+            fh.HealthState.VALIDATING,
+            kind="repair",
+            actor=actor,
+            now=now,
+            reason=f"{why}; validating",
+            evidence=detail or {},
+        )
         moved.append("node")
     if moved:
         publish_node(node.name)
@@ -579,8 +693,16 @@ def latch_condition(
     node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
     if node.lifecycle in (fh.HealthState.HEALTHY, fh.HealthState.SUSPECT):
         node.repair_needed = fh.Repair.CONDITION
-        _move_health(node, node, fh.HealthState.FAULTED, kind="condition", reason=reason,
-                     actor=actor, now=now, evidence={"incident": incident_id})  # fmt: skip
+        _move_health(
+            node,
+            node,
+            fh.HealthState.FAULTED,
+            kind="condition",
+            reason=reason,
+            actor=actor,
+            now=now,
+            evidence={"incident": incident_id},
+        )
     elif not node.repair_needed:
         node.repair_needed = fh.Repair.CONDITION
         node.save(update_fields=["repair_needed"])
@@ -604,8 +726,9 @@ def mark_returned(*, node_id: int, actor: str, reason: str, now: datetime, gpu: 
         devices = devices.filter(uuid=gpu)
         devices.filter(isolated=True).update(isolated=False)
     for d in devices.exclude(lifecycle="healthy"):
-        _move_health(d, node, fh.HealthState.HEALTHY, kind="returned", reason=reason, actor=actor,
-                     now=now)  # fmt: skip
+        _move_health(
+            d, node, fh.HealthState.HEALTHY, kind="returned", reason=reason, actor=actor, now=now
+        )
         d.repair_needed, d.taken_out_by, d.replace_flagged, d.isolated = "", "", False, False
         d.save(update_fields=["repair_needed", "taken_out_by", "replace_flagged", "isolated"])
     if gpu:
@@ -620,8 +743,15 @@ def mark_returned(*, node_id: int, actor: str, reason: str, now: datetime, gpu: 
     latched = Device.objects.filter(node=node).exclude(lifecycle="healthy").exists()
     if not latched:
         if node.lifecycle != fh.HealthState.HEALTHY:
-            _move_health(node, node, fh.HealthState.HEALTHY, kind="returned", reason=reason,
-                         actor=actor, now=now)  # fmt: skip
+            _move_health(
+                node,
+                node,
+                fh.HealthState.HEALTHY,
+                kind="returned",
+                reason=reason,
+                actor=actor,
+                now=now,
+            )
         node.repair_needed, node.taken_out_by, node.replace_flagged = "", "", False
         node.cordoned = node.quarantined = False
         node.save()
@@ -657,8 +787,15 @@ def mark_out_of_service(
         rows.append(node)
     for row in rows:
         if row.lifecycle == fh.HealthState.FAULTED:
-            _move_health(row, node, fh.HealthState.OUT_OF_SERVICE, kind="moved", reason=reason,
-                         actor=actor, now=now)  # fmt: skip
+            _move_health(
+                row,
+                node,
+                fh.HealthState.OUT_OF_SERVICE,
+                kind="moved",
+                reason=reason,
+                actor=actor,
+                now=now,
+            )
         if isinstance(row, Node) or row.lifecycle != fh.HealthState.HEALTHY:
             row.taken_out_by = taken_out_by
             row.save(update_fields=["taken_out_by"])

@@ -59,8 +59,13 @@ def set_group_slo(
     before = group.slo
     group.slo = values
     group.save(update_fields=["slo"])
-    audit(actor=actor_name(actor), verb="group.slo_changed", obj=group, now=now,
-          data={"before": before, "after": values})  # fmt: skip
+    audit(
+        actor=actor_name(actor),
+        verb="group.slo_changed",
+        obj=group,
+        now=now,
+        data={"before": before, "after": values},
+    )
     events.publish_on_commit(
         events.group_channel(group.name), "group.changed", {"name": group.name}
     )
@@ -92,9 +97,18 @@ def set_group_objectives(
         group.slo = {k: v for k, v in group.slo.items() if k != "goodput_target"}
         fields_changed.append("slo")
     group.save(update_fields=fields_changed)
-    audit(actor=actor_name(actor), verb="group.objectives_changed", obj=group, now=now,
-          data={"before": before.get(pure_objectives.OPERATOR, {}), "after": values,
-                "slo_before": slo_before, "slo_after": group.slo})  # fmt: skip
+    audit(
+        actor=actor_name(actor),
+        verb="group.objectives_changed",
+        obj=group,
+        now=now,
+        data={
+            "before": before.get(pure_objectives.OPERATOR, {}),
+            "after": values,
+            "slo_before": slo_before,
+            "slo_after": group.slo,
+        },
+    )
     events.publish_on_commit(
         events.group_channel(group.name), "group.changed", {"name": group.name}
     )

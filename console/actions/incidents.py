@@ -77,11 +77,22 @@ def acknowledge_incident(
     incident.version += 1
     incident.timeline = {**incident.timeline, "acknowledged": now.isoformat()}
     incident.save(
-        update_fields=["state", "acknowledged_by", "acknowledged_at", "version", "timeline",
-                       "updated_at"]
-    )  # fmt: skip
-    audit(actor=actor_name(actor), verb="incident.acknowledged", obj=incident, now=now,
-          data={"version": incident.version})  # fmt: skip
+        update_fields=[
+            "state",
+            "acknowledged_by",
+            "acknowledged_at",
+            "version",
+            "timeline",
+            "updated_at",
+        ]
+    )
+    audit(
+        actor=actor_name(actor),
+        verb="incident.acknowledged",
+        obj=incident,
+        now=now,
+        data={"version": incident.version},
+    )
     publish_incident(incident)
     return incident
 
@@ -103,8 +114,13 @@ def assign_incident(
     incident.version += 1
     incident.save(update_fields=["assignee", "version", "updated_at"])
     after = assignee.get_username() if assignee is not None else None
-    audit(actor=actor_name(actor), verb="incident.assigned", obj=incident, now=now,
-          data={"before": before, "after": after, "version": incident.version})  # fmt: skip
+    audit(
+        actor=actor_name(actor),
+        verb="incident.assigned",
+        obj=incident,
+        now=now,
+        data={"before": before, "after": after, "version": incident.version},
+    )
     publish_incident(incident)
     return incident
 
@@ -124,7 +140,12 @@ def comment_on_incident(
         )
     incident = _locked_incident(incident_id, None)
     comment = IncidentComment.objects.create(incident=incident, author=actor, body=text)
-    audit(actor=actor_name(actor), verb="incident.commented", obj=incident, now=now,
-          data={"comment": comment.pk, "body": text})  # fmt: skip
+    audit(
+        actor=actor_name(actor),
+        verb="incident.commented",
+        obj=incident,
+        now=now,
+        data={"comment": comment.pk, "body": text},
+    )
     publish_incident(incident)
     return comment

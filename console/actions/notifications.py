@@ -238,8 +238,9 @@ def _channel_for_update(actor: Actor, name: str) -> NotificationChannel:
     return row
 
 
-def _audit_channel(actor: Actor, row: NotificationChannel, verb: str, now: datetime,
-                   **data: Any) -> None:  # fmt: skip
+def _audit_channel(
+    actor: Actor, row: NotificationChannel, verb: str, now: datetime, **data: Any
+) -> None:
     audit(
         actor=actor_name(actor),
         verb=verb,
@@ -247,10 +248,14 @@ def _audit_channel(actor: Actor, row: NotificationChannel, verb: str, now: datet
         now=now,
         object_type="notificationchannel",
         data=redact.channel_audit_data(
-            name=row.name, kind=row.kind, url=row.url, secret_set=bool(row.secret),
-            enabled=row.enabled, **data,
+            name=row.name,
+            kind=row.kind,
+            url=row.url,
+            secret_set=bool(row.secret),
+            enabled=row.enabled,
+            **data,
         ),
-    )  # fmt: skip
+    )
 
 
 @transaction.atomic

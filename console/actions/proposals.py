@@ -217,8 +217,9 @@ def _write_waits(incident_id: int, waits: Sequence[str], *, now: datetime) -> No
     incident.timeline = {**timeline, WAITS: list(waits)} if waits else timeline
     incident.save(update_fields=["timeline", "updated_at"])
     if waits:
-        audit(actor=POLICY_ACTOR, verb="policy.waits", obj=incident, reason="; ".join(waits),
-              now=now)  # fmt: skip
+        audit(
+            actor=POLICY_ACTOR, verb="policy.waits", obj=incident, reason="; ".join(waits), now=now
+        )
     publish_incident(incident)
 
 
@@ -358,9 +359,12 @@ def _holds(now: datetime) -> Callable[[Incident], str]:
             )
         if incident.kind in rp.CONDITION_KINDS:
             return fh.condition_hold(
-                incident.kind, incident.opened_at, now, others=others_with(incident),
+                incident.kind,
+                incident.opened_at,
+                now,
+                others=others_with(incident),
                 reporting=total,
-            )  # fmt: skip
+            )
         return ""
 
     return hold

@@ -34,8 +34,15 @@ def record_incident_costs(
     incident.costs = stored
     incident.save(update_fields=["costs", "updated_at"])
     if costs.get("complete"):
-        audit(actor=actor, verb="incident.costs_measured", obj=incident, now=now,
-              data={k: costs.get(k) for k in ("detection_s", "quiesce_s", "lost_steps",
-                                              "restore_s", "repeated_steps")})  # fmt: skip
+        audit(
+            actor=actor,
+            verb="incident.costs_measured",
+            obj=incident,
+            now=now,
+            data={
+                k: costs.get(k)
+                for k in ("detection_s", "quiesce_s", "lost_steps", "restore_s", "repeated_steps")
+            },
+        )
     publish_incident(incident)
     return True

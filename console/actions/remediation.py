@@ -21,6 +21,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from agents import actions_contract as contract
+from agents import vocab
 from agents.actions_contract import Action as AgentAction
 from agents.actions_contract import Status
 from console import events
@@ -60,7 +61,8 @@ from console.roles import Actor, role_of
 
 log = logging.getLogger(__name__)
 
-OUTPUT_LIMIT = 4096
+# The agent clips to the same limit (agents.vocab); an older agent's longer text is clipped here.
+OUTPUT_LIMIT = vocab.ACTION_OUTPUT_LIMIT
 # A dispatched action whose agent reports nothing this long fails.
 DEFAULT_DEADLINE_S = 900
 
@@ -624,9 +626,14 @@ def route_waiting(*, now: datetime) -> list[int]:
         action.executor = executor
         action.save(update_fields=["executor", "updated_at"])
         where = f"the controller agent {executor.name}" if executor else "the node's own agent"
-        audit(actor=SYSTEM, verb="action.routed", obj=action, now=now,
-              reason=f"runs on {where}" + (f"; {wait}" if wait else ""),
-              data={"from": before, "to": executor.name if executor else ""})  # fmt: skip
+        audit(
+            actor=SYSTEM,
+            verb="action.routed",
+            obj=action,
+            now=now,
+            reason=f"runs on {where}" + (f"; {wait}" if wait else ""),
+            data={"from": before, "to": executor.name if executor else ""},
+        )
         _publish(action)
         routed.append(action.pk)
     return routed
@@ -706,8 +713,13 @@ def _apply_effect(action: Action, *, now: datetime) -> None:
         elif action.gpu:
             fleet.isolate_gpu(uuid=action.gpu, actor=who, reason=reason, now=now)
         if condition is not None:  # silent, a NIC down, a full disk: latched while it lasts
-            fleet.latch_condition(node_id=action.node.pk, incident_id=condition.pk, actor=who,
-                                  reason=f"{reason} ({condition.kind})", now=now)  # fmt: skip
+            fleet.latch_condition(
+                node_id=action.node.pk,
+                incident_id=condition.pk,
+                actor=who,
+                reason=f"{reason} ({condition.kind})",
+                now=now,
+            )
         fleet.mark_out_of_service(
             node_id=action.node.pk,
             gpu=action.gpu if mark is None else "",
@@ -724,9 +736,12 @@ def _apply_effect(action: Action, *, now: datetime) -> None:
         )
         if condition is not None and condition.state == IncidentState.RESOLVED:
             fleet.record_repair_evidence(  # it cleared while the take-out ran
-                node_id=action.node.pk, evidence=CONDITION_CLEARED, actor=who, now=now,
+                node_id=action.node.pk,
+                evidence=CONDITION_CLEARED,
+                actor=who,
+                now=now,
                 detail={"cleared": condition.kind, "incident": condition.pk},
-            )  # fmt: skip
+            )
     elif kind in (ActionKind.UNCORDON_NODE, ActionKind.RELEASE_GPU):
         fleet.mark_returned(
             node_id=action.node.pk,

@@ -46,8 +46,14 @@ def _propose_for(node: Node, now: datetime) -> list[int]:
     if node.replace_flagged:
         if not HealthEvent.objects.filter(node=node, kind="held", at__gte=since).exists():
             why = "validated, but flagged for replacement: an approver returns it"
-            HealthEvent.objects.create(node=node, kind="held", after=node.lifecycle,
-                                       reason=why, actor=f"rule:{RULE}", at=now)  # fmt: skip
+            HealthEvent.objects.create(
+                node=node,
+                kind="held",
+                after=node.lifecycle,
+                reason=why,
+                actor=f"rule:{RULE}",
+                at=now,
+            )
             audit(actor=f"rule:{RULE}", verb="node.return_held", obj=node, reason=why, now=now)
         return []
     window = health_policy().validation_window
@@ -62,16 +68,27 @@ def _propose_for(node: Node, now: datetime) -> list[int]:
     ids = []
     for device in Device.objects.filter(node=node, isolated=True):
         out = propose_action(
-            kind=ActionKind.RELEASE_GPU, target=f"gpu:{device.uuid}", reason=reason, actor=None,
-            rule=RULE, trigger="validated", now=now,
+            kind=ActionKind.RELEASE_GPU,
+            target=f"gpu:{device.uuid}",
+            reason=reason,
+            actor=None,
+            rule=RULE,
+            trigger="validated",
+            now=now,
             incident_id=incident.pk if incident else None,
             evidence={"lifecycle_since": since.isoformat(), "gpu": device.uuid},
-        )  # fmt: skip
+        )
         ids.append(out.action.pk)
     out = propose_action(
-        kind=ActionKind.UNCORDON_NODE, target=f"node:{node.name}", reason=reason, actor=None,
-        rule=RULE, trigger="validated", now=now, incident_id=incident.pk if incident else None,
+        kind=ActionKind.UNCORDON_NODE,
+        target=f"node:{node.name}",
+        reason=reason,
+        actor=None,
+        rule=RULE,
+        trigger="validated",
+        now=now,
+        incident_id=incident.pk if incident else None,
         evidence={"lifecycle_since": since.isoformat(), "repair": node.lifecycle_reason},
-    )  # fmt: skip
+    )
     ids.append(out.action.pk)
     return ids

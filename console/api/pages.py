@@ -24,7 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents.gpu_health import HEALTH_ORDER
+from agents.vocab import HEALTH_OK, HEALTH_ORDER, SEVERITY_ORDER
 from console import charts, queries
 from console.choices import GroupState
 from console.diagnosis.findings import culprit_of
@@ -32,7 +32,6 @@ from console.models import ConsistencyGroup, Incident
 from console.queries import launcher, recovery, telemetry
 from console.serving import serving_state_of
 
-SEVERITY_ORDER = ("critical", "major", "minor", "info")
 # Chart aggregates scan every step row of the window (~1M at 16k ranks): one computation
 # serves every viewer for this long unless the group has had no new activity since.
 CHART_MAX_AGE_S = 5.0
@@ -125,7 +124,9 @@ def fleet_data(
         if card is None:
             # Big fleets: a healthy, unflagged node is one compact tile, not eight GPU
             # cells, and comes as just that (see queries.fleet_grid).
-            node_rows.append({"name": n["name"], "gpus": n["gpus"], "worst": "ok", "compact": True})
+            node_rows.append(
+                {"name": n["name"], "gpus": n["gpus"], "worst": HEALTH_OK, "compact": True}
+            )
         else:
             worst = charts.worst_health(card)
             node_rows.append({**card, "worst": worst, "compact": False, "gpus": n["gpus"]})

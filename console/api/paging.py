@@ -176,7 +176,9 @@ class ChannelRotateSecret(generics.GenericAPIView):
         data = ChannelRotate(data=request.data)
         data.is_valid(raise_exception=True)
         row, secret = notifications.rotate_channel_secret(
-            actor=request.user, now=timezone.now(), name=name,
+            actor=request.user,
+            now=timezone.now(),
+            name=name,
             secret=data.validated_data.get("secret") or None,
-        )  # fmt: skip
+        )
         return Response({**ChannelSerializer(row).data, "secret": secret})

@@ -13,9 +13,15 @@ from console.queries import objectives as group_objectives
 from console.serving import serving_state_of
 
 LIFECYCLE_FIELDS = (
-    "lifecycle", "lifecycle_reason", "lifecycle_evidence", "lifecycle_since", "lifecycle_by",
-    "repair_needed", "taken_out_by", "replace_flagged",
-)  # fmt: skip
+    "lifecycle",
+    "lifecycle_reason",
+    "lifecycle_evidence",
+    "lifecycle_since",
+    "lifecycle_by",
+    "repair_needed",
+    "taken_out_by",
+    "replace_flagged",
+)
 
 
 class HealthEventSerializer(serializers.ModelSerializer):
@@ -30,9 +36,18 @@ class NodeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Node
         fields = [
-            "name", "pool", "labels", "health", "agent_version", "first_seen", "last_seen",
-            "quarantined", "cordoned", "gpus", *LIFECYCLE_FIELDS,
-        ]  # fmt: skip
+            "name",
+            "pool",
+            "labels",
+            "health",
+            "agent_version",
+            "first_seen",
+            "last_seen",
+            "quarantined",
+            "cordoned",
+            "gpus",
+            *LIFECYCLE_FIELDS,
+        ]
 
 
 class DeviceSerializer(serializers.ModelSerializer):
@@ -41,9 +56,15 @@ class DeviceSerializer(serializers.ModelSerializer):
     class Meta:
         model = Device
         fields = [
-            "uuid", "node", "index", "health", "last_seen", "isolated", "last_sample",
+            "uuid",
+            "node",
+            "index",
+            "health",
+            "last_seen",
+            "isolated",
+            "last_sample",
             *LIFECYCLE_FIELDS,
-        ]  # fmt: skip
+        ]
 
 
 class NodeDetailSerializer(NodeSerializer):
@@ -64,12 +85,21 @@ class NodeDetailSerializer(NodeSerializer):
         own = list(node.incidents.order_by("-opened_at")[:50])
         linked = Incident.objects.filter(root_incident__in=own).select_related("group")
         return [
-            {"id": i.pk, "scope": "node" if i.group_id is None else "group",
-             "group": i.group.name if i.group else None, "root_incident": i.root_incident_id,
-             "state": i.state, "kind": i.kind, "subject": i.subject, "severity": i.severity,
-             "summary": i.summary, "opened_at": i.opened_at, "resolved_at": i.resolved_at}
+            {
+                "id": i.pk,
+                "scope": "node" if i.group_id is None else "group",
+                "group": i.group.name if i.group else None,
+                "root_incident": i.root_incident_id,
+                "state": i.state,
+                "kind": i.kind,
+                "subject": i.subject,
+                "severity": i.severity,
+                "summary": i.summary,
+                "opened_at": i.opened_at,
+                "resolved_at": i.resolved_at,
+            }
             for i in [*own, *linked]
-        ]  # fmt: skip
+        ]
 
 
 class AgentSerializer(serializers.ModelSerializer):
@@ -79,9 +109,20 @@ class AgentSerializer(serializers.ModelSerializer):
     class Meta:
         model = telemetry.AgentState
         fields = [
-            "agent_id", "node", "version", "last_seq", "batches", "records", "duplicates",
-            "gaps", "gap_ranges", "last_seen", "clock_skew_ms", "spool_depth", "dropped",
-        ]  # fmt: skip
+            "agent_id",
+            "node",
+            "version",
+            "last_seq",
+            "batches",
+            "records",
+            "duplicates",
+            "gaps",
+            "gap_ranges",
+            "last_seen",
+            "clock_skew_ms",
+            "spool_depth",
+            "dropped",
+        ]
 
 
 class GroupSerializer(serializers.ModelSerializer):
@@ -95,11 +136,25 @@ class GroupSerializer(serializers.ModelSerializer):
     class Meta:
         model = ConsistencyGroup
         fields = [
-            "name", "kind", "state", "generation", "restart_count", "world_size", "topology",
-            "data_cursor", "model_version", "labels", "state_since", "last_activity",
-            "open_incidents", "goodput", "tail_ratio", "newest_valid_checkpoint",
-            "recovery_advice", "serving_state",
-        ]  # fmt: skip
+            "name",
+            "kind",
+            "state",
+            "generation",
+            "restart_count",
+            "world_size",
+            "topology",
+            "data_cursor",
+            "model_version",
+            "labels",
+            "state_since",
+            "last_activity",
+            "open_incidents",
+            "goodput",
+            "tail_ratio",
+            "newest_valid_checkpoint",
+            "recovery_advice",
+            "serving_state",
+        ]
 
     def get_goodput(self, obj: ConsistencyGroup) -> dict | None:
         return obj.summary.get("goodput")
@@ -159,9 +214,20 @@ class AlertSerializer(serializers.ModelSerializer):
     class Meta:
         model = Alert
         fields = [
-            "finding_id", "incident", "group", "kind", "subject", "role", "severity", "summary",
-            "caused_by", "evidence", "first_seen", "last_seen", "active",
-        ]  # fmt: skip
+            "finding_id",
+            "incident",
+            "group",
+            "kind",
+            "subject",
+            "role",
+            "severity",
+            "summary",
+            "caused_by",
+            "evidence",
+            "first_seen",
+            "last_seen",
+            "active",
+        ]
 
 
 class IncidentSerializer(serializers.ModelSerializer):
@@ -177,11 +243,30 @@ class IncidentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Incident
         fields = [
-            "id", "group", "node", "generation", "state", "kind", "subject", "role",
-            "severity", "summary", "root_cause", "symptom_count", "symptoms", "external_alerts",
-            "recovery", "costs", "launcher_root_cause", "timeline", "opened_at", "resolved_at",
-            "version", "verdict", "settles_at",
-        ]  # fmt: skip
+            "id",
+            "group",
+            "node",
+            "generation",
+            "state",
+            "kind",
+            "subject",
+            "role",
+            "severity",
+            "summary",
+            "root_cause",
+            "symptom_count",
+            "symptoms",
+            "external_alerts",
+            "recovery",
+            "costs",
+            "launcher_root_cause",
+            "timeline",
+            "opened_at",
+            "resolved_at",
+            "version",
+            "verdict",
+            "settles_at",
+        ]
 
     def get_verdict(self, obj: Incident) -> str:
         """`provisional` while the root cause may still be revised (until `settles_at`),
@@ -207,12 +292,22 @@ class IncidentSerializer(serializers.ModelSerializer):
     def get_external_alerts(self, obj: Incident) -> list[dict]:
         """The Alertmanager alerts filed on this incident (console.actions.alertmanager)."""
         return [
-            {"name": a.name, "status": a.status, "severity": a.severity, "summary": a.summary,
-             "fingerprint": a.fingerprint, "gpu": a.gpu, "xid": a.xid, "joined": a.joined,
-             "labels": a.labels, "starts_at": a.starts_at, "ends_at": a.ends_at,
-             "resolved_at": a.resolved_at}
+            {
+                "name": a.name,
+                "status": a.status,
+                "severity": a.severity,
+                "summary": a.summary,
+                "fingerprint": a.fingerprint,
+                "gpu": a.gpu,
+                "xid": a.xid,
+                "joined": a.joined,
+                "labels": a.labels,
+                "starts_at": a.starts_at,
+                "ends_at": a.ends_at,
+                "resolved_at": a.resolved_at,
+            }
             for a in obj.external_alerts.all()
-        ]  # fmt: skip
+        ]
 
     def get_symptoms(self, obj: Incident) -> list[dict]:
         limit = self.context.get("symptom_limit", 50)

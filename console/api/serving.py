@@ -50,13 +50,19 @@ class GroupServing(APIView):
 
     permission_classes = [IsViewer]
 
-    @extend_schema(responses=inline_serializer(name="ServingOverview", fields={
-        "group": serializers.CharField(), "slo": SloSerializer,
-        "g_serve": serializers.FloatField(allow_null=True),
-        "workers": serializers.ListField(child=serializers.DictField()),
-        "versions": serializers.ListField(child=serializers.DictField()),
-        "series": serializers.ListField(child=serializers.DictField()),
-    }))  # fmt: skip
+    @extend_schema(
+        responses=inline_serializer(
+            name="ServingOverview",
+            fields={
+                "group": serializers.CharField(),
+                "slo": SloSerializer,
+                "g_serve": serializers.FloatField(allow_null=True),
+                "workers": serializers.ListField(child=serializers.DictField()),
+                "versions": serializers.ListField(child=serializers.DictField()),
+                "series": serializers.ListField(child=serializers.DictField()),
+            },
+        )
+    )
     def get(self, request: Request, name: str) -> Response:
         group = get_object_or_404(ConsistencyGroup, name=name)
         return Response(serving.overview(group, timezone.now()))

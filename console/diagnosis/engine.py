@@ -42,7 +42,7 @@ from console.diagnosis.rules import (
     serving,
     stragglers,
 )
-from console.diagnosis.rules.base import Context
+from console.diagnosis.rules.base import HARD_DEVICE_KINDS, Context
 from console.diagnosis.rules.digest import RankDigest
 from console.diagnosis.snapshot import GroupSnapshot, StepRecord
 from console.diagnosis.stats import median
@@ -95,7 +95,7 @@ NO_RESTART = (
     | RISK_KINDS
 )  # a risk (RPO/RTO) needs no restart and never blocks one
 # Root causes whose node must be left out of the restarted group.
-EXCLUDE_NODE = frozenset({"xid", "gpu_lost", "ecc_dbe", "node_down"})
+EXCLUDE_NODE = HARD_DEVICE_KINDS | {"node_down"}
 ROLE_ORDER = {"root_cause": 0, "undetermined": 1, "symptom": 2}
 
 

@@ -15,15 +15,18 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+from agents import vocab
+
 ROOT_CAUSE = "root_cause"
 SYMPTOM = "symptom"
 UNDETERMINED = "undetermined"
 
-CRITICAL = "critical"
-MAJOR = "major"
-MINOR = "minor"
-INFO = "info"
-SEVERITY_RANK = {CRITICAL: 0, MAJOR: 1, MINOR: 2, INFO: 3}
+# Severities and their order are agents.vocab's; the short names are the rules'.
+CRITICAL = vocab.SEVERITY_CRITICAL
+MAJOR = vocab.SEVERITY_MAJOR
+MINOR = vocab.SEVERITY_MINOR
+INFO = vocab.SEVERITY_INFO
+SEVERITY_RANK = vocab.SEVERITY_RANK
 
 # Recovery objectives (rules/objectives.py): a promise at risk or broken. They are
 # risks, not faults: they head their own incident, never need a restart, never block one

@@ -18,11 +18,13 @@ from itertools import islice, pairwise
 from operator import itemgetter
 from typing import Any
 
+from agents import vocab
+
 from console.diagnosis.rules.digest import RankDigest, slide_cut
 from console.diagnosis.snapshot import GroupSnapshot, RankState, StepRecord
 from console.diagnosis.stats import is_bad_number
 
-RESTART_STATES = frozenset({"recovering", "initializing"})
+RESTART_STATES = frozenset({vocab.RECOVERING, vocab.INITIALIZING})
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from agents import vocab
+
 # A group leaves `running` for one of these when it stops to recover (or dies).
-STOPPED_STATES = frozenset({"quiescing", "checkpointing", "recovering", "stopped", "failed"})
+STOPPED_STATES = frozenset(
+    {vocab.QUIESCING, vocab.CHECKPOINTING, vocab.RECOVERING, vocab.STOPPED, vocab.FAILED}
+)
 VALID_CHECKPOINT_PHASES = frozenset({"committed", "verified"})
 
 

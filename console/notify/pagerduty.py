@@ -9,21 +9,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents import vocab
+
 from console.notify.message import Event, Notification
 
 EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
+# Ours (agents.vocab), then the words other tools use for theirs.
 _SEVERITY = {
-    "critical": "critical",
+    vocab.SEVERITY_CRITICAL: "critical",
+    vocab.SEVERITY_MAJOR: "error",
+    vocab.SEVERITY_MINOR: "warning",
+    vocab.SEVERITY_INFO: "info",
     "fatal": "critical",
     "page": "critical",
     "error": "error",
     "high": "error",
-    "major": "error",
     "warning": "warning",
     "warn": "warning",
     "medium": "warning",
-    "minor": "warning",
-    "info": "info",
     "low": "info",
 }
 _MAX_SUMMARY = 1024  # PagerDuty rejects a longer summary.

@@ -95,11 +95,23 @@ def _node_blast(request: ActionRequest, policy: Policy, fleet: FleetState) -> li
     in_pool = sum(1 for n in fleet.nodes_out if fleet.node_pool.get(n) == pool)
     verb = "quarantined or cordoned"
     found = [
-        _over(in_pool, fleet.pools.get(pool, 0), policy.max_nodes_out_per_pool,
-              f"in pool {pool}", "nodes", verb),
-        _over(len(fleet.nodes_out), sum(fleet.pools.values()), policy.max_nodes_out_fleet,
-              "in the fleet", "nodes", verb),
-    ]  # fmt: skip
+        _over(
+            in_pool,
+            fleet.pools.get(pool, 0),
+            policy.max_nodes_out_per_pool,
+            f"in pool {pool}",
+            "nodes",
+            verb,
+        ),
+        _over(
+            len(fleet.nodes_out),
+            sum(fleet.pools.values()),
+            policy.max_nodes_out_fleet,
+            "in the fleet",
+            "nodes",
+            verb,
+        ),
+    ]
     return [r for r in found if r]
 
 
@@ -112,11 +124,23 @@ def _gpu_blast(request: ActionRequest, policy: Policy, fleet: FleetState) -> lis
         return []
     in_pool = sum(1 for g in fleet.isolated_gpus if fleet.gpu_pool(g) == pool)
     found = [
-        _over(in_pool, fleet.pool_gpus.get(pool, 0), policy.max_gpus_out_per_pool,
-              f"in pool {pool}", "GPUs", "isolated"),
-        _over(len(fleet.isolated_gpus), sum(fleet.pool_gpus.values()), policy.max_gpus_out_fleet,
-              "in the fleet", "GPUs", "isolated"),
-    ]  # fmt: skip
+        _over(
+            in_pool,
+            fleet.pool_gpus.get(pool, 0),
+            policy.max_gpus_out_per_pool,
+            f"in pool {pool}",
+            "GPUs",
+            "isolated",
+        ),
+        _over(
+            len(fleet.isolated_gpus),
+            sum(fleet.pool_gpus.values()),
+            policy.max_gpus_out_fleet,
+            "in the fleet",
+            "GPUs",
+            "isolated",
+        ),
+    ]
     return [r for r in found if r]
 
 

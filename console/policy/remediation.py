@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from agents import actions_contract as contract
+from agents import vocab
 
 from console.policy.inputs import PolicyError
 
@@ -43,9 +44,10 @@ NO_RESTART_KINDS = frozenset(
     }
 )
 # Latched hardware faults: the node (or only the GPU) leaves service until repaired.
-HARDWARE_KINDS = frozenset({"xid", "gpu_lost", "ecc_dbe", "row_remap_failure"})
-# A GPU-scoped hardware fault may take out only that GPU where the scheduler can isolate one.
-GPU_SCOPED_KINDS = frozenset({"xid", "ecc_dbe", "row_remap_failure"})
+HARDWARE_KINDS = vocab.HARDWARE_FAULT_KINDS
+# A GPU-scoped hardware fault may take out only that GPU where the scheduler can isolate one;
+# a lost GPU is off the bus, and only its node's reboot brings it back.
+GPU_SCOPED_KINDS = HARDWARE_KINDS - {vocab.GPU_LOST}
 # A node's conditions (not a broken part): the node leaves service until the condition clears.
 CONDITION_KINDS = frozenset({"nic_down", "disk_full"})
 # The node's agent cannot be heard: taken out (cordoned, never drained: its work cannot be

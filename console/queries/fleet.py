@@ -195,26 +195,38 @@ def node_detail(name: str) -> dict[str, Any] | None:
         return None
     cards = node_payloads(names=[name])
     gpus = list(
-        Device.objects.filter(node=node).order_by("index").values(
-            "uuid", "index", "health", "lifecycle", "lifecycle_reason", "lifecycle_since",
-            "repair_needed", "taken_out_by", "replace_flagged", "isolated", "last_seen",
+        Device.objects.filter(node=node)
+        .order_by("index")
+        .values(
+            "uuid",
+            "index",
+            "health",
+            "lifecycle",
+            "lifecycle_reason",
+            "lifecycle_since",
+            "repair_needed",
+            "taken_out_by",
+            "replace_flagged",
+            "isolated",
+            "last_seen",
         )
-    )  # fmt: skip
+    )
     history = list(
-        HealthEvent.objects.filter(node=node).order_by("-at", "-id")[:200].values(
-            "at", "gpu", "kind", "before", "after", "reason", "actor", "evidence"
-        )
-    )  # fmt: skip
+        HealthEvent.objects.filter(node=node)
+        .order_by("-at", "-id")[:200]
+        .values("at", "gpu", "kind", "before", "after", "reason", "actor", "evidence")
+    )
     own = list(Incident.objects.filter(node=node).order_by("-opened_at")[:50])
     linked = list(
-        Incident.objects.filter(root_incident__in=own).select_related("group")
+        Incident.objects.filter(root_incident__in=own)
+        .select_related("group")
         .order_by("-opened_at")[:50]
-    )  # fmt: skip
+    )
     acts = list(
-        Action.objects.filter(node=node).order_by("-proposed_at")[:50].values(
-            "id", "kind", "target", "state", "reason", "proposed_at", "outcome"
-        )
-    )  # fmt: skip
+        Action.objects.filter(node=node)
+        .order_by("-proposed_at")[:50]
+        .values("id", "kind", "target", "state", "reason", "proposed_at", "outcome")
+    )
     return {
         "node": node,
         "card": cards[0],

@@ -12,13 +12,15 @@ from datetime import datetime, timedelta
 
 from django.db.models import F
 
-from console.choices import GroupKind, GroupState
+from console.choices import TERMINAL_GROUP_STATES, GroupKind, GroupState
 from console.models import ConsistencyGroup, Device, Node, Rank
 from console.policy import remediation as rp
 from console.queries import telemetry
 
 SERVING_RECENT = timedelta(minutes=5)
-_ENDED = (GroupState.COMPLETED, GroupState.STOPPED)
+# A failed group still counts as placed (docs/safety.md): its ranks are what a restart of
+# it brings back, so only a completed or stopped group has left its nodes.
+_ENDED = tuple(s for s in TERMINAL_GROUP_STATES if s != GroupState.FAILED)
 
 
 def placement_of(node: Node, *, now: datetime) -> str:

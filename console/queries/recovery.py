@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db.models import Min, Q, QuerySet
 
+from agents import vocab
 from console.choices import IncidentState
 from console.diagnosis import recovery_costs as rc
 from console.diagnosis import reliability
@@ -29,7 +30,7 @@ from console.queries import telemetry
 MEASURE_FOR = timedelta(hours=1)
 # The fleet report measures incidents this young live when they have no final costs yet.
 LIVE_FOR = timedelta(hours=2)
-TERMINAL_STATES = frozenset({"completed", "stopped", "failed"})
+TERMINAL_STATES = vocab.TERMINAL_GROUP_STATES
 SERVING_SLO_KINDS = frozenset({"slo_breach"})
 
 

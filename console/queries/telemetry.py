@@ -17,8 +17,8 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Min, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
-from agents.gpu_health import CRITICAL_EVENTS
 from agents.protocol import URGENT_HOST_EVENTS
+from agents.vocab import HARDWARE_FAULT_KINDS as CRITICAL_EVENTS
 from agents.wire import parse_step_id, step_id
 from console import charts
 from console.models import ConsistencyGroup
@@ -132,9 +132,17 @@ def serving_workers(group: ConsistencyGroup) -> list[dict[str, Any]]:
         m.ServingWindow.objects.filter(group=group, stale=False)
         .order_by("worker", "-ts")
         .distinct("worker")
-        .values("worker", "ts", "model_version", "adapter_version", "kv_schema", "ready",
-                "draining", "window")[:1000]
-    )  # fmt: skip
+        .values(
+            "worker",
+            "ts",
+            "model_version",
+            "adapter_version",
+            "kv_schema",
+            "ready",
+            "draining",
+            "window",
+        )[:1000]
+    )
 
 
 def step_window(group: ConsistencyGroup) -> tuple[datetime, datetime] | None:
@@ -173,11 +181,19 @@ def step_aggregates(
         if hi <= lo:
             lo = hi = origin
     params: dict[str, Any] = {
-        "group": group.pk, "generation": group.generation, "block": charts.rank_block(world),
-        "rbins": charts.rank_bins(world), "width": grid.width_s, "origin": origin,
-        "since": origin, "until": until, "rolled_from": lo, "rolled_until": hi,
-        "limit": SLOWEST_RANKS, "hres": HIST_RESOLUTION,
-    }  # fmt: skip
+        "group": group.pk,
+        "generation": group.generation,
+        "block": charts.rank_block(world),
+        "rbins": charts.rank_bins(world),
+        "width": grid.width_s,
+        "origin": origin,
+        "since": origin,
+        "until": until,
+        "rolled_from": lo,
+        "rolled_until": hi,
+        "limit": SLOWEST_RANKS,
+        "hres": HIST_RESOLUTION,
+    }
 
     def index(ts: datetime) -> int:
         return round((ts.timestamp() - grid.start) / grid.width_s)
@@ -269,9 +285,21 @@ MAX_STEP_ROWS = 200_000
 MAX_PROBE_ROWS = 20_000
 MAX_SINCE_ROWS = MAX_STEP_ROWS
 
-_STEP_FIELDS = ["generation", "rank", "step", "tokens", "data_cursor", "duration_ms",
-                "phases", "loss", "grad_norm", "loss_scale", "overflow", "model_flops",
-                "hw_flops"]  # fmt: skip
+_STEP_FIELDS = [
+    "generation",
+    "rank",
+    "step",
+    "tokens",
+    "data_cursor",
+    "duration_ms",
+    "phases",
+    "loss",
+    "grad_norm",
+    "loss_scale",
+    "overflow",
+    "model_flops",
+    "hw_flops",
+]
 
 
 def _rows(
@@ -298,8 +326,18 @@ def group_records(
 # The per-rank tables a live diagnosis state follows by id (console.snapshots): kind, model,
 # the fields read, and whether only the group's active generation counts. Rows are appended
 # by COPY and never updated, so a row's id is a cursor.
-_PROCESS_FIELDS = ["generation", "rank", "event", "pid", "gpu", "exit_code", "signal",
-                   "reason", "error_type", "message"]  # fmt: skip
+_PROCESS_FIELDS = [
+    "generation",
+    "rank",
+    "event",
+    "pid",
+    "gpu",
+    "exit_code",
+    "signal",
+    "reason",
+    "error_type",
+    "message",
+]
 RANK_TABLES: dict[str, tuple[type[m._GroupRecord], list[str], bool]] = {
     "step": (m.StepRecord, _STEP_FIELDS, True),
     "collective": (m.CollectiveWindow, ["generation", "rank", "entries"], True),
@@ -393,9 +431,12 @@ def rank_records(
     only, some = ("AND rank = ANY(%s::int[])", [ranks]) if ranks is not None else ("", [])
     current = f"group_id = %s AND generation = %s AND NOT stale {only}"
     steps = _kind_rows(
-        "step", f"{current} AND ts >= %s", [gid, gen, *some, now - STEP_WINDOW], node_names,
+        "step",
+        f"{current} AND ts >= %s",
+        [gid, gen, *some, now - STEP_WINDOW],
+        node_names,
         f"ORDER BY ts DESC LIMIT {MAX_STEP_ROWS}",
-    )  # fmt: skip
+    )
     # A rank hung for longer than the step window must stay in the snapshot with its last
     # step, or the hang would vanish from diagnosis and its incident resolve by itself.
     members = group.ranks.filter(generation=gen)
@@ -404,24 +445,31 @@ def rank_records(
     quiet = set(members.values_list("rank", flat=True)) - {row["rank"] for row in steps}
     if quiet:
         steps += _kind_rows(
-            "step", f"{current} AND rank = ANY(%s::int[]) AND ts >= %s",
-            [gid, gen, *some, sorted(quiet), now - HISTORY_WINDOW], node_names,
+            "step",
+            f"{current} AND rank = ANY(%s::int[]) AND ts >= %s",
+            [gid, gen, *some, sorted(quiet), now - HISTORY_WINDOW],
+            node_names,
             newest_per_rank=True,
-        )  # fmt: skip
+        )
     records = steps
     # The newest collective window and process-groups report per rank.
     records += _kind_rows(
-        "collective", f"{current} AND ts >= %s", [gid, gen, *some, now - HISTORY_WINDOW],
-        node_names, newest_per_rank=True,
-    )  # fmt: skip
+        "collective",
+        f"{current} AND ts >= %s",
+        [gid, gen, *some, now - HISTORY_WINDOW],
+        node_names,
+        newest_per_rank=True,
+    )
     records += _kind_rows(
         "process_groups", current, [gid, gen, *some], node_names, newest_per_rank=True
     )
     # Exits and device events explain stops for as long as the stop lasts: keep a day.
     records += _kind_rows(
-        "process", f"group_id = %s AND ts >= %s AND NOT stale {only}",
-        [gid, now - HISTORY_WINDOW, *some], node_names,
-    )  # fmt: skip
+        "process",
+        f"group_id = %s AND ts >= %s AND NOT stale {only}",
+        [gid, now - HISTORY_WINDOW, *some],
+        node_names,
+    )
     return _collective_ts(records)
 
 
@@ -473,8 +521,13 @@ def rank_records_since(
         t = _cost(costs, "recheck s", t)
         # ORDER BY id LIMIT walks the primary key from the cursor: without it the planner
         # may take the group's (group, generation, ts) index and read every row of the group.
-        new = _kind_rows(kind, f"{where} AND id > %s", [*params, high], node_names,
-                         f"ORDER BY id LIMIT {MAX_SINCE_ROWS}")  # fmt: skip
+        new = _kind_rows(
+            kind,
+            f"{where} AND id > %s",
+            [*params, high],
+            node_names,
+            f"ORDER BY id LIMIT {MAX_SINCE_ROWS}",
+        )
         _cost(costs, "new s", t)
         if len(new) >= MAX_SINCE_ROWS:
             return None
@@ -539,10 +592,18 @@ def evidence_records(
     records += _rows(
         transitions,
         "transition",
-        ["generation", "from_state", "to_state", "reason", "restart_count", "world_size",
-         "data_cursor", "model_version"],
+        [
+            "generation",
+            "from_state",
+            "to_state",
+            "reason",
+            "restart_count",
+            "world_size",
+            "data_cursor",
+            "model_version",
+        ],
         node_names,
-    )  # fmt: skip
+    )
     serving = (
         m.ServingWindow.objects.filter(group=group, ts__gte=now - EVENT_WINDOW)
         .order_by("worker", "-ts")
@@ -551,10 +612,18 @@ def evidence_records(
     records += _rows(
         serving,
         "serving",
-        ["generation", "worker", "model_version", "adapter_version", "kv_schema", "ready",
-         "draining", "window"],
+        [
+            "generation",
+            "worker",
+            "model_version",
+            "adapter_version",
+            "kv_schema",
+            "ready",
+            "draining",
+            "window",
+        ],
         node_names,
-    )  # fmt: skip
+    )
     # Correctness probes: compared across ranks at one step and over time.
     probes = m.ProbeRecord.objects.filter(
         group=group, generation=group.generation, stale=False, ts__gte=now - EVENT_WINDOW
@@ -573,9 +642,13 @@ def device_events(
 ) -> list[dict[str, Any]]:
     """Device events of the last day on these nodes, as records."""
     return _node_rows(
-        m.DeviceEvent, "device_event", ["gpu", "event", "code", "detail", "recovery_action"],
-        "ts >= %s", [sorted(node_ids), now - HISTORY_WINDOW], node_names,
-    )  # fmt: skip
+        m.DeviceEvent,
+        "device_event",
+        ["gpu", "event", "code", "detail", "recovery_action"],
+        "ts >= %s",
+        [sorted(node_ids), now - HISTORY_WINDOW],
+        node_names,
+    )
 
 
 def nodes_with_urgent_events(node_ids: set[int], *, since: datetime) -> set[int]:
@@ -617,27 +690,49 @@ def host_records(
     of these nodes, as records of the wire contract (`node` is the node's name)."""
     ids = sorted(node_ids)
     records = _node_rows(
-        m.HostEvent, "host_event", ["event", "device", "code", "pid", "comm", "severity"],
-        "ts >= %s", [ids, now - HISTORY_WINDOW], node_names,
-    )  # fmt: skip
+        m.HostEvent,
+        "host_event",
+        ["event", "device", "code", "pid", "comm", "severity"],
+        "ts >= %s",
+        [ids, now - HISTORY_WINDOW],
+        node_names,
+    )
     records += _node_rows(
-        m.NetEvent, "net_event",
+        m.NetEvent,
+        "net_event",
         ["port", "link", "event", "state", "rate_gbps", "prev_rate_gbps", "counters"],
-        "ts >= %s", [ids, now - EVENT_WINDOW], node_names,
-    )  # fmt: skip
+        "ts >= %s",
+        [ids, now - EVENT_WINDOW],
+        node_names,
+    )
     records += _node_rows(
-        m.NetSample, "net_sample",
+        m.NetSample,
+        "net_sample",
         ["port", "link", "state", "rate_gbps", "counters", "interval_s"],
-        "ts >= %s", [ids, now - EVENT_WINDOW], node_names,
-        distinct="node_id, port", tail="ORDER BY node_id, port, ts DESC",
-    )  # fmt: skip
+        "ts >= %s",
+        [ids, now - EVENT_WINDOW],
+        node_names,
+        distinct="node_id, port",
+        tail="ORDER BY node_id, port, ts DESC",
+    )
     records += _node_rows(
-        m.HostSample, "host_sample",
-        ["mem_some_avg10", "mem_full_avg10", "io_full_avg10", "swap_used_bytes",
-         "swap_total_bytes", "d_state", "disks"],
-        "ts >= %s", [ids, now - EVENT_WINDOW], node_names,
-        distinct="node_id", tail="ORDER BY node_id, ts DESC",
-    )  # fmt: skip
+        m.HostSample,
+        "host_sample",
+        [
+            "mem_some_avg10",
+            "mem_full_avg10",
+            "io_full_avg10",
+            "swap_used_bytes",
+            "swap_total_bytes",
+            "d_state",
+            "disks",
+        ],
+        "ts >= %s",
+        [ids, now - EVENT_WINDOW],
+        node_names,
+        distinct="node_id",
+        tail="ORDER BY node_id, ts DESC",
+    )
     return records
 
 
@@ -862,8 +957,18 @@ TRACE_NEIGHBOURS = 8  # ranks either side of the culprit a step trace lists (its
 TRACE_SPAN = timedelta(minutes=10)  # one logical step's records lie within this of each other
 
 
-_LAUNCHER_ROOT_FIELDS = ("group_id", "generation", "rank", "ts", "exit_code", "signal", "reason",
-                         "error_type", "message", "launcher_root_cause")  # fmt: skip
+_LAUNCHER_ROOT_FIELDS = (
+    "group_id",
+    "generation",
+    "rank",
+    "ts",
+    "exit_code",
+    "signal",
+    "reason",
+    "error_type",
+    "message",
+    "launcher_root_cause",
+)
 
 
 def generation_endings(
@@ -993,17 +1098,19 @@ def step_trace(
         if r not in rows and r not in calls and r != rank:
             continue
         row = rows.get(r)
-        ranks.append({
-            "rank": r,
-            "culprit": r == rank,
-            "committed": row is not None,
-            "duration_ms": row["duration_ms"] if row else None,
-            "phases": sorted((row["phases"] or {}).items()) if row else [],
-            "calls": [
-                {k: e.get(k) for k in ("op", "pg", "seq", "state", "numel", "dtype", "peer")}
-                for e in calls.get(r, [])
-            ],
-        })  # fmt: skip
+        ranks.append(
+            {
+                "rank": r,
+                "culprit": r == rank,
+                "committed": row is not None,
+                "duration_ms": row["duration_ms"] if row else None,
+                "phases": sorted((row["phases"] or {}).items()) if row else [],
+                "calls": [
+                    {k: e.get(k) for k in ("op", "pg", "seq", "state", "numel", "dtype", "peer")}
+                    for e in calls.get(r, [])
+                ],
+            }
+        )
     checkpoints = list(
         m.CheckpointRecord.objects.filter(
             group=group, generation=generation, step=step, ts__gte=lo, ts__lte=hi

@@ -14,12 +14,74 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
-REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+TPOT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -40,8 +102,9 @@ class _Metrics:
         self.queries = Counter("vllm:prefix_cache_queries", "queries", labels, registry=r)
         self.hits = Counter("vllm:prefix_cache_hits", "hits", labels, registry=r)
         self.preemptions = Counter("vllm:num_preemptions", "preemptions", labels, registry=r)
-        self.success = Counter("vllm:request_success", "finished", [*labels, "finished_reason"],
-                               registry=r)  # fmt: skip
+        self.success = Counter(
+            "vllm:request_success", "finished", [*labels, "finished_reason"], registry=r
+        )
         for reason in FINISH_REASONS:
             self.success.labels(model, "0", reason)
         self.ttft = hist("vllm:time_to_first_token_seconds", TTFT_BUCKETS)
@@ -51,8 +114,12 @@ class _Metrics:
         self.queue = hist("vllm:request_queue_time_seconds", REQUEST_BUCKETS)
         self.prefill = hist("vllm:request_prefill_time_seconds", REQUEST_BUCKETS)
         self.decode = hist("vllm:request_decode_time_seconds", REQUEST_BUCKETS)
-        self.cache_info = Gauge("vllm:cache_config_info", "Information of the CacheConfig",
-                                ["block_size", "cache_dtype", "engine"], registry=r)  # fmt: skip
+        self.cache_info = Gauge(
+            "vllm:cache_config_info",
+            "Information of the CacheConfig",
+            ["block_size", "cache_dtype", "engine"],
+            registry=r,
+        )
 
 
 class FakeVllm:
@@ -90,8 +157,9 @@ class FakeVllm:
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True,
-                                        name=f"fake-vllm-{self.port}")  # fmt: skip
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, daemon=True, name=f"fake-vllm-{self.port}"
+        )
 
     def start(self) -> FakeVllm:
         self._thread.start()

@@ -42,9 +42,14 @@ def line(item: dict[str, Any], server: str) -> str | None:
         return f"incident #{pk} {what} ({where}): {item['summary']}  {server}/incidents/{pk}/"
     if item["actor"].startswith("rule:"):
         item = {**item, "actor": item["actor"][5:]}
-    done = {"action.proposed": "proposed", "action.approved": "approved",
-            "action.rejected": "rejected", "action.succeeded": "executed",
-            "action.failed": "failed", "action.cancelled": "withdrawn"}  # fmt: skip
+    done = {
+        "action.proposed": "proposed",
+        "action.approved": "approved",
+        "action.rejected": "rejected",
+        "action.succeeded": "executed",
+        "action.failed": "failed",
+        "action.cancelled": "withdrawn",
+    }
     if verb not in done:
         return None
     text = f"action #{pk} {done[verb]}: {item['kind']} on {item['target']} by {item['actor']}"
@@ -102,8 +107,9 @@ class Narrator(threading.Thread):
             return
         from console.models import Incident
 
-        node = ((Incident.objects.get(pk=incident["object"]).root_cause or {}).get("evidence")
-                or {}).get("node")  # fmt: skip
+        node = (
+            (Incident.objects.get(pk=incident["object"]).root_cause or {}).get("evidence") or {}
+        ).get("node")
         if not node:
             return
         body = {
@@ -115,9 +121,11 @@ class Narrator(threading.Thread):
         }
         auth = base64.b64encode(f"{ONCALL}:{self.password}".encode()).decode()
         request = urllib.request.Request(  # noqa: S310 - http to the demo's own server
-            f"{self.server}/api/v1/actions/", data=json.dumps(body).encode(), method="POST",
+            f"{self.server}/api/v1/actions/",
+            data=json.dumps(body).encode(),
+            method="POST",
             headers={"Authorization": f"Basic {auth}", "Content-Type": "application/json"},
-        )  # fmt: skip
+        )
         try:
             with urllib.request.urlopen(request, timeout=15) as response:  # noqa: S310 - as above
                 action = json.loads(response.read())["action"]

@@ -52,11 +52,25 @@ DEMO_VALIDATION_WINDOW_S = 10
 
 def _agent_command(server: str, token: str, node: str, state: Path, gpus: int) -> list[str]:
     return [
-        str(BIN / "faultline-agent"), "run", "--server", server, "--token", token,
-        "--node", node, "--fake-gpus", str(gpus), "--state-dir", str(state),
-        "--config", str(state / "agent.toml"), "--checkpoint-root", str(state / "checkpoints"),
-        "--log-level", "WARNING",
-    ]  # fmt: skip
+        str(BIN / "faultline-agent"),
+        "run",
+        "--server",
+        server,
+        "--token",
+        token,
+        "--node",
+        node,
+        "--fake-gpus",
+        str(gpus),
+        "--state-dir",
+        str(state),
+        "--config",
+        str(state / "agent.toml"),
+        "--checkpoint-root",
+        str(state / "checkpoints"),
+        "--log-level",
+        "WARNING",
+    ]
 
 
 def serving_engines(nodes: list[str], gpus: int) -> dict[str, dict[str, Any]]:
@@ -147,9 +161,13 @@ def _play(args: argparse.Namespace, system: bootstrap.System, logs: Path) -> int
     restart.mkdir()
     server = f"http://{bootstrap.public_host(args.host)}:{args.port}"
     commands = bootstrap.service_commands(
-        host=args.host, port=args.port, ws_port=args.ws_port, workers=args.workers,
-        worker_concurrency=args.worker_concurrency, directory=system.data_dir,
-    )  # fmt: skip
+        host=args.host,
+        port=args.port,
+        ws_port=args.ws_port,
+        workers=args.workers,
+        worker_concurrency=args.worker_concurrency,
+        directory=system.data_dir,
+    )
     plan: dict[str, Any] = {
         "nodes": {},
         "gpus": args.gpus,
@@ -170,8 +188,12 @@ def _play(args: argparse.Namespace, system: bootstrap.System, logs: Path) -> int
         plan["nodes"][node] = {"state": str(state), "udp": udp}
     (demo_dir / "plan.json").write_text(json.dumps(plan, indent=1))
     commands["workload"] = [
-        sys.executable, "-m", "faultline.demo", "simulate", str(demo_dir / "plan.json"),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "faultline.demo",
+        "simulate",
+        str(demo_dir / "plan.json"),
+    ]
     oncall = _oncall_password()
     system.hand_over()
     env = dict(os.environ)
@@ -183,10 +205,14 @@ def _play(args: argparse.Namespace, system: bootstrap.System, logs: Path) -> int
     # "ingest unreachable" on the way out.
     fleet_children = ["workload", *(f"agent:{node}" for node in nodes)]
     sup = Supervisor(
-        commands, env, restart_dir=restart, logs=logs, passthrough=frozenset({"workload"}),
+        commands,
+        env,
+        restart_dir=restart,
+        logs=logs,
+        passthrough=frozenset({"workload"}),
         stop_first=fleet_children,
         stop_message="faultline: stopping the simulated fleet, then the service",
-    )  # fmt: skip
+    )
     sup.handle_signals()
     print(f"faultline: demo ready in {time.monotonic() - system.started:.1f}s")
     print(

@@ -84,11 +84,14 @@ def incident_note(row: dict[str, Any]) -> str:
     figures = ", ".join(
         f"{label} {_cell(c.get(key))}"
         for key, label in (
-            ("detection_s", "detection s"), ("quiesce_s", "quiesce s"),
-            ("lost_steps", "lost steps"), ("restore_s", "restore s"),
-            ("repeated_steps", "repeated steps"), ("repeated_samples", "repeated samples"),
+            ("detection_s", "detection s"),
+            ("quiesce_s", "quiesce s"),
+            ("lost_steps", "lost steps"),
+            ("restore_s", "restore s"),
+            ("repeated_steps", "repeated steps"),
+            ("repeated_samples", "repeated samples"),
         )
-    )  # fmt: skip
+    )
     return f"* `{row['drill']}`: incident #{row['incident']} measured {figures}"
 
 

@@ -37,17 +37,38 @@ def torchrun_restart(drill: Drill) -> None:
     log_path = drill.work / "logs" / f"{drill.group}-torchrun.log"
     log_path.parent.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
-    env.update(FAULTLINE_REPORTER_SOCKET=str(drill.socket), PYTHONWARNINGS="ignore",
-               # torch's torchrun shares its rendezvous store across restarts, and a
-               # restarted gloo generation reads the old one's addresses (docs/integrations.md).
-               TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")  # fmt: skip
+    env.update(
+        FAULTLINE_REPORTER_SOCKET=str(drill.socket),
+        PYTHONWARNINGS="ignore",
+        # torch's torchrun shares its rendezvous store across restarts, and a
+        # restarted gloo generation reads the old one's addresses (docs/integrations.md).
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+    )
     cmd = [
-        sys.executable, "-m", "agents.torchrun", "--nproc-per-node", "2", "--max-restarts", "1",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-        "--rdzv-id", drill.group, "--monitor-interval", "0.1",
-        "-m", "faultline.drill.elastic_job", "--steps", "5", "--pause-s", "1.0",
-        "--raise-at", f"0:{FAULT_RANK}:3",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "agents.torchrun",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        "--rdzv-id",
+        drill.group,
+        "--monitor-interval",
+        "0.1",
+        "-m",
+        "faultline.drill.elastic_job",
+        "--steps",
+        "5",
+        "--pause-s",
+        "1.0",
+        "--raise-at",
+        f"0:{FAULT_RANK}:3",
+    ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -58,8 +58,21 @@ class DrillNet:
             ns = self.ns(i)
             _sh("ip", "netns", "add", ns)
             self.made.append(ns)
-            _sh("ip", "link", "add", f"h{i}", "netns", self.hub, "type", "veth",
-                "peer", "name", "eth0", "netns", ns)  # fmt: skip
+            _sh(
+                "ip",
+                "link",
+                "add",
+                f"h{i}",
+                "netns",
+                self.hub,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                ns,
+            )
             _sh("ip", "-n", self.hub, "link", "set", f"h{i}", "master", "br0", "up")
             _sh("ip", "-n", ns, "addr", "add", f"{self.ip(i)}/24", "dev", "eth0")
             _sh("ip", "-n", ns, "link", "set", "eth0", "up")
@@ -74,8 +87,15 @@ class DrillNet:
         for i in range(self.nodes):
             base = view / str(i)
             (base / "sys").mkdir(parents=True, exist_ok=True)
-            _sh("nsenter", f"--net=/run/netns/{self.ns(i)}", "mount", "-t", "sysfs",
-                "sysfs", str(base / "sys"))  # fmt: skip
+            _sh(
+                "nsenter",
+                f"--net=/run/netns/{self.ns(i)}",
+                "mount",
+                "-t",
+                "sysfs",
+                "sysfs",
+                str(base / "sys"),
+            )
             self.mounts.append(base / "sys")
             sleeper = subprocess.Popen([*self.prefix(i), "sleep", "infinity"])
             self.sleepers.append(sleeper)
@@ -112,8 +132,11 @@ class DrillNet:
         )
         proc = subprocess.run(
             ["ip", "netns", "exec", ns, "nft", "-f", "-"],
-            input=script, capture_output=True, text=True, timeout=20,
-        )  # fmt: skip
+            input=script,
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"nft in {ns}: {proc.stderr.strip()[:200]}")
 
@@ -125,9 +148,14 @@ class DrillNet:
         out: dict[str, int] = {}
         for name in ("tx_bytes", "rx_bytes", "tx_dropped", "rx_dropped"):
             proc = _sh(
-                "ip", "netns", "exec", self.ns(node), "cat",
-                f"/sys/class/net/eth0/statistics/{name}", check=False,
-            )  # fmt: skip
+                "ip",
+                "netns",
+                "exec",
+                self.ns(node),
+                "cat",
+                f"/sys/class/net/eth0/statistics/{name}",
+                check=False,
+            )
             with contextlib.suppress(ValueError):
                 out[name] = int(proc.stdout.strip())
         return out

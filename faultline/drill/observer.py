@@ -54,8 +54,11 @@ def _stored_steps(drill: Drill) -> set[tuple[int, int]]:
     """(rank, step) pairs the service stored for generation 1, read through its own ORM."""
     out = subprocess.run(
         [str(BIN / "faultline"), "manage", "shell", "-c", _COUNT.format(group=drill.group)],
-        env=service_env(drill.service.data_dir), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=service_env(drill.service.data_dir),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     for line in out.stdout.splitlines():
         if line.startswith("STEPS="):
             return {(int(a), int(b)) for a, b in json.loads(line[6:])}

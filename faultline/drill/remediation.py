@@ -28,10 +28,13 @@ from console.policy.lifecycle import TERMINAL
 
 GROUP = "drill-remediation"
 POLICY = {
-    "gates": {"auto_approve": {"drain_node": ["xid"], "restart_group": ["xid"]},
-              "max_nodes_out_per_pool": 1, "max_nodes_out_fleet": 1},
+    "gates": {
+        "auto_approve": {"drain_node": ["xid"], "restart_group": ["xid"]},
+        "max_nodes_out_per_pool": 1,
+        "max_nodes_out_fleet": 1,
+    },
     "remediation": {"default": {"scheduler": "slurm", "take_out": "drain_node"}},
-}  # fmt: skip
+}
 # An action that reached one of these never succeeds later.
 ENDED = frozenset(str(s) for s in TERMINAL) - {"succeeded"}
 
@@ -57,16 +60,21 @@ class _Scheduler:
 
     def run(self, *argv: str) -> str:
         out = subprocess.run(
-            list(argv), env={**os.environ, **self.env}, capture_output=True, text=True,
-            timeout=20, check=False,
-        )  # fmt: skip
+            list(argv),
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
         return out.stdout.strip()
 
     def submit(self, work: Path) -> str:
         if self.real is None:
             return "10001"  # the fake takes an unseen job id as running
-        job = self.run("sbatch", "--parsable", f"--chdir={work}", "--output=/dev/null",
-                       "--wrap", "sleep 600").split(";")[0]  # fmt: skip
+        job = self.run(
+            "sbatch", "--parsable", f"--chdir={work}", "--output=/dev/null", "--wrap", "sleep 600"
+        ).split(";")[0]
         _until(lambda: self.run("squeue", "-h", "-j", job, "-o", "%T") == "RUNNING", 30)
         return job
 
@@ -112,21 +120,57 @@ def _records(node: str, job: str, start: datetime) -> list[dict[str, Any]]:
     def ts(s: float) -> str:
         return iso_ts((start + timedelta(seconds=s)).timestamp())
 
-    manifest = {"shards": [{"path": "rank0.pt", "bytes": 4096, "sha256": "ab" * 32}],
-                "total_bytes": 4096}  # fmt: skip
+    manifest = {
+        "shards": [{"path": "rank0.pt", "bytes": 4096, "sha256": "ab" * 32}],
+        "total_bytes": 4096,
+    }
     out: list[dict[str, Any]] = [
-        {"kind": "transition", "group": GROUP, "generation": 1, "from_state": "initializing",
-         "to_state": "running", "restart_count": 0, "world_size": 1, "job": job, "ts": ts(0)},
-        {"kind": "process", "group": GROUP, "generation": 1, "rank": 0, "event": "started",
-         "pid": 100, "gpu": fake_uuid(node, 0), "ts": ts(0)},
-        {"kind": "checkpoint", "group": GROUP, "generation": 1, "checkpoint_id": "step-4",
-         "step": 4, "phase": "committed", "manifest": manifest, "ts": ts(4.5)},
-    ]  # fmt: skip
+        {
+            "kind": "transition",
+            "group": GROUP,
+            "generation": 1,
+            "from_state": "initializing",
+            "to_state": "running",
+            "restart_count": 0,
+            "world_size": 1,
+            "job": job,
+            "ts": ts(0),
+        },
+        {
+            "kind": "process",
+            "group": GROUP,
+            "generation": 1,
+            "rank": 0,
+            "event": "started",
+            "pid": 100,
+            "gpu": fake_uuid(node, 0),
+            "ts": ts(0),
+        },
+        {
+            "kind": "checkpoint",
+            "group": GROUP,
+            "generation": 1,
+            "checkpoint_id": "step-4",
+            "step": 4,
+            "phase": "committed",
+            "manifest": manifest,
+            "ts": ts(4.5),
+        },
+    ]
     out += [
-        {"kind": "step", "group": GROUP, "generation": 1, "rank": 0, "step": s, "tokens": 2048,
-         "duration_ms": 1000.0, "loss": 2.5, "ts": ts(s)}
+        {
+            "kind": "step",
+            "group": GROUP,
+            "generation": 1,
+            "rank": 0,
+            "step": s,
+            "tokens": 2048,
+            "duration_ms": 1000.0,
+            "loss": 2.5,
+            "ts": ts(s),
+        }
         for s in range(8)
-    ]  # fmt: skip
+    ]
     return out
 
 
@@ -135,12 +179,18 @@ def _ingest(url: str, token: str, node: str, records: list[dict[str, Any]], seq:
 
     from agents.wire import iso_ts
 
-    body = {"agent": {"id": f"drill-{node}", "node": node, "version": "drill"}, "seq": seq,
-            "sent_at": iso_ts(), "records": records}  # fmt: skip
+    body = {
+        "agent": {"id": f"drill-{node}", "node": node, "version": "drill"},
+        "seq": seq,
+        "sent_at": iso_ts(),
+        "records": records,
+    }
     request = urllib.request.Request(  # noqa: S310 - the drill's own service, http://127.0.0.1
-        url + "/api/v1/ingest", data=json.dumps(body).encode(), method="POST",
+        url + "/api/v1/ingest",
+        data=json.dumps(body).encode(),
+        method="POST",
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )  # fmt: skip
+    )
     with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - as above
         if response.status != 202:
             raise RuntimeError(f"ingest answered {response.status}")
@@ -173,48 +223,91 @@ def _state(svc: Any, sched: _Scheduler, agent_dir: Path) -> dict[str, Any]:
     """What the loop's pieces say now, through the REST API and the agent's own files:
     the actions (state, gate reasons, the agent's output), the group's incidents, the node,
     the breaker, the audit log's newest rows, and what the agent ran or refused."""
-    keep = ("id", "kind", "target", "state", "group", "generation", "trigger", "gate_reasons",
-            "proposed_at", "decided_at", "dispatched_at", "finished_at")  # fmt: skip
+    keep = (
+        "id",
+        "kind",
+        "target",
+        "state",
+        "group",
+        "generation",
+        "trigger",
+        "gate_reasons",
+        "proposed_at",
+        "decided_at",
+        "dispatched_at",
+        "finished_at",
+    )
 
     def actions() -> list[dict[str, Any]]:
         rows = svc.api("/api/v1/actions/?page_size=50")["results"]
         return [
-            {**{k: a.get(k) for k in keep},
-             "output": str((a.get("result") or {}).get("output") or "")[:300]}
+            {
+                **{k: a.get(k) for k in keep},
+                "output": str((a.get("result") or {}).get("output") or "")[:300],
+            }
             for a in rows
-        ]  # fmt: skip
+        ]
 
     def incidents() -> list[dict[str, Any]]:
         rows = svc.api("/api/v1/incidents/?page_size=50")["results"]
-        return [{k: i.get(k) for k in ("id", "group", "node", "generation", "kind", "state",
-                                        "role", "subject", "summary", "opened_at")}
-                for i in rows]  # fmt: skip
+        return [
+            {
+                k: i.get(k)
+                for k in (
+                    "id",
+                    "group",
+                    "node",
+                    "generation",
+                    "kind",
+                    "state",
+                    "role",
+                    "subject",
+                    "summary",
+                    "opened_at",
+                )
+            }
+            for i in rows
+        ]
 
     def audit() -> list[str]:
         rows = svc.api("/api/v1/audit/?page_size=40")["results"]
-        return [f"{r.get('ts')} {r.get('actor')} {r.get('verb')} "
-                f"{r.get('object_type')}:{r.get('object_id')} {str(r.get('reason'))[:200]}"
-                for r in rows]  # fmt: skip
+        return [
+            f"{r.get('ts')} {r.get('actor')} {r.get('verb')} "
+            f"{r.get('object_type')}:{r.get('object_id')} {str(r.get('reason'))[:200]}"
+            for r in rows
+        ]
 
     def agent() -> dict[str, Any]:
         ran = json.loads((agent_dir / "executor.json").read_text())
         log = (agent_dir / "agent.log").read_text().splitlines()[-20:]
-        done = {k: f"{v.get('status')}: {str(v.get('output'))[:300]}"
-                for k, v in ran.get("done", {}).items()}  # fmt: skip
+        done = {
+            k: f"{v.get('status')}: {str(v.get('output'))[:300]}"
+            for k, v in ran.get("done", {}).items()
+        }
         return {"done": done, "generations": ran.get("generations"), "log_tail": log}
 
     return {
         "scheduler_reason": _safe(sched.reason),
         "actions": _safe(actions),
         "incidents": _safe(incidents),
-        "group": _safe(lambda: {k: v for k, v in svc.api(f"/api/v1/groups/{GROUP}/").items()
-                                if k in ("name", "state", "generation", "scheduler_job")}),
-        "node": _safe(lambda: {k: v for k, v in svc.api(f"/api/v1/nodes/{sched.node}/").items()
-                               if k not in ("devices", "history", "incidents")}),
+        "group": _safe(
+            lambda: {
+                k: v
+                for k, v in svc.api(f"/api/v1/groups/{GROUP}/").items()
+                if k in ("name", "state", "generation", "scheduler_job")
+            }
+        ),
+        "node": _safe(
+            lambda: {
+                k: v
+                for k, v in svc.api(f"/api/v1/nodes/{sched.node}/").items()
+                if k not in ("devices", "history", "incidents")
+            }
+        ),
         "breaker": _safe(lambda: svc.api("/api/v1/breaker/")),
         "audit": _safe(audit),
         "agent": _safe(agent),
-    }  # fmt: skip
+    }
 
 
 def _explained(
@@ -248,12 +341,28 @@ def run_drill(work: Path | None = None, *, fake: bool = False) -> dict[str, Any]
         state.mkdir(exist_ok=True)
         (state / "agent.toml").write_text('scheduler = "slurm"\naction_poll_s = 1\n')
         agent = subprocess.Popen(
-            [str(BIN / "faultline-agent"), "run", "--config", str(state / "agent.toml"),
-             "--server", service.url, "--token", token, "--node", sched.node,
-             "--fake-gpus", "2", "--state-dir", str(state), "--log-level", "WARNING"],
-            env={**os.environ, **sched.env}, stdout=subprocess.DEVNULL,
+            [
+                str(BIN / "faultline-agent"),
+                "run",
+                "--config",
+                str(state / "agent.toml"),
+                "--server",
+                service.url,
+                "--token",
+                token,
+                "--node",
+                sched.node,
+                "--fake-gpus",
+                "2",
+                "--state-dir",
+                str(state),
+                "--log-level",
+                "WARNING",
+            ],
+            env={**os.environ, **sched.env},
+            stdout=subprocess.DEVNULL,
             stderr=open(state / "agent.log", "wb"),  # noqa: SIM115 - lives with the process
-        )  # fmt: skip
+        )
         svc.agents.append(agent)
         _until(
             lambda: any(n["name"] == sched.node for n in svc.api("/api/v1/nodes/")["results"]), 60
@@ -266,8 +375,14 @@ def run_drill(work: Path | None = None, *, fake: bool = False) -> dict[str, Any]
         _report(state / "reporter.sock", history)
         _until(lambda: _group_seen(svc), 60)
         fault = time.monotonic()
-        xid = {"kind": "device_event", "gpu": fake_uuid(sched.node, 0), "event": "xid",
-               "code": 79, "detail": "GPU has fallen off the bus", "ts": iso_ts()}  # fmt: skip
+        xid = {
+            "kind": "device_event",
+            "gpu": fake_uuid(sched.node, 0),
+            "event": "xid",
+            "code": 79,
+            "detail": "GPU has fallen off the bus",
+            "ts": iso_ts(),
+        }
         _ingest(svc.url, token, sched.node, [xid], 1)
 
         def dump() -> Path:
@@ -275,13 +390,18 @@ def run_drill(work: Path | None = None, *, fake: bool = False) -> dict[str, Any]
             where.write_text(json.dumps(_state(svc, sched, state), indent=2, default=str))
             return where
 
-        _explained("node never out of service on the scheduler",
-                   lambda: sched.reason().startswith("faultline:"), 120, dump)  # fmt: skip
+        _explained(
+            "node never out of service on the scheduler",
+            lambda: sched.reason().startswith("faultline:"),
+            120,
+            dump,
+        )
         out_s = time.monotonic() - fault
 
         def requeued() -> bool:
-            rows = [a for a in svc.api("/api/v1/actions/")["results"]
-                    if a["kind"] == "restart_group"]  # fmt: skip
+            rows = [
+                a for a in svc.api("/api/v1/actions/")["results"] if a["kind"] == "restart_group"
+            ]
             if any(a["state"] == "succeeded" for a in rows):
                 return True
             ended = [a for a in rows if a["state"] in ENDED]

@@ -539,13 +539,22 @@ def main(argv: list[str] | None = None) -> int:
         loss = loss.reshape(1).clone()
         # SUM over the replicas: the global batch's gradient and loss, for any shape.
         if isinstance(model, _ExpertParallelMoE):
-            _sum([q.grad for q in model.expert_params() if q.grad is not None], dp_group,
-                 torch, dist)  # fmt: skip
-            _sum([q.grad for q in model.gate_params() if q.grad is not None] + [loss],
-                 world_group, torch, dist)  # fmt: skip
+            _sum(
+                [q.grad for q in model.expert_params() if q.grad is not None], dp_group, torch, dist
+            )
+            _sum(
+                [q.grad for q in model.gate_params() if q.grad is not None] + [loss],
+                world_group,
+                torch,
+                dist,
+            )
         else:
-            _sum([q.grad for q in model.parameters() if q.grad is not None] + [loss],
-                 dp_group, torch, dist)  # fmt: skip
+            _sum(
+                [q.grad for q in model.parameters() if q.grad is not None] + [loss],
+                dp_group,
+                torch,
+                dist,
+            )
             if pp > 1:  # only the last stage computed a loss
                 _sum([loss], mp_group, torch, dist)
         global_loss = float(loss[0])
@@ -553,9 +562,17 @@ def main(argv: list[str] | None = None) -> int:
             opt.step()
         cursor += GLOBAL_BATCH
         fl_torch.report_step(step, loss=global_loss, tokens=per_rank * WIDTH, data_cursor=cursor)
-        line = {"step": step, "ts": time.time(), "samples": [lo, lo + per_rank],
-                "loss": global_loss, "world": world, "tp": tp, "pp": pp, "ep": ep,
-                "cursor": cursor}  # fmt: skip
+        line = {
+            "step": step,
+            "ts": time.time(),
+            "samples": [lo, lo + per_rank],
+            "loss": global_loss,
+            "world": world,
+            "tp": tp,
+            "pp": pp,
+            "ep": ep,
+            "cursor": cursor,
+        }
         if isinstance(model, _ExpertParallelMoE):
             line["routed"] = model.routed  # the drill checks every expert took tokens
             line["sent"] = model.sent  # the dispatch's split sizes: routing-dependent
@@ -591,10 +608,18 @@ def _save(
         whole = model.full_state()  # a collective: every rank gathers the whole weights
         sha = _sha(whole)
         weights = model.dcp_state(_mesh(world, tp) if tp > 1 else None)
-    meta = {"data_cursor": cursor, "world_size": world, "tp": tp, "pp": pp, "ep": ep,
-            "dp": world // (tp * pp), "experts": args.experts, "layers": args.layers,
-            "global_batch": GLOBAL_BATCH,
-            "param_sha": sha}  # fmt: skip
+    meta = {
+        "data_cursor": cursor,
+        "world_size": world,
+        "tp": tp,
+        "pp": pp,
+        "ep": ep,
+        "dp": world // (tp * pp),
+        "experts": args.experts,
+        "layers": args.layers,
+        "global_batch": GLOBAL_BATCH,
+        "param_sha": sha,
+    }
     state = {"model": weights, "step": torch.tensor(step), "cursor": torch.tensor(cursor)}
     commit_checkpoint(args, dcp, dist, rank, step, state, meta)
 

@@ -151,11 +151,20 @@ class Job:
                 **drill.rank_env(rank),
             )
             cmd = [
-                *drill.prefix(rank), sys.executable, "-m", module,
-                "--group", drill.group,
-                "--generation", str(generation), "--ckpt-root", str(drill.ckpt_root),
-                "--status-dir", str(self.status), *extra,
-            ]  # fmt: skip
+                *drill.prefix(rank),
+                sys.executable,
+                "-m",
+                module,
+                "--group",
+                drill.group,
+                "--generation",
+                str(generation),
+                "--ckpt-root",
+                str(drill.ckpt_root),
+                "--status-dir",
+                str(self.status),
+                *extra,
+            ]
             # One process group per generation (same session): killpg reaches every rank.
             pgid = self.pgid if self.procs else 0
             self.logs.append(logs / f"{drill.group}-g{generation}-r{rank}.log")
@@ -437,8 +446,10 @@ class Drill:
         except Exception as exc:  # noqa: BLE001 - one broken drill must not stop the rest
             error = f"{type(exc).__name__}: {exc}"[:300]
             if self.group_info() is None:  # say why nothing could be named, not just that
-                error += (f" (the console has no group {self.group}: ingest never created it;"
-                          " a refused group is recorded as a violation)")  # fmt: skip
+                error += (
+                    f" (the console has no group {self.group}: ingest never created it;"
+                    " a refused group is recorded as a violation)"
+                )
             self.result.error = error
         finally:
             for job in self.jobs:
@@ -711,9 +722,20 @@ class Drill:
         """The console's own costs for the drill's incident, from its records (REST)."""
         if incident is None:
             return None
-        wanted = ("detection_s", "quiesce_s", "lost_steps", "lost_tokens", "lost_gpu_hours",
-                  "restore_s", "repeated_steps", "repeated_samples", "downtime_s",
-                  "numbers_held", "slo_held", "complete")  # fmt: skip
+        wanted = (
+            "detection_s",
+            "quiesce_s",
+            "lost_steps",
+            "lost_tokens",
+            "lost_gpu_hours",
+            "restore_s",
+            "repeated_steps",
+            "repeated_samples",
+            "downtime_s",
+            "numbers_held",
+            "slo_held",
+            "complete",
+        )
         costs: dict[str, Any] = {}
         deadline = time.monotonic() + INCIDENT_COSTS_WAIT_S
         while time.monotonic() < deadline:

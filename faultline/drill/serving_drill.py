@@ -76,18 +76,33 @@ class Fleet:
     # -- workers ---------------------------------------------------------------------------
     def start(self, name: str) -> None:
         versions = self.control(name) or BASE
-        env = dict(os.environ, FAULTLINE_REPORTER_SOCKET=str(self.drill.socket),
-                   PYTHONWARNINGS="ignore")  # fmt: skip
+        env = dict(
+            os.environ, FAULTLINE_REPORTER_SOCKET=str(self.drill.socket), PYTHONWARNINGS="ignore"
+        )
         self.starts += 1
         log = open(self.logs / f"{self.drill.group}-{name}-{self.starts}.log", "wb")  # noqa: SIM115
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "faultline.drill.serving_loop", "--group", self.drill.group,
-             "--worker", name, "--dir", str(self.dir),
-             "--model-version", versions["model_version"],
-             "--adapter-version", versions["adapter_version"],
-             "--kv-schema", versions["kv_schema"]],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "faultline.drill.serving_loop",
+                "--group",
+                self.drill.group,
+                "--worker",
+                name,
+                "--dir",
+                str(self.dir),
+                "--model-version",
+                versions["model_version"],
+                "--adapter-version",
+                versions["adapter_version"],
+                "--kv-schema",
+                versions["kv_schema"],
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         log.close()
 
     def state(self, name: str) -> dict[str, Any]:
@@ -416,9 +431,12 @@ def canary_switch(drill: Drill) -> None:
         blamed = _blamed(drill, [*healthy, good_canary], t0)
         r.measured.update(healthy_findings=blamed, requests=len(outcomes))
         r.measured["versions_served"] = sorted(
-            {f"{o['done'][0]['model_version']}/{o['done'][0]['kv_schema']}"
-             for o in outcomes.values() if o["done"]}
-        )  # fmt: skip
+            {
+                f"{o['done'][0]['model_version']}/{o['done'][0]['kv_schema']}"
+                for o in outcomes.values()
+                if o["done"]
+            }
+        )
         r.invariants["healthy_versions_not_blamed"] = not blamed
         r.invariants["mismatch_cleared_after_rollback"] = cleared is not None
     finally:

@@ -239,9 +239,13 @@ class Worker:
             "retries": self.retries,
             "duplicate_tokens": self.duplicates,
         }
-        for key, idx, q in (("ttft_ms_p50", 0, 0.5), ("ttft_ms_p99", 0, 0.99),
-                            ("tpot_ms_p50", 1, 0.5), ("tpot_ms_p99", 1, 0.99),
-                            ("e2e_ms_p99", 2, 0.99)):  # fmt: skip
+        for key, idx, q in (
+            ("ttft_ms_p50", 0, 0.5),
+            ("ttft_ms_p99", 0, 0.99),
+            ("tpot_ms_p50", 1, 0.5),
+            ("tpot_ms_p99", 1, 0.99),
+            ("e2e_ms_p99", 2, 0.99),
+        ):
             value = _pct([f[idx] for f in self.finished], q)
             if value is not None:
                 window[key] = value

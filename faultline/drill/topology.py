@@ -110,9 +110,12 @@ def topology_change(drill: Drill) -> None:
     old_world, new_world = row.old_world, row.new_world
     old = world_shape(old_world, row.old_shape)
     job = drill.launch(
-        1, ["--ckpt-every", "5", *row.old_flags], world=old_world, module=MODULE,
+        1,
+        ["--ckpt-every", "5", *row.old_flags],
+        world=old_world,
+        module=MODULE,
         shape=row.old_shape,
-    )  # fmt: skip
+    )
     if not _wait(lambda: job.step() >= 8 or not all_alive(job), 90) or job.step() < 8:
         raise RuntimeError(f"generation 1 never reached step 8: {job.why()}")
     if not _wait(lambda: drill.agent_phase(5) == "verified", 30, 0.2):
@@ -161,11 +164,21 @@ def topology_change(drill: Drill) -> None:
     r.lost_steps = last - resume
     r.lost_tokens = r.lost_steps * 64 * 64  # global batch x width
     new_shape = world_shape(new_world, row.new_shape)
-    r.measured.update(last_step=last, resume_step=resume, expected_resume=expected,
-                      old_world=old_world, new_world=new_world, global_batch=64,
-                      old_tp=old["tp"], old_pp=old["pp"], old_ep=old["ep"],
-                      new_tp=new_shape["tp"], new_pp=new_shape["pp"], new_ep=new_shape["ep"],
-                      experts=_flag(row.old_flags, "--experts"))  # fmt: skip
+    r.measured.update(
+        last_step=last,
+        resume_step=resume,
+        expected_resume=expected,
+        old_world=old_world,
+        new_world=new_world,
+        global_batch=64,
+        old_tp=old["tp"],
+        old_pp=old["pp"],
+        old_ep=old["ep"],
+        new_tp=new_shape["tp"],
+        new_pp=new_shape["pp"],
+        new_ep=new_shape["ep"],
+        experts=_flag(row.old_flags, "--experts"),
+    )
     drill._transition("recovering", 1, from_state="quiescing")
     drill.restart_count += 1
     extra = ["--ckpt-every", "5", *row.new_flags]

@@ -76,9 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         "--compute-work", type=int, default=0, help="256x256 matmuls per step's compute phase"
     )
     parser.add_argument(
-        "--compute-ms", type=float, default=0.0,
+        "--compute-ms",
+        type=float,
+        default=0.0,
         help="size --compute-work to about this many ms of this box's core (the world agrees)",
-    )  # fmt: skip
+    )
     parser.add_argument("--probe-every", type=int, default=5, help="fixed-batch probe period")
     args = parser.parse_args(argv)
 

@@ -53,5 +53,9 @@ def world_shape(world: int, shape: dict[str, int] | None = None) -> dict[str, in
     what is left once TP and PP split the model (EP ranks are DP ranks of the dense
     part), as Megatron counts it."""
     out = {"tp": 1, "pp": 1, "ep": 1, **(shape or {})}
-    return {"dp": world // (out["tp"] * out["pp"]), "tp": out["tp"], "pp": out["pp"],
-            "ep": out["ep"]}  # fmt: skip
+    return {
+        "dp": world // (out["tp"] * out["pp"]),
+        "tp": out["tp"],
+        "pp": out["pp"],
+        "ep": out["ep"],
+    }

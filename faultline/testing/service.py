@@ -41,6 +41,8 @@ class Service:
     proc: subprocess.Popen[bytes]
     log: Path
     agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # Another release's checkout whose code this service runs (the upgrade test); None: ours.
+    release: Path | None = None
 
     def api(self, path: str, *, auth: tuple[str, str] = ADMIN) -> Any:
         request = urllib.request.Request(self.url + path)
@@ -57,18 +59,26 @@ class Service:
         resp = conn.getresponse()
         page = resp.read().decode()
         csrf = next(
-            c.split(";")[0] for c in resp.headers.get_all("Set-Cookie") or []
+            c.split(";")[0]
+            for c in resp.headers.get_all("Set-Cookie") or []
             if c.startswith("csrftoken=")
-        )  # fmt: skip
+        )
         match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
         if match is None:
             raise RuntimeError("login page has no CSRF token")
         form = urllib.parse.urlencode(
             {"username": auth[0], "password": auth[1], "csrfmiddlewaretoken": match.group(1)}
         )
-        conn.request("POST", "/login/", body=form, headers={
-            "Content-Type": "application/x-www-form-urlencoded", "Cookie": csrf,
-            "Referer": self.url + "/login/"})  # fmt: skip
+        conn.request(
+            "POST",
+            "/login/",
+            body=form,
+            headers={
+                "Content-Type": "application/x-www-form-urlencoded",
+                "Cookie": csrf,
+                "Referer": self.url + "/login/",
+            },
+        )
         resp = conn.getresponse()
         resp.read()
         conn.close()
@@ -76,9 +86,12 @@ class Service:
         return f"{csrf}; {session.split(';')[0]}", session
 
     def cli(self, *args: str) -> str:
+        # The service's own release: a one-shot command migrates first, and ours would
+        # migrate an older release's database under it.
         out = subprocess.run(
-            [str(BIN / "faultline"), *args, "--data-dir", str(self.data_dir)],
-            env=service_env(self.data_dir),
+            [*faultline_command(self.release), *args, "--data-dir", str(self.data_dir)],
+            env=service_env(self.data_dir, self.release),
+            cwd=self.release,
             capture_output=True,
             text=True,
             timeout=120,
@@ -89,15 +102,24 @@ class Service:
     def token(self, node: str) -> str:
         return self.cli("token", "create", node).strip().splitlines()[-1]
 
-    def start_agent(self, node: str, *extra: str) -> subprocess.Popen[bytes]:
+    def start_agent(
+        self, node: str, *extra: str, release: Path | None = None, server: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        """An agent for `node` with 8 fake GPUs; `release`: another release's agent (its
+        checkout), `server`: a URL in front of this service (a proxy) instead of its own."""
         state = self.data_dir / "agents" / node
         state.mkdir(parents=True, exist_ok=True)
+        agent = (
+            [str(BIN / "faultline-agent")]
+            if release is None
+            else [sys.executable, "-m", "agents.cli"]
+        )
         proc = subprocess.Popen(
             [
-                str(BIN / "faultline-agent"),
+                *agent,
                 "run",
                 "--server",
-                self.url,
+                server or self.url,
                 "--token",
                 self.token(node),
                 "--node",
@@ -109,13 +131,25 @@ class Service:
                 *extra,
             ],
             stdout=subprocess.DEVNULL,
-            stderr=open(state / "agent.log", "wb"),  # noqa: SIM115 - lives with the process
+            # Appended: an agent replaced on the same state dir (an upgrade) keeps the old
+            # one's lines beside its own.
+            stderr=open(state / "agent.log", "ab"),  # noqa: SIM115 - lives with the process
+            env=None if release is None else {**os.environ, "PYTHONPATH": str(release)},
+            cwd=release,
         )
         self.agents.append(proc)
         return proc
 
 
-def service_env(data_dir: Path) -> dict[str, str]:
+def faultline_command(release: Path | None = None) -> list[str]:
+    """`faultline` of this checkout, or of another release's (`release`, run from its
+    directory with its code first on PYTHONPATH: service_env)."""
+    if release is None:
+        return [str(BIN / "faultline")]
+    return [sys.executable, "-m", "faultline.cli"]
+
+
+def service_env(data_dir: Path, release: Path | None = None) -> dict[str, str]:
     # The test process's own database settings stay with it (faultline.testing.embedded).
     own = ("DATABASE_URL", "REDIS_URL", "FAULTLINE_DB_IDLE_IN_TRANSACTION_S")
     env = {k: v for k, v in os.environ.items() if not k.startswith(own)}
@@ -127,6 +161,9 @@ def service_env(data_dir: Path) -> dict[str, str]:
         # Test receivers listen on 127.0.0.1, which channels may not reach by default.
         FAULTLINE_NOTIFY_ALLOW_PRIVATE="1",
     )
+    if release is not None:
+        # Ahead of this checkout's editable install; the service's children inherit it.
+        env["PYTHONPATH"] = str(release)
     return env
 
 
@@ -144,21 +181,39 @@ def wait_for(predicate: Any, timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
-def start_service(data_dir: Path, env: dict[str, str] | None = None) -> Service:
-    """`faultline up` on free ports; `env` adds settings (a scrape token, an OpenID provider)."""
+def start_service(
+    data_dir: Path, env: dict[str, str] | None = None, *, release: Path | None = None
+) -> Service:
+    """`faultline up` on free ports; `env` adds settings (a scrape token, an OpenID provider);
+    `release`: another release's checkout to run instead of this one (the upgrade test)."""
     port = free_port()
     ws_port = free_port(avoid=frozenset({port}))
     log = data_dir / "up.log"
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [str(BIN / "faultline"), "up", "--port", str(port), "--ws-port", str(ws_port),
-         "--data-dir", str(data_dir), "--workers", "2", "--worker-concurrency", "1"],
-        env={**service_env(data_dir), **(env or {})},
+        [
+            *faultline_command(release),
+            "up",
+            "--port",
+            str(port),
+            "--ws-port",
+            str(ws_port),
+            "--data-dir",
+            str(data_dir),
+            "--workers",
+            "2",
+            "--worker-concurrency",
+            "1",
+        ],
+        env={**service_env(data_dir, release), **(env or {})},
+        cwd=release,
         stdout=open(log, "wb"),  # noqa: SIM115 - lives with the process
         stderr=subprocess.STDOUT,
         start_new_session=True,
-    )  # fmt: skip
-    service = Service(f"http://127.0.0.1:{port}", port, ws_port, data_dir, proc, log)
+    )
+    service = Service(
+        f"http://127.0.0.1:{port}", port, ws_port, data_dir, proc, log, release=release
+    )
 
     def ready() -> bool:
         if proc.poll() is not None:

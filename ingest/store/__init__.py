@@ -15,6 +15,11 @@ from ingest.store.live_state import forget_recent
 from ingest.store.receipts import AgentNotOwnedError
 
 __all__ = [
-    "AgentNotOwnedError", "FutureRecordError", "IngestResult", "RecordError", "forget_recent",
-    "ingest_batch", "store",
-]  # fmt: skip
+    "AgentNotOwnedError",
+    "FutureRecordError",
+    "IngestResult",
+    "RecordError",
+    "forget_recent",
+    "ingest_batch",
+    "store",
+]

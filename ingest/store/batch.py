@@ -17,6 +17,7 @@ import psycopg
 from django.db import connection, transaction
 
 from agents import protocol as p
+from agents.vocab import HEALTH_DOWN
 from console import actions, events
 from console.models import Node
 from ingest.auth import CREDENTIAL_LIVE, CredentialRevokedError
@@ -54,26 +55,39 @@ def _fleet_health(
     again); a port down or a full local disk opens the node's condition incident. Stored
     iff the batch is. True when it changed anything the node card shows."""
     who = f"agent:{node.name}"
-    if node.health == "down":  # the sweep marked it silent (as authenticated this batch)
+    if node.health == HEALTH_DOWN:  # the sweep marked it silent (as authenticated this batch)
         actions.node_reporting(node_id=node.pk, actor=who, now=now)
     before, after = agent.get("boot_id") or "", batch.agent.boot_id or ""
     rebooted = bool(before and after and before != after)
     if rebooted:
         actions.record_repair_evidence(
-            node_id=node.pk, evidence="node_reboot", actor=who, now=now,
+            node_id=node.pk,
+            evidence="node_reboot",
+            actor=who,
+            now=now,
             detail={"boot_id_before": before, "boot_id": after, "agent": batch.agent.id},
-        )  # fmt: skip
+        )
     for gpu in dict.fromkeys(writer.resets):
         actions.record_repair_evidence(
-            node_id=node.pk, evidence="gpu_reset", gpu=gpu, actor=who, now=now,
+            node_id=node.pk,
+            evidence="gpu_reset",
+            gpu=gpu,
+            actor=who,
+            now=now,
             detail={"event": "gpu_reset", "gpu": gpu, "agent": batch.agent.id},
-        )  # fmt: skip
+        )
     for fault in writer.faults:
         actions.latch_fault(
-            node_id=node.pk, gpu=fault["gpu"], event=fault["event"], code=fault["code"],
-            recovery_action=fault["recovery_action"], detail=fault["detail"], actor=who,
-            now=now, evidence={"ts": fault["ts"], "agent": batch.agent.id, "seq": batch.seq},
-        )  # fmt: skip
+            node_id=node.pk,
+            gpu=fault["gpu"],
+            event=fault["event"],
+            code=fault["code"],
+            recovery_action=fault["recovery_action"],
+            detail=fault["detail"],
+            actor=who,
+            now=now,
+            evidence={"ts": fault["ts"], "agent": batch.agent.id, "seq": batch.seq},
+        )
     for condition in writer.conditions:  # a port down, a full disk: the node sweep plans it
         actions.open_condition(node_id=node.pk, actor=who, now=now, **condition)
     return rebooted or bool(writer.resets or writer.faults)
@@ -110,9 +124,15 @@ def ingest_batch(
     skew, shift = check_batch(batch, now, max_future_s)
     with transaction.atomic(), connection.wrap_database_errors:
         writer = store_batch(
-            node=node, batch=batch, now=now, skew=skew, shift=shift, want_card=want_card,
-            launcher_group=launcher_group, credential_id=credential_id,
-        )  # fmt: skip
+            node=node,
+            batch=batch,
+            now=now,
+            skew=skew,
+            shift=shift,
+            want_card=want_card,
+            launcher_group=launcher_group,
+            credential_id=credential_id,
+        )
         if writer is None:
             return IngestResult(ack_seq=batch.seq, duplicate=True)
         try:
@@ -164,9 +184,11 @@ def store_batch(
         return None
     writer.device_owners, writer.node_gpus = claim.device_owners, claim.node_gpus
     writer.claimant = Claimant(
-        node_id=node.pk, node=node.name, launcher_group=launcher_group,
+        node_id=node.pk,
+        node=node.name,
+        launcher_group=launcher_group,
         attested=attested_jobs(agent, batch) if writer.groups_named() else None,
-    )  # fmt: skip
+    )
     writer.credential_id = credential_id
     writer.agent_update = agent_update(agent, node, batch, now, skew)
     writer.add(batch.records)

@@ -79,10 +79,14 @@ def store(
     committed (or raises what storing it alone raised).
     """
     kwargs: dict[str, Any] = {
-        "node": node, "batch": batch, "now": now, "max_future_s": max_future_s,
-        "want_card": want_card, "launcher_group": launcher_group,
+        "node": node,
+        "batch": batch,
+        "now": now,
+        "max_future_s": max_future_s,
+        "want_card": want_card,
+        "launcher_group": launcher_group,
         "credential_id": credential_id,
-    }  # fmt: skip
+    }
     if settings.INGEST_GROUP_COMMIT_MAX <= 1:
         return ingest_batch(**kwargs)
     check_batch(batch, now, max_future_s)  # a 400 before it can fail anyone's group
@@ -172,10 +176,15 @@ def _run(group: list[_Item]) -> None:
                 batch = kw["batch"]
                 skew, shift = check_batch(batch, kw["now"], kw["max_future_s"])
                 writer = store_batch(
-                    node=kw["node"], batch=batch, now=kw["now"], skew=skew, shift=shift,
-                    want_card=kw["want_card"], launcher_group=kw["launcher_group"],
+                    node=kw["node"],
+                    batch=batch,
+                    now=kw["now"],
+                    skew=skew,
+                    shift=shift,
+                    want_card=kw["want_card"],
+                    launcher_group=kw["launcher_group"],
                     credential_id=kw["credential_id"],
-                )  # fmt: skip
+                )
                 writers.append(writer)
                 if writer is not None:
                     for table, lines in writer.rows.items():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from agents.gpu_health import HEALTH_ORDER
+from agents.vocab import HEALTH_ORDER
 from console.models import ConsistencyGroup
 from ingest.rawsql import columns
 
@@ -64,8 +64,14 @@ WHERE id = %(node)s
 """  # noqa: S608 - constant health names
 
 RANK_STATE = (
-    "generation", "last_step", "last_step_at", "data_cursor", "process_state", "gpu", "node_id",
-)  # fmt: skip
+    "generation",
+    "last_step",
+    "last_step_at",
+    "data_cursor",
+    "process_state",
+    "gpu",
+    "node_id",
+)
 
 RANK_UPSERT = """
 INSERT INTO console_rank (group_id, rank, node_id, gpu, generation, last_step, last_step_at,
@@ -85,11 +91,24 @@ WHERE console_rank.node_id = EXCLUDED.node_id OR console_rank.generation <> EXCL
 # What ingest may change on a group; diagnosis owns the rest of `summary`, so only the
 # versions seen are merged into it, and only when a transition changed them.
 GROUP_WRITTEN = (
-    "kind", "state", "generation", "restart_count", "world_size", "topology", "data_cursor",
-    "model_version", "last_checkpoint_step", "state_since", "last_activity", "scheduler_job",
-    "objectives", "owner_job", "rendezvous_until", "generation_window_start",
+    "kind",
+    "state",
+    "generation",
+    "restart_count",
+    "world_size",
+    "topology",
+    "data_cursor",
+    "model_version",
+    "last_checkpoint_step",
+    "state_since",
+    "last_activity",
+    "scheduler_job",
+    "objectives",
+    "owner_job",
+    "rendezvous_until",
+    "generation_window_start",
     "generation_window_advance",
-)  # fmt: skip
+)
 GROUP_JSON = {"topology", "objectives"}
 _GROUP_SET = ", ".join(f"{f} = %(g_{f})s" for f in GROUP_WRITTEN)
 GROUP_UPDATE = f"""

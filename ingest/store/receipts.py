@@ -26,9 +26,18 @@ from console.models import Node
 from ingest.rawsql import send
 
 _AGENT_COLUMNS = (
-    "node_id", "last_seq", "gaps", "gap_ranges", "batches", "records", "spool_depth", "dropped",
-    "boot_id", "receipts_pruned_through", "jobs",
-)  # fmt: skip
+    "node_id",
+    "last_seq",
+    "gaps",
+    "gap_ranges",
+    "batches",
+    "records",
+    "spool_depth",
+    "dropped",
+    "boot_id",
+    "receipts_pruned_through",
+    "jobs",
+)
 
 # Receipt first: a replay stops here. The agent's row is created if new and locked, so two
 # batches of one agent (a retry racing its original) count gaps and batches one at a time.
@@ -98,8 +107,14 @@ def claim_receipt(
     `Claim.agent` is None for a replay. Raises AgentNotOwnedError when the agent id is
     another node's (the caller's transaction then rolls the receipt back).
     """
-    params = {"agent": batch.agent.id, "seq": batch.seq, "now": now,
-              "records": len(batch.records), "node": node.pk, "gpus": sorted(gpus)}  # fmt: skip
+    params = {
+        "agent": batch.agent.id,
+        "seq": batch.seq,
+        "now": now,
+        "records": len(batch.records),
+        "node": node.pk,
+        "gpus": sorted(gpus),
+    }
     sql = _CLAIM + _DEVICE_OWNERS if gpus else _CLAIM
     if then is not None:
         sql = f"{sql};{then[0]}"

@@ -27,7 +27,7 @@ from django.db import transaction
 from psycopg.types.json import Jsonb
 
 from agents import protocol as p
-from agents import xid
+from agents import vocab, xid
 from agents.gpu_health import CRITICAL, CRITICAL_EVENTS, sample_health
 from console import events
 from console.choices import ACTION_LIVE_STATES, GroupKind
@@ -257,12 +257,16 @@ class BatchWriter:
             group = from_row(ConsistencyGroup, row)
             membership = row[-2]  # -1: one of its nodes; N: left at generation N; None: never
             self.owners[group.name] = ownership.Owner(
-                owner_job=group.owner_job, member=membership == -1, has_members=row[-1],
+                owner_job=group.owner_job,
+                member=membership == -1,
+                has_members=row[-1],
                 left_generation=membership if membership is not None and membership >= 0 else None,
-                rendezvous_until=group.rendezvous_until, world_size=group.world_size,
-                created_by_id=group.created_by_id, window_start=group.generation_window_start,
+                rendezvous_until=group.rendezvous_until,
+                world_size=group.world_size,
+                created_by_id=group.created_by_id,
+                window_start=group.generation_window_start,
                 window_advance=group.generation_window_advance,
-            )  # fmt: skip
+            )
             if group.kind == GroupKind.UNKNOWN and wanted[group.name] != GroupKind.UNKNOWN:
                 group.kind = wanted[group.name]
             view = fencing.GroupView(
@@ -296,10 +300,13 @@ class BatchWriter:
                 "new_group_limit",
                 f"node:{self.node.name}",
                 0,
-                {"refused": len(refused), "groups": sorted(self.refused_groups)[:20],
-                 "limit_per_hour": settings.INGEST_NEW_GROUPS_PER_HOUR},
+                {
+                    "refused": len(refused),
+                    "groups": sorted(self.refused_groups)[:20],
+                    "limit_per_hour": settings.INGEST_NEW_GROUPS_PER_HOUR,
+                },
             )
-        )  # fmt: skip
+        )
         return missing[:allowed]
 
     def _plan_groups(self, records: list[Any]) -> tuple[dict[str, str], set[tuple[str, int]], bool]:
@@ -346,8 +353,12 @@ class BatchWriter:
     def _groups_query(
         self, names: list[str], ranks: set[tuple[str, int]], *, lock: bool
     ) -> tuple[str, dict[str, Any]]:
-        params = {"names": names, "ranks": sorted({r for _, r in ranks}), "node": self.node_id,
-                  "node_name": self.node.name}  # fmt: skip
+        params = {
+            "names": names,
+            "ranks": sorted({r for _, r in ranks}),
+            "node": self.node_id,
+            "node_name": self.node.name,
+        }
         return GROUPS_AND_RANKS_LOCKED if lock else GROUPS_AND_RANKS, params
 
     def _read_groups(self, cur: Any) -> None:
@@ -390,9 +401,16 @@ class BatchWriter:
                 return False  # a newer generation's is only stored (`ahead`), whoever sent it
             forming = not view.is_new and owner.forming() and getattr(rec, "rank", None) is not None
             if (view.is_new or forming) and rec.generation > settings.INGEST_MAX_GENERATION_JUMP:
-                self._claim("generation_jump", f"group:{group.name}", view.generation,
-                            {"record_generation": rec.generation, "active_generation": 0,
-                             "max_jump": settings.INGEST_MAX_GENERATION_JUMP})  # fmt: skip
+                self._claim(
+                    "generation_jump",
+                    f"group:{group.name}",
+                    view.generation,
+                    {
+                        "record_generation": rec.generation,
+                        "active_generation": 0,
+                        "max_jump": settings.INGEST_MAX_GENERATION_JUMP,
+                    },
+                )
                 return False
             if forming:  # its first rank: the group's first rendezvous starts at its generation
                 if rec.generation != view.generation:
@@ -409,8 +427,12 @@ class BatchWriter:
             if ours or (not owner.owner_job and self._places_here(group.name)):
                 self.violations.append(violation)
             else:  # a node that is none of its hosts: its claim, not the group's split brain
-                self._claim("rank_claim", f"group:{group.name}", rec.generation,
-                            {**violation.evidence, "contract": violation.kind})  # fmt: skip
+                self._claim(
+                    "rank_claim",
+                    f"group:{group.name}",
+                    rec.generation,
+                    {**violation.evidence, "contract": violation.kind},
+                )
             return False
         if verdict == "ahead":
             return False
@@ -448,8 +470,11 @@ class BatchWriter:
                     return False
         if self._held_here(rec):  # its old generation, still writing: the group's split brain
             return False
-        evidence = {"record_kind": rec.__struct_config__.tag, "rank": getattr(rec, "rank", None),
-                    "owner_job": owner.owner_job or None}  # fmt: skip
+        evidence = {
+            "record_kind": rec.__struct_config__.tag,
+            "rank": getattr(rec, "rank", None),
+            "owner_job": owner.owner_job or None,
+        }
         self._claim("rank_claim", f"group:{rec.group}", rec.generation, evidence)
         return True
 
@@ -477,9 +502,10 @@ class BatchWriter:
             return
         self._claimed.add((kind, what))
         self.violations.append(
-            fencing.Violation(kind, f"node:{self.node.name}", generation,
-                              {"claimed": what, **(evidence or {})})
-        )  # fmt: skip
+            fencing.Violation(
+                kind, f"node:{self.node.name}", generation, {"claimed": what, **(evidence or {})}
+            )
+        )
 
     def _start_rendezvous(self, name: str, owner: ownership.Owner) -> None:
         if owner.rendezvous_until is None:
@@ -498,7 +524,7 @@ class BatchWriter:
         ranks came (a name squatted ahead of its job), or what its launcher reclaims."""
         view.generation = group.generation = generation
         view.fenced_at = group.state_since = ts
-        group.state = "initializing"
+        group.state = vocab.INITIALIZING
         view.restart_count = group.restart_count = 0
         view.data_cursor = group.data_cursor = None
         view.model_version = group.model_version = ""
@@ -531,9 +557,12 @@ class BatchWriter:
         self.devices[rec.gpu] = {"index": rec.index, "rec": rec, "ts": ts}
         if rec.throttle_reasons:  # and the newest throttled one, kept after clocks recover
             self.throttled[rec.gpu] = {
-                "ts": ts.isoformat(), "throttle_reasons": list(rec.throttle_reasons),
-                "temp_c": rec.temp_c, "power_w": rec.power_w, "sm_clock_mhz": rec.sm_clock_mhz,
-            }  # fmt: skip
+                "ts": ts.isoformat(),
+                "throttle_reasons": list(rec.throttle_reasons),
+                "temp_c": rec.temp_c,
+                "power_w": rec.power_w,
+                "sm_clock_mhz": rec.sm_clock_mhz,
+            }
 
     def _on_device_event(self, rec: p.DeviceEvent, ts: datetime) -> None:
         self.rows["deviceevent"].append(
@@ -551,10 +580,15 @@ class BatchWriter:
             # What needs repair latches, after the live-state writes (ingest_batch).
             if fleet_health.repair_needed(rec.event, rec.code, rec.recovery_action) != "none":
                 self.faults.append(
-                    {"gpu": rec.gpu, "event": rec.event, "code": rec.code,
-                     "recovery_action": rec.recovery_action, "detail": rec.detail or "",
-                     "ts": ts.isoformat()}
-                )  # fmt: skip
+                    {
+                        "gpu": rec.gpu,
+                        "event": rec.event,
+                        "code": rec.code,
+                        "recovery_action": rec.recovery_action,
+                        "detail": rec.detail or "",
+                        "ts": ts.isoformat(),
+                    }
+                )
 
     # -- host, network and kernel evidence: rows only, no live state ----------
     def _on_host_event(self, rec: p.HostEvent, ts: datetime) -> None:
@@ -574,12 +608,20 @@ class BatchWriter:
         if rec.event == "link_down" and not fleet_health.port_up(rec.state):
             # A port that was up went down and stays down (a flap reads up again).
             self.conditions.append(
-                {"kind": "nic_down", "key": rec.port,
-                 "summary": f"port {rec.port} ({rec.link}) on {self.node.name} is down "
-                            f"(state {rec.state or 'unknown'})",
-                 "evidence": {"port": rec.port, "link": rec.link, "state": rec.state,
-                              "counters": dict(rec.counters), "ts": ts.isoformat()}}
-            )  # fmt: skip
+                {
+                    "kind": "nic_down",
+                    "key": rec.port,
+                    "summary": f"port {rec.port} ({rec.link}) on {self.node.name} is down "
+                    f"(state {rec.state or 'unknown'})",
+                    "evidence": {
+                        "port": rec.port,
+                        "link": rec.link,
+                        "state": rec.state,
+                        "counters": dict(rec.counters),
+                        "ts": ts.isoformat(),
+                    },
+                }
+            )
 
     def _on_net_sample(self, rec: p.NetSample, ts: datetime) -> None:
         self.rows["netsample"].append(
@@ -599,13 +641,21 @@ class BatchWriter:
             ):
                 free, total = disk.free_bytes or 0, disk.total_bytes or 0
                 self.conditions.append(
-                    {"kind": "disk_full", "key": disk.root,
-                     "summary": f"checkpoint disk {disk.device} ({disk.root}) on "
-                                f"{self.node.name} is full: {free / 2**30:.1f} GiB free of "
-                                f"{total / 2**30:.0f} GiB",
-                     "evidence": {"root": disk.root, "device": disk.device, "free_bytes": free,
-                                  "total_bytes": total, "ts": ts.isoformat()}}
-                )  # fmt: skip
+                    {
+                        "kind": "disk_full",
+                        "key": disk.root,
+                        "summary": f"checkpoint disk {disk.device} ({disk.root}) on "
+                        f"{self.node.name} is full: {free / 2**30:.1f} GiB free of "
+                        f"{total / 2**30:.0f} GiB",
+                        "evidence": {
+                            "root": disk.root,
+                            "device": disk.device,
+                            "free_bytes": free,
+                            "total_bytes": total,
+                            "ts": ts.isoformat(),
+                        },
+                    }
+                )
 
     def _on_step(self, rec: p.Step, ts: datetime) -> None:
         applied = self._fence(rec, ts)
@@ -708,9 +758,10 @@ class BatchWriter:
         if not view.is_new:
             self.drops[name].append(RANKS_OF_NON_ATTESTERS_DROP)
             self.existing_ranks = {
-                k: v for k, v in self.existing_ranks.items()
+                k: v
+                for k, v in self.existing_ranks.items()
                 if k[0] != name or v["node_id"] == self.node_id
-            }  # fmt: skip
+            }
 
     def _on_checkpoint(self, rec: p.Checkpoint, ts: datetime) -> None:
         applied = self._fence(rec, ts)
@@ -756,10 +807,18 @@ class BatchWriter:
             kind = "generation_rate"
         if not kind:
             return False
-        self._claim(kind, f"group:{name}", view.generation,
-                    {"record_generation": rec.generation, "active_generation": view.generation,
-                     "to_state": rec.to_state, "max_jump": settings.INGEST_MAX_GENERATION_JUMP,
-                     "advance_per_hour": settings.INGEST_GENERATION_ADVANCE_PER_HOUR})  # fmt: skip
+        self._claim(
+            kind,
+            f"group:{name}",
+            view.generation,
+            {
+                "record_generation": rec.generation,
+                "active_generation": view.generation,
+                "to_state": rec.to_state,
+                "max_jump": settings.INGEST_MAX_GENERATION_JUMP,
+                "advance_per_hour": settings.INGEST_GENERATION_ADVANCE_PER_HOUR,
+            },
+        )
         return True
 
     def _reclaims(self, rec: p.Transition, view: fencing.GroupView) -> bool:
@@ -895,9 +954,11 @@ class BatchWriter:
             copy_rows(self.rows)
         sql: list[str] = []
         params: dict[str, Any] = {
-            "node": self.node_id, "now": self.now, "live": list(ACTION_LIVE_STATES),
+            "node": self.node_id,
+            "now": self.now,
+            "live": list(ACTION_LIVE_STATES),
             **self.agent_update,
-        }  # fmt: skip
+        }
         if self.credential_id is not None:
             sql.append(CREDENTIAL_LIVE)
             params["credential"] = self.credential_id
@@ -905,8 +966,9 @@ class BatchWriter:
         self._ownership(sql, params)
         self._ranks(sql, params)
         if self.joins:
-            params.update(joins=[self.groups[g][0].pk for g in sorted(self.joins)],
-                          node_name=self.node.name)  # fmt: skip
+            params.update(
+                joins=[self.groups[g][0].pk for g in sorted(self.joins)], node_name=self.node.name
+            )
             sql.append(MEMBERS_JOIN)
         self._groups(sql, params)
         if self.agent_update:
@@ -948,9 +1010,14 @@ class BatchWriter:
                 sample["throttled"] = self.throttled[uuid]
             health = CRITICAL if uuid in self.device_events else sample_health(sample)
             devices.append(
-                {"uuid": uuid, "index": info["index"], "sample": sample, "seen": sample["ts"],
-                 "health": health}
-            )  # fmt: skip
+                {
+                    "uuid": uuid,
+                    "index": info["index"],
+                    "sample": sample,
+                    "seen": sample["ts"],
+                    "health": health,
+                }
+            )
         events_only = [u for u in self.device_events if u not in self.devices]
         params.update(
             devices=Jsonb(devices, dumps=_JSON.encode),
@@ -990,9 +1057,15 @@ class BatchWriter:
             self.devices.pop(uuid, None)
             self.device_events.pop(uuid, None)
             owner = self.device_owners.get(uuid)
-            self._claim(kind, f"gpu:{uuid}", 0,
-                        {"owner_node_id": owner[0] if owner else None,
-                         "max_gpus_per_node": settings.INGEST_MAX_GPUS_PER_NODE})  # fmt: skip
+            self._claim(
+                kind,
+                f"gpu:{uuid}",
+                0,
+                {
+                    "owner_node_id": owner[0] if owner else None,
+                    "max_gpus_per_node": settings.INGEST_MAX_GPUS_PER_NODE,
+                },
+            )
 
     def _may_place(self, gname: str, rank: int, entry: dict[str, Any]) -> bool:
         """A rank's placement on this node (ingest.ownership.may_place): a host moves a rank
@@ -1009,9 +1082,15 @@ class BatchWriter:
         if self._may_place(gname, rank, entry):
             return False
         old = self.existing_ranks.get((gname, rank))
-        self._claim("rank_claim", f"rank:{gname}/{rank}", entry["generation"],
-                    {"owner_node_id": old["node_id"] if old else None,
-                     "owner_process_state": old["process_state"] if old else None})  # fmt: skip
+        self._claim(
+            "rank_claim",
+            f"rank:{gname}/{rank}",
+            entry["generation"],
+            {
+                "owner_node_id": old["node_id"] if old else None,
+                "owner_process_state": old["process_state"] if old else None,
+            },
+        )
         return True
 
     def _ranks(self, sql: list[str], params: dict[str, Any]) -> None:
@@ -1046,11 +1125,17 @@ class BatchWriter:
                     self.violations.append(violation)
                 cursor = seen
             out.append(
-                {"group_id": self.groups[gname][0].pk, "rank": rank, "generation": generation,
-                 "last_step": last_step, "last_step_at": last_step_at, "data_cursor": cursor,
-                 "process_state": entry.get("process_state", old and old["process_state"]),
-                 "gpu": entry.get("gpu", old and old["gpu"])}
-            )  # fmt: skip
+                {
+                    "group_id": self.groups[gname][0].pk,
+                    "rank": rank,
+                    "generation": generation,
+                    "last_step": last_step,
+                    "last_step_at": last_step_at,
+                    "data_cursor": cursor,
+                    "process_state": entry.get("process_state", old and old["process_state"]),
+                    "gpu": entry.get("gpu", old and old["gpu"]),
+                }
+            )
         if not out:
             return
         params["ranks"] = Jsonb(out, dumps=_JSON.encode)

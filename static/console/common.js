@@ -10,6 +10,11 @@
     return e;
   }
 
+  // The shared vocabularies (health values and order, severities, group states) as the
+  // page hands them over (base.html's console-vocab, from agents/vocab.py): never spelled here.
+  const vocabTag = document.getElementById("console-vocab");
+  const vocab = vocabTag ? JSON.parse(vocabTag.textContent) : {};
+
   function getJSON(url) {
     return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
       .then(function (r) {
@@ -147,5 +152,5 @@
     setInterval(function () { times(document); }, 15000);  // "4 min ago" stays true
   });
 
-  window.Console = { times: times, el: el, getJSON: getJSON, debounce: debounce, num: num, pct: pct, dur: dur, when: when, relative: relative, absolute: absolute, upsertIncident: upsertIncident, fillIncidents: fillIncidents };
+  window.Console = { vocab: vocab, times: times, el: el, getJSON: getJSON, debounce: debounce, num: num, pct: pct, dur: dur, when: when, relative: relative, absolute: absolute, upsertIncident: upsertIncident, fillIncidents: fillIncidents };
 })();

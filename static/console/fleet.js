@@ -8,24 +8,26 @@
   const page = document.getElementById("fleet-page");
   const nodes = document.getElementById("nodes");
   const filtered = page.dataset.filtered === "1";
-  const ORDER = ["ok", "unknown", "warning", "critical", "down"];
+  // Health values and their order, best to worst, as the page hands them over.
+  const H = C.vocab.HEALTH;
+  const ORDER = C.vocab.HEALTH_ORDER;
 
   function worst(n) {
-    let w = n.health || "unknown";
+    let w = n.health || H.UNKNOWN;
     n.devices.forEach(function (d) { if (ORDER.indexOf(d.health) > ORDER.indexOf(w)) w = d.health; });
-    return ORDER.indexOf(w) < 0 ? "unknown" : w;
+    return ORDER.indexOf(w) < 0 ? H.UNKNOWN : w;
   }
 
   function nodeCard(n) {
     const w = n.worst || worst(n);
     const latched = n.lifecycle && n.lifecycle !== "healthy";
-    if (nodes.dataset.compact === "1" && w === "ok" && !n.quarantined && !n.cordoned && !latched) {
-      const tile = el("div", "node compact health-ok");
+    if (nodes.dataset.compact === "1" && w === H.OK && !n.quarantined && !n.cordoned && !latched) {
+      const tile = el("div", "node compact health-" + H.OK);
       tile.dataset.node = n.name;
       // A tile from the page's JSON carries its GPU count, not its GPUs; a live push, its GPUs.
       const count = n.devices ? n.devices.length : n.gpus;
       tile.dataset.gpus = count;
-      tile.title = n.name + " · " + count + " GPUs ok";
+      tile.title = n.name + " · " + count + " GPUs " + H.OK;
       tile.append(el("span", "node-name", n.name));
       return tile;
     }
@@ -73,7 +75,7 @@
     nodes.querySelectorAll(".node.compact").forEach(function (t) { gpus += Number(t.dataset.gpus || 8); });
     document.getElementById("kpi-gpus").textContent = gpus;
     const bad = function (h) { return nodes.querySelectorAll(".node.health-" + h).length; };
-    document.getElementById("kpi-bad").textContent = bad("critical") + " / " + bad("down");
+    document.getElementById("kpi-bad").textContent = bad(H.CRITICAL) + " / " + bad(H.DOWN);
     document.getElementById("kpi-incidents").textContent = document.querySelectorAll("#incident-rows [data-incident]").length;
   }
 

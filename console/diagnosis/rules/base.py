@@ -15,6 +15,8 @@ from functools import cached_property
 from operator import attrgetter
 from typing import Any
 
+from agents import vocab
+
 from console.diagnosis.config import DiagnosisConfig
 from console.diagnosis.findings import (
     MINOR,
@@ -39,12 +41,13 @@ from console.diagnosis.stats import mad_sorted, median_sorted
 
 __all__ = ["RECENT_STEPS", "Context"]
 
-# Device faults that stop a rank outright (as opposed to slowing it down).
-HARD_DEVICE_KINDS = frozenset({"xid", "gpu_lost", "ecc_dbe"})
+# Device faults that stop a rank outright (as opposed to slowing it down): the hardware
+# faults but a failed row remap, which leaves the GPU running on the rows it has.
+HARD_DEVICE_KINDS = vocab.HARDWARE_FAULT_KINDS - {vocab.ROW_REMAP_FAILURE}
 # States in which silence is expected: the group is writing a checkpoint or pausing.
-QUIET_STATES = frozenset({"checkpointing", "quiescing"})
+QUIET_STATES = frozenset({vocab.CHECKPOINTING, vocab.QUIESCING})
 IN_PROGRESS_PHASES = frozenset({"staging", "written"})
-TERMINAL_STATES = frozenset({"completed", "finished", "stopped", "failed", "cancelled"})
+TERMINAL_STATES = vocab.TERMINAL_GROUP_STATES
 # The group's typical step (the stall threshold's median and MAD) is read from at most
 # this many ranks, every k-th in rank order: a synchronous job's ranks share one step
 # time, and 4,096 ranks' recent steps (~130k durations) pin it down as well as 16k ranks'

@@ -38,10 +38,12 @@ def _incomplete(m: Manifest | None) -> str | None:
 def _checksummed(c: CheckpointState) -> bool:
     """Some committed/verified manifest carries a sha256 for every shard."""
     return any(
-        e.phase in COMMITTED and e.manifest is not None and e.manifest.shards
+        e.phase in COMMITTED
+        and e.manifest is not None
+        and e.manifest.shards
         and all(s.sha256 for s in e.manifest.shards)
         for e in c.events
-    )  # fmt: skip
+    )
 
 
 def _differs(

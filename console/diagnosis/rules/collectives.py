@@ -253,8 +253,10 @@ class Matcher:
 
     def _judge(self, group: Group, seq: int, present: dict[int, list[CollectiveEntry]]) -> None:
         # Fast path (the healthy common case): every member made the very same call(s).
-        raw = {tuple((e.op, e.numel, e.dtype, e.out_numel, e.out_dtype) for e in es)
-               for es in present.values()}  # fmt: skip
+        raw = {
+            tuple((e.op, e.numel, e.dtype, e.out_numel, e.out_dtype) for e in es)
+            for es in present.values()
+        }
         # Identical calls share one key, so no majority can differ; only all_to_all's split
         # matrix is left to check.
         if len(raw) == 1 and all(op_kind(c[0]) != "all_to_all" for c in next(iter(raw))):
@@ -288,8 +290,9 @@ class Matcher:
             index, diff = 0, ["coalesced"]
         else:
             index = next(i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b)
-            diff = [k for k, a, b in zip(KEY_FIELDS, mine[index], theirs[index], strict=True)
-                    if a != b]  # fmt: skip
+            diff = [
+                k for k, a, b in zip(KEY_FIELDS, mine[index], theirs[index], strict=True) if a != b
+            ]
         e, m = present[rank][index], present[model][index]
         relation = _relation(op_kind(e.op), e, group.size)
 
@@ -315,8 +318,10 @@ class Matcher:
                 evidence["size_relation"] = relation
             if len(present[rank]) > 1 or len(present[model]) > 1:
                 evidence["coalesced_members"] = {
-                    "rank": len(present[rank]), "majority": len(present[model]), "index": index,
-                }  # fmt: skip
+                    "rank": len(present[rank]),
+                    "majority": len(present[model]),
+                    "index": index,
+                }
             where = f"pg {group.pg}" + (f" ({group.desc})" if group.desc else "")
             return Desync(
                 pg=group.pg,
@@ -377,9 +382,14 @@ class Matcher:
                         pg=group.pg,
                         rank=None,
                         seq=seq,
-                        evidence={"pg": group.pg, "pg_desc": group.desc, "seq": seq,
-                                  "input_total": sent_total, "output_total": received,
-                                  "missing_evidence": "per-destination split sizes"},
+                        evidence={
+                            "pg": group.pg,
+                            "pg_desc": group.desc,
+                            "seq": seq,
+                            "input_total": sent_total,
+                            "output_total": received,
+                            "missing_evidence": "per-destination split sizes",
+                        },
                         tie=True,
                         summary=f"all_to_all on pg {group.pg} seq {seq} sends {sent_total} "
                         f"elements in all and receives {received}: some rank's splits are wrong",
@@ -388,7 +398,7 @@ class Matcher:
                         ),
                         key=group.pg,
                         ranks=sorted(a2a),
-                    )  # fmt: skip
+                    )
 
                 self._note((group.pg, "totals"), make, seq)
 
@@ -411,11 +421,20 @@ class Matcher:
                 rank=rank,
                 seq=seq,
                 evidence={
-                    "rank": rank, "node": r.node if r else None, "gpu": r.gpu if r else None,
-                    "pg": group.pg, "pg_desc": group.desc, "pg_size": len(group.members),
-                    "pg_members_known": group.known, "seq": seq, "rank_call": call(e),
-                    "differs_in": ["splits"], "split_disagreements": mine[:16],
-                    "peers_disagreeing": len(mine), "ranks_at_seq": present, "tie": tie,
+                    "rank": rank,
+                    "node": r.node if r else None,
+                    "gpu": r.gpu if r else None,
+                    "pg": group.pg,
+                    "pg_desc": group.desc,
+                    "pg_size": len(group.members),
+                    "pg_members_known": group.known,
+                    "seq": seq,
+                    "rank_call": call(e),
+                    "differs_in": ["splits"],
+                    "split_disagreements": mine[:16],
+                    "peers_disagreeing": len(mine),
+                    "ranks_at_seq": present,
+                    "tie": tie,
                 },
                 tie=tie,
                 summary=f"all_to_all split mismatch on rank {rank}, pg {group.pg} seq {seq}: "
@@ -423,7 +442,7 @@ class Matcher:
                 first_seen=e.started_ts,
                 key=group.pg,
                 ranks=[rank],
-            )  # fmt: skip
+            )
 
         self._note((group.pg, f"rank:{rank}"), make, seq)
 
@@ -459,8 +478,9 @@ class Matcher:
         culprit: int,
         tie: bool,
     ) -> None:
-        diff = [n for n, a, b in (("numel", s.numel, r.numel), ("dtype", s.dtype, r.dtype))
-                if a != b]  # fmt: skip
+        diff = [
+            n for n, a, b in (("numel", s.numel, r.numel), ("dtype", s.dtype, r.dtype)) if a != b
+        ]
 
         def make() -> Desync:
             rk = self.ctx.ranks.get(culprit)
@@ -469,11 +489,18 @@ class Matcher:
                 rank=culprit,
                 seq=k,
                 evidence={
-                    "rank": culprit, "node": rk.node if rk else None,
-                    "gpu": rk.gpu if rk else None, "pg": pg,
+                    "rank": culprit,
+                    "node": rk.node if rk else None,
+                    "gpu": rk.gpu if rk else None,
+                    "pg": pg,
                     "pg_desc": self.groups[pg].desc if pg in self.groups else None,
-                    "p2p_seq": k, "src": src, "dst": dst, "send_call": call(s),
-                    "recv_call": call(r), "differs_in": diff, "tie": tie,
+                    "p2p_seq": k,
+                    "src": src,
+                    "dst": dst,
+                    "send_call": call(s),
+                    "recv_call": call(r),
+                    "differs_in": diff,
+                    "tie": tie,
                 },
                 tie=tie,
                 summary=f"Send/recv mismatch on pg {pg}, {src} -> {dst} #{k}: sent "
@@ -482,7 +509,7 @@ class Matcher:
                 first_seen=s.started_ts or r.started_ts,
                 key=f"{pg}/p2p/{src}->{dst}",
                 ranks=[src, dst],
-            )  # fmt: skip
+            )
 
         self._note((pg, f"p2p:{src}->{dst}"), make, k)
 
@@ -516,13 +543,13 @@ def _report(ctx: Context, desyncs: Iterable[Desync]) -> dict[tuple[str, str], Fi
                 subject=subject,
                 role=UNDETERMINED if d.tie else ROOT_CAUSE,
                 severity=CRITICAL,
-                summary=d.summary + (f" ({d.count - 1} later call(s) differ too)"
-                                     if d.count > 1 else ""),
+                summary=d.summary
+                + (f" ({d.count - 1} later call(s) differ too)" if d.count > 1 else ""),
                 first_seen=d.first_seen or ctx.now,
                 evidence=evidence,
                 key=d.key,
             )
-        )  # fmt: skip
+        )
         ctx.unsafe_reasons[f.id] = (
             "collective mismatch: a restart replays the same program and hangs again"
         )
@@ -598,8 +625,18 @@ class Wait:
     does not change from pass to pass (its subject, fingerprint, the evidence about the
     call): derived once per matching (`_Matched.waiters`), emitted every pass."""
 
-    __slots__ = ("entry", "fingerprint", "head", "id", "key", "prefix", "rank", "since",
-                 "subject", "suffix")  # fmt: skip
+    __slots__ = (
+        "entry",
+        "fingerprint",
+        "head",
+        "id",
+        "key",
+        "prefix",
+        "rank",
+        "since",
+        "subject",
+        "suffix",
+    )
 
     def __init__(self, ctx: Context, rank: int, e: CollectiveEntry, since: datetime) -> None:
         r = ctx.ranks[rank]
@@ -699,9 +736,7 @@ def _match(ctx: Context, windows: dict[int, CollectiveWindow]) -> _Matched:
     desyncs = m.run()
     waits: list[tuple[int, CollectiveEntry, datetime]] = []
     for rank, w in sorted(windows.items()):
-        started = [
-            (e, e.started_ts) for e in w.entries if e.state == "started" and e.started_ts
-        ]  # fmt: skip
+        started = [(e, e.started_ts) for e in w.entries if e.state == "started" and e.started_ts]
         if started:
             e, since = min(started, key=lambda pair: _wait_order(pair[0]))
             waits.append((rank, e, since))
@@ -826,8 +861,7 @@ def run(ctx: Context) -> None:
                 )
         causes.sort(key=lambda f: (SEVERITY_RANK[f.severity], f.id))
         head = causes[0].summary if causes else None
-        _timeouts(ctx, waiting, role, head, missing, unexplained, note, causes, threshold,
-                  direct)  # fmt: skip
+        _timeouts(ctx, waiting, role, head, missing, unexplained, note, causes, threshold, direct)
 
 
 # -- order across groups ---------------------------------------------------------------
@@ -1118,5 +1152,18 @@ def _timeouts(
         # `ctx.new` spelled out (positional, in Finding's field order): the id and the
         # fingerprint are the wait's, made once.
         summary = f"{wt.prefix}{waited:.0f}{wt.suffix}{why}"
-        ctx.put(Finding(wt.id, "collective_timeout", wt.subject, role, MAJOR, summary,
-                        wt.since, now, wt.fingerprint, evidence, caused_by))  # fmt: skip
+        ctx.put(
+            Finding(
+                wt.id,
+                "collective_timeout",
+                wt.subject,
+                role,
+                MAJOR,
+                summary,
+                wt.since,
+                now,
+                wt.fingerprint,
+                evidence,
+                caused_by,
+            )
+        )

@@ -78,10 +78,14 @@ def _judge(ctx: Context, events: tuple[DeviceEvent, ...]) -> list[_Judged]:
         recovery = None
         if e.recovery_action is None and known:
             recovery = next(
-                (k.recovery_action for k in known if k.code == e.code
-                 and abs((k.ts - e.ts).total_seconds()) <= catalog.DEDUP_WINDOW_S),
+                (
+                    k.recovery_action
+                    for k in known
+                    if k.code == e.code
+                    and abs((k.ts - e.ts).total_seconds()) <= catalog.DEDUP_WINDOW_S
+                ),
                 None,
-            )  # fmt: skip
+            )
         out.append(_Judged(ctx, e, recovery))
     return out
 
@@ -230,10 +234,17 @@ def _soft_xids(ctx: Context, dev: DeviceState, judged: list[_Judged], hard: Find
         # Whatever else the GPU logged around a hardware fault follows from it.
         for cls, group in by_class.items():
             codes = ", ".join(str(j.info.code) for j in group)
-            _put_xid(ctx, dev, group, subject=gpu_subject(dev.gpu), role=SYMPTOM,
-                     severity=MINOR, summary=f"Xid {codes} on {where} ({cls}), after "
-                     f"{hard.kind} {hard.evidence.get('code') or ''}".rstrip(),
-                     caused_by=(hard.id,))  # fmt: skip
+            _put_xid(
+                ctx,
+                dev,
+                group,
+                subject=gpu_subject(dev.gpu),
+                role=SYMPTOM,
+                severity=MINOR,
+                summary=f"Xid {codes} on {where} ({cls}), after "
+                f"{hard.kind} {hard.evidence.get('code') or ''}".rstrip(),
+                caused_by=(hard.id,),
+            )
         return
     ranks = sorted(ctx.ranks_on_gpu.get(dev.gpu, ()))
     # An application's Xid is evidence on its process: the rank, when the GPU has one.
@@ -242,27 +253,54 @@ def _soft_xids(ctx: Context, dev: DeviceState, judged: list[_Judged], hard: Find
     if apps := by_class.get(catalog.APPLICATION):
         group = apps
         info = group[0].info
-        app = _put_xid(ctx, dev, group, subject=owner, role=ROOT_CAUSE, severity=MAJOR,
-                       summary=f"Xid {info.code} on {where}: {info.meaning} (an application "
-                       "fault; the GPU stays in service)")  # fmt: skip
+        app = _put_xid(
+            ctx,
+            dev,
+            group,
+            subject=owner,
+            role=ROOT_CAUSE,
+            severity=MAJOR,
+            summary=f"Xid {info.code} on {where}: {info.meaning} (an application "
+            "fault; the GPU stays in service)",
+        )
     if after := by_class.get(catalog.CONSEQUENCE):
         group = after
         info = group[0].info
         if app is not None:
-            _put_xid(ctx, dev, group, subject=gpu_subject(dev.gpu), role=SYMPTOM,
-                     severity=MINOR, summary=f"Xid {info.code} on {where}: {info.meaning}, "
-                     f"after Xid {app.evidence['code']}", caused_by=(app.id,))  # fmt: skip
+            _put_xid(
+                ctx,
+                dev,
+                group,
+                subject=gpu_subject(dev.gpu),
+                role=SYMPTOM,
+                severity=MINOR,
+                summary=f"Xid {info.code} on {where}: {info.meaning}, "
+                f"after Xid {app.evidence['code']}",
+                caused_by=(app.id,),
+            )
         else:
             # Alone, or after a kill the process rule will see: minor until folded.
-            _put_xid(ctx, dev, group, subject=owner, role=ROOT_CAUSE, severity=MINOR,
-                     summary=f"Xid {info.code} on {where}: {info.meaning}; no other "
-                     "error on this GPU")  # fmt: skip
+            _put_xid(
+                ctx,
+                dev,
+                group,
+                subject=owner,
+                role=ROOT_CAUSE,
+                severity=MINOR,
+                summary=f"Xid {info.code} on {where}: {info.meaning}; no other error on this GPU",
+            )
     if infos := by_class.get(catalog.INFORMATIONAL):
         group = infos
         info = group[0].info
-        _put_xid(ctx, dev, group, subject=gpu_subject(dev.gpu), role=ROOT_CAUSE,
-                 severity=MINOR, summary=f"Xid {info.code} on {where}: {info.meaning} "
-                 "(informational)")  # fmt: skip
+        _put_xid(
+            ctx,
+            dev,
+            group,
+            subject=gpu_subject(dev.gpu),
+            role=ROOT_CAUSE,
+            severity=MINOR,
+            summary=f"Xid {info.code} on {where}: {info.meaning} (informational)",
+        )
     if unknown := by_class.get(catalog.UNDETERMINED):
         group = unknown
         info = group[0].info
@@ -273,11 +311,20 @@ def _soft_xids(ctx: Context, dev: DeviceState, judged: list[_Judged], hard: Find
             if not info.known
             else "NVIDIA lists no recovery but contacting support"
         )
-        _put_xid(ctx, dev, group, subject=gpu_subject(dev.gpu), role=UNDETERMINED,
-                 severity=MAJOR, summary=f"Xid {info.code} on {where}: {why}",
-                 extra={"missing_evidence": f"Xid {info.code} is {why}: read the kernel "
-                        "log line and nvidia-smi -q, or ask NVIDIA support; add an "
-                        "override once it is classified"})  # fmt: skip
+        _put_xid(
+            ctx,
+            dev,
+            group,
+            subject=gpu_subject(dev.gpu),
+            role=UNDETERMINED,
+            severity=MAJOR,
+            summary=f"Xid {info.code} on {where}: {why}",
+            extra={
+                "missing_evidence": f"Xid {info.code} is {why}: read the kernel "
+                "log line and nvidia-smi -q, or ask NVIDIA support; add an "
+                "override once it is classified"
+            },
+        )
 
 
 def _soft_faults(ctx: Context, dev: DeviceState) -> bool:

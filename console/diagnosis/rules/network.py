@@ -57,9 +57,10 @@ def _collective_share(ctx: Context) -> float | None:
     shares = []
     for r in ctx.snap.ranks:
         steps = [
-            s for s in ctx.steps(r)[-RECENT_STEPS // 4 :]
+            s
+            for s in ctx.steps(r)[-RECENT_STEPS // 4 :]
             if s.duration_ms and s.phases.collective is not None
-        ]  # fmt: skip
+        ]
         if steps:
             shares.append(
                 median([(s.phases.collective or 0.0) / (s.duration_ms or 1.0) for s in steps])

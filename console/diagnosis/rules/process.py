@@ -230,8 +230,13 @@ def run(ctx: Context) -> None:
             "teardown": teardown,
         }
         if killer is not None:
-            ev["kernel"] = {"event": killer.event, "pid": killer.pid, "comm": killer.comm,
-                            "at": killer.ts, "source": "kernel_log"}  # fmt: skip
+            ev["kernel"] = {
+                "event": killer.event,
+                "pid": killer.pid,
+                "comm": killer.comm,
+                "at": killer.ts,
+                "source": "kernel_log",
+            }
             ev["memory"] = "host"
         xids = _process_xids(ctx, r, p.gpu or r.gpu)
         if xids:

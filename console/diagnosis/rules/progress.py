@@ -45,14 +45,12 @@ from console.diagnosis.findings import (
     group_subject,
     rank_subject,
 )
-from console.diagnosis.rules.base import TERMINAL_STATES, Context
+from console.diagnosis.rules.base import HARD_DEVICE_KINDS, TERMINAL_STATES, Context
 
 # Root causes that stop a synchronous group outright.
 STOPPING = frozenset(
     {
-        "xid",
-        "gpu_lost",
-        "ecc_dbe",
+        *HARD_DEVICE_KINDS,
         "node_down",
         "oom",
         "exception",

@@ -63,10 +63,14 @@ def _breach(slo: ServingSlo, win: Mapping[str, Any], requests: int) -> list[str]
     out = []
     met = win.get("slo_met")
     if met is not None and met / requests < slo.goodput_target:
-        out.append(f"{met}/{requests} requests met SLO ({met / requests:.1%} < "
-                   f"{slo.goodput_target:.0%})")  # fmt: skip
-    for key, limit in (("ttft_ms_p99", slo.ttft_ms_p99), ("tpot_ms_p99", slo.tpot_ms_p99),
-                       ("e2e_ms_p99", slo.e2e_ms_p99)):  # fmt: skip
+        out.append(
+            f"{met}/{requests} requests met SLO ({met / requests:.1%} < {slo.goodput_target:.0%})"
+        )
+    for key, limit in (
+        ("ttft_ms_p99", slo.ttft_ms_p99),
+        ("tpot_ms_p99", slo.tpot_ms_p99),
+        ("e2e_ms_p99", slo.e2e_ms_p99),
+    ):
         value = win.get(key)
         if value is not None and value > limit:
             out.append(f"{key} {value:.0f} ms > {limit:.0f} ms")
@@ -304,8 +308,13 @@ def serving_state(
     """
     total = len(windows)
     if total == 0:
-        return {"state": INITIALIZING, "reason": "no serving window yet", "workers": 0,
-                "ready": 0, "breaching": 0}  # fmt: skip
+        return {
+            "state": INITIALIZING,
+            "reason": "no serving window yet",
+            "workers": 0,
+            "ready": 0,
+            "breaching": 0,
+        }
     live = [w for w in windows if not _silent(w, now)]
     ready = [w for w in live if w.ready and not w.draining]
     breaching = sorted(w.worker for w in ready if _breach_of(slo, w.window))

@@ -71,7 +71,9 @@ def test_common_js_writes_the_same_as_the_server():
     if node is None:
         pytest.skip("node is not installed: common.js is checked by the browser walk only")
     script = """
-      global.document = { addEventListener() {}, createTextNode: (x) => x };
+      global.document = {
+        addEventListener() {}, createTextNode: (x) => x, getElementById: () => null,
+      };
       global.window = {};
       eval(require("fs").readFileSync(process.argv[1], "utf8"));
       const C = window.Console, now = Date.parse(process.argv[2]);
