@@ -62,7 +62,7 @@ elif tool == "scontrol" and args[:1] == ["requeue"]:
 elif tool == "sinfo":
     n = node(args[args.index("-n") + 1])
     print("drained" if "DRAIN" in n["state"] else "idle")
-elif tool == "squeue":
+elif tool == "squeue" and "-j" in args:
     print(job(args[args.index("-j") + 1])["state"])
 else:
     print(f"fake {tool}: unsupported: {' '.join(args)}", file=sys.stderr); sys.exit(1)

@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -107,8 +108,7 @@ class Service:
     ) -> subprocess.Popen[bytes]:
         """An agent for `node` with 8 fake GPUs; `release`: another release's agent (its
         checkout), `server`: a URL in front of this service (a proxy) instead of its own."""
-        state = self.data_dir / "agents" / node
-        state.mkdir(parents=True, exist_ok=True)
+        state = _short_enough(self.data_dir / "agents" / node)
         agent = (
             [str(BIN / "faultline-agent")]
             if release is None
@@ -139,6 +139,30 @@ class Service:
         )
         self.agents.append(proc)
         return proc
+
+
+# A Unix socket path holds at most 107 bytes; the agent's reporter socket lies in its state
+# directory, which under an xdist worker's long tmp_path can pass that (the agent refuses
+# to start).
+_SOCKET_PATH_MAX = 107
+
+
+def _short_enough(state: Path) -> Path:
+    """`state`, made; where its reporter socket's path would be too long, a short directory
+    in /tmp that `state` links to (readers of `state` see the agent's files either way)."""
+    if len(str(state / "reporter.sock")) <= _SOCKET_PATH_MAX:
+        state.mkdir(parents=True, exist_ok=True)
+        return state
+    if state.is_symlink():
+        return state.resolve()
+    short = Path(tempfile.mkdtemp(prefix="fl-agent-", dir="/tmp"))
+    state.parent.mkdir(parents=True, exist_ok=True)
+    if state.is_dir():  # an earlier agent's files (a restart on the same state)
+        for item in state.iterdir():
+            item.rename(short / item.name)
+        state.rmdir()
+    state.symlink_to(short, target_is_directory=True)
+    return short
 
 
 def faultline_command(release: Path | None = None) -> list[str]:

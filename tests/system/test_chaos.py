@@ -691,7 +691,9 @@ def test_it_keeps_the_training_loop_fast_with_the_telemetry_backend_down(svc, tm
     # Never blocks: a blocking send would wait on the missing agent for good. The mean cost
     # is reported, not bounded (an absolute 20 us failed at 22 us on a busy CI box); the
     # comparison below is the same run's baseline.
-    assert longest < 0.05, longest
+    # A blocking send would hang for good; the bound only has to tell that from a call
+    # preempted on a loaded 2-core box (60 ms seen in CI beside a drill).
+    assert longest < 0.5, longest
     # No slower with the agent gone: in the typical round, the down loop's median step is
     # within 5 % + 20 us of the listening one's (a blocking send would be many times it).
     assert _median(excess) <= 0, (down_ms, up_ms, excess)
