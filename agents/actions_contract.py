@@ -1,10 +1,13 @@
 """The action contract, version 1: the kinds an agent executes, their params and results.
 
-The one definition of what the service may dispatch to an agent and what comes back: the
-service validates proposals and builds dispatch payloads against `KINDS`; the agent's
-executor looks hooks up by these names and its scheduler backends (agents/schedulers/)
-implement them. Standard library only (the node agent imports it). It must not run
-anything: executing is agents/executor.py's job, scheduling agents/schedulers/'s.
+The one definition of what the service may dispatch to an agent and what comes back, and
+of every action kind (`SPECS`: what it targets, what it does to capacity, its inverse, its
+params, preview, backends, whether a controller agent may run it): the service validates
+proposals, resolves targets, gates, previews and builds dispatch payloads from these
+specs; the agent's executor looks hooks up by these names and its scheduler backends
+(agents/schedulers/) implement them. Standard library only (the node agent imports it).
+It must not run anything: executing is agents/executor.py's job, scheduling
+agents/schedulers/'s.
 
 Adding a kind or an optional param is not a version change; renaming or removing one is
 (ACTIONS_VERSION += 1, the old names stay accepted as aliases).
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, NotRequired, TypedDict
@@ -22,7 +26,18 @@ log = logging.getLogger("faultline.agent.actions")
 
 ACTIONS_VERSION = 1
 
-Scope = Literal["node", "gpu", "job"]
+# What an action's target string names (`<target>:<name>`): the target grammar the service
+# resolves (console.actions.targets) and the executor checks. `rank` is `<group>/<rank>`.
+TARGETS = ("node", "gpu", "rank", "group")
+Target = Literal["node", "gpu", "rank", "group", "any"]  # any: whichever of TARGETS
+# What a kind does to capacity; the gates read it (console.policy.gates): a take-out counts
+# against the node or GPU blast radius, a put-back meets the ownership and repeat rules
+# instead, a restart needs diagnosis' auto_restart_safe.
+Effect = Literal["take_out", "put_back", "restart", "none"]
+# What a succeeded take-out marks on the node (console.actions.fleet.mark_node).
+Mark = Literal["quarantined", "cordoned", ""]
+# The built-in scheduler backends (agents/schedulers/), by their `scheduler = "..."` name.
+BACKENDS = ("slurm", "kubernetes")
 
 
 @dataclass(frozen=True)
@@ -34,13 +49,61 @@ class Param:
 
 @dataclass(frozen=True)
 class KindSpec:
-    """One action kind: what it acts on, whether it takes capacity out or puts it back."""
+    """One action kind, the only description of it: the service's lifecycle, target
+    resolution, gates, dry-run preview and remediation policy, and the agent's executor and
+    backends, read these fields instead of lists of their own."""
 
     name: str
-    scope: Scope
-    takes_out: bool  # True: removes capacity; False: returns it (or restarts work)
+    label: str  # what the admin and the pages call it
+    target: Target  # what its target string names
+    effect: Effect
     params: tuple[Param, ...]
-    help: str
+    help: str  # what it does, for people configuring hooks
+    # The dry run's sentence for it (console.policy.dryrun); {target}, {node}, {gpu} and
+    # {group} are the proposal's.
+    preview: str
+    # An agent runs it (through a hook or a backend): it is part of this contract. False:
+    # the service's own until the contract carries it (a site may still hook the name).
+    agent: bool = True
+    inverse: str = ""  # the kind that puts back what this one takes out
+    marks: Mark = ""  # what a succeeded node take-out marks on the node
+    # A scheduler takes a node out or puts it back by its name from any host with the
+    # rights (`scontrol` on the Slurm controller or a login host, a kubeconfig that may patch
+    # nodes), so an agent configured as the scheduler's controller (`controller = true`)
+    # runs these for a node whose own agent is silent. A GPU's isolation names a GPU only
+    # its own node's agent knows; a restart is the group's.
+    controller: bool = False
+    # The built-in backends that run it; any other answers "unsupported" unless a hook
+    # names it. The policy reads this to choose, e.g., drain_node over isolate_gpu on Slurm,
+    # which cannot take one GPU out without a reconfiguration.
+    backends: frozenset[str] = frozenset()
+
+    @property
+    def takes_out(self) -> bool:
+        return self.effect == "take_out"
+
+    @property
+    def node_out(self) -> bool:
+        """Takes a whole node out of service: counts against the node blast radius."""
+        return self.effect == "take_out" and self.target == "node"
+
+    @property
+    def gpu_out(self) -> bool:
+        """Takes one GPU out of service: counts against the GPU blast radius."""
+        return self.effect == "take_out" and self.target == "gpu"
+
+    @property
+    def on_generation(self) -> bool:
+        """Acts on one generation of a group: dispatching it on a newer generation would act
+        on work the decision never saw."""
+        return self.target in ("group", "rank")
+
+    def preview_text(self, target: str) -> str:
+        """The dry run's sentence for this kind on `target` (`node:n-1`, `gpu:GPU-...`)."""
+        prefix, _, name = target.partition(":")
+        values = {t: "" for t in TARGETS} | {prefix: name, "target": target}
+        values["group"] = values["group"] or values["rank"].rpartition("/")[0]
+        return self.preview.format_map(values)
 
 
 _NODE = Param(
@@ -60,42 +123,178 @@ CORDON_NODE = "cordon_node"
 DRAIN_NODE = "drain_node"
 QUARANTINE_NODE = "quarantine_node"
 ISOLATE_GPU = "isolate_gpu"
+ISOLATE_RANK = "isolate_rank"
 RESTART_GROUP = "restart_group"
 UNCORDON_NODE = "uncordon_node"
 RELEASE_GPU = "release_gpu"
+ROLLBACK_MODEL = "rollback_model"
+PAGE_HUMAN = "page_human"
 
-KINDS: dict[str, KindSpec] = {
+_ALL = frozenset(BACKENDS)
+_SLURM = frozenset({"slurm"})
+_KUBERNETES = frozenset({"kubernetes"})
+
+# Every action kind, in the order the console lists them (its model choices, in its
+# migrations). Adding a kind is adding its spec here: the service and the agent follow
+# (tests/agents/test_kind_registry.py); the console's model choices need `makemigrations`.
+SPECS: dict[str, KindSpec] = {
     spec.name: spec
     for spec in (
-        KindSpec(CORDON_NODE, "node", True, (_NODE, _REASON), "no new work lands on the node"),
-        KindSpec(
-            DRAIN_NODE,
-            "node",
-            True,
-            (_NODE, _REASON, _DRAIN_TIMEOUT),
-            "cordon, then move work off it",
-        ),
         KindSpec(
             QUARANTINE_NODE,
+            "quarantine node",
             "node",
-            True,
+            "take_out",
             (_NODE, _REASON, _DRAIN_TIMEOUT),
             "drain and mark it Faultline's until a validated repair returns it",
+            "node {node} is drained and quarantined until a validated repair returns it",
+            inverse=UNCORDON_NODE,
+            marks="quarantined",
+            controller=True,
+            backends=_ALL,
         ),
-        KindSpec(ISOLATE_GPU, "gpu", True, (_NODE, _GPU, _REASON), "keep work off one GPU"),
+        KindSpec(
+            CORDON_NODE,
+            "cordon node",
+            "node",
+            "take_out",
+            (_NODE, _REASON),
+            "no new work lands on the node",
+            "node {node} takes no new work; what runs there goes on",
+            inverse=UNCORDON_NODE,
+            marks="cordoned",
+            controller=True,
+            backends=_ALL,
+        ),
+        KindSpec(
+            DRAIN_NODE,
+            "drain node",
+            "node",
+            "take_out",
+            (_NODE, _REASON, _DRAIN_TIMEOUT),
+            "cordon, then move work off it",
+            "node {node} takes no new work and its work moves off",
+            inverse=UNCORDON_NODE,
+            marks="cordoned",
+            controller=True,
+            backends=_ALL,
+        ),
+        KindSpec(
+            ISOLATE_GPU,
+            "isolate GPU",
+            "gpu",
+            "take_out",
+            (_NODE, _GPU, _REASON),
+            "keep work off one GPU",
+            "GPU {gpu} takes no new work; the rest of its node stays in service",
+            inverse=RELEASE_GPU,
+            backends=_KUBERNETES,
+        ),
+        KindSpec(
+            ISOLATE_RANK,
+            "isolate rank",
+            "rank",
+            "take_out",
+            (),
+            "keep one rank of a group out of its collectives",
+            "rank {rank} is kept out of its group's collectives",
+            agent=False,
+        ),
         KindSpec(
             RESTART_GROUP,
-            "job",
-            False,
+            "restart group",
+            "group",
+            "restart",
             (_JOB, _REASON),
             "requeue the group's job so it restarts (from its checkpoint) without the node",
+            "the job of {group} is requeued and restarts from its checkpoint",
+            backends=_SLURM,
         ),
         KindSpec(
-            UNCORDON_NODE, "node", False, (_NODE, _REASON, _FORCE), "return the node to service"
+            UNCORDON_NODE,
+            "return node to service",
+            "node",
+            "put_back",
+            (_NODE, _REASON, _FORCE),
+            "return the node to service",
+            "node {node} returns to service",
+            controller=True,
+            backends=_ALL,
         ),
-        KindSpec(RELEASE_GPU, "gpu", False, (_NODE, _GPU, _REASON), "return the GPU to service"),
+        KindSpec(
+            RELEASE_GPU,
+            "return GPU to service",
+            "gpu",
+            "put_back",
+            (_NODE, _GPU, _REASON),
+            "return the GPU to service",
+            "GPU {gpu} returns to service",
+            backends=_KUBERNETES,
+        ),
+        KindSpec(
+            ROLLBACK_MODEL,
+            "roll back model",
+            "group",
+            "none",
+            (),
+            "serve the model version before this one",
+            "{group} serves its previous model version",
+            agent=False,
+        ),
+        KindSpec(
+            PAGE_HUMAN,
+            "page a human",
+            "any",
+            "none",
+            (),
+            "ask a person to look",
+            "a person is paged about {target}",
+            agent=False,
+        ),
     )
 }
+
+
+def spec_of(kind: str) -> KindSpec | None:
+    """The spec of an action kind (the contract's or the service's own); None for others.
+    Read at call time, so every reader sees a kind added to SPECS."""
+    return SPECS.get(kind)
+
+
+class _AgentKinds(Mapping[str, KindSpec]):
+    """The kinds an agent runs (`agent=True`), read from SPECS on every use."""
+
+    def __getitem__(self, name: str) -> KindSpec:
+        spec = SPECS.get(name)
+        if spec is None or not spec.agent:
+            raise KeyError(name)
+        return spec
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([name for name, spec in SPECS.items() if spec.agent])
+
+    def __len__(self) -> int:
+        return sum(1 for spec in SPECS.values() if spec.agent)
+
+
+# The contract proper: what the service may dispatch to an agent, the names the agent's
+# hook table is keyed by.
+KINDS: Mapping[str, KindSpec] = _AgentKinds()
+
+
+def controller_kinds() -> frozenset[str]:
+    """Kinds an agent may run for another node, as the scheduler's controller."""
+    return frozenset(name for name, spec in KINDS.items() if spec.controller)
+
+
+def backend_kinds(scheduler: str) -> frozenset[str]:
+    """What the built-in backend `scheduler` runs."""
+    return frozenset(name for name, spec in KINDS.items() if scheduler in spec.backends)
+
+
+# Both as the contract stood at import; the readers that must follow SPECS call the above.
+CONTROLLER_KINDS = controller_kinds()
+BACKEND_KINDS: dict[str, frozenset[str]] = {b: backend_kinds(b) for b in BACKENDS}
 
 # Every kind also takes `dry_run` (true: run nothing, report the commands), which the
 # service adds to every dispatched action (console.actions.remediation.agent_payload).
@@ -236,23 +435,6 @@ ALIASES: dict[str, str] = {
     "release": RELEASE_GPU,
     "requeue": RESTART_GROUP,
 }
-
-# What the built-in backends (agents/schedulers/) run; any other kind answers "unsupported"
-# there unless a hook names it. The service's policy reads this to choose, e.g., drain_node
-# over isolate_gpu on Slurm, which cannot take one GPU out without a reconfiguration.
-BACKEND_KINDS: dict[str, frozenset[str]] = {
-    "slurm": frozenset({CORDON_NODE, DRAIN_NODE, QUARANTINE_NODE, UNCORDON_NODE, RESTART_GROUP}),
-    "kubernetes": frozenset(
-        {CORDON_NODE, DRAIN_NODE, QUARANTINE_NODE, UNCORDON_NODE, ISOLATE_GPU, RELEASE_GPU}
-    ),
-}
-
-# Kinds an agent may run for another node: a scheduler takes a node out or puts it back by
-# its name from any host with the rights (`scontrol` on the Slurm controller or a login
-# host, a kubeconfig that may patch nodes), so an agent configured as the scheduler's
-# controller (`controller = true`) runs them for a node whose own agent is silent. A GPU's
-# isolation names a GPU only its own node's agent knows; a restart is the group's.
-CONTROLLER_KINDS = frozenset({CORDON_NODE, DRAIN_NODE, QUARANTINE_NODE, UNCORDON_NODE})
 
 # `status` is what the service's result endpoint takes; `state` says what really happened.
 Status = Literal["succeeded", "failed"]

@@ -29,6 +29,8 @@ from agents.host import HostMonitor, HostPaths
 from agents.kmsg import KernelLog
 from agents.listener import Listener
 from agents.nvml import GpuBackend, load_backend
+from agents.replay import DEFAULT_MAX_BYTES as REPLAY_MAX_BYTES
+from agents.replay import DEFAULT_WINDOW_S
 from agents.schedulers import Attestation, backend_named
 from agents.sender import AgentInfo, AuthError, Sender
 from agents.serving_scrape import EngineConfig, ServingScraper
@@ -57,6 +59,10 @@ class Config:
     checkpoint_roots: list[RootConfig] = field(default_factory=list)
     dry_run: bool = False
     spool_max_bytes: int = DEFAULT_MAX_BYTES
+    # Acknowledged batches are kept this long to re-send what a database failover lost
+    # (agents/replay.py): at least the deployment's replication-lag bound; 0 keeps none.
+    replay_window_s: float = DEFAULT_WINDOW_S
+    replay_max_bytes: int = REPLAY_MAX_BYTES
     reporter_socket: str | None = None
     reporter_udp_port: int | None = None
     reporter_socket_mode: int = 0o660
@@ -69,8 +75,8 @@ class Config:
     allow_unsigned: bool = False
     scheduler: str | None = None  # built-in backend: "slurm" | "kubernetes" (agents/schedulers)
     # The scheduler's controller agent (docs/agent.md, "Controller agent"): it also runs
-    # node actions (CONTROLLER_KINDS) for other nodes whose own agent is silent, for the
-    # node names these globs allow.
+    # the node actions whose spec says `controller` for other nodes whose own agent is silent,
+    # for the node names these globs allow.
     controller: bool = False
     controller_nodes: list[str] = field(default_factory=lambda: ["*"])
     hook_timeout_s: float = 60.0
@@ -126,7 +132,12 @@ class Agent:
         state = Path(config.state_dir)
         state.mkdir(parents=True, exist_ok=True)
         self.identity = Identity(state)
-        self.spool = Spool(state, max_bytes=config.spool_max_bytes)
+        self.spool = Spool(
+            state,
+            max_bytes=config.spool_max_bytes,
+            replay_window_s=config.replay_window_s,
+            replay_max_bytes=config.replay_max_bytes,
+        )
         self.backend = backend if backend is not None else make_backend(config, self.out)
         self.info = AgentInfo(
             self.identity.agent_id,

@@ -21,6 +21,7 @@ from typing import Any
 from agents import __version__, xid
 from agents.agent import DEFAULT_STATE_DIR, Agent, Config, make_backend
 from agents.checkpoints import RootConfig
+from agents.replay import DEFAULT_WINDOW_S, MAX_REPLAY_WINDOW_S
 from agents.schedulers import backend_named
 from agents.sender import opener_for
 from agents.serving_scrape import EngineScraper, parse_config
@@ -65,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
             "device events and process exits still go at once",
         )
         p.add_argument("--state-dir", type=Path, help=f"default {DEFAULT_STATE_DIR}")
+        p.add_argument(
+            "--replay-window",
+            type=float,
+            help="seconds an acknowledged batch is kept to re-send what a database failover "
+            f"lost (default {DEFAULT_WINDOW_S:g}; at least the replication-lag bound; 0: none)",
+        )
         p.add_argument(
             "--checkpoint-root",
             action="append",
@@ -187,6 +194,17 @@ def build_config(args: argparse.Namespace) -> Config:
     cfg.boot_id = str(boot) if boot else None
     cfg.dry_run = bool(args.dry_run if args.dry_run is not None else toml.get("dry_run", False))
     cfg.spool_max_bytes = int(toml.get("spool_max_mb", 256)) * 1024 * 1024
+    window = pick(args.replay_window, "FAULTLINE_AGENT_REPLAY_WINDOW_S", "replay_window_s", None)
+    try:
+        cfg.replay_window_s = float(window if window is not None else DEFAULT_WINDOW_S)
+    except (TypeError, ValueError):
+        raise ConfigError(f"replay_window_s {window!r} must be a number of seconds") from None
+    if not 0 <= cfg.replay_window_s <= MAX_REPLAY_WINDOW_S:
+        raise ConfigError(
+            f"replay_window_s {cfg.replay_window_s:g} must be 0 (none) to "
+            f"{MAX_REPLAY_WINDOW_S:g} seconds"
+        )
+    cfg.replay_max_bytes = int(toml.get("replay_max_mb", 64)) * 1024 * 1024
     cfg.reporter_socket = toml.get("reporter_socket")
     cfg.reporter_udp_port = toml.get("reporter_udp_port")
     mode = toml.get("reporter_socket_mode", "660")

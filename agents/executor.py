@@ -17,11 +17,11 @@ scheduler backend is configured); its target (and
 `params.node`/`params.gpu`) must be this node, one of this node's GPUs, or a group this
 node has reported records for — or, on an agent configured as the scheduler's controller
 (`controller_nodes`), another node a glob allows, for the node kinds a controller runs
-(CONTROLLER_KINDS); every value substituted into a hook is checked by the contract's rules
-(agents/actions_contract.py: safe characters, never a leading `-`, no control characters,
-typed params) and a group action without an integer generation is refused, so fencing is
-never skipped. An action past the deadline it carries (signed with it) is refused and
-reported: the service has already failed it.
+(their spec's `controller`); every value substituted into a hook is checked by the
+contract's rules (agents/actions_contract.py: safe characters, never a leading `-`, no
+control characters, typed params) and a group action without an integer generation is
+refused, so fencing is never skipped. An action past the deadline it carries (signed
+with it) is refused and reported: the service has already failed it.
 """
 
 from __future__ import annotations
@@ -64,7 +64,6 @@ EXAMPLE_HOOKS = {
 # The wire contract's Name charset (agents/protocol.py), minus a leading "-": a value that
 # starts with "-" becomes an option of the hook's program (`kubectl cordon --all`).
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.:@/][A-Za-z0-9_.:@/\-]{0,127}$")
-TARGET_KINDS = ("node", "gpu", "rank", "group")
 
 
 class _SafeDict(dict[str, str]):
@@ -206,8 +205,9 @@ class Executor:
             raise Refused(f"{what} is not this node ({self.node}); this agent is no controller")
         if not SAFE_NAME.match(name):  # one node: no Slurm hostlist ("gpu-[01-99]", "a,b")
             raise Refused(f"{what} is not one safe node name")
-        if contract.canonical(str(kind)) not in contract.CONTROLLER_KINDS:
-            allowed = ", ".join(sorted(contract.CONTROLLER_KINDS))
+        controller_kinds = contract.controller_kinds()
+        if contract.canonical(str(kind)) not in controller_kinds:
+            allowed = ", ".join(sorted(controller_kinds))
             raise Refused(f"{what}: a controller runs only {allowed} for another node")
         if not any(fnmatch.fnmatchcase(name, glob) for glob in self.controller_nodes):
             globs = ", ".join(self.controller_nodes)
@@ -217,7 +217,7 @@ class Executor:
         if not isinstance(target, str) or ":" not in target:
             raise Refused(f"target {target!r} must be node:, gpu:, rank: or group:")
         prefix, _, name = target.partition(":")
-        if prefix not in TARGET_KINDS or not SAFE_NAME.match(name):
+        if prefix not in contract.TARGETS or not SAFE_NAME.match(name):
             raise Refused(f"target {target!r} must be node:, gpu:, rank: or group: a safe name")
         if prefix == "node" and name != self.node:
             self._check_other_node(kind, name, f"target {target!r}")

@@ -493,6 +493,9 @@ HOST_RECORDS = (HostEvent, NetSample, NetEvent, HostSample)
 # -- end host, network and kernel evidence -----------------------------------------------
 
 
+# Every record kind of the contract, once: the batch's union. RECORD_TYPES, RECORD_KINDS and
+# the service's registry of handlers, tables, retention and readers (ingest.store.kinds)
+# are read from it, so a new kind is its struct here and its entry in this union.
 Record = (
     Heartbeat
     | DeviceSample
@@ -510,23 +513,16 @@ Record = (
     | HostSample
     | ProcessGroups
 )
-RECORD_KINDS: tuple[str, ...] = tuple(
-    str(t.__struct_config__.tag)
-    for t in (
-        Heartbeat,
-        DeviceSample,
-        DeviceEvent,
-        Process,
-        Step,
-        Collective,
-        Checkpoint,
-        Transition,
-        Serving,
-        Probe,
-        *HOST_RECORDS,
-        ProcessGroups,
-    )
-)
+RECORD_TYPES: tuple[type[_Record], ...] = get_args(Record)
+
+
+def kind_of(struct: type[Struct]) -> str:
+    """The `kind` a record struct is tagged with on the wire."""
+    return str(struct.__struct_config__.tag)
+
+
+RECORD_KINDS: tuple[str, ...] = tuple(kind_of(t) for t in RECORD_TYPES)
+HOST_KINDS: frozenset[str] = frozenset(kind_of(t) for t in HOST_RECORDS)
 
 
 class AgentInfo(Struct, gc=False, forbid_unknown_fields=True, omit_defaults=True):

@@ -13,11 +13,20 @@ from agents.actions_contract import Action
 
 
 class Accepted(Struct, forbid_unknown_fields=True):
-    """202: the batch is stored (or was already: `duplicate`); `ack_seq` is its seq."""
+    """202: the batch is stored (or was already: `duplicate`); `ack_seq` is its seq.
+
+    `high_water` and `gaps` are the agent's receipts as this batch found them: the highest
+    seq the service had stored for the agent (null: none) and the seq ranges at or below it
+    that it lacks (its newest 100 gap ranges). A seq the agent saw acknowledged that lies
+    above `high_water` or inside a gap was lost by the service (a failover to a standby
+    that lagged): the agent re-sends it from its replay window (agents/replay.py).
+    """
 
     ack_seq: int
     duplicate: bool
     actions: list[Action]  # approved actions for this node (agents.actions_contract)
+    high_water: int | None = None
+    gaps: list[list[int]] = []  # [first, last] each
 
 
 class ContractViolation(Struct, forbid_unknown_fields=True):

@@ -203,6 +203,28 @@ def retry_after_seconds(value: str | None, default: float) -> float:
     return max(0.0, when.timestamp() - time.time())
 
 
+def backoff_delay(
+    failures: int, base: float, cap: float, rng: random.Random | None = None
+) -> float:
+    """Seconds to wait after `failures` failed tries in a row: exponential, always jittered,
+    so that a fleet of agents that lost the service at the same instant never retries in
+    lockstep.
+
+    Below the cap the wait is drawn from [base/2, base * 2**failures] (full jitter, with a
+    floor so a flapping link is not hammered). At the cap it is drawn from [cap/2, cap],
+    not from zero: with every agent waiting uniform(0, cap), the agents' first tries after
+    the link returns are front-loaded (each is the rest of a wait in progress, and a long
+    wait is more likely to be the one in progress): the first second after an outage
+    carried twice the mean rate of the recovery. From the cap's upper half the first half
+    of the recovery is flat at 4/3 of the mean (tests/agents/test_backoff.py).
+    """
+    draw = (rng or random).uniform
+    ceiling = base * (2 ** min(failures, 16))
+    if ceiling >= cap:
+        return draw(cap / 2, cap)
+    return draw(base / 2, max(base, ceiling))
+
+
 class Sender:
     """Drains the spool into the service, one batch in flight at a time."""
 
@@ -241,6 +263,7 @@ class Sender:
         self.failures = 0
         self.sent_batches = 0
         self.quarantined = 0
+        self.replayed = 0  # acknowledged batches sent again because the service lost them
         self._connection = IngestConnection(self.url, timeout)
         self._wake = threading.Event()
         self.linger = min(0.05, interval)
@@ -258,9 +281,7 @@ class Sender:
         }
 
     def _backoff(self) -> float:
-        # Exponential with full jitter: a fleet of agents must not retry in lockstep.
-        ceiling = min(self.backoff_cap, self.backoff_base * (2 ** min(self.failures, 16)))
-        return random.uniform(self.backoff_base / 2, max(self.backoff_base, ceiling))
+        return backoff_delay(self.failures, self.backoff_base, self.backoff_cap)
 
     def _post(self, body: bytes) -> tuple[int, Any, bytes]:
         """One POST on the agent's kept-alive connection (IngestConnection)."""
@@ -284,7 +305,7 @@ class Sender:
         envelope = self.envelope(batch)
         if self.dry_run:
             print(json.dumps(envelope, separators=(",", ":")), file=self.out, flush=True)
-            self.spool.ack(batch["seq"])
+            self.spool.discard(batch["seq"])
             return "acked", self._next_wait()
         raw = json.dumps(envelope, separators=(",", ":")).encode()
         if len(raw) > MAX_BATCH_BYTES:
@@ -303,7 +324,10 @@ class Sender:
             self.failures = 0
             self.sent_batches += 1
             self.spool.ack(batch["seq"])
-            self._deliver_actions(payload)
+            reply = self._reply(payload)
+            self._deliver_actions(reply)
+            if self._replay_lost(batch["seq"], reply):
+                return "acked", 0.0  # what the service lost goes first, at once
             return "acked", self._next_wait()
         if status == 413:
             return self._too_large(batch, payload)
@@ -320,6 +344,10 @@ class Sender:
         if status in (429, 503):
             retry_after = headers.get("Retry-After") if headers else None
             wait = min(MAX_RETRY_AFTER_S, retry_after_seconds(retry_after, self._backoff()))
+            # Never sooner than asked, and not all at once: every agent the service turned
+            # away in one second reads the same Retry-After, and would come back together
+            # (and be turned away together) for as long as it is busy.
+            wait *= random.uniform(1.0, 1.5)
         else:
             wait = self._backoff()
         log.warning(
@@ -331,15 +359,43 @@ class Sender:
         # Drain a backlog at full speed; otherwise batch by time.
         return 0.0 if self.spool.depth >= self.max_records else self.interval
 
-    def _deliver_actions(self, payload: bytes) -> None:
-        if self.on_actions is None:
-            return
+    @staticmethod
+    def _reply(payload: bytes) -> dict[str, Any]:
         try:
-            actions = json.loads(payload or b"{}").get("actions") or []
-        except (ValueError, AttributeError):
-            return
-        if actions:
+            reply = json.loads(payload or b"{}")
+        except ValueError:
+            return {}
+        return reply if isinstance(reply, dict) else {}
+
+    def _deliver_actions(self, reply: dict[str, Any]) -> None:
+        actions = reply.get("actions") or []
+        if self.on_actions is not None and isinstance(actions, list) and actions:
             self.on_actions(actions)
+
+    def _replay_lost(self, ack_seq: int, reply: dict[str, Any]) -> bool:
+        """Re-queue the acknowledged batches the reply's receipts say the service lacks
+        (a failover lost them: agents/replay.py); True when there were any."""
+        if "high_water" not in reply:
+            return False  # a service from before the replay window: nothing to compare
+        high_water, gaps = reply["high_water"], reply.get("gaps") or []
+        if not (high_water is None or isinstance(high_water, int)) or not isinstance(gaps, list):
+            return False
+        try:
+            moved = self.spool.reconcile(ack_seq, high_water, gaps)
+        except (TypeError, ValueError):  # a malformed gap list: keep the window as it is
+            return False
+        if not moved:
+            return False
+        self.replayed += len(moved)
+        log.warning(
+            "the service lacks %d batch(es) it acknowledged before (seqs %s..%s; its high-water "
+            "mark for this agent was %s): re-sending them from the replay window",
+            len(moved),
+            moved[0],
+            moved[-1],
+            high_water,
+        )
+        return True
 
     def _too_large(self, batch: dict[str, Any], payload: bytes) -> tuple[str, float]:
         """Split a batch over the limit into halves (sent next); one record alone is kept."""
@@ -366,7 +422,7 @@ class Sender:
         body = json.dumps({"error": error, "batch": batch}).encode()
         write_atomic(self.dead_letter_dir / f"batch-{batch['seq']}.json", body)
         self.quarantined += 1
-        self.spool.ack(batch["seq"])
+        self.spool.discard(batch["seq"])
 
     def run(self, stop: threading.Event) -> None:
         """Loop until `stop`; AuthError propagates so the agent can stop with its message."""

@@ -10,6 +10,7 @@ Layout under the state dir:
   spool/samples/*.seg      append-only JSON lines: device_sample and heartbeat
   spool/<lane>/cursor.json how far the lane has moved into batches; drop count
   spool/inflight/<seq>.json the one built-but-unacknowledged batch (resent as is)
+  spool/window/<seq>.json  acknowledged batches of the last replay window (agents/replay.py)
 
 Fsync policy: every append is flushed to the OS at once, so a killed or crashed agent loses
 nothing; both lanes are fsynced by `sync()` (each sampling tick, about once a second, and
@@ -30,6 +31,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from agents.replay import DEFAULT_MAX_BYTES as REPLAY_MAX_BYTES
+from agents.replay import ReplayWindow, lost
 from agents.wire import MAX_BATCH_BYTES, Record
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
@@ -238,6 +241,8 @@ class Spool:
         *,
         max_bytes: int = DEFAULT_MAX_BYTES,
         segment_bytes: int | None = None,
+        replay_window_s: float = 0.0,
+        replay_max_bytes: int = REPLAY_MAX_BYTES,
     ) -> None:
         root = Path(state_dir) / "spool"
         self.max_bytes = max_bytes
@@ -246,6 +251,9 @@ class Spool:
         self._samples = _Lane(root / "samples", seg, fsync_each=False)
         self._inflight_dir = root / "inflight"
         self._inflight_dir.mkdir(parents=True, exist_ok=True)
+        self.replay = ReplayWindow(
+            root / "window", window_s=replay_window_s, max_bytes=replay_max_bytes
+        )
         self._lock = threading.Lock()
 
     # -- writing ---------------------------------------------------------------------
@@ -330,17 +338,37 @@ class Spool:
         return True
 
     def ack(self, seq: int) -> None:
+        """The service stored batch `seq`: into the replay window (or gone, without one)."""
+        with self._lock:
+            self.replay.keep(seq, self._inflight_dir / f"{seq}.json")
+
+    def discard(self, seq: int) -> None:
+        """Batch `seq` will never be stored (dead-lettered, or no service): gone for good."""
         with self._lock, contextlib.suppress(FileNotFoundError):
             (self._inflight_dir / f"{seq}.json").unlink()
+
+    def reconcile(self, ack_seq: int, high_water: int | None, gaps: list[list[int]]) -> list[int]:
+        """After the 202 of `ack_seq` (and its `ack`): the window's batches the service's
+        receipts say it lacks go back in flight, lowest seq first; then the window forgets
+        what is older than it. Returns the seqs to be sent again."""
+        with self._lock:
+            moved = self.replay.take(
+                lost(self.replay.seqs, ack_seq, high_water, gaps), self._inflight_dir
+            )
+            self.replay.expire()
+            return moved
 
     # -- introspection ---------------------------------------------------------------
     @property
     def depth(self) -> int:
-        inflight = 0
-        for path in self._inflight_dir.glob("*.json"):
-            batch = read_json(path, {})
-            inflight += len(batch.get("records", []))
-        return self._events.depth + self._samples.depth + inflight
+        # Under the lock: between a batch's file being written and the lanes' cursors
+        # moving, its records are in both, and a heartbeat read then counted them twice.
+        with self._lock:
+            inflight = 0
+            for path in self._inflight_dir.glob("*.json"):
+                batch = read_json(path, {})
+                inflight += len(batch.get("records", []))
+            return self._events.depth + self._samples.depth + inflight
 
     @property
     def dropped(self) -> int:

@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         from django.db.models import Count
         from django.test import Client
 
-        from console.accounts import create_user
+        from console.actions import create_user
         from console.models import ConsistencyGroup
 
         started = time.perf_counter()
@@ -338,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
         from django.contrib.auth.models import User
 
         user = User.objects.filter(username="bench").first() or create_user(
+            actor="bench",
             username="bench",
             role="viewer",
             password="bench-pass-123",  # noqa: S106 - throwaway bench user

@@ -5,22 +5,40 @@ and a 13-entry collective window per rank, Xid 79 on one GPU, every other rank b
 in all_reduce), then times `build_snapshot` (the baseline: merely turning records into
 a snapshot) and `diagnose` in the same run, and prints both and their ratio.
 
+It then times live passes (`LiveGroup`, as the worker runs them): one after every rank
+stepped once more (every node's heartbeat moves with it), and one with nothing new half a
+second later (an Xid's or a sweep's pass). Two baselines come from the same run: the
+parse floor (`_step` over the tick's records alone, the least any pass that keeps steps
+as records must do) and, with `--against OTHER_TREE`, the same passes on another
+checkout's code, in child processes alternated round by round with this tree's.
+
     python bench/diagnosis.py [--ranks 4096] [--runs 15]
+    python bench/diagnosis.py --ranks 16384 --runs 5 --full-runs 0 --healthy --against /tmp/old
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# `--root=TREE` imports that checkout's code (the --against child runs this way).
+sys.path.insert(
+    0,
+    next(
+        (a.split("=", 1)[1] for a in sys.argv if a.startswith("--root=")),
+        str(Path(__file__).resolve().parents[1]),
+    ),
+)
 
 try:
     from console import collector
@@ -28,7 +46,7 @@ except ImportError:  # a tree from before console.collector, run with --no-colle
     collector = None  # type: ignore[assignment]  # the module, absent from an old tree
 from console.diagnosis import build_snapshot, diagnose
 from console.diagnosis.live import LiveGroup
-from console.diagnosis.snapshot import RANK_KINDS
+from console.diagnosis.snapshot import RANK_KINDS, _step
 
 GROUP = "bench"
 T0 = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
@@ -204,10 +222,19 @@ def run_size(
     xid_ms: list[float] = []
     xid_diag_ms: list[float] = []
     cold_ms: list[float] = []
+    floor_ms: list[float] = []
     result = None
     for k in range(1, runs + 1):
         batch = tick(ranks, k)
         now = NOW + timedelta(seconds=k)
+        # Baseline: parsing the tick's step records alone, the least a pass that keeps
+        # steps as records must do (measured first, on the same batch).
+        t0 = time.process_time()
+        [_step(r) for r in batch]
+        floor_ms.append((time.process_time() - t0) * 1000)
+        # Every node delivered the step: its heartbeat moves with it (a fresh dict, as the
+        # worker reads it each pass).
+        kw = {**kw, "nodes": dict.fromkeys(nodes, now)}
         t0 = time.process_time()
         with pause():
             live.apply(batch)
@@ -218,6 +245,7 @@ def run_size(
         step_ms.append((t1 - t0) * 1000)
         step_diag_ms.append((t2 - t1) * 1000)
         now += timedelta(milliseconds=500)
+        kw = {**kw, "nodes": dict(kw["nodes"])}  # nothing delivered since
         t0 = time.process_time()
         with pause():
             live.apply([])
@@ -234,6 +262,8 @@ def run_size(
         kept = [dict(m) for m in memos]  # a tree from before the devices memo has one
         for m in memos:
             m.clear()
+        if hasattr(live, "_base"):
+            live._base = None  # the non-rank part kept whole since 2026-12-07: not kept
         t0 = time.process_time()
         with pause():
             live.snapshot(records=other, now=now + timedelta(milliseconds=1), **kw)
@@ -256,6 +286,7 @@ def run_size(
         "xid_build": statistics.median(xid_ms),
         "xid_diag": statistics.median(xid_diag_ms),
         "xid_cold": statistics.median(cold_ms),
+        "floor": statistics.median(floor_ms),
     }
     print(
         f"ranks {ranks} full rebuild: build_snapshot p50 {out['full_build']:.1f} ms "
@@ -264,7 +295,9 @@ def run_size(
     )
     print(
         f"ranks {ranks} live, every rank stepped: apply+snapshot p50 {out['step_build']:.1f} ms "
-        f"({ranks} records), diagnose p50 {out['step_diag']:.1f} ms"
+        f"({ranks} records), diagnose p50 {out['step_diag']:.1f} ms; parsing the tick's "
+        f"records alone {out['floor']:.1f} ms (baseline; the pass is "
+        f"{(out['step_build'] + out['step_diag']) / out['floor']:.1f} of it)"
     )
     print(
         f"ranks {ranks} live, nothing per-rank changed: snapshot p50 {out['xid_build']:.1f} ms, "
@@ -272,6 +305,26 @@ def run_size(
         f"again {out['xid_cold']:.1f} ms (baseline; ratio {out['xid_build'] / out['xid_cold']:.2f})"
     )
     return out
+
+
+# ms of one core at 16,384 ranks: a pass, and a hang check behind it, fit beside a 1 s step
+GOALS_16K = {"stepped": 300.0, "idle": 50.0}
+
+
+def _child(tree: str, args: argparse.Namespace) -> dict[int, dict[str, float]]:
+    """This bench run on `tree`'s code in a child process: its figures by world size."""
+    cmd = [sys.executable, __file__, f"--root={tree}", "--json", "--ranks", args.ranks]
+    cmd += ["--runs", str(args.runs), "--full-runs", str(args.full_runs or 0)]
+    cmd += ["--healthy"] if args.healthy else []
+    cmd += ["--no-collector"] if args.no_collector else []
+    env = {**os.environ, "PYTHONPATH": tree}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=tree)
+    got: dict[str, dict[str, float]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return {int(n): o for n, o in got.items()}
+
+
+def _passes(o: dict[str, float]) -> tuple[float, float]:
+    return o["step_build"] + o["step_diag"], o["xid_build"] + o["xid_diag"]
 
 
 def main() -> None:
@@ -287,19 +340,52 @@ def main() -> None:
     ap.add_argument(
         "--full-runs", type=int, default=None, help="full rebuilds timed (default: --runs)"
     )
+    ap.add_argument(
+        "--against",
+        default=None,
+        help="another checkout: both trees' live passes in child processes, alternated",
+    )
+    ap.add_argument("--rounds", type=int, default=2, help="alternations with --against")
+    ap.add_argument("--root", default=None, help=argparse.SUPPRESS)  # read at import
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a child's output
     args = ap.parse_args()
     sizes = [int(x) for x in str(args.ranks).split(",")]
+    print(f"load average {os.getloadavg()[0]:.2f} (1 min) at start", flush=True)
+    if args.against:
+        here = str(Path(__file__).resolve().parents[1])
+        mine: list[dict[int, dict[str, float]]] = []
+        theirs: list[dict[int, dict[str, float]]] = []
+        for _ in range(args.rounds):
+            mine.append(_child(here, args))
+            theirs.append(_child(str(Path(args.against).resolve()), args))
+        print(f"load average {os.getloadavg()[0]:.2f} (1 min) at end")
+        print("ranks   this tree: stepped / idle ms   other tree: stepped / idle ms   ratio")
+        for n in sizes:
+            a = [_passes(m[n]) for m in mine]
+            b = [_passes(t[n]) for t in theirs]
+            sa, ia = statistics.median(x for x, _ in a), statistics.median(y for _, y in a)
+            sb, ib = statistics.median(x for x, _ in b), statistics.median(y for _, y in b)
+            print(
+                f"{n:>6}   {sa:>10.1f} / {ia:>6.1f}   {sb:>22.1f} / {ib:>6.1f}   "
+                f"{sa / sb:.2f} (stepped) {ia / ib:.2f} (idle)"
+            )
+            _goals(n, sa, ia)
+        return
     paused = not args.no_collector
     got = {n: run_size(n, args.runs, args.healthy, paused, args.full_runs) for n in sizes}
+    print(f"load average {os.getloadavg()[0]:.2f} (1 min) at end")
+    if args.json:
+        print(json.dumps({str(n): o for n, o in got.items()}))
+        return
     print("ranks   full pass ms   live pass ms (stepped)   live pass ms (idle)   ratio live/full")
     for n, o in got.items():
         full = o["full_build"] + o["full_diag"]
-        step = o["step_build"] + o["step_diag"]
-        idle = o["xid_build"] + o["xid_diag"]
+        step, idle = _passes(o)
         print(
             f"{n:>6}   {full:>12.1f}   {step:>22.1f}   {idle:>19.1f}   "
             f"{step / full:.2f} (stepped) {idle / full:.2f} (idle)"
         )
+        _goals(n, step, idle)
     if len(sizes) > 1:
         a, b = got[sizes[0]], got[sizes[-1]]
         grow = sizes[-1] / sizes[0]
@@ -310,6 +396,15 @@ def main() -> None:
         ):
             ratio = sum(b[k] for k in keys) / max(sum(a[k] for k in keys), 1e-9)
             print(f"growth {sizes[0]}->{sizes[-1]} ranks (x{grow:.0f}): {label} pass x{ratio:.1f}")
+
+
+def _goals(ranks: int, stepped: float, idle: float) -> None:
+    if ranks != 16384:
+        return
+    for label, value in (("stepped", stepped), ("idle", idle)):
+        goal = GOALS_16K[label]
+        verdict = "met" if value <= goal else "NOT met"
+        print(f"goal: 16k-rank {label} pass <= {goal:.0f} ms: {value:.1f} ms, {verdict}")
 
 
 if __name__ == "__main__":

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         from django.contrib.auth.models import User
 
-        from console.accounts import create_user
+        from console.actions import create_user
 
         if not args.no_build:
             started = time.perf_counter()
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{time.perf_counter() - started:.1f} s; sick nodes: {sick}"
             )
         if not User.objects.filter(username="bench").exists():
-            create_user(username="bench", role="viewer", password="bench-pass-123")  # noqa: S106
+            create_user(actor="bench", username="bench", role="viewer", password="bench-pass-123")  # noqa: S106
         trees = [("this", _ROOT)] + ([("old", args.against.resolve())] if args.against else [])
         print(f"trees: {', '.join(f'{n}={t}' for n, t in trees)}; {args.runs} requests each")
         print(

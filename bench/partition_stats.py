@@ -1,6 +1,6 @@
 """Benchmark: a new day's step partition read before and after its first ANALYZE.
 
-A diagnosis pass reads the rows since its cursor (`telemetry.rank_records_since`). On a
+A diagnosis pass reads the rows since its cursor (`rank_tables.rank_records_since`). On a
 partition autovacuum has not analyzed yet (its first look comes up to `autovacuum_naptime`,
 60 s, after the day starts filling) the planner has no statistics and walks the group's
 `(group, generation, ts)` index over the day's rows instead of the primary key from the
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         from django.db import connection
 
         from console.models import ConsistencyGroup, Rank
-        from console.queries import telemetry
+        from console.queries.telemetry import rank_tables
         from ingest import partitions
 
         group = ConsistencyGroup.objects.get(name=GROUP)
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
 
         def read(behind: int) -> int:
             after = {"step": top - behind * args.ranks}
-            got = telemetry.rank_records_since(group, node_names=names, after=after, skip={})
+            got = rank_tables.rank_records_since(group, node_names=names, after=after, skip={})
             return -1 if got is None else len(got)
 
         def plan(behind: int) -> str:
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
                 cur.execute(
                     f"EXPLAIN ANALYZE SELECT id FROM ingest_steprecord WHERE group_id = %s "  # noqa: S608
                     f"AND NOT stale AND generation = %s AND id > %s ORDER BY id LIMIT "
-                    f"{telemetry.MAX_SINCE_ROWS}",
+                    f"{rank_tables.MAX_SINCE_ROWS}",
                     [group.pk, group.generation, top - behind * args.ranks],
                 )
                 lines = [row[0].strip() for row in cur.fetchall()]

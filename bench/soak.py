@@ -14,7 +14,7 @@ leaks. Runs under 30 minutes never leave the warm-up: their memory growth is pri
 advisory, not judged. It owns nothing the service uses and drives it only from outside.
 
     python bench/soak.py                  # 30 minutes
-    python bench/soak.py --minutes 2      # CI
+    python bench/soak.py --minutes 1      # CI
 """
 
 from __future__ import annotations

@@ -140,9 +140,7 @@ class MembershipAdmin(admin.ModelAdmin):
         actions.set_role(actor=request.user, user=obj.user, role=obj.role, now=timezone.now())
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
-        # No membership is a viewer: deleting one is that role change, audited.
-        actions.set_role(actor=request.user, user=obj.user, role="viewer", now=timezone.now())
-        obj.delete()
+        actions.remove_role(actor=request.user, user=obj.user, now=timezone.now())
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         for obj in queryset.select_related("user"):

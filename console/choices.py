@@ -2,17 +2,18 @@
 
 Django's `TextChoices` views of vocabularies. Where a pure package owns the vocabulary
 (group states, health and severities in agents.vocab, roles in console.policy.roles,
-action kinds and states in console.policy.lifecycle), the choices here are built from it,
-never spelled a second time.
+action kinds in agents.actions_contract, action states in console.policy.lifecycle), the
+choices here are built from it, never spelled a second time.
 """
 
 from __future__ import annotations
 
 from django.db import models
 
+from agents import actions_contract as contract
 from agents import vocab
 from console.policy.fleet_health import HealthState, Repair, TakenOutBy
-from console.policy.lifecycle import LIVE_STATES, ActionKind, ActionState
+from console.policy.lifecycle import LIVE_STATES, ActionState
 from console.policy.roles import Role as _Role
 
 
@@ -81,20 +82,9 @@ class UserRole(models.TextChoices):
     ADMIN = _Role.ADMIN.value
 
 
-# Model choices for Action.kind and Action.state; the labels are what the admin shows.
-ACTION_KIND_LABELS = {
-    ActionKind.QUARANTINE_NODE: "quarantine node",
-    ActionKind.CORDON_NODE: "cordon node",
-    ActionKind.DRAIN_NODE: "drain node",
-    ActionKind.ISOLATE_GPU: "isolate GPU",
-    ActionKind.ISOLATE_RANK: "isolate rank",
-    ActionKind.RESTART_GROUP: "restart group",
-    ActionKind.ROLLBACK_MODEL: "roll back model",
-    ActionKind.PAGE_HUMAN: "page a human",
-    ActionKind.UNCORDON_NODE: "return node to service",
-    ActionKind.RELEASE_GPU: "return GPU to service",
-}
-ACTION_KINDS = [(k.value, ACTION_KIND_LABELS[k]) for k in ActionKind]
+# Model choices for Action.kind (each kind's spec names its label, agents/actions_contract)
+# and Action.state; the labels are what the admin shows.
+ACTION_KINDS = [(spec.name, spec.label) for spec in contract.SPECS.values()]
 ACTION_STATES = [(s.value, s.value) for s in ActionState]
 
 # Action states in flight: approved, handed to the agent, or acknowledged by it. Ingest asks

@@ -12,6 +12,7 @@ database: callers build payloads from rows they already hold.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import hashlib
 import logging
 import os
@@ -85,6 +86,8 @@ class NodePayload(TypedDict):
     lifecycle_since: str | None
     taken_out_by: str
     replace_flagged: bool
+    # How late the node's newest batch arrived (console.delivery); None before any sample.
+    delivery_delay_s: float | None
 
 
 def node_payload(row: tuple[Any, ...]) -> NodePayload:
@@ -103,6 +106,7 @@ def node_payload(row: tuple[Any, ...]) -> NodePayload:
         since,
         taken_out_by,
         flagged,
+        delivery_delay_s,
     ) = row
     return {
         "name": name,
@@ -116,6 +120,7 @@ def node_payload(row: tuple[Any, ...]) -> NodePayload:
         "lifecycle_since": since.isoformat() if since else None,
         "taken_out_by": taken_out_by,
         "replace_flagged": flagged,
+        "delivery_delay_s": delivery_delay_s,
     }
 
 
@@ -283,6 +288,8 @@ class _Publisher:
         self.queue: asyncio.Queue[tuple[str, dict[str, Any]]] | None = None
         self.lock = threading.Lock()
         self.dropped = 0
+        self.thread: threading.Thread | None = None
+        self.at_exit = False
 
     def submit(self, channel: str, message: dict[str, Any]) -> None:
         loop, queue = self._started()
@@ -300,11 +307,40 @@ class _Publisher:
                 self.loop = asyncio.new_event_loop()
                 self.queue = asyncio.Queue()
                 self.pid = os.getpid()
-                threading.Thread(
+                self.thread = threading.Thread(
                     target=self.loop.run_forever, name="faultline-live", daemon=True
-                ).start()
+                )
+                self.thread.start()
                 asyncio.run_coroutine_threadsafe(self._drain(self.queue), self.loop)
+                if not self.at_exit:
+                    atexit.register(self.close)
+                    self.at_exit = True
             return self.loop, self.queue
+
+    def close(self, timeout: float = 2.0) -> None:
+        """At interpreter exit: send what is queued, then stop the loop and its thread.
+
+        A short-lived process (`faultline token create` registering a node) exited while
+        this daemon thread was inside a Redis call, and the interpreter's teardown aborted
+        it (SIGABRT). Bounded: a Redis that does not answer costs `timeout`, not the exit.
+        """
+        with self.lock:
+            loop, queue, thread = self.loop, self.queue, self.thread
+            if loop is None or queue is None or thread is None or self.pid != os.getpid():
+                return
+            self.loop = self.queue = self.thread = None
+        try:
+            asyncio.run_coroutine_threadsafe(queue.join(), loop).result(timeout)
+        except Exception:  # noqa: BLE001 - an exit never waits longer on live updates
+            log.debug("live: %d event(s) not sent at exit", queue.qsize())
+        try:
+            asyncio.run_coroutine_threadsafe(_cancel_others(), loop).result(timeout)
+        except Exception:  # noqa: BLE001 - the same bound as above
+            log.debug("live: the publisher's tasks did not stop at exit")
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout)
+        if not thread.is_alive():
+            loop.close()
 
     async def _drain(self, queue: asyncio.Queue[tuple[str, dict[str, Any]]]) -> None:
         layer = get_channel_layer()
@@ -315,6 +351,16 @@ class _Publisher:
                     await layer.group_send(channel, message)
             except Exception:  # live updates must never break anything else
                 log.warning("live: could not publish to %s", channel, exc_info=True)
+            finally:
+                queue.task_done()
+
+
+async def _cancel_others() -> None:
+    """Cancel the loop's other tasks (the drain) and wait for them to end."""
+    others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
 
 
 _publisher = _Publisher()

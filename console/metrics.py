@@ -2,7 +2,8 @@
 
 Owns the fleet's Prometheus series: per group (state, generation, goodput, tail ratio, MFU,
 HFU and the lowest rank's MFU, diagnosis lag, open incidents by severity), per pool node
-counts by state, open incidents and actions by state. Every read is an aggregate or capped
+counts by state and the nodes' delivery delay (the worst and the p95 of their newest
+batches'), open incidents and actions by state. Every read is an aggregate or capped
 at METRICS_MAX_GROUPS rows, so a scrape costs the same whatever the telemetry volume.
 Labels are group, pool and fixed vocabulary words only: never a rank, a GPU UUID, a node
 name or a request id. It writes nothing and holds no state between scrapes.
@@ -16,11 +17,13 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from agents.vocab import HEALTH_DOWN
 from console.choices import GroupState, Health, IncidentState, Severity
 from console.models import Action, ConsistencyGroup, Incident, Node
 from console.policy.lifecycle import ActionState
@@ -52,6 +55,17 @@ class Fleet:
     incidents: dict[tuple[str | None, str], int] = field(default_factory=dict)  # (group, sev)
     pools: dict[tuple[str, str], int] = field(default_factory=dict)
     actions: dict[str, int] = field(default_factory=dict)
+    delivery: dict[str, tuple[float, float]] = field(default_factory=dict)  # pool: max, p95
+
+
+# Per pool, over the nodes still reporting (a silent node's delay is unknown, not its last):
+# the worst newest-batch delivery delay, and the nearest-rank p95 of them (console.delivery).
+_DELIVERY = f"""
+SELECT coalesce(nullif(pool, ''), 'none'), max(delivery_delay_s),
+    percentile_disc(0.95) WITHIN GROUP (ORDER BY delivery_delay_s)
+FROM console_node WHERE delivery_delay_s IS NOT NULL AND health <> '{HEALTH_DOWN}'
+GROUP BY 1
+"""  # noqa: S608 - a constant vocabulary word
 
 
 def _number(value: Any) -> float | None:
@@ -124,6 +138,9 @@ def read_fleet(*, limit: int | None = None) -> Fleet:
         fleet.pools[pool_state] = fleet.pools.get(pool_state, 0) + row["n"]
     for row in Action.objects.values("state").annotate(n=Count("id")):
         fleet.actions[row["state"]] = row["n"]
+    with connection.cursor() as cur:
+        cur.execute(_DELIVERY)
+        fleet.delivery = {pool: (worst, p95) for pool, worst, p95 in cur.fetchall()}
     return fleet
 
 
@@ -236,6 +253,18 @@ def families(fleet: Fleet) -> Iterator[Metric]:
         for node_state in NODE_STATES:
             pools.add_metric([pool, node_state], fleet.pools.get((pool, node_state), 0))
     yield pools
+
+    delivery = GaugeMetricFamily(
+        "faultline_pool_delivery_delay_seconds",
+        "How late the pool's reporting nodes' data arrives: from a batch's oldest sample "
+        "being taken to the batch being stored, newest batch per node; the worst node "
+        "(stat=max) and the nodes' p95.",
+        labels=["pool", "stat"],
+    )
+    for pool, (worst, p95) in sorted(fleet.delivery.items()):
+        delivery.add_metric([pool, "max"], worst)
+        delivery.add_metric([pool, "p95"], p95)
+    yield delivery
 
     actions = GaugeMetricFamily(
         "faultline_actions", "Remediation actions by lifecycle state.", labels=["state"]

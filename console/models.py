@@ -67,6 +67,11 @@ class Node(Lifecycle):
     last_seen = models.DateTimeField(null=True, blank=True)
     quarantined = models.BooleanField(default=False)
     cordoned = models.BooleanField(default=False)
+    # How late the node's data arrives: the newest stored batch's delivery delay (its oldest
+    # sample's age when it was stored) and the newest DELAYS_KEPT of them, oldest first.
+    # Written by ingest with the batch (ingest.store.delivery), read by console.delivery.
+    delivery_delay_s = models.FloatField(null=True, blank=True)
+    delivery_delays = models.JSONField(default=list, db_default=[], blank=True)
 
     class Meta:
         ordering = ["name"]

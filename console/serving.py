@@ -12,7 +12,7 @@ from typing import Any
 
 from console.diagnosis.records import ServingSlo
 from console.models import ConsistencyGroup
-from console.queries import telemetry
+from console.queries.telemetry import serving_windows
 
 WINDOW = timedelta(hours=1)
 
@@ -37,7 +37,7 @@ def effective_slo(group: ConsistencyGroup) -> dict[str, float]:
 
 def workers(group: ConsistencyGroup) -> list[dict[str, Any]]:
     """The newest window of every worker, with its versions, readiness and drain state."""
-    rows = telemetry.serving_workers(group)
+    rows = serving_windows.serving_workers(group)
     out = []
     for row in rows:
         row = dict(row)
@@ -73,7 +73,7 @@ def workers(group: ConsistencyGroup) -> list[dict[str, Any]]:
 
 def series(group: ConsistencyGroup, now: datetime) -> list[dict[str, Any]]:
     """G_serve (SLO-meeting requests per second) and worst p99 latencies per minute."""
-    rows = telemetry.serving_minutes(group, now - WINDOW)
+    rows = serving_windows.serving_minutes(group, now - WINDOW)
     return [
         {
             "minute": minute.isoformat(),
@@ -93,7 +93,7 @@ def versions(group: ConsistencyGroup, now: datetime) -> list[dict[str, Any]]:
     """Traffic share and SLO goodput per model version: how a canary compares."""
     rows = [
         (v, int(req), int(met), int(n), first, last)
-        for v, req, met, n, first, last in telemetry.serving_versions(group, now - WINDOW)
+        for v, req, met, n, first, last in serving_windows.serving_versions(group, now - WINDOW)
     ]
     total = sum(r[1] for r in rows)
     return [

@@ -28,8 +28,9 @@ from console.diagnosis import GroupSnapshot, build_snapshot
 from console.diagnosis.findings import gpu_subject, node_subject
 from console.diagnosis.live import LiveGroup, Retention
 from console.models import ConsistencyGroup, Node
-from console.queries import binary, telemetry
+from console.queries import binary
 from console.queries import objectives as group_objectives
+from console.queries.telemetry import group_evidence, lifecycle, node_evidence, rank_tables, shared
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,9 @@ class _Entry:
     live: LiveGroup
     cursor: _Cursor
     built: datetime
+    # The non-rank records of the last pass: a record equal to the one at its place then
+    # is handed on as that very dict (`_same_dicts`).
+    records: list[dict[str, Any]] = field(default_factory=list)
 
 
 _states: OrderedDict[str, _Entry] = OrderedDict()
@@ -75,7 +79,7 @@ last_pass: dict[str, Any] = {}
 # ranks one full read took 6 s on a quiet box and 47 s on a loaded one, and "snapshot" alone
 # could not say whether the garbage collector, the writers' wait or the read was to blame.
 last_parts: dict[str, float] = {}
-# ...and an incremental read's own parts (telemetry.rank_records_since's costs): a 16k pass
+# ...and an incremental read's own parts (rank_tables.rank_records_since's costs): a 16k pass
 # read 98k rows in 10 s while its neighbours read 33-65k in under 3, and only these said why.
 last_read: dict[str, float] = {}
 
@@ -135,7 +139,7 @@ def _inputs(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The non-rank records of `nodes` and the group, and build_snapshot's other arguments."""
     names = {pk: n.name for pk, n in nodes.items()}
-    records = telemetry.evidence_records(group, node_names=names, now=now)
+    records = group_evidence.evidence_records(group, node_names=names, now=now)
     records += _device_records(set(nodes), names, now)
     objectives = group_objectives.effective(group, list(nodes.values()))
     # A launcher's or pool's goodput SLO applies to the serving SLO too (an operator's
@@ -145,7 +149,7 @@ def _inputs(
     kwargs: dict[str, Any] = {
         "state": group.state,
         "nodes": {n.name: n.last_seen for n in nodes.values()},
-        "contract_findings": telemetry.contract_violations(group, now),
+        "contract_findings": group_evidence.contract_violations(group, now),
         "now": now,
         "slo": slo,
         "objectives": objectives,
@@ -166,7 +170,7 @@ def load_located(
     if group is None:
         return None
     all_ids = _node_ids(group)
-    scope = telemetry.nodes_with_urgent_events(all_ids, since=since)
+    scope = node_evidence.nodes_with_urgent_events(all_ids, since=since)
     if nodes:
         named = Node.objects.filter(name__in=nodes, pk__in=all_ids).values_list("pk", flat=True)
         scope |= set(named)
@@ -176,7 +180,7 @@ def load_located(
     names = {pk: n.name for pk, n in located.items()}
     records, kwargs = _inputs(group, located, now)
     ranks = sorted(group.ranks.filter(node_id__in=scope).values_list("rank", flat=True))
-    records += telemetry.rank_records(group, node_names=names, now=now, ranks=ranks)
+    records += rank_tables.rank_records(group, node_names=names, now=now, ranks=ranks)
     last_pass.update(mode="located", rows=len(records), touched=len(ranks))
     snap = build_snapshot(group=group.name, generation=group.generation, **kwargs, records=records)
     subjects = frozenset(
@@ -215,7 +219,7 @@ def unjudged_endings(*, group_name: str, now: datetime) -> list[Ending]:
     if generation <= after:
         return []
     group = ConsistencyGroup(pk=pk, name=group_name, generation=generation)
-    ends = telemetry.generation_endings(group, after=after, since=now - ENDINGS_WINDOW)
+    ends = lifecycle.generation_endings(group, after=after, since=now - ENDINGS_WINDOW)
     return [Ending(e["generation"], e["ended_at"], e["state"]) for e in ends]
 
 
@@ -230,7 +234,7 @@ def load_ended(*, group_name: str, ending: Ending) -> GroupSnapshot | None:
     nodes = _nodes(_GROUP_NODES, [group.pk])
     names = {pk: n.name for pk, n in nodes.items()}
     records, kwargs = _inputs(group, nodes, now)
-    records += telemetry.rank_records(
+    records += rank_tables.rank_records(
         group, node_names=names, now=now, generation=ending.generation
     )
     records = [r for r in records if r["ts"] < now]
@@ -252,17 +256,34 @@ def load(*, group_name: str, now: datetime, incremental: bool = True) -> GroupSn
     records, kwargs = _inputs(group, nodes, now)
     t = _part("evidence", t)
     if not incremental:
-        records += telemetry.rank_records(group, node_names=names, now=now)
+        records += rank_tables.rank_records(group, node_names=names, now=now)
         last_pass.update(mode="full-snapshot", rows=len(records), touched=None)
         return build_snapshot(
             group=group.name, generation=group.generation, **kwargs, records=records
         )
     entry = _entry(group, names, now)
     t = time.perf_counter()
+    records = entry.records = _same_dicts(entry.records, records)
     snap = entry.live.snapshot(records=records, **kwargs)
     _part("build", t)
     last_pass["touched"] = entry.live.touched
     return snap
+
+
+def _same_dicts(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`now`, with each record equal to the one at its place in `before` replaced by that
+    very dict. The evidence reads (checkpoints, transitions, host, device events) make new
+    dicts every pass; the live state keeps its non-rank build, and the engine its per-GPU
+    and per-pass values, while the records are the very same dicts (LiveGroup._non_rank),
+    so a pass between two steps need not build 16k GPUs' states again. Equal records give
+    an equal snapshot: nothing read changes."""
+    if not before:
+        return now
+    out = list(now)
+    for i, (a, b) in enumerate(zip(before, now, strict=False)):  # == on dicts: in C
+        if a is not b and a == b:
+            out[i] = a
+    return out
 
 
 def _entry(group: ConsistencyGroup, names: dict[int, str], now: datetime) -> _Entry:
@@ -297,26 +318,26 @@ def _rebuild(group: ConsistencyGroup, names: dict[int, str], now: datetime) -> _
     t = time.perf_counter()
     collector.release()
     t = _part("gc", t)
-    heads = telemetry.rank_table_heads()
+    heads = rank_tables.rank_table_heads()
     # Rows at or below the heads may still be in flight: let those writers end first, so
     # the full read sees every one of them (ingest commits a batch in milliseconds).
-    waiting = telemetry.writers_in_flight()
+    waiting = rank_tables.writers_in_flight()
     deadline = time.monotonic() + WRITERS_WAIT_S
     while waiting and time.monotonic() < deadline:
         time.sleep(0.005)
-        waiting &= telemetry.writers_in_flight()
+        waiting &= rank_tables.writers_in_flight()
     if waiting:
         log.warning(
             "diagnosis %s: %d writers still in flight at a full read", group.name, len(waiting)
         )
     t = _part("writers", t)
-    rows = telemetry.rank_records(group, node_names=names, now=now)
+    rows = rank_tables.rank_records(group, node_names=names, now=now)
     t = _part("read", t)
     ranks = len({r["rank"] for r in rows})
     retention = Retention(
-        step_window=telemetry.STEP_WINDOW,
-        step_cap=max(1, telemetry.MAX_STEP_ROWS // max(ranks, 1)),
-        history=telemetry.HISTORY_WINDOW,
+        step_window=rank_tables.STEP_WINDOW,
+        step_cap=max(1, rank_tables.MAX_STEP_ROWS // max(ranks, 1)),
+        history=shared.HISTORY_WINDOW,
     )
     live = LiveGroup(group=group.name, generation=group.generation, retention=retention)
     rows.sort(key=lambda r: r["id"])  # ties in ts: the order they were written
@@ -335,8 +356,8 @@ def _advance(entry: _Entry, group: ConsistencyGroup, names: dict[int, str]) -> b
     writers have all ended (a row's id is drawn before the row becomes visible)."""
     cur = entry.cursor
     t = time.perf_counter()
-    before = telemetry.writers_in_flight()
-    rows = telemetry.rank_records_since(
+    before = rank_tables.writers_in_flight()
+    rows = rank_tables.rank_records_since(
         group, node_names=names, after=cur.floor, skip=cur.seen, costs=last_read
     )
     t = _part("read", t)
@@ -358,7 +379,7 @@ def _advance(entry: _Entry, group: ConsistencyGroup, names: dict[int, str]) -> b
         else:
             for kind, top in mark.items():
                 cur.floor[kind] = max(cur.floor.get(kind, 0), top)
-    keep.append((telemetry.writers_in_flight(), high))
+    keep.append((rank_tables.writers_in_flight(), high))
     cur.pending = keep
     for kind, ids in cur.seen.items():
         floor = cur.floor.get(kind, 0)
@@ -444,12 +465,12 @@ def _device_records(node_ids: set[int], names: dict[int, str], now: datetime) ->
         if hit is not None and hit[1]:
             out.append(hit[1])
     repaired = _repaired_at(node_ids, names)
-    for event in telemetry.device_events(node_ids, node_names=names, now=now):
+    for event in node_evidence.device_events(node_ids, node_names=names, now=now):
         node = event["node"]
         since = [t for t in (repaired.get((node, "")), repaired.get((node, event["gpu"]))) if t]
         if not since or event["ts"] >= max(since):
             out.append(event)
-    out += telemetry.host_records(node_ids, node_names=names, now=now)
+    out += node_evidence.host_records(node_ids, node_names=names, now=now)
     return out
 
 

@@ -58,12 +58,14 @@ def cmd_token(args: argparse.Namespace) -> int:
         from ingest.auth import issue_token, revoke_tokens
 
         if args.action == "create":
-            token = issue_token(node_name=args.node, launcher_group=args.launcher or "")
+            token = issue_token(
+                node_name=args.node, launcher_group=args.launcher or "", actor="cli"
+            )
             scope = f" (launcher of group {args.launcher})" if args.launcher else ""
             print(f"agent token for node {args.node}{scope} (shown once; store it now):")
             print(token)
         else:
-            count = revoke_tokens(node_name=args.node)
+            count = revoke_tokens(node_name=args.node, actor="cli")
             print(f"revoked {count} token(s) of node {args.node}")
         return 0
 
@@ -74,7 +76,7 @@ def cmd_user(args: argparse.Namespace) -> int:
         from django.contrib.auth.password_validation import validate_password
         from django.core.exceptions import ValidationError
 
-        from console.accounts import create_user
+        from console.actions import create_user
 
         password = args.password or os.environ.get("FAULTLINE_USER_PASSWORD")
         if not password:
@@ -86,7 +88,7 @@ def cmd_user(args: argparse.Namespace) -> int:
         except ValidationError as exc:
             print(f"faultline: password refused for {args.name}: {' '.join(exc.messages)}")
             return 2
-        create_user(username=args.name, role=args.role, password=password)
+        create_user(actor="cli", username=args.name, role=args.role, password=password)
         print(f"user {args.name} created with role {args.role}")
         return 0
 

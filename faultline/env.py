@@ -82,18 +82,39 @@ def env_secret(name: str, default: str = "") -> str:
 
 
 def database_from_url(url: str) -> dict[str, object]:
-    """Turn postgres://user:pass@host:port/name?host=/socket into Django's DATABASES entry."""
+    """Turn postgres://user:pass@host:port/name?host=/socket into Django's DATABASES entry.
+
+    Several hosts, as libpq takes them (postgres://u@db1:5432,db2:5432/name?
+    target_session_attrs=read-write: a primary and its standby), become libpq's host and
+    port lists; the query's options (target_session_attrs, connect_timeout...) go to libpq
+    as they are, so a connection finds whichever host is the primary now.
+    """
     parts = urlsplit(url)
     if parts.scheme not in {"postgres", "postgresql"}:
         raise ConfigError(f"DATABASE_URL must be a postgres:// URL, got scheme {parts.scheme!r}")
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-    host = query.pop("host", None) or unquote(parts.hostname or "")
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    hosts, ports = [], []
+    for item in hostlist.split(","):
+        if item.startswith("["):  # [IPv6]:port
+            host, _, rest = item[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            host, _, port = item.partition(":")
+        if port and not port.isdigit():
+            raise ConfigError(f"DATABASE_URL: port {port!r} of host {host!r} is not a number")
+        hosts.append(unquote(host))
+        ports.append(port)
+    if any(ports) and len(ports) > 1:
+        ports = [p or "5432" for p in ports]  # libpq wants one port, or one per host
+    socket_dir = query.pop("host", None)
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": unquote(parts.path.lstrip("/")) or "faultline",
-        "USER": unquote(parts.username or ""),
-        "PASSWORD": unquote(parts.password or ""),
-        "HOST": host,
-        "PORT": str(parts.port or ""),
+        "USER": unquote(user),
+        "PASSWORD": unquote(password),
+        "HOST": socket_dir or ",".join(hosts),
+        "PORT": ",".join(ports) if any(ports) else "",
         "OPTIONS": query,
     }

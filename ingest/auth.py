@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from agents import protocol as p
 from agents import signing
+from console import actions
 from console.models import Node
 from ingest.models import AgentCredential
 from ingest.rawsql import columns, from_row, send
@@ -31,28 +32,49 @@ def hash_token(token: str) -> str:
 
 
 @transaction.atomic
-def issue_token(*, node_name: str, launcher_group: str = "") -> str:
-    """Create the node if needed and return a new token (shown once, never stored).
+def issue_token(*, node_name: str, launcher_group: str = "", actor: str = actions.SYSTEM) -> str:
+    """Create the node if needed and return a new token (shown once, never stored); the
+    audit row names `actor`, the node and the token's prefix.
 
     With `launcher_group`, a launcher token: it speaks for that group only, never for the
     node (`launcher_refusal`): no device or host records, no actions.
     """
-    node, _ = Node.objects.get_or_create(name=node_name)
+    now = timezone.now()
+    node = actions.register_node(name=node_name, actor=actor, now=now)
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    prefix = token[:12]
     AgentCredential.objects.create(
-        node=node, token_hash=hash_token(token), prefix=token[:12], launcher_group=launcher_group
+        node=node, token_hash=hash_token(token), prefix=prefix, launcher_group=launcher_group
+    )
+    actions.audit(
+        actor=actor,
+        verb="agent_token.issued",
+        obj=node,
+        data={"prefix": prefix, "launcher_group": launcher_group},
+        now=now,
     )
     return token
 
 
 @transaction.atomic
-def revoke_tokens(*, node_name: str) -> int:
+def revoke_tokens(*, node_name: str, actor: str = actions.SYSTEM) -> int:
     """Revoke every live token of the node. Ingest refuses them on their next batch, in
     every process (its store re-checks revocation in the batch's transaction)."""
     transaction.on_commit(forget_credential)
-    return AgentCredential.objects.filter(node__name=node_name, revoked_at=None).update(
-        revoked_at=timezone.now()
-    )
+    now = timezone.now()
+    live = AgentCredential.objects.filter(node__name=node_name, revoked_at=None)
+    prefixes = sorted(live.values_list("prefix", flat=True))
+    count = live.update(revoked_at=now)
+    if count:
+        actions.audit(
+            actor=actor,
+            verb="agent_token.revoked",
+            object_type="node",
+            object_id=node_name,
+            data={"prefixes": prefixes},
+            now=now,
+        )
+    return count
 
 
 _AUTHENTICATE = f"""

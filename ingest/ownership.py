@@ -1,7 +1,7 @@
 """Who owns a group: which node may place its ranks, fence it, set its job (docs/security.md,
 "Who owns a group").
 
-Pure functions over plain values, decided per batch by `ingest.store.writer` from what
+Pure functions over plain values, decided per batch by `ingest.store.fences` from what
 the batch's reads already returned (no query of their own). A group bound to a scheduler
 job (`owner_job`) belongs to the nodes whose agents attest that job runs on them; any
 other group belongs to the nodes of its first generation's rendezvous (`GroupMember`

@@ -144,6 +144,9 @@ def ingest(request: HttpRequest) -> JsonResponse:
         {
             "ack_seq": result.ack_seq,
             "duplicate": result.duplicate,
+            # Cheap (read with the receipt): how an agent finds batches a failover lost.
+            "high_water": result.receipts.high_water,
+            "gaps": result.receipts.gaps,
             "actions": actions_for_node(credential) if result.actions_pending else [],
         },
         status=202,

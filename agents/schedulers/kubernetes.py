@@ -17,11 +17,11 @@ import re
 from typing import Any
 
 from agents import actions_contract as contract
-from agents.schedulers import Runner
+from agents.schedulers.base import Runner
 
 ANNOTATION = "faultline.io/taken-out"
 QUARANTINE_TAINT = "faultline.io/quarantine"
-_TAKE_OUT = frozenset({contract.CORDON_NODE, contract.DRAIN_NODE, contract.QUARANTINE_NODE})
+_TAKE_OUT = frozenset(k for k, spec in contract.KINDS.items() if spec.node_out)
 
 
 def gpu_taint_key(gpu: str) -> str:

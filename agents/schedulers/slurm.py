@@ -19,10 +19,10 @@ import time
 from typing import Any
 
 from agents import actions_contract as contract
-from agents.schedulers import Runner
+from agents.schedulers.base import Runner
 
 REQUEUE_SETTLE_S = 15.0
-_TAKE_OUT = frozenset({contract.CORDON_NODE, contract.DRAIN_NODE, contract.QUARANTINE_NODE})
+_TAKE_OUT = frozenset(k for k, spec in contract.KINDS.items() if spec.node_out)
 # A requeued job is held back and pending, or already started again.
 _REQUEUED_STATES = frozenset(
     {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RUNNING"}

@@ -8,12 +8,14 @@ import this package (`from console import actions`); the submodules import each 
 never this package, so the package has no import cycles:
 
     audit, errors        the audit log writer; the refusals every verb raises
-    accounts             the role an SSO identity holds, set at each sign-in; an admin's
-                         edits of users and roles (the admin site)
+    accounts             users the CLI creates; the role an SSO identity holds, set at
+                         each sign-in; an admin's edits of users and roles (the admin site)
+    tokens               user API tokens issued and revoked
     incidents            acknowledge, assign, comment (people)
     diagnosis            findings folded into incidents, settle and reopen (the engine)
     groups               a group's serving SLO overrides and recovery objectives
-    fleet                node health, quarantine/cordon marks, GPU isolation, the health
+    fleet                nodes registered for an agent token, node health,
+                         quarantine/cordon marks, GPU isolation, the health
                          lifecycle (latched faults, conditions, repair evidence, return)
     conditions           a node's NIC down and full disk: opened from ingest, settled
     gating, targets      inputs of the pure gates, read under the remediation lock; which
@@ -35,14 +37,17 @@ needs, render anything, or import views, tasks or ingest.
 from __future__ import annotations
 
 from console.actions.accounts import (
+    create_user,
     delete_user,
     record_password_change,
     record_sso_sign_in,
+    remove_role,
     save_user,
+    set_password,
     set_role,
 )
 from console.actions.alertmanager import latch_alert_faults, record_alertmanager
-from console.actions.audit import actor_name, audit, require
+from console.actions.audit import SYSTEM, actor_name, audit, require
 from console.actions.breaker import breaker_payload, set_breaker
 from console.actions.conditions import open_condition, settle_conditions
 from console.actions.diagnosis import record_diagnosis, record_ended_generation, record_located
@@ -66,6 +71,7 @@ from console.actions.fleet import (
     mark_silent_together,
     node_reporting,
     record_repair_evidence,
+    register_node,
     return_to_service,
     set_node_health,
     settle_fleet_silence,
@@ -103,9 +109,11 @@ from console.actions.remediation import (
     withdraw_action,
 )
 from console.actions.returns import propose_returns
+from console.actions.tokens import issue_api_token, revoke_api_tokens
 
 __all__ = [
     "SLO_KEYS",
+    "SYSTEM",
     "ChangeError",
     "Conflict",
     "IncidentChangeError",
@@ -126,6 +134,7 @@ __all__ = [
     "cause_of_incident",
     "comment_on_incident",
     "create_silence",
+    "create_user",
     "deadline_of",
     "delete_escalation_policy",
     "delete_user",
@@ -136,6 +145,7 @@ __all__ = [
     "expire_silence",
     "freeze_policies",
     "isolate_gpu",
+    "issue_api_token",
     "latch_alert_faults",
     "latch_condition",
     "latch_fault",
@@ -156,11 +166,14 @@ __all__ = [
     "record_password_change",
     "record_repair_evidence",
     "record_sso_sign_in",
+    "register_node",
     "remediate",
     "remediate_group",
     "remediate_nodes",
+    "remove_role",
     "require",
     "return_to_service",
+    "revoke_api_tokens",
     "route_waiting",
     "save_channel",
     "save_escalation_policy",
@@ -170,6 +183,7 @@ __all__ = [
     "set_group_objectives",
     "set_group_slo",
     "set_node_health",
+    "set_password",
     "set_role",
     "settle_conditions",
     "settle_fleet_silence",

@@ -1,5 +1,5 @@
-"""Console accounts: the role an SSO identity holds at each sign-in, and an admin's edits
-of users and roles through /admin/, each audited.
+"""Console accounts: users created by the CLI, the role an SSO identity holds at each
+sign-in, and an admin's edits of users and roles through /admin/, each audited.
 
 faultline.sso decides an SSO user's role from the IdP's groups; `record_sso_sign_in` applies
 it and writes the `sso_login` row. The admin's user and role forms (console/admin.py) save
@@ -14,7 +14,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.utils import timezone
 
 from console.actions.audit import actor_name, audit, require
 from console.actions.errors import NotAllowed
@@ -34,6 +36,30 @@ def _flags(user: Any, role: str) -> list[str]:
         return []
     user.is_staff = user.is_superuser = admin
     return ["is_staff", "is_superuser"]
+
+
+@transaction.atomic
+def create_user(
+    *, actor: str, username: str, role: str, password: str, now: datetime | None = None
+) -> Any:
+    """A user made outside the admin site (`faultline user create`, the demo's on-call
+    operator): the user, their role and its flags, and the audit row naming who made them."""
+    if role not in UserRole.values:
+        raise ValueError(f"role must be one of {', '.join(UserRole.values)}, got {role!r}")
+    user = get_user_model().objects.create_user(username=username, password=password)
+    _flags(user, role)
+    user.save(update_fields=["is_staff", "is_superuser"])
+    Membership.objects.create(user=user, role=role)
+    audit(
+        actor=actor,
+        verb="user.created",
+        obj=user,
+        object_type="user",
+        reason=f"created as {role}",
+        data={"values": {"username": username}, "role": role},
+        now=now or timezone.now(),
+    )
+    return user
 
 
 @transaction.atomic
@@ -123,6 +149,31 @@ def set_role(*, actor: Actor, user: Any, role: str, now: datetime) -> None:
         object_type="user",
         reason=f"role {before} -> {role} in the admin site",
         data={"before": before, "after": role},
+        now=now,
+    )
+
+
+@transaction.atomic
+def remove_role(*, actor: Actor, user: Any, now: datetime) -> None:
+    """An admin deletes a user's Membership: no membership is a viewer, so it is that role
+    change (flags, audit row), and then the row goes."""
+    set_role(actor=actor, user=user, role=UserRole.VIEWER, now=now)
+    Membership.objects.filter(user=user).delete()
+
+
+@transaction.atomic
+def set_password(*, actor: str, user: Any, password: str, now: datetime) -> None:
+    """A user's password set outside the admin site (the demo's on-call operator gets a
+    fresh one each run); the audit row says it changed, never the value."""
+    user.set_password(password)
+    user.save(update_fields=["password"])
+    audit(
+        actor=actor,
+        verb="user.password_changed",
+        obj=user,
+        object_type="user",
+        reason="password set",
+        data={"usable": True},
         now=now,
     )
 

@@ -23,7 +23,7 @@ from console.actions.incidents import publish_incident, resolve_held
 from console.choices import IncidentState
 from console.models import Incident, Node
 from console.policy import fleet_health as fh
-from console.queries import telemetry
+from console.queries.telemetry import node_evidence
 
 NIC_DOWN = "nic_down"
 DISK_FULL = "disk_full"
@@ -89,9 +89,9 @@ def _cleared(incident: Incident) -> str | None:
     if incident.node_id is None:
         return "the node left the inventory"
     if incident.kind == NIC_DOWN:
-        state = telemetry.port_state_since(incident.node_id, key, incident.opened_at)
+        state = node_evidence.port_state_since(incident.node_id, key, incident.opened_at)
         return f"port {key} is {state} again" if state and fh.port_up(state) else None
-    disks = telemetry.disks_since(incident.node_id, incident.opened_at) or []
+    disks = node_evidence.disks_since(incident.node_id, incident.opened_at) or []
     for disk in disks:
         if disk.get("root") == key:
             free, total = disk.get("free_bytes"), disk.get("total_bytes")

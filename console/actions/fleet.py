@@ -276,6 +276,17 @@ def _settle_fleet_silence(*, actor: str, now: datetime) -> list[str] | None:
 
 
 @transaction.atomic
+def register_node(*, name: str, actor: str, now: datetime) -> Node:
+    """The node an agent token is issued for, made on first use (audited then); the node's
+    agent fills in the rest when it first reports."""
+    node, created = Node.objects.get_or_create(name=name)
+    if created:
+        audit(actor=actor, verb="node.registered", obj=node, now=now, reason="agent token issued")
+        publish_node(name)
+    return node
+
+
+@transaction.atomic
 def node_reporting(*, node_id: int, actor: str, now: datetime) -> int:
     """The node reports again: its silent-node incident resolves; how many did. A node
     taken out for its silence has its condition cleared (repair evidence)."""

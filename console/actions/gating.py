@@ -17,13 +17,7 @@ from console.actions.errors import NotFound
 from console.choices import ACTION_LIVE_STATES
 from console.models import Action, BreakerState, ConsistencyGroup, Device, Node
 from console.policy import inputs
-from console.policy.lifecycle import (
-    GPU_KINDS,
-    HISTORY_STATES,
-    NODE_KINDS,
-    ActionKind,
-    ActionState,
-)
+from console.policy.lifecycle import HISTORY_STATES, ActionKind, ActionState, kind_spec
 from console.roles import role_of
 
 
@@ -84,9 +78,10 @@ def fleet_state(*, exclude: int | None, include_proposed: bool) -> inputs.FleetS
     # A dry run never runs, so it takes nothing out.
     pending = Action.objects.filter(state__in=states, dry_run=False).exclude(pk=exclude)
     for kind, node, gpu in pending.values_list("kind", "node__name", "gpu"):
-        if kind in NODE_KINDS and node:
+        spec = kind_spec(kind)
+        if spec.node_out and node:
             cordoned.add(node)
-        elif kind in GPU_KINDS and gpu:
+        elif spec.gpu_out and gpu:
             isolated.add(gpu)
     generations = dict(ConsistencyGroup.objects.values_list("name", "generation"))
     return inputs.FleetState(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from console import events
@@ -101,19 +102,26 @@ def acknowledge_incident(
 def assign_incident(
     *,
     incident_id: int,
-    assignee: Actor | None,
+    assignee: str,
     actor: Actor,
     now: datetime,
     expected_version: int | None = None,
 ) -> Incident:
-    """Give the incident to `assignee` (None: unassign); audited with who did it."""
+    """Give the incident to the active user named `assignee` ("": unassign); audited with
+    who did it. The name is looked up only after the permission check: a caller who may
+    not assign must not learn which names exist."""
     require(actor, Permission.ASSIGN)
+    user = None
+    if assignee:
+        user = get_user_model().objects.filter(username=assignee, is_active=True).first()
+        if user is None:
+            raise IncidentChangeError(f"no active user named {assignee!r}: pick one from the list")
     incident = _locked_incident(incident_id, expected_version)
     before = incident.assignee.get_username() if incident.assignee else None
-    incident.assignee = assignee
+    incident.assignee = user
     incident.version += 1
     incident.save(update_fields=["assignee", "version", "updated_at"])
-    after = assignee.get_username() if assignee is not None else None
+    after = user.get_username() if user is not None else None
     audit(
         actor=actor_name(actor),
         verb="incident.assigned",

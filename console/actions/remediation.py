@@ -55,6 +55,7 @@ from console.policy.lifecycle import (
     TransitionError,
     check_transition,
     is_terminal,
+    kind_spec,
 )
 from console.policy.roles import Permission
 from console.roles import Actor, role_of
@@ -611,7 +612,7 @@ def route_waiting(*, now: datetime) -> list[int]:
     for a node-scope kind, one query. Returns the actions routed."""
     rows = list(
         Action.objects.select_for_update(of=("self",), skip_locked=True, no_key=True)
-        .filter(state__in=_WAITING, dry_run=False, kind__in=contract.CONTROLLER_KINDS)
+        .filter(state__in=_WAITING, dry_run=False, kind__in=contract.controller_kinds())
         .select_related("node", "executor")
     )
     if not rows:
@@ -677,33 +678,29 @@ def record_action_result(
     return action
 
 
-_NODE_MARKS: dict[ActionKind, NodeMark] = {
-    ActionKind.QUARANTINE_NODE: "quarantined",
-    ActionKind.CORDON_NODE: "cordoned",
-    ActionKind.DRAIN_NODE: "cordoned",
-}
-
-
 def _apply_effect(action: Action, *, now: datetime) -> None:
     """What a finished action does to the node and GPU state.
 
-    Taking out (quarantine, cordon, drain, isolate) that succeeded marks the node or GPU and
+    Taking out (a kind whose spec takes a node or a GPU out: quarantine, cordon, drain,
+    isolate) that succeeded marks the node (the spec's `marks`) or GPU and
     moves latched hardware out of service, owned by Faultline; `held_by_other` means it
     was already out, someone else's (`taken_out_by=scheduler`): Faultline never puts it
     back on its own. One a person proposed (not a rule) is the operator's decision
     (`taken_out_by=operator`): a return needs an approver, never the automatic path.
-    Putting back (uncordon_node, release_gpu) that succeeded returns the
+    Putting back (a `put_back` kind: uncordon_node, release_gpu) that succeeded returns the
     hardware to service and resolves its node incidents; `refused` (someone else holds it)
     is a failed result and changes nothing.
     """
     if action.node is None or action.state != ActionState.SUCCEEDED:
         return
-    kind = ActionKind(action.kind)
+    spec = kind_spec(action.kind)
     state = str(action.outcome.get("state") or "applied")
     who = f"agent:{(action.executor or action.node).name}"
     reason = f"action {action.pk}: {action.reason}"
-    mark = _NODE_MARKS.get(kind)
-    if mark is not None or kind == ActionKind.ISOLATE_GPU:
+    mark: NodeMark | None = None
+    if spec.node_out and spec.marks:
+        mark = spec.marks  # quarantined or cordoned, as the kind says
+    if spec.node_out or spec.gpu_out:
         by_other = state == "held_by_other" or action.outcome.get("taken_out_by") == "other"
         condition = action.incident if mark is not None else None
         if condition is not None and condition.kind not in fleet.CONDITION_KINDS:
@@ -742,10 +739,10 @@ def _apply_effect(action: Action, *, now: datetime) -> None:
                 now=now,
                 detail={"cleared": condition.kind, "incident": condition.pk},
             )
-    elif kind in (ActionKind.UNCORDON_NODE, ActionKind.RELEASE_GPU):
+    elif spec.effect == "put_back":
         fleet.mark_returned(
             node_id=action.node.pk,
-            gpu=action.gpu if kind == ActionKind.RELEASE_GPU else "",
+            gpu=action.gpu if spec.target == "gpu" else "",
             actor=who,
             reason=f"{reason} ({state})",
             now=now,

@@ -39,7 +39,7 @@ def _propose_for(node: Node, now: datetime) -> list[int]:
     since = node.lifecycle_since or now
     if Action.objects.filter(
         node=node,
-        kind__in=(ActionKind.UNCORDON_NODE, ActionKind.RELEASE_GPU),
+        kind__in=[k for k in ActionKind if k.spec.effect == "put_back"],
         proposed_at__gte=since,
     ).exists():
         return []  # proposed once per validation: a rejected one waits for a person

@@ -1,9 +1,10 @@
 """What an action's target string names, and which agent runs it.
 
-Owns the target grammar (`node:<name>`, `gpu:<uuid>`, `rank:<group>/<rank>`,
-`group:<name>`) per action kind, and the refusal that shows an example; and the routing
-inputs of console.policy.remediation.route (whether the node's agent and its pool's
-controller agent report), read from the inventory with the per-pool remediation settings.
+Owns resolving the target grammar (`node:<name>`, `gpu:<uuid>`, `rank:<group>/<rank>`,
+`group:<name>`; which one a kind takes is its spec's `target`), and the refusal that shows
+an example; and the routing inputs of console.policy.remediation.route (whether the node's
+agent and its pool's controller agent report), read from the inventory with the per-pool
+remediation settings.
 It reads and must not write.
 """
 
@@ -15,7 +16,7 @@ from console.actions.errors import RemediationError
 from console.choices import Health
 from console.models import ConsistencyGroup, Device, Node, Rank
 from console.policy import remediation as rp
-from console.policy.lifecycle import ActionKind
+from console.policy.lifecycle import ActionKind, kind_spec
 
 
 def remediation_policy() -> rp.RemediationPolicy:
@@ -59,17 +60,13 @@ def executor_for(
     return executor, wait
 
 
-_TARGET_PREFIX = {
-    ActionKind.QUARANTINE_NODE: "node",
-    ActionKind.CORDON_NODE: "node",
-    ActionKind.DRAIN_NODE: "node",
-    ActionKind.ISOLATE_GPU: "gpu",
-    ActionKind.UNCORDON_NODE: "node",
-    ActionKind.RELEASE_GPU: "gpu",
-    ActionKind.ISOLATE_RANK: "rank",
-    ActionKind.RESTART_GROUP: "group",
-    ActionKind.ROLLBACK_MODEL: "group",
-    ActionKind.PAGE_HUMAN: "*",
+# What a refusal shows for each target of the grammar (agents/actions_contract.TARGETS).
+_EXAMPLE = {
+    "node": "node:node-17",
+    "gpu": "gpu:GPU-<uuid>",
+    "rank": "rank:<group>/<rank>",
+    "group": "group:<name>",
+    "any": "node:node-17",
 }
 
 
@@ -78,16 +75,9 @@ def resolve_target(
 ) -> tuple[Node | None, str, ConsistencyGroup | None]:
     """(executing node, gpu uuid, group) for a subject string; raises if it names nothing."""
     prefix, _, name = target.partition(":")
-    want = _TARGET_PREFIX[kind]
-    if not name or (want != "*" and prefix != want):
-        example = {
-            "node": "node:node-17",
-            "gpu": "gpu:GPU-<uuid>",
-            "rank": "rank:<group>/<rank>",
-            "group": "group:<name>",
-            "*": "node:node-17",
-        }[want]
-        raise RemediationError(f'{kind} needs a target like "{example}", got "{target}"')
+    want = kind_spec(kind).target
+    if not name or (want != "any" and prefix != want):
+        raise RemediationError(f'{kind} needs a target like "{_EXAMPLE[want]}", got "{target}"')
     if prefix == "node":
         node = Node.objects.filter(name=name).first()
         if node is None:

@@ -29,7 +29,8 @@ from console import charts, queries
 from console.choices import GroupState
 from console.diagnosis.findings import culprit_of
 from console.models import ConsistencyGroup, Incident
-from console.queries import launcher, recovery, telemetry
+from console.queries import launcher, recovery
+from console.queries.telemetry import checkpoint_rows, lifecycle, serving_windows, step_rows, traces
 from console.serving import serving_state_of
 
 # Chart aggregates scan every step row of the window (~1M at 16k ranks): one computation
@@ -178,13 +179,13 @@ def group_data(group: ConsistencyGroup) -> dict[str, Any]:
         "states": [],
     }
     if group.kind == "serving":
-        workers = telemetry.serving_workers(group)
+        workers = serving_windows.serving_workers(group)
         data["workers"] = [{**w, "ts": w["ts"].isoformat()} for w in workers]
     else:
         data["checkpoints"] = charts.checkpoint_table(
-            telemetry.group_checkpoints(group), summary.get("newest_valid_checkpoint")
+            checkpoint_rows.group_checkpoints(group), summary.get("newest_valid_checkpoint")
         )
-        data["states"] = charts.state_segments(telemetry.group_transitions(group), timezone.now())
+        data["states"] = charts.state_segments(lifecycle.group_transitions(group), timezone.now())
     return data
 
 
@@ -207,15 +208,15 @@ def group_charts(group: ConsistencyGroup) -> dict[str, Any]:
 def compute_group_charts(group: ConsistencyGroup, *, rollups: bool = True) -> dict[str, Any]:
     """The chart JSON, from the step-bin rollup plus the raw open tail (`rollups=False`: raw)."""
     empty = {"heatmap": None, "percentiles": None, "slowest": None, "window": None, "scale": None}
-    window = telemetry.step_window(group)
+    window = step_rows.step_window(group)
     if window is None:
         return empty
     first, newest = window
     world = max(group.world_size or 0, getattr(group, "rank_count", 0) or 0, 1)
     bins = charts.rank_bins(world)
     # Time bins are whole rollup buckets, so rollup rows add up without being split.
-    grid = charts.time_grid(first, newest, step_s=telemetry.STEP_BUCKET_S)
-    agg = telemetry.step_aggregates(group, world=world, grid=grid, until=newest, rollups=rollups)
+    grid = charts.time_grid(first, newest, step_s=step_rows.STEP_BUCKET_S)
+    agg = step_rows.step_aggregates(group, world=world, grid=grid, until=newest, rollups=rollups)
     heatmap = charts.heatmap(agg["cells"], world=world, bins=bins, grid=grid)
     percentiles = charts.percentile_series(agg["percentiles"], grid=grid)
     cells = [v for row in heatmap["z"] for v in row]
@@ -289,7 +290,7 @@ def _part_of(root: Incident | None) -> dict[str, Any] | None:
 
 def incident_trace(incident: Incident) -> dict[str, Any] | None:
     """The one step (a rank's incident) or request window (a worker's) the incident is
-    about, end to end (`telemetry.step_trace`, `request_trace`); None for the others."""
+    about, end to end (`traces.step_trace`, `request_trace`); None for the others."""
     root = incident.root_cause or {}
     culprit = culprit_of(incident.subject, root.get("evidence") or {})
     if incident.group is None or culprit is None:
@@ -299,9 +300,9 @@ def incident_trace(incident: Incident) -> dict[str, Any] | None:
         around = datetime.fromisoformat(root["first_seen"]) if root.get("first_seen") else around
     kind, who = culprit
     if kind == "worker":
-        trace = telemetry.request_trace(incident.group, worker=str(who), around=around)
+        trace = traces.request_trace(incident.group, worker=str(who), around=around)
     else:
-        trace = telemetry.step_trace(
+        trace = traces.step_trace(
             incident.group, generation=incident.generation, rank=int(who), around=around
         )
     return {"kind": kind, **trace} if trace else None

@@ -8,8 +8,9 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from console.models import Alert, ConsistencyGroup, Device, HealthEvent, Incident, Node
-from console.queries import launcher, recovery, telemetry
+from console.queries import launcher, recovery
 from console.queries import objectives as group_objectives
+from console.queries.telemetry import agent_state
 from console.serving import serving_state_of
 
 LIFECYCLE_FIELDS = (
@@ -43,6 +44,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "agent_version",
             "first_seen",
             "last_seen",
+            "delivery_delay_s",
             "quarantined",
             "cordoned",
             "gpus",
@@ -107,7 +109,7 @@ class AgentSerializer(serializers.ModelSerializer):
     gaps = serializers.IntegerField()
 
     class Meta:
-        model = telemetry.AgentState
+        model = agent_state.AgentState
         fields = [
             "agent_id",
             "node",

@@ -15,7 +15,8 @@ from console import queries
 from console.api import serializers as s
 from console.choices import IncidentState, Role
 from console.models import Alert, ConsistencyGroup, Device, Incident, Node
-from console.queries import launcher, telemetry
+from console.queries import launcher
+from console.queries.telemetry import agent_state
 
 
 class NodeList(generics.ListAPIView):
@@ -52,7 +53,7 @@ class AgentList(generics.ListAPIView):
     serializer_class = s.AgentSerializer
 
     def get_queryset(self) -> QuerySet[Any]:
-        return telemetry.agents()
+        return agent_state.agents()
 
 
 class GroupList(generics.ListAPIView):

@@ -171,9 +171,33 @@ def _live_step_totals(ctx: Context, state: dict[str, Any]) -> tuple[int, float |
         if had is d:
             continue
         if had is not None and d.base == had.serial:
-            if d.dropped:
-                _count(tot, d.dropped, -1)
-            _count(tot, d.added, 1)
+            added, dropped = d.added, d.dropped
+            if len(added) == 1 and len(dropped) <= 1:
+                # The live shape (16k ranks a pass): `_count` spelled out for one step in,
+                # at most one out.
+                if dropped:
+                    s = dropped[0]
+                    got = tot.get(s.step)
+                    if got is None:
+                        tot[s.step] = [-(s.tokens or 0), -1]
+                    else:
+                        got[0] -= s.tokens or 0
+                        got[1] -= 1
+                        if not got[1]:
+                            del tot[s.step]
+                s = added[0]
+                got = tot.get(s.step)
+                if got is None:
+                    tot[s.step] = [s.tokens or 0, 1]
+                else:
+                    got[0] += s.tokens or 0
+                    got[1] += 1
+                    if not got[1]:
+                        del tot[s.step]
+            else:
+                if dropped:
+                    _count(tot, dropped, -1)
+                _count(tot, added, 1)
         else:
             if had is not None:
                 _count(tot, had.cur, -1)

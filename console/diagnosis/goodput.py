@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from itertools import islice, pairwise
-from operator import itemgetter
+from operator import is_, itemgetter
 from typing import Any
 
 from agents import vocab
@@ -258,7 +258,7 @@ def _live_table(
         if (
             t.start_free
             and (t.oldest is None or t.oldest > start)
-            and all(a is b for a, b in zip(last[0], snap.ranks, strict=True))
+            and (last[0] is snap.ranks or all(map(is_, last[0], snap.ranks)))
         ):
             return t  # every rank the same, all its steps still inside the window
     # rank -> (its steps, their parts by (generation, step), or None when every step is

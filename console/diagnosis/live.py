@@ -21,9 +21,10 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from operator import itemgetter
-from typing import Any
+from operator import is_, itemgetter
+from typing import Any, TypeGuard
 
+from console.diagnosis.records import Objectives, ServingSlo
 from console.diagnosis.snapshot import (
     RANK_KINDS,
     CollectiveWindow,
@@ -37,6 +38,10 @@ from console.diagnosis.snapshot import (
     _step,
     _window,
     build_snapshot,
+    contract_states,
+    heartbeats_of,
+    new_rank_state,
+    node_states,
 )
 
 __all__ = ["LiveGroup", "Retention"]
@@ -92,6 +97,18 @@ class LiveGroup:
     _order: int = 0
     _active: list[int] | None = None  # sorted ranks of the generation; None: recompute
     _groups: tuple[ProcessGroup, ...] | None = None  # None: recompute
+    # What `snapshot` needs to touch only what changed (a 16k-rank pass in which nothing
+    # per-rank changed used to walk every rank): the ranks `apply` changed since the last
+    # snapshot, each active rank's position in `_active` and the state the last snapshot
+    # showed there (None: everything it reported aged out), that snapshot's ranks, the
+    # soonest expiry of a rank's retained view (never later than the true one: it only
+    # triggers a walk of every rank), and the non-rank part it was built from.
+    _dirty: set[int] = field(default_factory=set)
+    _pos: dict[int, int] = field(default_factory=dict)
+    _kept: list[RankState | None] = field(default_factory=list)
+    _shown: tuple[RankState, ...] | None = None
+    _soonest: datetime | None = None
+    _base: _Base | None = None
     touched: int = 0  # ranks rebuilt by the last `snapshot` (for the benchmark)
     memo: dict[str, Any] = field(default_factory=dict)  # `diagnose(..., memo=)` between passes
     samples: dict[int, Any] = field(default_factory=dict)  # `build_snapshot(samples_memo=)`
@@ -142,6 +159,7 @@ class LiveGroup:
                     if slot == "report":
                         self._groups = None
             st.state = None
+            self._dirty.add(rank)
         self._order = order
         return n
 
@@ -161,47 +179,139 @@ class LiveGroup:
         if self.last_now is not None and now < self.last_now:
             raise ValueError("LiveGroup.snapshot: now went back; rebuild the state")
         self.last_now = now
-        base = build_snapshot(
-            group=self.group,
-            generation=self.generation,
+        base, dev_node, moved = self._non_rank(
             state=state,
-            records=[r for r in records if r.get("kind") not in RANK_KINDS],
+            records=records,
             nodes=nodes,
             contract_findings=contract_findings,
             now=now,
             slo=slo,
             objectives=objectives,
-            samples_memo=self.samples,
-            devices_memo=self.devices,
         )
-        dev_node = {d.gpu: d.node for d in base.devices}
+        ranks_of = self.ranks
+        walk = moved  # every rank: a GPU moved node (a rank's node may come from it)
         if self._active is None:
-            self._active = sorted(rk for rk, st in self.ranks.items() if st.gen == self.generation)
+            self._active = sorted(rk for rk, st in ranks_of.items() if st.gen == self.generation)
             self._groups = None
-        out: list[RankState] = []
-        touched = 0
-        for rk in self._active:
-            st = self.ranks[rk]
+            self._pos = {rk: i for i, rk in enumerate(self._active)}
+            self._kept = [None] * len(self._active)
+            self._shown = None
+            walk = True
+        elif self._soonest is not None and now > self._soonest:
+            walk = True  # some rank's retained view may have moved with the clock
+        todo: Iterable[int] = self._active if walk else self._dirty
+        self._dirty = set()
+        pos, kept = self._pos, self._kept
+        soonest = None if walk else self._soonest
+        touched = changed = 0
+        for rk in todo:
+            i = pos.get(rk)
+            if i is None:
+                continue  # a rank of another generation: not shown
+            st = ranks_of[rk]
             cached = st.state
             if cached is None or (st.expires is not None and now > st.expires):
                 touched += 1
                 cached = st.state = self._rank_state(rk, st, now, dev_node)
             elif st.node is None and cached.node != dev_node.get(cached.gpu or ""):
                 cached = st.state = replace(cached, node=dev_node.get(cached.gpu or ""))
-            if st.report is None and not (cached.steps or cached.processes or cached.collective):
-                continue  # everything it reported aged out: a full read would not see it
-            out.append(cached)
+            exp = st.expires
+            if exp is not None and (soonest is None or exp < soonest):
+                soonest = exp
+            # Everything it reported aged out: a full read would not see it.
+            shown = (
+                None
+                if st.report is None and not (cached.steps or cached.processes or cached.collective)
+                else cached
+            )
+            if kept[i] is not shown:
+                kept[i] = shown
+                changed += 1
+        self._soonest = soonest
         self.touched = touched
+        ranks = self._shown
+        if ranks is None or changed:
+            ranks = self._shown = tuple(filter(_is_state, kept))
         if self._groups is None:
-            reports = {rk: self.ranks[rk].report for rk in self._active}
+            reports = {rk: ranks_of[rk].report for rk in self._active}
             self._groups = _process_groups({rk: r[2] for rk, r in reports.items() if r})
-        ranks = tuple(out)
         return replace(
             base,
             kind="serving" if base.serving and not ranks else "training",
+            taken_at=now,
             ranks=ranks,
             process_groups=self._groups,
         )
+
+    def _non_rank(
+        self,
+        *,
+        state: str,
+        records: list[dict[str, Any]],
+        nodes: dict[str, datetime | None],
+        contract_findings: list[dict[str, Any]],
+        now: datetime,
+        slo: Mapping[str, Any] | None,
+        objectives: Mapping[str, Any] | None,
+    ) -> tuple[GroupSnapshot, dict[str, str | None], bool]:
+        """`build_snapshot` of the non-rank records, the GPUs' nodes, and whether a GPU's
+        node changed since the last pass.
+
+        The very same record dicts as last pass (a pass triggered by the clock, or by
+        steps alone; the caller keeps an unchanged record's dict, as `samples` asks) reuse
+        the last build, whose parts are functions of the records alone, but for the few
+        made from the other arguments (the nodes' heartbeats, the group's state, its
+        contract findings, SLO and objectives), made again when those changed."""
+        old = self._base
+        same = old is not None and len(old.records) == len(records)
+        if old is None or not same or not all(map(is_, old.records, records)):
+            base = build_snapshot(
+                group=self.group,
+                generation=self.generation,
+                state=state,
+                records=[r for r in records if r.get("kind") not in RANK_KINDS],
+                nodes=nodes,
+                contract_findings=contract_findings,
+                now=now,
+                slo=slo,
+                objectives=objectives,
+                samples_memo=self.samples,
+                devices_memo=self.devices,
+            )
+            if old is not None and old.snap.devices is base.devices:
+                dev_node = old.dev_node
+            else:
+                dev_node = {d.gpu: d.node for d in base.devices}
+            moved = old is None or dev_node != old.dev_node
+            beats: list[Mapping[str, Any]] = [r for r in records if r.get("kind") == "heartbeat"]
+        else:
+            base, dev_node, moved, beats = old.snap, old.dev_node, False, old.beats
+            changed: dict[str, Any] = {}
+            if state != base.state:
+                changed["state"] = state
+            if nodes != old.nodes:
+                changed["nodes"] = node_states(heartbeats_of(self.group, nodes, beats))
+            if contract_findings != old.contract_findings:
+                changed["contract_findings"] = contract_states(contract_findings)
+            if slo != old.slo:
+                changed["slo"] = ServingSlo.from_mapping(slo)
+            if objectives != old.objectives:
+                changed["objectives"] = Objectives.from_mapping(objectives)
+            if changed:
+                base = replace(base, **changed)
+        # Copies of the arguments: a caller that mutated a container in place between passes
+        # must not compare equal to itself (the records' dicts are taken unmodified).
+        self._base = _Base(
+            list(records),
+            beats,
+            dict(nodes),
+            list(contract_findings),
+            None if slo is None else dict(slo),
+            None if objectives is None else dict(objectives),
+            base,
+            dev_node,
+        )
+        return base, dev_node, moved
 
     def _rank_state(
         self, rk: int, st: _Rank, now: datetime, dev_node: Mapping[str, str | None]
@@ -258,7 +368,25 @@ class LiveGroup:
         st.shown, st.grown = steps, True
         window: CollectiveWindow | None = st.window[2] if st.window else None
         node = (st.node[2] if st.node else None) or dev_node.get(gpu or "")
-        return RankState(rk, node, gpu, steps, procs, window, self.generation, slid)
+        return new_rank_state(rk, node, gpu, steps, procs, window, self.generation, slid)
+
+
+@dataclass(frozen=True, slots=True)
+class _Base:
+    """The non-rank part of the last snapshot and what it was built from."""
+
+    records: list[Mapping[str, Any]]
+    beats: list[Mapping[str, Any]]  # the heartbeat records among them
+    nodes: dict[str, datetime | None]
+    contract_findings: list[dict[str, Any]]
+    slo: dict[str, Any] | None
+    objectives: dict[str, Any] | None
+    snap: GroupSnapshot
+    dev_node: dict[str, str | None]
+
+
+def _is_state(x: RankState | None) -> TypeGuard[RankState]:
+    return x is not None
 
 
 def _key(item: _Keyed) -> tuple[datetime, int]:

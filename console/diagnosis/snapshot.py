@@ -14,6 +14,8 @@ from datetime import datetime
 from operator import is_, itemgetter
 from typing import Any
 
+from agents.protocol import HOST_KINDS  # the host, network and kernel evidence kinds
+
 from console.diagnosis.records import (
     PHASES,
     CheckpointEvent,
@@ -41,6 +43,7 @@ from console.diagnosis.records import (
     Shard,
     StepRecord,
     Transition,
+    new_step,
 )
 
 __all__ = [
@@ -109,6 +112,37 @@ class RankState:
         return self.processes[-1] if self.processes else None
 
 
+_RANK_SET = tuple(
+    RankState.__dict__[n].__set__
+    for n in ("rank", "node", "gpu", "steps", "processes", "collective", "generation", "slid_from")
+)
+
+
+def new_rank_state(
+    rank: int,
+    node: str | None,
+    gpu: str | None,
+    steps: tuple[StepRecord, ...],
+    processes: tuple[ProcessRecord, ...],
+    collective: CollectiveWindow | None,
+    generation: int,
+    slid_from: tuple[tuple[StepRecord, ...], int] | None,
+) -> RankState:
+    """`RankState(...)` set through its slots (a live pass builds one per rank that stepped:
+    16k at 16k ranks), as `records.new_step` does for a step."""
+    r = object.__new__(RankState)
+    a, b, c, d, e, f, g, h = _RANK_SET
+    a(r, rank)
+    b(r, node)
+    c(r, gpu)
+    d(r, steps)
+    e(r, processes)
+    f(r, collective)
+    g(r, generation)
+    h(r, slid_from)
+    return r
+
+
 @dataclass(frozen=True, slots=True)
 class GroupSnapshot:
     group: str
@@ -159,18 +193,16 @@ def _step(r: Mapping[str, Any]) -> StepRecord:
     d, loss, gn, scale = g("duration_ms"), g("loss"), g("grad_norm"), g("loss_scale")
     c, co, i, ck, o = p("compute"), p("collective"), p("input"), p("checkpoint"), p("optimizer")
     mf, hf = g("model_flops"), g("hw_flops")
-    return StepRecord(
+    return new_step(
         r["ts"],
         int(g("generation") or 0),
         int(r["step"]),
         None if d is None else float(d),
-        Phases(
-            None if c is None else float(c),
-            None if co is None else float(co),
-            None if i is None else float(i),
-            None if ck is None else float(ck),
-            None if o is None else float(o),
-        ),
+        None if c is None else float(c),
+        None if co is None else float(co),
+        None if i is None else float(i),
+        None if ck is None else float(ck),
+        None if o is None else float(o),
         g("tokens"),
         None if loss is None else float(loss),
         None if gn is None else float(gn),
@@ -472,21 +504,12 @@ def build_snapshot(
         generation=generation,
         taken_at=now,
         ranks=ranks,
-        nodes=tuple(NodeState(name=n, last_heartbeat=t) for n, t in sorted(heartbeats.items())),
+        nodes=node_states(heartbeats),
         devices=devices,
         checkpoints=checkpoints,
         transitions=tuple(transitions),
         serving=tuple(serving[w] for w in sorted(serving)),
-        contract_findings=tuple(
-            ContractFinding(
-                kind=c["kind"],
-                subject=c["subject"],
-                evidence=dict(c.get("evidence") or {}),
-                ts=c.get("ts"),
-                generation=c.get("generation"),
-            )
-            for c in contract_findings
-        ),
+        contract_findings=contract_states(contract_findings),
         slo=ServingSlo.from_mapping(slo),
         probes=tuple(probes),
         host_events=tuple(host_events),
@@ -498,7 +521,37 @@ def build_snapshot(
     )
 
 
-HOST_KINDS = frozenset({"host_event", "net_event", "net_sample", "host_sample"})
+def node_states(heartbeats: Mapping[str, datetime | None]) -> tuple[NodeState, ...]:
+    """The snapshot's nodes from each node's newest heartbeat, by name."""
+    return tuple(NodeState(name=n, last_heartbeat=t) for n, t in sorted(heartbeats.items()))
+
+
+def heartbeats_of(
+    group: str, nodes: Mapping[str, datetime | None], records: list[Mapping[str, Any]]
+) -> dict[str, datetime | None]:
+    """`nodes` with the newer of its time and the newest `heartbeat` record of the group per
+    node (what `build_snapshot` makes of them; `records` in any order)."""
+    out = dict(nodes)
+    for r in records:
+        if r.get("kind") == "heartbeat" and r.get("node") and r.get("group") in (None, group):
+            prev = out.get(r["node"])
+            out[r["node"]] = r["ts"] if prev is None else max(prev, r["ts"])
+    return out
+
+
+def contract_states(findings: list[dict[str, Any]]) -> tuple[ContractFinding, ...]:
+    return tuple(
+        ContractFinding(
+            kind=c["kind"],
+            subject=c["subject"],
+            evidence=dict(c.get("evidence") or {}),
+            ts=c.get("ts"),
+            generation=c.get("generation"),
+        )
+        for c in findings
+    )
+
+
 DEVICE_KINDS = frozenset({"device_sample", "device_event"})
 _ts_of = itemgetter("ts")
 

@@ -126,8 +126,10 @@ def utilisation(
     append = ranked.append
     for r in snap.ranks:
         mine = steps(r) if steps is not None else r.current_steps
-        if per_rank is None:
-            got: RankFlops | None = rank_flops(mine)
+        if not mine or mine[-1].model_flops is None:
+            got: RankFlops | None = None  # rank_flops's answer, without its memo's lookup
+        elif per_rank is None:
+            got = rank_flops(mine)
         else:
             got = per_rank("utilisation", r, partial(rank_flops, mine))
         gpu = r.gpu

@@ -20,7 +20,7 @@ from console.policy.inputs import (
     RecentActions,
     Vote,
 )
-from console.policy.lifecycle import NODE_KINDS
+from console.policy.lifecycle import kind_spec
 
 STAGES = ("proposal", "approval", "dispatch")
 
@@ -32,13 +32,18 @@ class DryRun:
 
 
 def _capacity(request: ActionRequest, policy: Policy, fleet: FleetState) -> str | None:
-    if request.kind not in NODE_KINDS or request.node not in fleet.node_pool:
+    if not kind_spec(request.kind).node_out or request.node not in fleet.node_pool:
         return None
     pool = fleet.node_pool[request.node or ""]
     out = {n for n in fleet.nodes_out if fleet.node_pool.get(n) == pool} | {request.node}
     total = fleet.pools.get(pool, 0)
     limit = policy.max_nodes_out_per_pool.allowed(total)
     return f"pool {pool} would have {len(out)} of {total} nodes out (limit {limit})"
+
+
+def _what(request: ActionRequest) -> str:
+    """What the action does once it runs, in its kind's words (its spec's preview)."""
+    return f"{request.kind}: {kind_spec(request.kind).preview_text(request.target)}"
 
 
 def dry_run(
@@ -77,6 +82,7 @@ def dry_run(
             "dispatch": "dispatch",
         }[stage]
         effects.append(f"would {verb} {request.kind} on {request.target}")
+        effects.append(_what(request))
         capacity = _capacity(request, policy, fleet)
         if capacity:
             effects.append(capacity)
@@ -87,6 +93,7 @@ def dry_run(
             f"would hold {request.kind} on {request.target} for "
             f"{decision.approvals_required} human approval(s)"
         )
+        effects.append(_what(request))
     if decision.escalate:
         effects.append("would escalate to a human")
     return DryRun(decision, tuple(effects))

@@ -24,21 +24,8 @@ from console.policy.inputs import (
     RecentActions,
     Vote,
 )
-from console.policy.lifecycle import (
-    GPU_KINDS,
-    NODE_KINDS,
-    RESTART_KINDS,
-    RETURN_KINDS,
-    ActionKind,
-    ActionState,
-)
+from console.policy.lifecycle import ActionState, kind_spec
 from console.policy.votes import tally
-
-# Kinds that act on one generation of a group: dispatching them on a newer generation
-# would act on work the decision never saw.
-GROUP_KINDS = frozenset(
-    {ActionKind.RESTART_GROUP, ActionKind.ISOLATE_RANK, ActionKind.ROLLBACK_MODEL}
-)
 
 
 @dataclass(frozen=True)
@@ -190,9 +177,10 @@ def _holds(
     now: datetime,
 ) -> _Holds:
     blast: list[str] = []
-    if request.kind in NODE_KINDS:
+    spec = kind_spec(request.kind)
+    if spec.node_out:
         blast = _node_blast(request, policy, fleet)
-    elif request.kind in GPU_KINDS:
+    elif spec.gpu_out:
         blast = _gpu_blast(request, policy, fleet)
     reasons = list(blast) + _rates(request, policy, fleet, history, now)
     if breaker.open:
@@ -201,7 +189,7 @@ def _holds(
             "until an admin closes it"
         )
     reasons += return_holds(request)
-    if request.kind in RESTART_KINDS and request.auto_restart_safe is not True:
+    if spec.effect == "restart" and request.auto_restart_safe is not True:
         advice = request.restart_advice.strip() or "diagnosis gave no restart advice"
         if request.auto_restart_safe is False:
             advice = f"diagnosis says auto-restart is unsafe: {advice}"
@@ -212,7 +200,7 @@ def _holds(
 def return_holds(request: ActionRequest) -> list[str]:
     """Putting capacity back: blast radius does not apply, but the repeat-offender rule
     and ownership do; a node someone else took out is theirs until an approver says so."""
-    if request.kind not in RETURN_KINDS:
+    if kind_spec(request.kind).effect != "put_back":
         return []
     out = []
     if request.replace_flagged:
@@ -371,7 +359,7 @@ def check_dispatch(
     state = breakers.trip(breaker, history, policy, now)
     if request.state != ActionState.APPROVED:
         return _refuse("dispatch", f"action {request.id} is {request.state}, not approved", state)
-    if request.group is not None or request.kind in GROUP_KINDS:
+    if request.group is not None or kind_spec(request.kind).on_generation:
         current = fleet.generations.get(request.group or "")
         if request.generation is None or current != request.generation:
             return _refuse(

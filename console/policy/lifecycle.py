@@ -1,37 +1,67 @@
 """Action kinds and the action state machine.
 
-Owns what an action can be and the only legal moves between its states. It must not
+Owns what an action can be (a kind of agents/actions_contract.SPECS, which is all that
+describes one) and the only legal moves between its states. It must not
 evaluate gates (see `gates.py`) or touch storage: the write path calls
 `check_transition` before saving a new state and lets `TransitionError` reach the user.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from enum import StrEnum
 
 from agents import actions_contract as contract
 
 
-class ActionKind(StrEnum):
-    """What the service may propose. Kinds an agent executes take their wire names from
-    agents/actions_contract.py (the agent's hook table is keyed by them); the others are
-    the service's own until the contract carries them."""
+class _KindNames(type):
+    """`ActionKind.CORDON_NODE` and `for kind in ActionKind`, read from the specs on each
+    use: a kind added to agents/actions_contract.SPECS is a member without an edit here."""
 
-    QUARANTINE_NODE = contract.QUARANTINE_NODE
-    CORDON_NODE = contract.CORDON_NODE
-    DRAIN_NODE = contract.DRAIN_NODE
-    ISOLATE_GPU = contract.ISOLATE_GPU
-    ISOLATE_RANK = "isolate_rank"
-    RESTART_GROUP = contract.RESTART_GROUP
-    UNCORDON_NODE = contract.UNCORDON_NODE
-    RELEASE_GPU = contract.RELEASE_GPU
-    ROLLBACK_MODEL = "rollback_model"
-    PAGE_HUMAN = "page_human"
+    def __getattr__(cls, attr: str) -> ActionKind:
+        name = attr.lower()
+        if attr.isupper() and name in contract.SPECS:
+            return ActionKind(name)
+        raise AttributeError(f"ActionKind has no kind {attr} (agents/actions_contract.SPECS)")
+
+    def __iter__(cls) -> Iterator[ActionKind]:
+        return iter([ActionKind(name) for name in contract.SPECS])
 
 
-# Kinds a node agent runs through the contract (the rest answer "no hook configured"
-# unless a site configures one by that name).
-CONTRACT_KINDS = frozenset(k for k in ActionKind if k.value in contract.KINDS)
+class ActionKind(str, metaclass=_KindNames):
+    """What the service may propose: a kind of agents/actions_contract.SPECS, which
+    describes it (target, effect on capacity, inverse, params, preview). Kinds an agent
+    executes (`spec.agent`) are the contract's; the others are the service's own until the
+    contract carries them. Constructing one from an unknown name raises ValueError."""
+
+    __slots__ = ()
+
+    def __new__(cls, value: str) -> ActionKind:
+        if str(value) not in contract.SPECS:
+            known = ", ".join(contract.SPECS)
+            raise ValueError(f'unknown action kind "{value}"; known: {known}')
+        return super().__new__(cls, value)
+
+    @property
+    def value(self) -> str:
+        return str(self)
+
+    @property
+    def spec(self) -> contract.KindSpec:
+        return kind_spec(self)
+
+
+def kind_spec(kind: str) -> contract.KindSpec:
+    """The spec of `kind`; ValueError names the known kinds."""
+    spec = contract.spec_of(str(kind))
+    if spec is None:
+        raise ValueError(f'unknown action kind "{kind}"; known: {", ".join(contract.SPECS)}')
+    return spec
+
+
+# Kinds a node agent runs through the contract, as it stood at import (the rest answer "no
+# hook configured" unless a site configures one by that name).
+CONTRACT_KINDS = frozenset(k for k in ActionKind if k.spec.agent)
 
 
 class ActionState(StrEnum):
@@ -45,16 +75,6 @@ class ActionState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
 
-
-# Kinds that take a whole node out of service; they count against the node blast radius.
-NODE_KINDS = frozenset({ActionKind.QUARANTINE_NODE, ActionKind.CORDON_NODE, ActionKind.DRAIN_NODE})
-# Kinds that take one GPU out of service; they count against the GPU blast radius.
-GPU_KINDS = frozenset({ActionKind.ISOLATE_GPU})
-# Kinds that put capacity back: blast radius does not apply; ownership and the
-# repeat-offender rule do (console.policy.gates).
-RETURN_KINDS = frozenset({ActionKind.UNCORDON_NODE, ActionKind.RELEASE_GPU})
-# Kinds that restart work; diagnosis may declare them unsafe (auto_restart_safe=false).
-RESTART_KINDS = frozenset({ActionKind.RESTART_GROUP})
 
 TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
     ActionState.PROPOSED: frozenset(

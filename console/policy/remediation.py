@@ -56,7 +56,6 @@ CONDITION_KINDS = frozenset({"nic_down", "disk_full"})
 SILENCE_KINDS = frozenset({"node_silent"})
 # Every root cause of a node's own (a fleet-scope node incident) the policy acts on.
 NODE_SCOPE_KINDS = HARDWARE_KINDS | CONDITION_KINDS | SILENCE_KINDS
-NODE_KINDS_OUT = frozenset({contract.CORDON_NODE, contract.DRAIN_NODE, contract.QUARANTINE_NODE})
 STALE_SERVING_KINDS = frozenset({"stale_version"})
 
 # Where the fault sits (docs/safety.md, "Per placement"): a node running no work of
@@ -76,7 +75,7 @@ RULE = "policy"
 class PoolPolicy:
     """What to do in one pool. Defaults are the safe ones (docs/safety.md)."""
 
-    scheduler: str = "slurm"  # which backend runs this pool's actions (BACKEND_KINDS)
+    scheduler: str = "slurm"  # which backend runs this pool's actions (each spec's backends)
     take_out: str = contract.DRAIN_NODE  # how a node with a latched fault leaves service
     isolate_gpu: bool = True  # GPU-scoped faults take only the GPU where the backend can
     restart_after_hardware: bool = True  # restart_group from a valid checkpoint, without it
@@ -88,7 +87,15 @@ class PoolPolicy:
     controller: str = ""
 
     def can_run(self, kind: str) -> bool:
-        return kind in contract.BACKEND_KINDS.get(self.scheduler, frozenset(contract.KINDS))
+        spec = contract.KINDS.get(kind)
+        return spec is not None and (
+            self.scheduler in spec.backends or self.scheduler not in contract.BACKENDS
+        )
+
+
+def node_take_out_kinds() -> list[str]:
+    """What a pool's `take_out` may name: the agent kinds that take a whole node out."""
+    return sorted(name for name, spec in contract.KINDS.items() if spec.node_out)
 
 
 _BOOL_KEYS = frozenset(
@@ -115,10 +122,10 @@ def _pool(data: Mapping[str, Any], base: PoolPolicy, name: str) -> PoolPolicy:
                 raise PolicyError(f"remediation pool {name}: {key} must be true or false")
             values[key] = raw
         elif key == "scheduler":
-            if raw not in contract.BACKEND_KINDS:
+            if raw not in contract.BACKENDS:
                 raise PolicyError(
                     f"remediation pool {name}: scheduler must be one of "
-                    f"{', '.join(sorted(contract.BACKEND_KINDS))}, got {raw!r}"
+                    f"{', '.join(sorted(contract.BACKENDS))}, got {raw!r}"
                 )
             values[key] = raw
         elif key == "controller":
@@ -129,10 +136,10 @@ def _pool(data: Mapping[str, Any], base: PoolPolicy, name: str) -> PoolPolicy:
                 )
             values[key] = raw
         elif key == "take_out":
-            if raw not in NODE_KINDS_OUT:
+            if raw not in node_take_out_kinds():
                 raise PolicyError(
                     f"remediation pool {name}: take_out must be one of "
-                    f"{', '.join(sorted(NODE_KINDS_OUT))}, got {raw!r}"
+                    f"{', '.join(node_take_out_kinds())}, got {raw!r}"
                 )
             values[key] = raw
     return replace(base, **values)
@@ -325,14 +332,15 @@ def route(
     """Which agent runs `kind` on `node`, and why it waits ('' when it need not).
 
     (None, ''): the node's own agent, which reports. A silent node's action goes to the
-    pool's controller agent where the kind may run from there (CONTROLLER_KINDS);
+    pool's controller agent where the kind may run from there (its spec's `controller`);
     otherwise it stays the node's own and waits for it. Proposed either way: an approver
     may decide ahead, and it runs once an agent that may run it reports.
     """
     if reporting:
         return None, ""
     what = f"{kind} on node {node}"
-    if kind not in contract.CONTROLLER_KINDS:
+    spec = contract.KINDS.get(kind)
+    if spec is None or not spec.controller:
         return None, f"{what} waits: only the node's own agent runs it, and it is silent"
     if not pool.controller:
         return None, (

@@ -14,7 +14,7 @@ from django.db import connection
 from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
-from console import events
+from console import delivery, events
 from console.models import Action, ConsistencyGroup, Device, HealthEvent, Incident, Node, Rank
 
 _T = TypeVar("_T")
@@ -133,8 +133,8 @@ def _grid_nodes(rows: list[tuple[Any, ...]]) -> list[FleetNode]:
     return [
         {
             "name": row[0],
-            "gpus": row[11],
-            "card": None if row[12] else events.node_payload(row[:11]),
+            "gpus": row[12],
+            "card": None if row[13] else events.node_payload(row[:12]),
         }
         for row in rows
     ]
@@ -157,7 +157,8 @@ _DEVICES = """coalesce((
 # Node cards with their GPUs, one row per node, in `events.node_payload`'s column order.
 _PAYLOADS = """
 SELECT n.name, n.health, n.last_seen, n.quarantined, n.cordoned, {devices},
-    n.lifecycle, n.lifecycle_reason, n.lifecycle_since, n.taken_out_by, n.replace_flagged
+    n.lifecycle, n.lifecycle_reason, n.lifecycle_since, n.taken_out_by, n.replace_flagged,
+    n.delivery_delay_s
 FROM console_node n WHERE n.id IN ({ids}) ORDER BY n.name
 """
 
@@ -181,15 +182,15 @@ grid AS (
 SELECT n.name, n.health, CASE WHEN n.tile THEN NULL ELSE n.last_seen END, n.quarantined,
     n.cordoned, CASE WHEN n.tile THEN NULL ELSE {devices} END,
     n.lifecycle, n.lifecycle_reason, CASE WHEN n.tile THEN NULL ELSE n.lifecycle_since END,
-    n.taken_out_by, n.replace_flagged, n.gpu_count, n.tile, n.total
+    n.taken_out_by, n.replace_flagged, n.delivery_delay_s, n.gpu_count, n.tile, n.total
 FROM grid n ORDER BY n.name
 """
 
 
 def node_detail(name: str) -> dict[str, Any] | None:
     """One node for its page and `GET /api/v1/nodes/<name>/`: card, GPUs with their
-    lifecycle, fault history (newest first), its incidents and those linked to them, and
-    its actions."""
+    lifecycle, fault history (newest first), its incidents and those linked to them, its
+    actions, and how late its data arrives (console.delivery)."""
     node = Node.objects.filter(name=name).first()
     if node is None:
         return None
@@ -229,6 +230,7 @@ def node_detail(name: str) -> dict[str, Any] | None:
     )
     return {
         "node": node,
+        "delivery": delivery.of_node(node.delivery_delay_s, node.delivery_delays),
         "card": cards[0],
         "gpus": gpus,
         "history": history,

@@ -14,7 +14,7 @@ from typing import Any
 
 from console.diagnosis.findings import culprit_of
 from console.models import Incident
-from console.queries import telemetry
+from console.queries.telemetry import lifecycle
 
 # How the console names each launcher that reports a root cause of its own.
 LAUNCHER_NAMES = {"torchelastic": "torchrun (TorchElastic)"}
@@ -45,7 +45,7 @@ def _view(incident: Incident, row: dict[str, Any] | None) -> dict[str, Any] | No
 def launcher_root_causes(incidents: Iterable[Incident]) -> dict[int, dict[str, Any] | None]:
     """Incident id -> its generation's launcher root cause compared (None: none named)."""
     wanted = [i for i in incidents if i.group_id is not None]
-    rows = telemetry.launcher_root_causes({(i.group_id, i.generation) for i in wanted})
+    rows = lifecycle.launcher_root_causes({(i.group_id, i.generation) for i in wanted})
     return {i.pk: _view(i, rows.get((i.group_id, i.generation))) for i in wanted}
 
 

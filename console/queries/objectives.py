@@ -20,7 +20,7 @@ from django.db.models import Count
 from console.models import ConsistencyGroup, Incident, Node
 from console.policy import checkpoint_advice as advice
 from console.policy import objectives as pure
-from console.queries import telemetry
+from console.queries.telemetry import checkpoint_rows, lifecycle, shared
 
 # Failures counted towards the MTBF: fleet-scope (node) incidents of the last 30 days.
 MTBF_WINDOW = timedelta(days=30)
@@ -80,7 +80,7 @@ def advice_for(
 ) -> dict[str, Any]:
     """Checkpoint-interval and hot-spare advice, each figure with its basis."""
     nodes = _nodes(group) if nodes is None else nodes
-    history = telemetry.checkpoint_history(group, now=now)
+    history = checkpoint_rows.checkpoint_history(group, now=now)
     costs = [r["duration_ms"] / 1000.0 for r in history if r["duration_ms"]]
     commits: dict[str, datetime] = {}
     for r in history:
@@ -104,12 +104,12 @@ def advice_for(
         group_gpus=gpus,
         spare_gpus=per_node,
         mtbf_estimate=est,
-        restart_costs_s=_recoveries_s(telemetry.advice_transitions(group, now=now)),
+        restart_costs_s=_recoveries_s(lifecycle.advice_transitions(group, now=now)),
     )
     return {
         "checkpoint_interval": interval.to_dict(),
         "hot_spares": {**spares.to_dict(), "assumes": "one spare node of the group's size"},
-        "window_days": {"checkpoints": telemetry.ADVICE_WINDOW.days, "failures": MTBF_WINDOW.days},
+        "window_days": {"checkpoints": shared.ADVICE_WINDOW.days, "failures": MTBF_WINDOW.days},
     }
 
 

@@ -15,7 +15,7 @@ from django.db.models import F
 from console.choices import TERMINAL_GROUP_STATES, GroupKind, GroupState
 from console.models import ConsistencyGroup, Device, Node, Rank
 from console.policy import remediation as rp
-from console.queries import telemetry
+from console.queries.telemetry import serving_windows
 
 SERVING_RECENT = timedelta(minutes=5)
 # A failed group still counts as placed (docs/safety.md): its ranks are what a restart of
@@ -27,7 +27,7 @@ def placement_of(node: Node, *, now: datetime) -> str:
     """rp.RANKS, rp.SERVING, rp.LAUNCHER or rp.IDLE for this node now."""
     live = ConsistencyGroup.objects.exclude(state__in=_ENDED)
     serving = list(live.filter(kind=GroupKind.SERVING).values_list("pk", flat=True))
-    if node.pk in telemetry.serving_nodes(serving, since=now - SERVING_RECENT):
+    if node.pk in serving_windows.serving_nodes(serving, since=now - SERVING_RECENT):
         return rp.SERVING
     hosting = Rank.objects.filter(
         node=node, group__in=live.exclude(kind=GroupKind.SERVING), generation=F("group__generation")

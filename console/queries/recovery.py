@@ -23,7 +23,7 @@ from console.diagnosis.findings import RISK_KINDS
 from console.diagnosis.layers import layer_of
 from console.models import ConsistencyGroup, Incident
 from console.queries import objectives as group_objectives
-from console.queries import telemetry
+from console.queries.telemetry import checkpoint_rows, lifecycle, node_evidence, step_rows
 
 # Costs of a resolved incident are re-measured (console.pipeline.measure_recovery, a beat
 # task) until they are final (the new generation caught up) or this long after it resolved.
@@ -84,7 +84,7 @@ def incident_records(incident: Incident) -> rc.IncidentRecords | None:
             world_size=t["world_size"],
             data_cursor=t["data_cursor"],
         )
-        for t in telemetry.recovery_transitions(group, since - timedelta(seconds=1))
+        for t in lifecycle.recovery_transitions(group, since - timedelta(seconds=1))
     ]
     g = incident.generation
     restart = next((t for t in transitions if t.to_state == "running" and t.generation > g), None)
@@ -99,10 +99,10 @@ def incident_records(incident: Incident) -> rc.IncidentRecords | None:
     failed_lo: datetime | None = None
     min_step: int | None = None
     if restart is not None:
-        new_first = telemetry.first_step_of(group, restart.generation, since)
+        new_first = step_rows.first_step_of(group, restart.generation, since)
         if new_first is not None:
             min_step = new_first - 1
-            saved = telemetry.checkpoints_at_step(group, min_step)
+            saved = checkpoint_rows.checkpoints_at_step(group, min_step)
             failed_lo = _minus_skew(_resumed_at(group, g, min_step, since, saved))
             for c in saved:
                 cursor = c["data_cursor"]
@@ -118,8 +118,8 @@ def incident_records(incident: Incident) -> rc.IncidentRecords | None:
         world = world or restart.world_size
     if min_step is None:
         # No redo to compare with yet: the failed generation's newest step is all it costs.
-        failed_lo = _minus_skew(telemetry.newest_step_at(group, g, since))
-    failed = telemetry.recovery_steps(group, g, since, min_step=min_step, lo=failed_lo)
+        failed_lo = _minus_skew(step_rows.newest_step_at(group, g, since))
+    failed = step_rows.recovery_steps(group, g, since, min_step=min_step, lo=failed_lo)
     steps += _points(failed, g)
     if restart is not None and min_step is not None:
         redone = _redone(group, restart.generation, restart.ts, since, failed)
@@ -144,7 +144,7 @@ def incident_records(incident: Incident) -> rc.IncidentRecords | None:
 
 
 def _minus_skew(ts: datetime | None) -> datetime | None:
-    return None if ts is None else ts - telemetry.STEP_SKEW
+    return None if ts is None else ts - step_rows.STEP_SKEW
 
 
 def _resumed_at(
@@ -158,11 +158,11 @@ def _resumed_at(
     just before that step's checkpoint first (a few of rank 0's rows), else in the window."""
     if saved:
         first = min(c["ts"] for c in saved)
-        lo, hi = first - telemetry.CHECKPOINT_LAG, first + telemetry.STEP_SKEW
-        found = telemetry.step_reached_at(group, generation, step, since, lo=lo, hi=hi)
+        lo, hi = first - checkpoint_rows.CHECKPOINT_LAG, first + step_rows.STEP_SKEW
+        found = step_rows.step_reached_at(group, generation, step, since, lo=lo, hi=hi)
         if found is not None:
             return found
-    return telemetry.step_reached_at(group, generation, step, since)
+    return step_rows.step_reached_at(group, generation, step, since)
 
 
 def _redone(
@@ -177,16 +177,16 @@ def _redone(
     while it has not; and all of them if none of those was valid (the restore's end is its
     first valid step, wherever that lies)."""
     last = max((r["step"] for r in failed), default=None)
-    lo = datetime.fromtimestamp(launched, UTC) - telemetry.STEP_SKEW
+    lo = datetime.fromtimestamp(launched, UTC) - step_rows.STEP_SKEW
     caught_up = (
-        None if last is None else telemetry.step_reached_at(group, generation, last, since, lo=lo)
+        None if last is None else step_rows.step_reached_at(group, generation, last, since, lo=lo)
     )
     if caught_up is None:
-        return telemetry.recovery_steps(group, generation, since)
-    rows = telemetry.recovery_steps(group, generation, since, hi=caught_up + telemetry.STEP_SKEW)
+        return step_rows.recovery_steps(group, generation, since)
+    rows = step_rows.recovery_steps(group, generation, since, hi=caught_up + step_rows.STEP_SKEW)
     if any(not r["bad"] for r in rows):
         return rows
-    return telemetry.recovery_steps(group, generation, since)
+    return step_rows.recovery_steps(group, generation, since)
 
 
 def _points(rows: list[dict[str, Any]], generation: int) -> list[rc.StepPoint]:
@@ -280,8 +280,8 @@ def interruption_of(incident: Incident, costs: dict[str, Any]) -> reliability.In
 
 
 def exposure_of(start: datetime, now: datetime) -> reliability.Exposure:
-    """The fleet's observed exposure in the window, in hours (telemetry.exposure)."""
-    seen = telemetry.exposure(start, now)
+    """The fleet's observed exposure in the window, in hours (node_evidence.exposure)."""
+    seen = node_evidence.exposure(start, now)
     nodes = seen["nodes"]
     return reliability.Exposure(
         observed_hours=seen["minutes"] / 60.0,
@@ -318,7 +318,7 @@ def fleet_report(*, days: float, now: datetime) -> dict[str, Any]:
         .annotate(first_incident=Min("incidents__opened_at"))
         .distinct()
     )
-    first_seen = telemetry.groups_first_transition([g.pk for g in groups], start)
+    first_seen = lifecycle.groups_first_transition([g.pk for g in groups], start)
     spans = []
     for g in groups:
         began = min(g.created, g.first_incident or g.created, first_seen.get(g.pk, g.created))
@@ -340,7 +340,7 @@ def fleet_report(*, days: float, now: datetime) -> dict[str, Any]:
         spans,
         start=start.timestamp(),
         end=now.timestamp(),
-        tokens_by_group_day=telemetry.tokens_by_group_day(start, now),
+        tokens_by_group_day=step_rows.tokens_by_group_day(start, now),
         exposure=exposure_of(start, now),
     )
     report["node_incidents"] = node_incidents

@@ -131,17 +131,19 @@ def _oncall_password() -> str:
     """The on-call operator the story proposes as (faultline.demo.narrator): created, or
     given a fresh password, before the service starts; the password lives in memory only."""
     from django.contrib.auth import get_user_model
+    from django.utils import timezone
 
-    from console.accounts import create_user
+    from console.actions import create_user, set_password
     from console.choices import UserRole
 
     password = secrets.token_urlsafe(18)
     user = get_user_model().objects.filter(username=narrator.ONCALL).first()
     if user is None:
-        create_user(username=narrator.ONCALL, role=UserRole.OPERATOR, password=password)
+        create_user(
+            actor="demo", username=narrator.ONCALL, role=UserRole.OPERATOR, password=password
+        )
     else:
-        user.set_password(password)
-        user.save(update_fields=["password"])
+        set_password(actor="demo", user=user, password=password, now=timezone.now())
     return password
 
 

@@ -5,12 +5,13 @@ Owns creating and always removing `fl-drill-<tag>-hub` and `fl-drill-<tag>-<i>` 
 created in the host's own namespace: deleting the namespaces removes every veth, bridge,
 qdisc and nftables table with them), and the faults: a slow link (`tc` tbf on both ends of
 a node's veth), packet loss (an nftables `numgen random` drop in the node's namespace),
-a partition (the node's link down). `netem` is not in this machine's kernel; no delay is
-added. It also gives each node's agent (which runs in the host's namespace, where the
+a partition (the node's link down) and its end. `netem` is not in this machine's kernel;
+no delay is added. It also gives each node's agent (which runs in the host's namespace, where the
 service is) a view of its node's network: the namespace's sysfs mounted under
 `<view>/<i>/sys`, `<view>/<i>/net` linked to a sleeper's /proc/<pid>/net and `<view>/<i>/ns`
 to its /proc/<pid>/ns/net, which the agent reads as its `[host] net_sys_root` / `net_dir`
-/ `net_ns`. Must not touch any namespace, address, mount or rule it did not create.
+/ `net_ns`; and a node's own /etc/hosts (/etc/netns/<namespace>/hosts). Must not touch
+any namespace, address, mount, rule or file it did not create.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import atexit
 import contextlib
 import os
 import random
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -41,6 +43,7 @@ class DrillNet:
         self.mounts: list[Path] = []
         self.links: list[Path] = []
         self.sleepers: list[subprocess.Popen[bytes]] = []
+        self.etc: list[Path] = []
         atexit.register(self.remove)  # even if the session dies between setup and finally
 
     def ns(self, node: int) -> str:
@@ -106,6 +109,14 @@ class DrillNet:
                 os.symlink(f"/proc/{sleeper.pid}/{target}", link)
                 self.links.append(link)
 
+    def hosts(self, node: int, text: str) -> None:
+        """The node's /etc/hosts for commands run with `prefix` (`ip netns exec` mounts
+        /etc/netns/<namespace>/hosts over /etc/hosts for them)."""
+        etc = Path("/etc/netns") / self.ns(node)
+        etc.mkdir(parents=True, exist_ok=True)
+        self.etc.append(etc)
+        (etc / "hosts").write_text(text)
+
     def prefix(self, node: int) -> list[str]:
         """Run a command inside the node's namespace (ip netns exec execs it: same pid)."""
         return ["ip", "netns", "exec", self.ns(node)]
@@ -143,6 +154,10 @@ class DrillNet:
     def partition(self, node: int) -> None:
         _sh("ip", "-n", self.ns(node), "link", "set", "eth0", "down")
 
+    def heal(self, node: int) -> None:
+        """The partitioned node's link comes back (its qdiscs and rules stayed)."""
+        _sh("ip", "-n", self.ns(node), "link", "set", "eth0", "up")
+
     def counters(self, node: int) -> dict[str, int]:
         """The node's eth0 counters as the kernel keeps them (what an agent would read)."""
         out: dict[str, int] = {}
@@ -175,3 +190,5 @@ class DrillNet:
             _sh("umount", "-l", str(self.mounts.pop()), check=False)
         while self.made:
             _sh("ip", "netns", "del", self.made.pop(), check=False)
+        while self.etc:
+            shutil.rmtree(self.etc.pop(), ignore_errors=True)

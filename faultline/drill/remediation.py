@@ -367,6 +367,9 @@ def run_drill(work: Path | None = None, *, fake: bool = False) -> dict[str, Any]
         _until(
             lambda: any(n["name"] == sched.node for n in svc.api("/api/v1/nodes/")["results"]), 60
         )
+        # The node is listed from its token's enrolment, before the agent has bound its
+        # socket: on a loaded box the job's records were sent to a socket not there yet.
+        _until((state / "reporter.sock").exists, 60)
         job = sched.submit(work)
         history = _records(sched.node, job, datetime.now(UTC) - timedelta(seconds=10))
         # The job's records reach the service as a job's do: through the node agent's

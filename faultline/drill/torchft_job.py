@@ -7,7 +7,11 @@ tiny linear model, one step per `optimizer.step()`. Whatever Faultline learns co
 imports torchft). `--kill-at GEN:N` SIGKILLs this replica group's rank 0 in generation
 GEN (torchrun's restart count) after the N-th step it committed together with
 `--replicas` replica groups: the replica drops out, torchrun restarts it, it heals from a
-peer and rejoins. It trains until `--stop-file` exists (or `--max-steps`), so a peer can
+peer and rejoins. `--rejoin-delay-s S`: a restarted replica group starts S seconds late (a
+slow node, a long data-loader start), so its peers train on without it first.
+`--warmup-s S`: a restarted replica group's first step takes S seconds more once in its
+quorum (a compile, cold caches), which its peers wait out in that quorum's first
+allreduce. It trains until `--stop-file` exists (or `--max-steps`), so a peer can
 see the whole drop and rejoin.
 
     TORCHFT_LIGHTHOUSE=http://localhost:29510 python -m agents.torchrun --nproc-per-node 1 \\
@@ -32,7 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-file", type=Path)
     parser.add_argument("--kill-at", help="GEN:N")
     parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--warmup-s", type=float, default=0.0)
+    parser.add_argument("--rejoin-delay-s", type=float, default=0.0)
     args = parser.parse_args(argv)
+    generation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if generation > 0:
+        time.sleep(args.rejoin_delay_s)
 
     import torch
     from torch import nn, optim
@@ -62,13 +71,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     ddp = DistributedDataParallel(manager, model)
     optimizer = OptimizerWrapper(manager, inner)
-    generation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     kill = tuple(int(x) for x in args.kill_at.split(":")) if args.kill_at else None
     together = 0  # steps committed with every replica group participating
+    warmup = args.warmup_s if generation > 0 else 0.0
     while manager.current_step() < args.max_steps:
         if args.stop_file is not None and args.stop_file.exists():
             break
-        optimizer.zero_grad()
+        optimizer.zero_grad()  # starts the quorum
+        if warmup:
+            # Once in the quorum (as a compile in the first forward would be): its peers
+            # wait for this step in the quorum's first allreduce.
+            manager.wait_quorum()
+            time.sleep(warmup)
+            warmup = 0.0
         loss = ddp(torch.randn(16, 8)).pow(2).mean()
         loss.backward()
         optimizer.step()

@@ -96,8 +96,13 @@ class Service:
             capture_output=True,
             text=True,
             timeout=120,
-            check=True,
+            check=False,
         )
+        if out.returncode != 0:
+            # With the command's own words: a bare CalledProcessError hid why one died.
+            raise AssertionError(
+                f"faultline {' '.join(args)} exited {out.returncode}:\n{out.stderr[-3000:]}"
+            )
         return out.stdout
 
     def token(self, node: str) -> str:

@@ -23,9 +23,16 @@ from console.models import Node
 from ingest.auth import CREDENTIAL_LIVE, CredentialRevokedError
 from ingest.ownership import Claimant
 from ingest.rawsql import send
+from ingest.store.delivery import batch_delay_s
 from ingest.store.errors import check_future, check_shift, out_of_range
 from ingest.store.fleet_card import NODE_CARD, node_card
-from ingest.store.receipts import AGENT_DUPLICATE, agent_update, attested_jobs, claim_receipt
+from ingest.store.receipts import (
+    AGENT_DUPLICATE,
+    Receipts,
+    agent_update,
+    attested_jobs,
+    claim_receipt,
+)
 from ingest.store.tables import copy_rows
 from ingest.store.writer import BatchWriter
 
@@ -44,6 +51,7 @@ class IngestResult:
     device_events: int = 0  # Xid/DBE/GPU-lost records: push and diagnose without delay
     actions_pending: bool = True  # the node has actions in flight: dispatch on the response
     card: events.NodePayload | None = None  # the node's fleet card as committed, when asked for
+    receipts: Receipts = field(default_factory=Receipts)  # the agent's, as the batch found them
 
 
 def _fleet_health(
@@ -133,8 +141,8 @@ def ingest_batch(
             launcher_group=launcher_group,
             credential_id=credential_id,
         )
-        if writer is None:
-            return IngestResult(ack_seq=batch.seq, duplicate=True)
+        if isinstance(writer, Receipts):
+            return IngestResult(ack_seq=batch.seq, duplicate=True, receipts=writer)
         try:
             copy_rows(writer.rows)
         except psycopg.errors.DataError as exc:
@@ -163,9 +171,10 @@ def store_batch(
     want_card: bool = False,
     launcher_group: str = "",
     credential_id: int | None = None,
-) -> BatchWriter | None:
+) -> BatchWriter | Receipts:
     """Everything of `ingest_batch` but the transaction and the COPY of the writer's rows
-    (the caller's: group commit COPYs several batches' rows at once). None for a replay.
+    (the caller's: group commit COPYs several batches' rows at once). For a replay, only
+    the agent's receipts as it found them.
     Must run inside a transaction (and `connection.wrap_database_errors`)."""
     gpus = {r.gpu for r in batch.records if isinstance(r, _GPU_RECORDS) and r.gpu}
     writer = BatchWriter(
@@ -181,7 +190,8 @@ def store_batch(
         with send(sql, params) as cur:
             if credential_id is not None and cur.fetchone() is None:
                 raise CredentialRevokedError
-        return None
+        return claim.receipts
+    writer.receipts = claim.receipts
     writer.device_owners, writer.node_gpus = claim.device_owners, claim.node_gpus
     writer.claimant = Claimant(
         node_id=node.pk,
@@ -190,7 +200,10 @@ def store_batch(
         attested=attested_jobs(agent, batch) if writer.groups_named() else None,
     )
     writer.credential_id = credential_id
-    writer.agent_update = agent_update(agent, node, batch, now, skew)
+    writer.agent_update = {
+        **agent_update(agent, node, batch, now, skew),
+        "delivery_delay_s": batch_delay_s(batch, now, shift),
+    }
     writer.add(batch.records)
     try:
         writer.flush(copy=False)
@@ -223,4 +236,5 @@ def writer_result(writer: BatchWriter, batch: p.Batch) -> IngestResult:
         device_events=writer.critical_events,
         actions_pending=writer.actions_pending,
         card=writer.card,
+        receipts=writer.receipts,
     )

@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 
 from agents import protocol as p
+from ingest.store import handlers
 
 
 class RecordError(ValueError):
@@ -64,22 +65,7 @@ def check_future(batch: p.Batch, max_future_s: int) -> None:
 
 
 _COPY_CONTEXT = re.compile(r"COPY ingest_(\w+), line (\d+), column (\w+)")
-_KIND_OF_TABLE = {
-    "devicesample": "device_sample",
-    "deviceevent": "device_event",
-    "steprecord": "step",
-    "collectivewindow": "collective",
-    "processrecord": "process",
-    "processgroupsrecord": "process_groups",
-    "checkpointrecord": "checkpoint",
-    "transitionrecord": "transition",
-    "servingwindow": "serving",
-    "proberecord": "probe",
-    "hostevent": "host_event",
-    "netevent": "net_event",
-    "netsample": "net_sample",
-    "hostsample": "host_sample",
-}
+_KIND_OF_TABLE = handlers.KIND_OF_TABLE  # a COPY's table -> the kind of its records
 
 
 def out_of_range(exc: psycopg.errors.DataError, batch: p.Batch) -> RecordError:

@@ -22,6 +22,7 @@ SELECT n.name, n.health, n.last_seen, n.quarantined, n.cordoned, coalesce((
         'throttle_reasons', coalesce(d.last_sample -> 'throttle_reasons', '[]'::jsonb),
         'lifecycle', d.lifecycle
     ) ORDER BY d.index, d.id) FROM console_device d WHERE d.node_id = n.id), '[]'::jsonb),
-    n.lifecycle, n.lifecycle_reason, n.lifecycle_since, n.taken_out_by, n.replace_flagged
+    n.lifecycle, n.lifecycle_reason, n.lifecycle_since, n.taken_out_by, n.replace_flagged,
+    n.delivery_delay_s
 FROM console_node n WHERE n.id = %(node)s
 """

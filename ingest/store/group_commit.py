@@ -38,8 +38,9 @@ from ingest.store.batch import (
     store_batch,
     writer_result,
 )
+from ingest.store.batch_state import locks_group
+from ingest.store.receipts import Receipts
 from ingest.store.tables import copy_rows
-from ingest.store.writer import locks_group
 
 
 @dataclass
@@ -186,15 +187,15 @@ def _run(group: list[_Item]) -> None:
                     credential_id=kw["credential_id"],
                 )
                 writers.append(writer)
-                if writer is not None:
+                if not isinstance(writer, Receipts):
                     for table, lines in writer.rows.items():
                         rows.setdefault(table, []).extend(lines)
             copy_rows(rows)  # a DataError: stored alone, the batch's 400 names its record
         for item, writer in zip(group, writers, strict=True):
             batch = item.kwargs["batch"]
             results.append(
-                IngestResult(ack_seq=batch.seq, duplicate=True)
-                if writer is None
+                IngestResult(ack_seq=batch.seq, duplicate=True, receipts=writer)
+                if isinstance(writer, Receipts)
                 else writer_result(writer, batch)
             )
     except Exception:  # noqa: BLE001 - rolled back: each batch gets its own answer

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from agents.vocab import HEALTH_ORDER
 from console.models import ConsistencyGroup
 from ingest.rawsql import columns
+from ingest.store.delivery import NODE_DELAY_SET
 
 DEVICE_UPSERT = """
 INSERT INTO console_device (uuid, node_id, index, last_sample, last_seen, health, isolated)
@@ -50,7 +51,7 @@ WHERE console_device.node_id = EXCLUDED.node_id OR console_device.last_seen IS N
 """
 
 # last_seen never moves backwards (a replayed backlog); health is the worst GPU's, and is
-# recomputed only when this batch touched a GPU.
+# recomputed only when this batch touched a GPU; the delivery delay is the batch's.
 _HEALTH_RANKS = ", ".join(f"('{h}', {i})" for i, h in enumerate(HEALTH_ORDER))
 NODE_UPDATE = f"""
 UPDATE console_node SET
@@ -59,7 +60,7 @@ UPDATE console_node SET
     health = CASE WHEN NOT %(touched)s THEN health ELSE coalesce((
         SELECT o.h FROM (VALUES {_HEALTH_RANKS}) AS o(h, r)
         WHERE o.h IN (SELECT d.health FROM console_device d WHERE d.node_id = %(node)s)
-        ORDER BY o.r DESC LIMIT 1), 'ok') END
+        ORDER BY o.r DESC LIMIT 1), 'ok') END,{NODE_DELAY_SET}
 WHERE id = %(node)s
 """  # noqa: S608 - constant health names
 

@@ -67,12 +67,25 @@ class AgentNotOwnedError(Exception):
         )
 
 
+@dataclass(frozen=True)
+class Receipts:
+    """What the service holds of an agent's seqs as a batch found them: the highest seq
+    stored (None: nothing yet) and the ranges at or below it it lacks (the newest 100 gap
+    ranges). The 202 carries them so the agent can re-send what it saw acknowledged and the
+    service no longer has (a failover to a standby that lagged: agents/replay.py)."""
+
+    high_water: int | None = None
+    gaps: tuple[tuple[int, int], ...] = ()
+
+
 @dataclass
 class Claim:
-    """The first round trip's answer: the agent's state (None for a replay) and who owns
-    the GPUs the batch names (uuid -> (node id, last seen)) with this node's GPU count."""
+    """The first round trip's answer: the agent's state (None for a replay), its receipts
+    as the batch found them, and who owns the GPUs the batch names (uuid -> (node id, last
+    seen)) with this node's GPU count."""
 
     agent: dict[str, Any] | None
+    receipts: Receipts = field(default_factory=Receipts)
     device_owners: dict[str, tuple[int, datetime | None]] = field(default_factory=dict)
     node_gpus: int = 0
 
@@ -136,12 +149,17 @@ def claim_receipt(
             then[2](cur)
     if row is not None and row[0] != node.pk:
         raise AgentNotOwnedError(batch.agent.id)
-    if not claimed or row is None:
+    if row is None:
         return claim
     state = dict(zip(_AGENT_COLUMNS, row, strict=True))
-    for key in ("gap_ranges", "jobs"):
+    for key in ("gap_ranges", "jobs") if claimed else ("gap_ranges",):
         if isinstance(state[key], str):  # Django's connections load jsonb as text
             state[key] = msgspec.json.decode(state[key])
+    claim.receipts = Receipts(
+        state["last_seq"], tuple((first, last) for first, last in state["gap_ranges"])
+    )
+    if not claimed:
+        return claim
     if replay_of_pruned(batch.seq, state):
         return claim  # the new receipt stays: it records a seq that was seen, as before
     claim.agent = state

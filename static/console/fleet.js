@@ -11,6 +11,9 @@
   // Health values and their order, best to worst, as the page hands them over.
   const H = C.vocab.HEALTH;
   const ORDER = C.vocab.HEALTH_ORDER;
+  // A node whose newest batch arrived this late is flagged: past the 10 s after which the
+  // service calls a silent node down, its data is a backlog (a cut or lossy link).
+  const LATE_S = 10;
 
   function worst(n) {
     let w = n.health || H.UNKNOWN;
@@ -54,6 +57,11 @@
     if (n.replace_flagged) name.append(el("span", "flag flag-replace", "replace"));
     if (n.quarantined) name.append(el("span", "flag flag-quarantined", "quarantined"));
     if (n.cordoned) name.append(el("span", "flag flag-cordoned", "cordoned"));
+    if (n.delivery_delay_s != null && n.delivery_delay_s >= LATE_S) {
+      const late = el("span", "flag flag-late", "data " + C.dur(n.delivery_delay_s) + " late");
+      late.title = "delivery delay of the newest batch (node page: p95 and worst)";
+      name.append(late);
+    }
     head.append(name, el("span", "badge", w));
     const gpus = el("div", "gpus");
     n.devices.forEach(function (d) {

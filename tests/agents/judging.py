@@ -61,3 +61,21 @@ def sweep(
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def timeline(
+    records: list[dict[str, Any]], group: str, moments: list[datetime], *, span_s: float = 8.0
+) -> list[str]:
+    """The group's records from `span_s` before the first of `moments` to its last, one
+    line each: what a failing sweep needs to say why it blamed something."""
+    if not moments:
+        return []
+    lo, hi = min(moments) - timedelta(seconds=span_s), max(moments)
+    out = []
+    for r in records:
+        if r.get("group") != group or not lo <= r["ts"] <= hi:
+            continue
+        what = {k: r[k] for k in ("rank", "step", "from_state", "to_state", "reason", "event",
+                                  "generation") if r.get(k) is not None}  # fmt: skip
+        out.append(f"{r['ts'].strftime('%H:%M:%S.%f')[:-3]} {r['kind']} {what}")
+    return out

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from agents.agent import Agent, Config
 from agents.cli import ConfigError, _parser, build_config
 from agents.reporter import Reporter
 from agents.spool import Identity
+from faultline.testing.service import wait_for
 
 from .conftest import StubIngest
 
@@ -26,6 +26,22 @@ ROOT = Path(__file__).resolve().parents[2]
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLINE_")}
     return {**env, "PYTHONPATH": str(ROOT), **extra}
+
+
+def _run_until_shipped(args: list[str], env: dict[str, str], stub: StubIngest) -> str:
+    """Start the agent, let it ship a batch, SIGTERM it; its stderr. It must exit 0.
+
+    Not after a fixed sleep: on a loaded CI box a SIGTERM that landed before the agent had
+    installed its handler ended it with -15, having shipped nothing to look at."""
+    before = len(stub.batches)
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(stub.batches) > before, 30, "a batch from this run")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    return err
 
 
 def test_it_loads_no_service_or_msgspec_module_at_runtime() -> None:
@@ -67,10 +83,12 @@ def test_it_ships_samples_heartbeats_events_and_reporter_records(
     agent = Agent(cfg)
     thread = threading.Thread(target=agent.run, kwargs={"install_signals": False}, daemon=True)
     thread.start()
-    time.sleep(0.5)
-    rep = Reporter(socket_path=str(short_dir / "s" / "reporter.sock"), group="g", rank=2)
+    sock = short_dir / "s" / "reporter.sock"
+    wait_for(sock.exists, 30, "the reporter socket")
+    rep = Reporter(socket_path=str(sock), group="g", rank=2)
     rep.step(41, tokens=1000, loss=2.5)
-    time.sleep(1.0)
+    wait_for(lambda: any(r["kind"] == "step" for r in stub.records()), 30, "the step")
+    wait_for(lambda: sum(r["kind"] == "heartbeat" for r in stub.records()) >= 2, 30, "2 beats")
     agent.stop_event.set()
     thread.join(timeout=15)
     records = stub.records()
@@ -108,11 +126,7 @@ def test_it_flushes_and_exits_zero_on_sigterm_and_continues_seq_after_restart(
     ]
     env = _env(FAULTLINE_AGENT_TOKEN="tok")
     for _ in range(2):
-        proc = subprocess.Popen(args, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.5)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=20)
-        assert proc.returncode == 0, err
+        _run_until_shipped(args, env, stub)
     seqs = [b["seq"] for b in stub.batches]
     assert seqs == list(range(1, len(seqs) + 1))  # the restart continued, never reused
     assert len({b["agent"]["id"] for b in stub.batches}) == 1
@@ -134,12 +148,7 @@ def test_it_reports_the_boot_id_it_is_given_so_a_restart_can_simulate_a_reboot(
     seen: list[set[str | None]] = []
     for flags, extra in runs:
         before = len(stub.batches)
-        env = _env(FAULTLINE_AGENT_TOKEN="tok", **extra)
-        proc = subprocess.Popen(args + flags, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.2)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=20)
-        assert proc.returncode == 0, err
+        _run_until_shipped(args + flags, _env(FAULTLINE_AGENT_TOKEN="tok", **extra), stub)
         seen.append({b["agent"].get("boot_id") for b in stub.batches[before:]})
     kernel = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     assert seen == [{"boot-a"}, {"boot-b"}, {"boot-c"}, {kernel}]
@@ -212,6 +221,28 @@ def test_it_batches_every_send_interval_and_refuses_one_the_service_would_call_s
     for bad in ("0", "6"):
         with pytest.raises(ConfigError, match=r"send_interval .* at most 5 seconds"):
             build_config(_parser().parse_args(["run", "--dry-run", "--send-interval", bad]))
+
+
+def test_the_replay_window_is_set_by_flag_environment_or_file_and_bounded(
+    tmp_path: Path, monkeypatch
+) -> None:
+    def window(*args: str) -> float:
+        return build_config(_parser().parse_args(["run", "--dry-run", *args])).replay_window_s
+
+    assert window() == 30.0
+    (tmp_path / "agent.toml").write_text("replay_window_s = 45\nreplay_max_mb = 8\n")
+    cfg = build_config(
+        _parser().parse_args(["run", "--dry-run", "--config", str(tmp_path / "agent.toml")])
+    )
+    assert (cfg.replay_window_s, cfg.replay_max_bytes) == (45.0, 8 * 1024 * 1024)
+    monkeypatch.setenv("FAULTLINE_AGENT_REPLAY_WINDOW_S", "60")
+    assert window() == 60.0
+    assert window("--replay-window", "0") == 0.0  # the flag wins; 0 keeps nothing
+    agent = Agent(replace(cfg, state_dir=tmp_path, dry_run=True), out=io.StringIO())
+    assert agent.spool.replay.window_s == 45.0
+    for bad in ("-1", "3601"):
+        with pytest.raises(ConfigError, match="replay_window_s"):
+            window("--replay-window", bad)
 
 
 def test_check_exits_nonzero_when_the_server_is_unreachable(short_dir: Path) -> None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
@@ -171,6 +171,7 @@ def test_it_counts_exactly_at_a_threshold_that_is_a_bucket_bound(
 
 
 @given(values=OBSERVATIONS, bounds=BOUNDS, q=st.sampled_from([0.5, 0.9, 0.99]))
+@example(values=[2.0, 35.0], bounds=[1.932576878191579, 34.05245125854059], q=0.5)  # 1 ulp over
 def test_it_places_a_quantile_inside_the_bucket_that_holds_it(
     values: list[float], bounds: list[float], q: float
 ) -> None:
@@ -184,7 +185,11 @@ def test_it_places_a_quantile_inside_the_bucket_that_holds_it(
     if upper == math.inf:
         assert got == h.buckets[-2][0]  # histogram_quantile: the highest finite bound
     else:
-        assert lower <= got <= upper
+        # In histogram_quantile's own arithmetic order (lower + (upper - lower) * fraction)
+        # a quantile at the bucket's top rounds to within an ulp or two of it, either side.
+        assert lower <= got <= upper or math.isclose(
+            got, upper if got > upper else lower, rel_tol=1e-12
+        )
 
 
 def test_it_interpolates_like_histogram_quantile() -> None:

@@ -120,7 +120,8 @@ def test_it_honours_retry_after_on_503_and_keeps_the_seq(tmp_path: Path, stub: S
     stub.script.append((503, {"Retry-After": "7"}, b""))
     sender = _sender(tmp_path, stub)
     sender.spool.append(_step(1))
-    assert sender.send_once() == ("retry", 7.0)
+    outcome, wait = sender.send_once()
+    assert outcome == "retry" and 7.0 <= wait <= 10.5
     sender.spool.append(_step(2))
     assert sender.send_once()[0] == "acked"
     assert [seq for seq, _ in stub.attempts] == [1, 1]
@@ -136,6 +137,20 @@ def test_it_backs_off_exponentially_with_jitter_while_unreachable(
     waits = [sender.send_once()[1] for _ in range(6)]
     assert all(w <= 0.1 * 2 ** (i + 1) for i, w in enumerate(waits))
     assert max(waits[3:]) > max(waits[:2])
+
+
+def test_agents_turned_away_together_do_not_come_back_together(
+    tmp_path: Path, stub: StubIngest
+) -> None:
+    waits = []
+    for i in range(40):
+        stub.script.append((503, {"Retry-After": "5"}, b""))
+        sender = _sender(tmp_path / str(i), stub)
+        sender.spool.append(_step(1))
+        outcome, wait = sender.send_once()
+        assert outcome == "retry" and 5.0 <= wait <= 7.5
+        waits.append(wait)
+    assert len({int(w * 2) for w in waits}) >= 4  # spread over the half seconds after 5 s
 
 
 def test_it_reads_retry_after_as_seconds_or_http_date() -> None:

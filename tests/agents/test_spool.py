@@ -101,3 +101,31 @@ def test_it_cuts_a_torn_last_line_left_by_a_crash(tmp_path: Path) -> None:
     batch = again.build_batch(Identity(tmp_path))
     assert [r["step"] for r in batch["records"]] == [1]
     json.dumps(batch)
+
+
+def test_its_depth_read_while_a_batch_is_built_never_counts_a_record_twice(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    spool, identity = Spool(tmp_path), Identity(tmp_path)
+    done = threading.Event()
+    seen: list[int] = []
+
+    def read() -> None:
+        while not done.is_set():
+            seen.append(spool.depth)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(150):
+            for n in range(40):
+                spool.append(_sample(n))
+            batch = spool.build_batch(identity)
+            assert batch is not None
+            spool.ack(batch["seq"])
+    finally:
+        done.set()
+        reader.join()
+    assert max(seen) <= 40, max(seen)  # the heartbeat's spool_depth, read mid-build

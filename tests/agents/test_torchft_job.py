@@ -3,12 +3,14 @@
 Each replica group is faultline.drill.torchft_job (TorchFT's own Manager, DDP and
 optimizer wrapper on gloo; nothing of Faultline in it) under its own
 `python -m agents.torchrun --max-restarts 1`. Replica group 1's rank is SIGKILLed after
-three steps committed together; torchrun restarts it, it heals from replica group 0 and
-rejoins. The lighthouse waits out the dead replica's heartbeat (6 s here, 5 s by default:
-past the engine's 4 s floor for a silent rank) before it issues the next quorum: replica
-group 0's wait must read as a quorum change (quiescing, then running again, with dp 2 once
-the other is back), never as an incident, while replica group 1's own group shows its
-death and its next generation.
+three steps committed together; torchrun restarts it, late (REJOIN_DELAY_S, a slow node),
+and it heals from replica group 0 and rejoins with a slow first step (WARMUP_S, a compile).
+The lighthouse waits out the dead replica's heartbeat (6 s here, 5 s by default: past the
+engine's 4 s floor for a silent rank) before it issues replica group 0 a quorum of its
+own; when replica group 1 is back, replica group 0 waits out its warm-up in the new
+quorum's first allreduce. Both waits must read as quorum changes (quiescing, then running
+again: alone, then with dp 2), never as an incident, while replica group 1's own group
+shows its death and its next generation.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import pytest
 from agents.listener import Listener
 
 from .conftest import validate
-from .judging import blamed, judge, parsed, sweep
+from .judging import blamed, judge, parsed, sweep, timeline
 
 pytest.importorskip("torchft")
 
@@ -37,6 +39,13 @@ HEARTBEAT_TIMEOUT_MS = 6000
 # Longer than the heartbeat: the quorum waits for the dead replica's heartbeat to expire,
 # as with TorchFT's defaults (60 s join, 5 s heartbeat).
 JOIN_TIMEOUT_MS = 20000
+# The restarted replica's first step is this much slower once in its quorum (a compile,
+# cold caches): past the engine's 4 s floor, so the survivor's wait in that quorum's first
+# step reads as a stall unless it is reported as the pause it is.
+WARMUP_S = 5.0
+# The restarted replica starts this much later (a slow node): past the heartbeat, so the
+# survivor first trains alone in a quorum of its own, then waits in the next one.
+REJOIN_DELAY_S = 8.0
 
 
 def _port() -> int:
@@ -60,7 +69,8 @@ def _dp(records: list[dict[str, Any]], group: str) -> list[tuple[str, Any]]:
         (r["to_state"], (r.get("topology") or {}).get("dp") or r.get("reason"))
         for r in records
         if r["kind"] == "transition" and r.get("group") == group
-        and r.get("reason") in ("quorum_change", "awaiting_quorum", "step_not_committed")
+        and r.get("reason") in ("quorum_change", "awaiting_quorum", "reconfiguring",
+                                "step_not_committed")
     ]  # fmt: skip
 
 
@@ -88,7 +98,9 @@ def test_a_replica_that_drops_out_and_rejoins_is_a_quorum_change_to_the_other(
                OMP_NUM_THREADS="1")  # fmt: skip
     replicas = []
     try:
-        for rid, extra in (("0", []), ("1", ["--kill-at", "0:3"])):
+        rejoin = ["--kill-at", "0:3", "--rejoin-delay-s", str(REJOIN_DELAY_S),
+                  "--warmup-s", str(WARMUP_S)]  # fmt: skip
+        for rid, extra in (("0", []), ("1", rejoin)):
             log = open(short_dir / f"rg{rid}.log", "w")  # noqa: SIM115 -- the child owns it
             replicas.append(subprocess.Popen(
                 [sys.executable, "-m", "agents.torchrun", "--nproc-per-node", "1",
@@ -128,11 +140,17 @@ def test_a_replica_that_drops_out_and_rejoins_is_a_quorum_change_to_the_other(
     moves = _dp(records, survivor)
     together = moves.index(("running", 2))
     paused = moves.index(("quiescing", "awaiting_quorum"), together)
-    assert moves[paused + 1][0] == "running" and moves[-1] == ("running", 2), moves
+    assert moves[paused + 1] == ("running", 1) and moves[-1] == ("running", 2), moves
+    # The rejoined replica's warm-up, waited out in the new quorum's first step: a pause,
+    # then running (dp 1 while the rejoined replica heals, as TorchFT counts it), then dp 2.
+    rest = moves[paused + 2 :]
+    assert rest[0] == ("quiescing", "reconfiguring"), moves
+    assert all(to == "running" for to, _ in rest[1:]) and rest[-1] == ("running", 2), moves
     assert {r["generation"] for r in records if r.get("group") == survivor} == {0}
     # ... and nothing about it ever opens an incident, at any moment of the run.
     verdicts = sweep(records, survivor)
-    assert all(not found for found in verdicts.values()), {t: v for t, v in verdicts.items() if v}
+    wrong = {t: v for t, v in verdicts.items() if v}
+    assert not wrong, (wrong, timeline(records, survivor, list(wrong)))
     # The replica that died: its own exit (SIGKILL, as torchrun named it), its restart.
     (death,) = [r for r in records if r.get("event") == "exited"]
     assert (death["rank"], death["signal"], death["launcher_root_cause"]) == (
@@ -143,7 +161,10 @@ def test_a_replica_that_drops_out_and_rejoins_is_a_quorum_change_to_the_other(
     assert blamed(judge(records, dead_group, restart - timedelta(milliseconds=1))) == {
         ("process_exit", f"rank:{dead_group}/0")
     }
-    # Without the pause the survivor's wait would have read as a hang: the test can fail.
-    unpaused = [r for r in records if not (r.get("group") == survivor
-                and r.get("reason") == "awaiting_quorum")]  # fmt: skip
-    assert any(v for v in sweep(unpaused, survivor).values())
+    # Without either pause the survivor's waits would have read as a hang: the test can
+    # fail. The wait for the lighthouse, then the rejoined replica's warm-up in the new
+    # quorum's first step.
+    for reason in ("awaiting_quorum", "reconfiguring"):
+        unpaused = [r for r in records if not (r.get("group") == survivor
+                    and r.get("reason") == reason)]  # fmt: skip
+        assert any(v for v in sweep(unpaused, survivor).values()), reason

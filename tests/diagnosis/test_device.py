@@ -17,6 +17,7 @@ from tests.diagnosis.factory import (
     sample,
     snap,
     training,
+    transition,
 )
 
 NOW = T0 + timedelta(seconds=3)  # inside the 4 s hang floor: healthy ranks are not hung
@@ -284,3 +285,99 @@ def test_it_keeps_an_xid_seen_outside_the_dedup_window_apart() -> None:
     late = T0 + timedelta(seconds=catalog.DEDUP_WINDOW_S + 1)
     findings = of_kind(_diag([_xid(3, 149, "none"), _xid(3, 149, None, at=late)]), "xid")
     assert {f.evidence["xid_class"] for f in findings} == {"informational", "undetermined"}
+
+
+def _restarted(extra: list[dict], *, gen2_ranks: bool = False, at=T0 + timedelta(seconds=1)):
+    """Generation 1 ran on ranks 0-15; generation 2 began at `at`, its ranks not reported
+    yet unless `gen2_ranks` (then rank 3 is back on its old GPU)."""
+    recs = [*training(ranks=16), transition(at, "restarting", "running", gen=2), *extra]
+    if gen2_ranks:
+        recs.append(process(3, at, "started", gen=2))
+    now = at + timedelta(seconds=2)
+    return diagnose(snap(recs, gen=2, nodes=heartbeats(16, now)), now)
+
+
+@pytest.mark.parametrize("code", [79, 48, 13])
+def test_a_fault_from_the_generation_before_is_not_the_next_ones_before_its_ranks_report(
+    code,
+) -> None:
+    """The group restarted (maybe onto a spare): the GPU that stopped generation 1 is no
+    finding of generation 2 while no generation-2 rank names a GPU."""
+    d = _restarted([_xid(3, code, at=T0 - timedelta(seconds=2))])
+    assert of_kind(d, "xid") == []
+
+
+def test_a_fault_after_the_restart_is_judged_before_the_ranks_report() -> None:
+    """Only what came before the generation is set aside: a GPU of the group's nodes that
+    faults after it began is judged (one extra page rather than a missed Xid)."""
+    d = _restarted([_xid(3, 79, at=T0 + timedelta(seconds=2))])
+    assert [(f.subject, f.role) for f in of_kind(d, "xid")] == [(f"gpu:{gpu_of(3)}", ROOT_CAUSE)]
+
+
+def test_a_rank_restarted_onto_the_faulted_gpu_is_judged_with_its_whole_history() -> None:
+    """Once a generation-2 rank names the GPU, its fault from before counts: restarting
+    onto a GPU that fell off the bus is that generation's root cause."""
+    d = _restarted([_xid(3, 79, at=T0 - timedelta(seconds=2))], gen2_ranks=True)
+    assert [(f.subject, f.role) for f in of_kind(d, "xid")] == [(f"gpu:{gpu_of(3)}", ROOT_CAUSE)]
+
+
+@pytest.mark.parametrize(
+    ("fields", "kind"),
+    [({"ecc_dbe": 2}, "ecc_dbe"), ({"nvlink_errors": 500}, "nvlink_errors")],
+)
+def test_a_gpus_fault_counters_wait_for_a_rank_to_name_it_after_a_restart(fields, kind) -> None:
+    """A sample's counters do not say when the fault began: after a restart they are no
+    finding of the new generation until one of its ranks names the GPU."""
+    bad = sample(3, T0 + timedelta(seconds=2), **fields)
+    assert of_kind(_restarted([bad]), kind) == []
+    assert [f.subject for f in of_kind(_restarted([bad], gen2_ranks=True), kind)] == [
+        f"gpu:{gpu_of(3)}"
+    ]
+
+
+def _node_only(at) -> dict:
+    """Generation 2's rank 20 (new: no GPU of its own from before) names node-01, no GPU."""
+    return {**process(20, at, "started", gen=2), "gpu": None, "node": "node-01"}
+
+
+def test_a_rank_that_names_only_its_node_ends_the_window() -> None:
+    """A generation-2 rank that says which node it runs on but not which GPU: the group's
+    nodes are its own again, and their GPUs are judged with their whole history."""
+    at = T0 + timedelta(seconds=1)
+    recs = [*training(ranks=16), transition(at, "restarting", "running", gen=2),
+            _xid(3, 79, at=T0 - timedelta(seconds=2)),
+            _node_only(at)]  # fmt: skip
+    now = at + timedelta(seconds=2)
+    d = diagnose(snap(recs, gen=2, nodes=heartbeats(16, now)), now)
+    assert [f.subject for f in of_kind(d, "xid")] == [f"gpu:{gpu_of(3)}"]
+
+
+def test_a_gpu_judged_clean_inside_the_window_is_judged_again_after_it() -> None:
+    """The clean-GPU memo: a pass inside the window (the Xid set aside), then the very same
+    GPUs once a rank names its node: the Xid counts, as a pass without a memo says."""
+    from console.diagnosis import build_snapshot
+    from tests.diagnosis.factory import GROUP
+
+    at = T0 + timedelta(seconds=1)
+    before = [*training(ranks=16), transition(at, "restarting", "running", gen=2),
+              _xid(3, 79, at=T0 - timedelta(seconds=2))]  # fmt: skip
+    named = [*before, _node_only(at)]
+    now = at + timedelta(seconds=2)
+    devices: dict = {}
+    memo: dict = {}
+    seen = []
+    for records in (before, before, named):
+        kw = {"group": GROUP, "generation": 2, "state": "running", "records": records,
+              "nodes": heartbeats(16, now), "contract_findings": [], "now": now}  # fmt: skip
+        live = diagnose(build_snapshot(**kw, devices_memo=devices), now, memo=memo)
+        assert live == diagnose(build_snapshot(**kw), now)
+        seen.append([f.subject for f in live.findings if f.kind == "xid"])
+    assert seen == [[], [], [f"gpu:{gpu_of(3)}"]]
+
+
+def test_a_first_generation_with_no_rank_named_judges_every_event() -> None:
+    """No generation before it: nothing to set aside, whenever the Xid came."""
+    recs = [r for r in training(ranks=16) if r["kind"] not in ("step", "process")]
+    recs.append(_xid(3, 79, at=T0 - timedelta(seconds=40)))
+    d = diagnose(snap(recs, nodes=heartbeats(16, NOW)), NOW)
+    assert [f.subject for f in of_kind(d, "xid")] == [f"gpu:{gpu_of(3)}"]

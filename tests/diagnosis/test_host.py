@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from console.diagnosis import ROOT_CAUSE, SYMPTOM, UNDETERMINED, diagnose
 from console.diagnosis.findings import MINOR
 from tests.diagnosis.factory import (
@@ -17,6 +19,7 @@ from tests.diagnosis.factory import (
     rank_subject,
     snap,
     training,
+    transition,
 )
 
 NOW = T0 + timedelta(seconds=1)
@@ -128,3 +131,37 @@ def test_it_blames_the_full_disk_for_a_corrupt_checkpoint_and_names_the_disk() -
 def test_it_does_not_call_a_disk_with_room_full() -> None:
     recs = [*training(ranks=16), _disk(node_of(0), free=500)]
     assert of_kind(_diag(recs), "disk_full") == []
+
+
+def _restarted(extra: list[dict], *, gen2_ranks: bool = False):
+    """Generation 1 ran on ranks 0-15; generation 2 began at NOW - 2 s, its ranks not
+    reported yet unless `gen2_ranks` (then rank 3 is back on its old node)."""
+    began = NOW - timedelta(seconds=2)
+    recs = [*training(ranks=16), transition(began, "restarting", "running", gen=2), *extra]
+    if gen2_ranks:
+        recs.append(process(3, began, "started", gen=2))
+    return diagnose(snap(recs, gen=2, nodes=heartbeats(16, NOW)), NOW)
+
+
+KERNEL = [("mce", "machine_check"), ("aer_fatal", "pcie_aer"), ("io_error", "io_error")]
+
+
+@pytest.mark.parametrize(("event", "kind"), KERNEL)
+def test_a_kernel_fault_from_the_generation_before_is_not_the_next_ones_before_its_ranks_report(
+    event, kind
+) -> None:
+    """The group restarted (maybe onto a spare): the node whose kernel fault stopped
+    generation 1 is no finding of generation 2 while no generation-2 rank names a node."""
+    d = _restarted([_host_event(node_of(3), event, ago_s=4.0, device="0000:81:00")])
+    assert of_kind(d, kind) == []
+
+
+@pytest.mark.parametrize(("event", "kind"), KERNEL)
+def test_a_kernel_fault_after_the_restart_or_on_a_node_the_ranks_name_is_judged(
+    event, kind
+) -> None:
+    after = _restarted([_host_event(node_of(3), event, ago_s=1.0, device="0000:81:00")])
+    assert [f.subject for f in of_kind(after, kind)] == [f"node:{node_of(3)}"]
+    back = _restarted([_host_event(node_of(3), event, ago_s=4.0, device="0000:81:00")],
+                      gen2_ranks=True)  # fmt: skip
+    assert [f.subject for f in of_kind(back, kind)] == [f"node:{node_of(3)}"]

@@ -316,3 +316,34 @@ def test_untouched_ranks_are_reused() -> None:
     assert live.touched == 1
     assert all(a is b for a, b in zip(first.ranks, second.ranks, strict=True) if a.rank != 7)
     assert second.ranks[7].last_step is not None and second.ranks[7].last_step.step == 2
+
+
+def test_the_non_rank_part_follows_every_argument_when_its_records_are_the_same() -> None:
+    """A pass whose records are the very same dicts keeps the last non-rank build, and
+    makes again what the other arguments change: the nodes' heartbeats (merged with the
+    heartbeat records), the state, the contract findings, the SLO and the objectives."""
+    recs: list[dict[str, Any]] = [
+        *_steps(0, T0, 3),
+        *_steps(1, T0, 3),
+        {"kind": "heartbeat", "ts": T0 + timedelta(seconds=2), "node": "n0", "group": GROUP},
+        {"kind": "heartbeat", "ts": T0 + timedelta(seconds=9), "node": "n1", "group": "other"},
+        {"kind": "device_sample", "ts": T0, "gpu": "GPU-0", "node": "n0", "index": 0},
+    ]
+    live = LiveGroup(group=GROUP, generation=1)
+    live.apply(recs)
+    violation = {"kind": "schema", "subject": "rank:g/0", "evidence": {"field": "loss"}}
+    passes: list[dict[str, Any]] = [
+        {"state": "running", "nodes": {"n0": T0}, "contract_findings": []},
+        {"state": "running", "nodes": {"n0": T0 + timedelta(seconds=5)}, "contract_findings": []},
+        {"state": "checkpointing", "nodes": {"n1": T0}, "contract_findings": [violation]},
+        {"state": "checkpointing", "nodes": {"n1": T0}, "contract_findings": [violation],
+         "slo": {"goodput_target": 0.9}, "objectives": {"rpo_steps": 100}},
+        {"state": "running", "nodes": {}, "contract_findings": []},
+    ]  # fmt: skip
+    for i, kw in enumerate(passes):
+        now = T0 + timedelta(seconds=10 + i)
+        got = live.snapshot(records=recs, now=now, **kw)
+        full = build_snapshot(group=GROUP, generation=1, records=recs, now=now, **kw)
+        assert got == full
+        assert got.taken_at == now
+    assert live._base is not None and live._base.records[0] is recs[0]  # kept, not rebuilt

@@ -3,7 +3,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from console.diagnosis import SYMPTOM, UNDETERMINED, diagnose
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from console.diagnosis import SYMPTOM, UNDETERMINED, DiagnosisConfig, diagnose
+from console.diagnosis.rules import progress
+from console.diagnosis.rules.base import Context
 from tests.diagnosis.factory import (
     T0,
     checkpoint,
@@ -282,3 +287,55 @@ def test_a_minor_finding_elsewhere_does_not_explain_a_stall() -> None:
         d = diagnose(snap(recs), T0 + timedelta(seconds=60))
         (stall,) = of_kind(d, "group_stall")
         assert (stall.role, stall.caused_by) == (UNDETERMINED, ()), code
+
+
+def _stalled_by_loop(ctx: Any, thr: float) -> tuple[list[Any], Any, int]:
+    """The rule's loop over every rank, as it was before the bisection (the reference)."""
+    stalled, soonest, deferred = [], None, 0
+    lagging = ctx.lagging_nodes
+    for r in ctx.snap.ranks:
+        last = ctx.last_progress(r)
+        delivered = lagging.get(r.node or "")
+        judged_at = ctx.now if delivered is None else delivered
+        if last is None or (judged_at - last).total_seconds() > thr:
+            stalled.append((r.rank, last))
+        elif delivered is not None and (ctx.now - last).total_seconds() > thr:
+            deferred += 1
+        elif soonest is None or last < soonest:
+            soonest = last
+    return stalled, soonest, deferred
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ranks=st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.integers(0, 40_000)),  # last step, ms before T0 (None: none)
+            st.sampled_from([None, "n0", "n1", "n2"]),  # its node
+            st.booleans(),  # a process started record (progress without a step)
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    beats=st.lists(st.integers(0, 40_000), min_size=3, max_size=3),  # ms before T0 per node
+    thr=st.sampled_from([0.5, 4.0, 7.25, 20.0]),
+    later=st.integers(0, 20_000),
+)
+def test_stalled_ranks_by_bisection_are_the_loops(
+    ranks: list[Any], beats: list[int], thr: float, later: int
+) -> None:
+    """`progress._stalled` (the ranks ordered by progress, bisected; kept between passes
+    in the memo) finds what the loop over every rank finds, with nodes lagging or not,
+    and again on a later pass in which no rank changed."""
+    recs: list[dict[str, Any]] = []
+    for rk, (ago, node, started) in enumerate(ranks):
+        if started:
+            recs.append(process(rk, T0 - timedelta(seconds=50), "started", node=node))
+        if ago is not None:
+            recs.append(step(rk, 1, T0 - timedelta(milliseconds=ago), node=node))
+    nodes = {f"n{i}": T0 - timedelta(milliseconds=ms) for i, ms in enumerate(beats)}
+    s = snap(recs, nodes=nodes)
+    memo: dict[str, Any] = {}
+    for now in (T0, T0 + timedelta(milliseconds=later)):
+        ctx = Context(s, now, DiagnosisConfig(), memo)
+        assert progress._stalled(ctx, thr) == _stalled_by_loop(ctx, thr)

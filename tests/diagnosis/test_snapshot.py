@@ -3,6 +3,12 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from console.diagnosis.records import Phases, StepRecord, new_step
+from console.diagnosis.snapshot import RankState, new_rank_state
 from tests.diagnosis.factory import (
     GROUP,
     T0,
@@ -139,3 +145,57 @@ def test_a_devices_memo_keeps_an_unchanged_gpus_state_and_rebuilds_a_changed_one
     assert fourth[cool["gpu"]].node == "elsewhere" and fourth[hot["gpu"]] is third[hot["gpu"]]
     fifth = {d.gpu: d for d in check([hot, moved]).devices}  # the event aged out
     assert not fifth[hot["gpu"]].events
+
+
+_maybe = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 3),
+    st.integers(0, 10**6),
+    st.lists(_maybe, min_size=10, max_size=10),
+    st.one_of(st.none(), st.integers(0, 10**6)),
+    st.one_of(st.none(), st.booleans()),
+)
+def test_the_fast_step_constructor_builds_what_the_constructors_build(
+    gen: int, step: int, xs: list[float | None], tokens: int | None, overflow: bool | None
+) -> None:
+    """`new_step` sets the slots directly (the live pass's parse): the same fields, the
+    same derived `row` and `values`, equal, same hash and repr as the dataclass's own."""
+    d, c, co, i, ck, o, loss, gn, scale, mf = xs
+    made = new_step(
+        T0, gen, step, d, c, co, i, ck, o, tokens, loss, gn, scale, overflow, 7, mf, None
+    )
+    ref = StepRecord(
+        T0,
+        gen,
+        step,
+        d,
+        Phases(c, co, i, ck, o),
+        tokens,
+        loss,
+        gn,
+        scale,
+        overflow,
+        7,
+        mf,
+        None,
+    )
+    assert repr(made) == repr(ref)
+    assert repr(made.row) == repr(ref.row)  # repr: NaN is not equal to itself
+    assert repr(made.phases.values) == repr(ref.phases.values)
+    if not any(x != x for x in xs if x is not None):
+        assert made == ref
+        assert hash(made) == hash(ref)
+    with pytest.raises(AttributeError):
+        made.step = 1  # type: ignore[misc]  # frozen, as the dataclass is
+
+
+def test_the_fast_rank_state_constructor_builds_what_the_constructor_builds() -> None:
+    steps = (new_step(T0, 1, 5, 1.0, 1.0, None, None, None, None, 8, 2.0, *[None] * 6),)
+    cases = [(3, "n", "g", steps, (), None, 1, (steps, 0)), (0, None, None, (), (), None, 0, None)]
+    for args in cases:
+        made, ref = new_rank_state(*args), RankState(*args)
+        assert made == ref and repr(made) == repr(ref) and hash(made) == hash(ref)
+        assert made.slid_from == ref.slid_from

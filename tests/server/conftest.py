@@ -36,7 +36,7 @@ def _fast_passwords(settings: Any) -> None:
 @pytest.fixture
 def cast(db: Any) -> dict[str, Any]:
     """viewer, operator, approver, approver2, admin — each with password 'pw-<name>-123'."""
-    from console.accounts import create_user
+    from console.actions import create_user
 
     people = {}
     for name, role in [
@@ -46,7 +46,9 @@ def cast(db: Any) -> dict[str, Any]:
         ("approver2", "approver"),
         ("admin", "admin"),
     ]:
-        people[name] = create_user(username=name, role=role, password=f"pw-{name}-123")
+        people[name] = create_user(
+            actor="test", username=name, role=role, password=f"pw-{name}-123"
+        )
     return people
 
 

@@ -264,7 +264,7 @@ def test_every_operation_as_every_caller(
     from django.utils import timezone
 
     from console import models as c_models
-    from console.tokens import issue_api_token
+    from console.actions import issue_api_token
 
     known = seed_fleet(cast, post_batch)
     now = timezone.now()

@@ -19,8 +19,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from console.accounts import create_user
-from console.actions import propose_action
+from console.actions import create_user, propose_action
 from console.actions.audit import audit
 from console.models import Action, Incident, Node
 from ingest.auth import issue_token
@@ -60,7 +59,9 @@ def fresh_database() -> Any:
 def test_a_backup_restores_into_a_fresh_database_whole(tmp_path: Path, fresh_database: str) -> None:
     now = timezone.now()
     source = connection.settings_dict["NAME"]
-    operator = create_user(username="operator", role="operator", password="pw-operator-123")
+    operator = create_user(
+        actor="test", username="operator", role="operator", password="pw-operator-123"
+    )
     node = Node.objects.create(name="n-01", pool="a100")
     incident = Incident.objects.create(
         node=node, fingerprint="fp-xid-n-01", kind="xid", subject="node:n-01",

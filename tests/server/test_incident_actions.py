@@ -50,7 +50,7 @@ def test_it_never_unresolves_a_resolved_incident_on_acknowledge(incident, cast):
 
 def test_it_assigns_and_keeps_comments_in_order(incident, cast):
     actions.assign_incident(
-        incident_id=incident.pk, assignee=cast["approver"], actor=cast["admin"], now=NOW
+        incident_id=incident.pk, assignee=cast["approver"].username, actor=cast["admin"], now=NOW
     )
     actions.comment_on_incident(
         incident_id=incident.pk, actor=cast["operator"], body=" first ", now=NOW
@@ -72,9 +72,9 @@ def test_it_audits_acknowledge_assign_and_comment_naming_the_actor(incident, cas
 
     actions.acknowledge_incident(incident_id=incident.pk, actor=cast["operator"], now=NOW)
     actions.assign_incident(
-        incident_id=incident.pk, assignee=cast["approver"], actor=cast["admin"], now=NOW
+        incident_id=incident.pk, assignee=cast["approver"].username, actor=cast["admin"], now=NOW
     )
-    actions.assign_incident(incident_id=incident.pk, assignee=None, actor=cast["operator"], now=NOW)
+    actions.assign_incident(incident_id=incident.pk, assignee="", actor=cast["operator"], now=NOW)
     actions.comment_on_incident(incident_id=incident.pk, actor=cast["approver"], body="hi", now=NOW)
     rows = AuditLog.objects.filter(object_type="incident", object_id=str(incident.pk))
     assert [(r.actor, r.verb) for r in rows.order_by("id")] == [

@@ -60,7 +60,13 @@ def test_it_stores_heartbeats_and_device_samples_and_lists_them(post_batch, cast
 
 def test_it_acknowledges_a_replayed_batch_without_changing_anything(post_batch):
     batch = make_batch([sample()])
-    assert post_batch(batch).json() == {"ack_seq": batch["seq"], "duplicate": False, "actions": []}
+    assert post_batch(batch).json() == {
+        "ack_seq": batch["seq"],
+        "duplicate": False,
+        "actions": [],
+        "high_water": None,
+        "gaps": [],
+    }
     replay = post_batch(batch)
     assert replay.status_code == 202
     assert replay.json()["duplicate"] is True
@@ -194,6 +200,26 @@ def test_it_records_sequence_gaps_and_fills_them_when_late_batches_arrive(post_b
     client.force_login(cast["viewer"])
     row = client.get("/api/v1/agents/").json()["results"][0]
     assert row["gaps"] == 2 and row["batches"] == 4 and row["clock_skew_ms"] is not None
+
+
+def test_each_202_reports_the_agents_receipts_as_the_batch_found_them(post_batch):
+    """What an agent compares with the batches it saw acknowledged (agents/replay.py): the
+    high-water mark and gap ranges before this batch; a replay reports them as they are."""
+
+    def post(seq: int) -> tuple[bool, int | None, list[list[int]]]:
+        reply = post_batch(make_batch([sample()], seq=seq, agent_id="agent-hw-0001"))
+        assert reply.status_code == 202
+        body = reply.json()
+        assert body["ack_seq"] == seq
+        return body["duplicate"], body["high_water"], body["gaps"]
+
+    assert post(5) == (False, None, [])  # nothing of this agent before
+    assert post(6) == (False, 5, [])
+    assert post(9) == (False, 6, [])
+    assert post(8) == (False, 9, [[7, 8]])  # the gap 9 opened, 8 in it
+    assert post(8) == (True, 9, [[7, 7]])  # a replay: the receipts as they are now
+    assert post(7) == (False, 9, [[7, 7]])
+    assert post(10) == (False, 9, [])
 
 
 def test_it_measures_clock_skew_and_keeps_a_skewed_agents_records(post_batch):

@@ -106,7 +106,7 @@ def test_a_row_committed_late_below_the_cursor_is_read_by_the_next_pass(post_bat
     from django.db import connection, transaction
 
     from console.models import ConsistencyGroup, Node
-    from console.queries import telemetry
+    from console.queries.telemetry import rank_tables
     from ingest.models import StepRecord
 
     start = datetime.now(UTC) - timedelta(seconds=30)
@@ -139,13 +139,13 @@ def test_a_row_committed_late_below_the_cursor_is_read_by_the_next_pass(post_bat
         snapshots.load(group_name=GROUP, now=now + timedelta(seconds=1))
         assert snapshots.last_pass["rows"] == 3
         sql: list[str] = []
-        real = telemetry._fetch
+        real = rank_tables._fetch
 
         def spy(query: str, params: list[Any]) -> list[tuple[Any, ...]]:
             sql.append(query)
             return real(query, params)
 
-        monkeypatch.setattr(telemetry, "_fetch", spy)
+        monkeypatch.setattr(rank_tables, "_fetch", spy)
         snapshots.load(group_name=GROUP, now=now + timedelta(seconds=2))
         assert snapshots.last_pass["rows"] == 0  # the late row is not visible yet
         assert any(q.startswith("SELECT count(*)") for q in sql), sql
@@ -339,7 +339,7 @@ def test_the_binary_reads_give_what_the_orm_gives_for_every_per_rank_table(post_
     import math
 
     from console.models import ConsistencyGroup
-    from console.queries import telemetry
+    from console.queries.telemetry import rank_tables, shared
     from ingest import models as m
 
     start = datetime.now(UTC) - timedelta(seconds=30)
@@ -362,13 +362,13 @@ def test_the_binary_reads_give_what_the_orm_gives_for_every_per_rank_table(post_
     names = dict(m.StepRecord.objects.values_list("node_id", "node__name").distinct())
     now = t + timedelta(seconds=1)
 
-    got = telemetry.rank_records(group, node_names=names, now=now)
-    since = telemetry.rank_records_since(group, node_names=names, after={}, skip={})
+    got = rank_tables.rank_records(group, node_names=names, now=now)
+    since = rank_tables.rank_records_since(group, node_names=names, after={}, skip={})
     assert since is not None
     want = []
-    for kind, (model, fields, _) in telemetry.RANK_TABLES.items():
+    for kind, (model, fields, _) in rank_tables.RANK_TABLES.items():
         rows = model.objects.filter(group=group, stale=False).order_by("id")
-        want += telemetry._collective_ts(telemetry._rows(rows, kind, ["id", *fields], names))
+        want += rank_tables._collective_ts(shared.contract_rows(rows, kind, ["id", *fields], names))
 
     def norm(recs: list[dict]) -> list[tuple]:
         # NaN != NaN: compare it by name; everything else by value, type and time zone.
@@ -396,7 +396,7 @@ def test_the_binary_node_reads_give_what_the_orm_gives(post_batch):
     import json
     from pathlib import Path
 
-    from console.queries import telemetry
+    from console.queries.telemetry import node_evidence, shared
     from ingest import models as m
 
     golden = json.loads(
@@ -411,7 +411,7 @@ def test_the_binary_node_reads_give_what_the_orm_gives(post_batch):
     ids = set(names)
 
     def orm(qs: Any, kind: str, fields: list[str]) -> list[dict]:
-        return telemetry._rows(qs, kind, fields, names)
+        return shared.contract_rows(qs, kind, fields, names)
 
     host = ["event", "device", "code", "pid", "comm", "severity"]
     net = ["port", "link", "event", "state", "rate_gbps", "prev_rate_gbps", "counters"]
@@ -425,14 +425,14 @@ def test_the_binary_node_reads_give_what_the_orm_gives(post_batch):
               "net_sample", sample)
         + orm(m.HostSample.objects.filter(node_id__in=ids), "host_sample", disks)
     )  # fmt: skip
-    got = telemetry.host_records(ids, node_names=names, now=now)
+    got = node_evidence.host_records(ids, node_names=names, now=now)
     assert got == want and len(got) == 11
     assert [sorted((k, type(v).__name__) for k, v in r.items()) for r in got] == [
         sorted((k, type(v).__name__) for k, v in r.items()) for r in want
     ]
     events = ["gpu", "event", "code", "detail", "recovery_action"]
     want_events = orm(m.DeviceEvent.objects.filter(node_id__in=ids), "device_event", events)
-    assert telemetry.device_events(ids, node_names=names, now=now) == want_events
+    assert node_evidence.device_events(ids, node_names=names, now=now) == want_events
     assert len(want_events) == 1
 
 
@@ -458,3 +458,36 @@ def test_a_slow_pass_logs_where_its_load_went(post_batch, monkeypatch, caplog):
     assert "; read: " not in full, full
     assert "recheck s " in incremental.split("; read: ")[1], incremental
     assert "new s " in incremental.split("; read: ")[1], incremental
+
+
+def test_a_pass_with_nothing_new_hands_the_live_state_the_same_record_dicts(post_batch):
+    """The evidence reads make new dicts every pass; those equal to last pass's are handed
+    on as last pass's very dicts, so the live state keeps its non-rank build (and the
+    engine its per-GPU values), and the snapshot is still a full read's."""
+    start = datetime.now(UTC) - timedelta(seconds=30)
+    _history(post_batch, ranks=8, per_node=4, start=start, steps=10)
+    ckpt = {"kind": "checkpoint", "group": GROUP, "generation": 1, "checkpoint_id": "c1",
+            "phase": "committed", "step": 5, "ts": iso(start + timedelta(seconds=6))}  # fmt: skip
+    assert post_batch(make_batch([ckpt], node="node-0", sent_at=start)).status_code == 202
+    now = start + timedelta(seconds=11)
+    snapshots.load(group_name=GROUP, now=now)
+    entry = snapshots._states[GROUP]
+    first, built = list(entry.records), entry.live._base
+    later = now + timedelta(seconds=1)
+    again = snapshots.load(group_name=GROUP, now=later)
+    kept = snapshots._states[GROUP].records
+    assert any(r["kind"] == "checkpoint" for r in first)  # read again: a new dict
+    assert first and len(kept) == len(first)
+    assert all(a is b for a, b in zip(first, kept, strict=True))
+    assert built is not None and entry.live._base is not None
+    assert entry.live._base.snap.devices is built.snap.devices  # not built again
+    assert again == snapshots.load(group_name=GROUP, now=later, incremental=False)
+    # A record that changed is not replaced: its GPU's new sample reaches the snapshot.
+    t = later + timedelta(seconds=1)
+    sample = {"kind": "device_sample", "ts": iso(t), "gpu": "GPU-node-0-0", "index": 0,
+              "temp_c": 91.0, "throttle_reasons": ["sw_thermal_slowdown"]}  # fmt: skip
+    assert post_batch(make_batch([sample], node="node-0", sent_at=t)).status_code == 202
+    last = t + timedelta(seconds=1)
+    third = snapshots.load(group_name=GROUP, now=last)
+    assert third == snapshots.load(group_name=GROUP, now=last, incremental=False)
+    assert any(d.sample and d.sample.temp_c == 91.0 for d in third.devices)

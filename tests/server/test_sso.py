@@ -81,10 +81,10 @@ def test_it_demotes_at_the_next_login_when_the_idp_groups_change(backend: Any) -
 
 
 def test_it_never_matches_a_local_account_of_the_same_name(backend: Any) -> None:
-    from console.accounts import create_user
+    from console.actions import create_user
     from console.roles import role_of
 
-    local = create_user(username="sso:alice", role="admin", password="pw-local-123")
+    local = create_user(actor="test", username="sso:alice", role="admin", password="pw-local-123")
     assert backend.filter_users_by_claims(claims(["sre"])) == []
     # The identity gets an account of its own, told apart from the local one's name.
     made = backend.create_user(claims(["sre"]))
@@ -168,10 +168,10 @@ def test_an_email_never_links_an_identity_to_an_existing_account(
 ) -> None:
     from django.contrib.auth import get_user_model
 
-    from console.accounts import create_user
+    from console.actions import create_user
     from console.roles import role_of
 
-    local = create_user(username="admin2", role="admin", password="pw-admin2-123")
+    local = create_user(actor="test", username="admin2", role="admin", password="pw-admin2-123")
     local.email = "admin@example.test"
     local.save()
     old = {"sub": "s-old", "preferred_username": "ops", "email": "ops@example.test"}

@@ -43,6 +43,27 @@ def test_it_parses_socket_and_tcp_database_urls():
         database_from_url("mysql://x/y")
 
 
+@pytest.mark.parametrize(
+    ("netloc", "host", "port"),
+    [
+        ("u:pw@db1:5432,db2:5433", "db1,db2", "5432,5433"),
+        ("u:pw@db1,db2", "db1,db2", ""),
+        ("u:pw@db1:6432,db2", "db1,db2", "6432,5432"),
+        ("u:pw@[::1]:5432,db2:5433", "::1,db2", "5432,5433"),
+        ("u:pw@db1:5432", "db1", "5432"),
+    ],
+)
+def test_it_parses_a_primary_and_standby_database_url(netloc, host, port):
+    db = database_from_url(f"postgres://{netloc}/fl?target_session_attrs=read-write")
+    assert (db["HOST"], db["PORT"], db["USER"], db["PASSWORD"]) == (host, port, "u", "pw")
+    assert db["OPTIONS"] == {"target_session_attrs": "read-write"}
+
+
+def test_it_refuses_a_port_that_is_not_a_number():
+    with pytest.raises(ConfigError, match="port 'x'"):
+        database_from_url("postgres://u@db1:x,db2/fl")
+
+
 @pytest.mark.django_db
 def test_it_reports_liveness_and_readiness_without_secrets(client):
     assert client.get("/healthz").json() == {"status": "ok"}

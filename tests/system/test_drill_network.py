@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -219,3 +220,43 @@ def _check_network_rows(tmp_path: Path) -> None:
     sides = rows["partition"]["measured"]["evidence"]["sides"]
     assert sides["cut_off"]["ranks"] == [2] and sides["connected"]["ranks"] == [0, 1]
     assert rows["partition"]["invariants"]["no_split_brain_restart"]
+
+
+@needs_netns
+def test_the_relay_carries_a_namespace_to_the_hosts_loopback_and_the_link_down_cuts_it(
+    tmp_path: Path,
+) -> None:
+    import http.server
+    import threading
+
+    from faultline.drill.relay import Relay, listen_in
+
+    (tmp_path / "hello.txt").write_text("hello from the host\n")
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path))  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    net = DrillNet(f"r{os.getpid() % 10000}", 2).create()
+    relay = None
+    fetch = (
+        "import sys, urllib.request\n"
+        "try: print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode(), end='')\n"
+        "except OSError as e: print(type(e).__name__, e)\n"
+    )
+    url = f"http://{net.ip(1)}:8000/hello.txt"
+    try:
+        relay = Relay(listen_in(net.ns(1), net.ip(1), 8000), server.server_address[1]).start()
+        # The listener is in node 1's namespace only: not on the host's.
+        assert net.ip(1) not in subprocess.run(["ip", "-4", "addr"], capture_output=True,
+                                               text=True).stdout  # fmt: skip
+        run = [*net.prefix(0), sys.executable, "-c", fetch, url]
+        assert subprocess.run(run, capture_output=True, text=True).stdout == "hello from the host\n"
+        net.partition(0)
+        assert "unreachable" in subprocess.run(run, capture_output=True, text=True).stdout
+        net.heal(0)
+        assert subprocess.run(run, capture_output=True, text=True).stdout == "hello from the host\n"
+        assert relay.connections == 2
+    finally:
+        if relay is not None:
+            relay.stop()
+        server.shutdown()
+        net.remove()

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import cached_property
-from operator import attrgetter
+from itertools import chain, compress
+from operator import attrgetter, is_not
 from typing import Any
 
 from agents import vocab
@@ -32,6 +33,7 @@ from console.diagnosis.findings import (
 from console.diagnosis.rules.digest import RECENT_STEPS, RankDigest, rank_digest
 from console.diagnosis.snapshot import (
     CheckpointState,
+    CollectiveWindow,
     DeviceState,
     GroupSnapshot,
     RankState,
@@ -50,18 +52,32 @@ IN_PROGRESS_PHASES = frozenset({"staging", "written"})
 TERMINAL_STATES = vocab.TERMINAL_GROUP_STATES
 # The group's typical step (the stall threshold's median and MAD) is read from at most
 # this many ranks, every k-th in rank order: a synchronous job's ranks share one step
-# time, and 4,096 ranks' recent steps (~130k durations) pin it down as well as 16k ranks'
-# 520k, which cost a 16k-rank pass ~0.1 s to collect and sort. Smaller groups: all.
-DURATION_RANKS = 4096
+# time, and 1,024 ranks' recent steps (~32k durations) pin it down as well as 16k ranks'
+# 520k. Collecting and sorting 4,096 ranks' (~130k) cost a 16k-rank pass in which every
+# rank stepped ~30 ms of its 300 ms goal. Smaller groups: all.
+DURATION_RANKS = 1024
 # An agent delivers a batch every second or so; a lag beyond this is a backlog, not cadence.
 DELIVERY_SLACK_S = 3.0
 _WINDOW_KEY = attrgetter("rank", "collective", "node", "gpu")
 _TS = attrgetter("ts")
+_PER_1000 = (1000.0).__rtruediv__  # x -> x / 1000.0, in C
 
 
 def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
     """Element-wise identity (not equality: an equal but rebuilt state is not reused)."""
     return a is b or (len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True)))
+
+
+@dataclass(frozen=True, slots=True)
+class _Index:
+    """`Context`'s per-rank indexes as a pass built them, for the next pass (the memo)."""
+
+    states: tuple[RankState, ...]
+    ranks: dict[int, RankState]
+    on_gpu: dict[str, list[int]]
+    on_node: dict[str, list[int]]
+    digests: dict[int, RankDigest]
+    steps: dict[int, tuple[StepRecord, ...]]
 
 
 class Context:
@@ -91,34 +107,46 @@ class Context:
         self.cfg = cfg
         self.findings: dict[str, Finding] = {}
         self._by_subject: dict[str, list[str]] = defaultdict(list)
-        self.devices: dict[str, DeviceState] = {d.gpu: d for d in snap.devices}
-        ranks: dict[int, RankState] = {}
-        on_gpu: dict[str, list[int]] = defaultdict(list)
-        on_node: dict[str, list[int]] = defaultdict(list)
+        devices = self._memo.get("_devices")
+        if devices is None or devices[0] is not snap.devices:  # the very tuple: the same GPUs
+            devices = self._memo["_devices"] = (snap.devices, {d.gpu: d for d in snap.devices})
+        self.devices: dict[str, DeviceState] = devices[1]
         # What the rules read of each rank's steps, derived once per RankState: a rank whose
         # state is the very object of last pass reuses its digest, one whose steps slid
         # (oldest dropped, newer appended) derives the new one from it (rules/digest.py).
         kept: dict[int, tuple[RankState, RankDigest]] = self._memo.setdefault("digests", {})
-        digests: dict[int, RankDigest] = {}
-        steps: dict[int, tuple[StepRecord, ...]] = {}
-        for r in snap.ranks:  # one loop: at 16k ranks each walk over them counts
-            rk = r.rank
-            ranks[rk] = r
-            hit = kept.get(rk)
-            if hit is not None and hit[0] is r:
-                d = hit[1]
-            else:
-                d = rank_digest(r, None if hit is None else hit[1])
-                kept[rk] = (r, d)
-            digests[rk] = d
-            steps[rk] = d.cur
-            if r.gpu:
-                on_gpu[r.gpu].append(rk)
-            if r.node:
-                on_node[r.node].append(rk)
+        # The indexes below as last pass left them: only the ranks whose state is not the
+        # very object of last pass are looked at (none in a pass between steps).
+        index: _Index | None = self._memo.get("_index")
+        if index is not None and len(index.states) == len(snap.ranks):
+            ranks, on_gpu, on_node = dict(index.ranks), index.on_gpu, index.on_node
+            digests, steps = dict(index.digests), dict(index.steps)
+            old = index.states
+            for i in compress(range(len(old)), map(is_not, old, snap.ranks)):
+                r, was = snap.ranks[i], old[i]
+                rk = r.rank
+                if rk != was.rank or r.gpu != was.gpu or r.node != was.node:
+                    index = None  # a rank moved: index afresh
+                    break
+                ranks[rk] = r
+                hit = kept.get(rk)
+                if hit is not None and hit[0] is r:
+                    d = hit[1]
+                else:
+                    d = rank_digest(r, None if hit is None else hit[1])
+                    kept[rk] = (r, d)
+                digests[rk] = d
+                steps[rk] = d.cur
+        else:
+            index = None
+        if index is None:
+            ranks, digests, steps, on_gpu, on_node = self._index(snap.ranks, kept)
+        self._memo["_index"] = _Index(snap.ranks, ranks, on_gpu, on_node, digests, steps)
+        # The rules get their own copies of the node and GPU indexes (a defaultdict grows
+        # when read with []).
         self.ranks = ranks
-        self.ranks_on_gpu = on_gpu
-        self.ranks_on_node = on_node
+        self.ranks_on_gpu: dict[str, list[int]] = defaultdict(list, on_gpu)
+        self.ranks_on_node: dict[str, list[int]] = defaultdict(list, on_node)
         self._digests = digests
         self._steps = steps
         # Set by rules for the engine's recovery advice.
@@ -138,6 +166,40 @@ class Context:
         """A rule's verdict may change at `at` by the clock alone: keep the soonest."""
         if at > self.now and (self.next_check is None or at < self.next_check):
             self.next_check = at
+
+    @staticmethod
+    def _index(
+        states: tuple[RankState, ...], kept: dict[int, tuple[RankState, RankDigest]]
+    ) -> tuple[
+        dict[int, RankState],
+        dict[int, RankDigest],
+        dict[int, tuple[StepRecord, ...]],
+        dict[str, list[int]],
+        dict[str, list[int]],
+    ]:
+        """Every rank's state, digest and steps by rank, and the ranks on each GPU and node,
+        in the snapshot's rank order (one loop: at 16k ranks each walk over them counts)."""
+        ranks: dict[int, RankState] = {}
+        on_gpu: dict[str, list[int]] = defaultdict(list)
+        on_node: dict[str, list[int]] = defaultdict(list)
+        digests: dict[int, RankDigest] = {}
+        steps: dict[int, tuple[StepRecord, ...]] = {}
+        for r in states:
+            rk = r.rank
+            ranks[rk] = r
+            hit = kept.get(rk)
+            if hit is not None and hit[0] is r:
+                d = hit[1]
+            else:
+                d = rank_digest(r, None if hit is None else hit[1])
+                kept[rk] = (r, d)
+            digests[rk] = d
+            steps[rk] = d.cur
+            if r.gpu:
+                on_gpu[r.gpu].append(rk)
+            if r.node:
+                on_node[r.node].append(rk)
+        return ranks, digests, steps, dict(on_gpu), dict(on_node)
 
     # -- emitting ------------------------------------------------------------------
     def new(self, *, generation: int | None = None, **kw: Any) -> Finding:
@@ -310,15 +372,26 @@ class Context:
     # -- progress statistics ---------------------------------------------------------
     @cached_property
     def recent_durations_s(self) -> list[float]:
+        """The recent steps' durations in seconds of every k-th rank (DURATION_RANKS),
+        ascending."""
         out: list[float] = self.per_pass("durations", None, self._all_durations)
         return out
 
     def _all_durations(self) -> list[float]:
-        out: list[float] = []
+        """Ascending (the median and the MAD read them sorted; the rest, how many)."""
         ranks = self.snap.ranks
         digests = self._digests
-        for r in ranks[:: -(-len(ranks) // DURATION_RANKS) or 1]:  # every k-th (above)
-            out.extend(digests[r.rank].durations_s())
+        every = ranks[:: -(-len(ranks) // DURATION_RANKS) or 1]  # every k-th (above)
+        return sorted(map(_PER_1000, chain.from_iterable([digests[r.rank].timed for r in every])))
+
+    @cached_property
+    def windows(self) -> dict[int, CollectiveWindow]:
+        """rank -> its collective window, for the ranks that have one (read-only)."""
+        out: dict[int, CollectiveWindow] = self.per_pass(
+            "windows",
+            None,
+            lambda: {r.rank: r.collective for r in self.snap.ranks if r.collective is not None},
+        )
         return out
 
     @cached_property
@@ -326,14 +399,16 @@ class Context:
         """(rank, collective window, node, GPU) of every rank: what collective matching
         reads. Compared with == against last pass's, a window that is the same object
         costs nothing, so a pass in which no window changed reuses the matching."""
-        return tuple(map(_WINDOW_KEY, self.snap.ranks))
+        ranks = self.snap.ranks
+        out: tuple[tuple[int, Any, str | None, str | None], ...] = self.per_pass(
+            "windows_key", None, lambda: tuple(map(_WINDOW_KEY, ranks))
+        )
+        return out
 
     @cached_property
     def _sorted_durations_s(self) -> list[float]:
-        """`recent_durations_s` ascending: sorted once a pass for the median and the MAD."""
-        d = self.recent_durations_s
-        out: list[float] = self.per_pass("durations_sorted", None, lambda: sorted(d))
-        return out
+        """`recent_durations_s`, which are ascending: for the median and the MAD."""
+        return self.recent_durations_s
 
     @cached_property
     def median_duration_s(self) -> float | None:
@@ -441,6 +516,25 @@ class Context:
     def generation_start(self) -> datetime | None:
         ts = [t.ts for t in self.snap.transitions if t.generation == self.snap.generation]
         return ts[0] if ts else None
+
+    @cached_property
+    def placement_unknown_since(self) -> datetime | None:
+        """When this generation began, if it follows another one and none of its ranks has
+        said where it runs yet (no node, no GPU); else None.
+
+        Until then the group's nodes are still those its previous generation ran on
+        (console.snapshots reads them from the rank rows, which keep their last node): a
+        node or GPU fault from before this moment belongs to the generation it stopped,
+        and to the node's own incident, not to a restart that may have moved away from
+        it. Rules that judge node evidence without a rank to tie it to (device, host)
+        judge only what came after this until the ranks say where they run."""
+        if self.ranks_on_node or self.ranks_on_gpu:
+            return None
+        start = self.generation_start
+        snap = self.snap
+        if start is None or not any(t.generation < snap.generation for t in snap.transitions):
+            return None
+        return start
 
     def capped(self, items: Sequence[Any]) -> list[Any]:
         """Evidence lists stay short: the first `max_evidence_items` items."""

@@ -744,7 +744,7 @@ def _match(ctx: Context, windows: dict[int, CollectiveWindow]) -> _Matched:
 
 
 def run(ctx: Context) -> None:
-    windows = {r.rank: r.collective for r in ctx.snap.ranks if r.collective is not None}
+    windows = ctx.windows
     if not windows:
         return
     # Matching is a function of the windows, the membership (reported groups, the ranks)
@@ -981,7 +981,7 @@ def _order_divergences(
     Records each culprit's `collective_mismatch` and makes it the cause of the circle's
     waits (`targets`); returns the culprits."""
     waits = {wt.rank: wt for ws in pending.values() for wt in ws}
-    windows = {r.rank: r.collective for r in ctx.snap.ranks if r.collective is not None}
+    windows = ctx.windows
 
     def stuck(a: Wait, b: Wait) -> bool:
         seen = min(_known_at(ctx, a.rank), _known_at(ctx, b.rank))

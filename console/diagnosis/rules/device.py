@@ -11,6 +11,8 @@ slowdown attribution lives in `stragglers`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agents import xid as catalog
 from agents.gpu_health import WARNING_REASONS, throttle_kind
 
@@ -395,7 +397,9 @@ def run(ctx: Context) -> None:
 
     Only GPUs this group runs on: another job's GPU on a shared node is that job's
     incident, not this one's. When no rank's GPU is known, every GPU of the group's nodes
-    is judged (better one extra page than a missed Xid).
+    is judged (better one extra page than a missed Xid); while a generation that follows
+    another has no rank that says where it runs, only the events since it began
+    (`Context.placement_unknown_since`).
     """
     used = ctx.ranks_on_gpu  # the GPUs of the ranks that name one
     # A GPU with no event whose sample shows no fault has nothing to say, whatever else the
@@ -405,20 +409,41 @@ def run(ctx: Context) -> None:
     # was most of this rule's pass.
     memo = ctx.slot("device_clean")
     limit = ctx.cfg.nvlink_errors_limit
+    since = ctx.placement_unknown_since
     was: dict[str, DeviceState] = {}
-    if memo is not None and memo.get("limit") == limit:
+    # Judged clean with only the evidence since a restart says nothing of the whole.
+    if memo is not None and memo.get("limit") == limit and memo.get("since") == since:
         was = memo.get("clean") or {}
+        # The very same GPUs as last pass, every one judged then clean, for the same ranks'
+        # GPUs: nothing to judge (a pass between two GPU samples walks no GPU).
+        if (
+            memo.get("devices") is ctx.snap.devices
+            and memo.get("all_clean")
+            and memo.get("used") == used.keys()
+        ):
+            return
     clean: dict[str, DeviceState] = {}
+    judged_all = 0
     for dev in ctx.snap.devices:
         if used and dev.gpu not in used:
             continue
+        judged_all += 1
         if was.get(dev.gpu) is dev:
             clean[dev.gpu] = dev
             continue
+        judged_as = dev
+        if since is not None:
+            # A fault from before this generation belongs to the one it stopped (and to
+            # the GPU's own node incident), not to a restart that may have moved away. A
+            # sample's counters (DBE, NVLink errors, a pending remap) say nothing of when
+            # the fault began: they wait for a rank to name the GPU.
+            dev = replace(dev, events=tuple(e for e in dev.events if e.ts >= since), sample=None)
         judged = _judge(ctx, dev.events)
         hard = _hard_fault(ctx, dev, judged)
         _soft_xids(ctx, dev, judged, hard)
         if hard is None and not _soft_faults(ctx, dev) and not dev.events:
-            clean[dev.gpu] = dev
+            clean[dev.gpu] = judged_as  # the snapshot's own object, as the memo compares
     if memo is not None:
-        memo["limit"], memo["clean"] = limit, clean
+        memo["limit"], memo["clean"], memo["since"] = limit, clean, since
+        memo["devices"], memo["used"] = ctx.snap.devices, set(used)
+        memo["all_clean"] = len(clean) == judged_all

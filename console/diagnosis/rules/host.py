@@ -134,6 +134,8 @@ def net_missing(ctx: Context, node: str) -> str:
 
 def _kernel_findings(ctx: Context) -> None:
     since = ctx.now - timedelta(seconds=ctx.cfg.host_event_window_s)
+    if (restart := ctx.placement_unknown_since) is not None:
+        since = max(since, restart)  # the nodes may still be the last generation's
     grouped: dict[tuple[str, str | None, str | None], list[HostEvent]] = {}
     for e in ctx.snap.host_events:
         if e.event in _KINDS and e.ts >= since:

@@ -97,7 +97,9 @@ def _down_ports(ctx: Context, node: str) -> list[NetEvent]:
 
 def _partition(ctx: Context, waiting: list[int]) -> None:
     nodes = sorted(ctx.ranks_on_node)
-    cut = {node: _down_ports(ctx, node) for node in nodes}
+    # Only a node with a link event can have a port down (not each of 2k nodes a pass).
+    told = {e.node for e in ctx.snap.net_events}
+    cut = {node: _down_ports(ctx, node) for node in nodes if node in told}
     cut = {node: ports for node, ports in cut.items() if ports}
     if not cut or len(cut) == len(nodes) or not waiting:
         return  # nothing cut, everything cut (no side to name), or nobody waits on it
@@ -298,5 +300,9 @@ def run(ctx: Context) -> None:
     _partition(ctx, _waiting(ctx))
     # A cut link stays the story of the exits it caused; but once no process of the group
     # lives, its nodes' sockets carry another job's traffic and slow nothing of this one.
-    if not all(r.processes and r.processes[-1].event == "exited" for r in ctx.snap.ranks):
+    if not ctx.per_pass("all_exited", None, partial(_all_exited, ctx.snap.ranks)):
         _slow_links(ctx)
+
+
+def _all_exited(ranks: tuple[RankState, ...]) -> bool:
+    return all(r.processes and r.processes[-1].event == "exited" for r in ranks)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 
 from agents import xid as catalog
 
@@ -168,8 +169,10 @@ def _unheard(ctx: Context, r: RankState, p: ProcessRecord) -> list[str]:
 
 
 def run(ctx: Context) -> None:
-    repeats = deterministic_ooms(ctx)
-    exits = _exits(ctx)
+    # Functions of the ranks (and the group's state and generation): a pass in which no
+    # rank changed reuses them. `exits` is sorted below: a copy.
+    repeats = ctx.per_pass("ooms", None, partial(deterministic_ooms, ctx))
+    exits = list(ctx.per_pass("exits", (ctx.snap.state, ctx.snap.generation), partial(_exits, ctx)))
     lead = _initiator(ctx, exits)
     # The initiator is judged first: the exits before it that it set off link to it.
     exits.sort(key=lambda x: (x[1] is not lead, x[1].ts, x[0].rank))

@@ -31,6 +31,7 @@ later, beside it).
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from functools import partial
 
 from console.diagnosis.findings import (
     CRITICAL,
@@ -127,6 +128,67 @@ def _young_wait(ctx: Context, ranks: list[int], thr: float) -> bool:
     return False
 
 
+def _by_progress(ctx: Context) -> tuple[list[datetime], list[int], list[int]]:
+    """Each rank's last progress ascending, the ranks' positions in that order, and the
+    positions of the ranks without any (a function of the ranks: kept while none changes)."""
+    last_progress = ctx.last_progress
+    timed: list[tuple[datetime, int]] = []
+    never: list[int] = []
+    for i, r in enumerate(ctx.snap.ranks):
+        last = last_progress(r)
+        if last is None:
+            never.append(i)
+        else:
+            timed.append((last, i))
+    timed.sort()
+    return [t for t, _ in timed], [i for _, i in timed], never
+
+
+def _stalled(
+    ctx: Context, thr: float
+) -> tuple[list[tuple[int, datetime | None]], datetime | None, int]:
+    """(rank, last progress) of the ranks silent past `thr`, in rank order; the oldest
+    progress of the ranks not stalled nor deferred; and how many are deferred (silent past
+    `thr` by the clock, not by what their lagging node delivered).
+
+    What a loop over every rank finds, from the ranks ordered by progress (kept while no
+    rank changes: a pass between steps reads a few ranks, not 16k): judged now, silence
+    grows as progress gets older, so the ranks stalled are the oldest ones, found by
+    bisection. Only the ranks of a lagging node are judged one by one."""
+    times, order, never = ctx.per_pass("progress_order", None, partial(_by_progress, ctx))
+    now, ranks, lagging = ctx.now, ctx.snap.ranks, ctx.lagging_nodes
+    lo, hi = 0, len(times)
+    while lo < hi:  # the first rank not silent past the threshold now
+        mid = (lo + hi) // 2
+        if (now - times[mid]).total_seconds() > thr:
+            lo = mid + 1
+        else:
+            hi = mid
+    late: set[int] = set()  # positions of the ranks of lagging nodes
+    if lagging:
+        pos = ctx.per_pass("positions", None, lambda: {r.rank: i for i, r in enumerate(ranks)})
+        late = {pos[rk] for node in lagging for rk in ctx.ranks_on_node.get(node, ())}
+    if not late and not never and not lo:
+        return [], times[0] if times else None, 0
+    at = dict(zip(order[:lo], times[:lo], strict=True))
+    stalled = [i for i in [*never, *order[:lo]] if i not in late]
+    soonest = next((times[j] for j in range(lo, len(times)) if order[j] not in late), None)
+    deferred = 0
+    last_progress = ctx.last_progress
+    for i in late:
+        r = ranks[i]
+        last = last_progress(r)
+        if last is None or (lagging[r.node or ""] - last).total_seconds() > thr:
+            stalled.append(i)
+            at[i] = last
+        elif (now - last).total_seconds() > thr:
+            deferred += 1
+        elif soonest is None or last < soonest:
+            soonest = last
+    stalled.sort()
+    return [(ranks[i].rank, at.get(i)) for i in stalled], soonest, deferred
+
+
 def run(ctx: Context) -> None:
     snap = ctx.snap
     if snap.kind != "training" or not snap.ranks or snap.state in TERMINAL_STATES:
@@ -137,20 +199,7 @@ def run(ctx: Context) -> None:
     thr = _threshold(ctx)
     if thr is None:
         return
-    stalled: list[tuple[int, datetime | None]] = []
-    lagging = ctx.lagging_nodes
-    deferred = 0  # silent past the threshold by the clock, judged later: their node lags
-    soonest: datetime | None = None  # the oldest progress of a rank not (yet) stalled
-    for r in snap.ranks:
-        last = ctx.last_progress(r)
-        delivered = lagging.get(r.node or "")
-        judged_at = ctx.now if delivered is None else delivered
-        if last is None or (judged_at - last).total_seconds() > thr:
-            stalled.append((r.rank, last))
-        elif delivered is not None and (ctx.now - last).total_seconds() > thr:
-            deferred += 1
-        elif soonest is None or last < soonest:
-            soonest = last
+    stalled, soonest, deferred = _stalled(ctx, thr)
     if soonest is not None:
         # With no new step, that rank crosses the threshold then: judged then, not at
         # whichever sweep tick follows (at 16k ranks a tick plus a pass is seconds).

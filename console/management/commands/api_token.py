@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from console.tokens import issue_api_token, revoke_api_tokens
+from console.actions import issue_api_token, revoke_api_tokens
 
 
 class Command(BaseCommand):

@@ -98,7 +98,7 @@ def test_it_acknowledges_assigns_and_shows_a_node_incident_like_a_group_incident
         incident_id=incident.pk, actor=cast["operator"], now=timezone.now()
     )
     actions.assign_incident(
-        incident_id=incident.pk, assignee=cast["approver"], actor=cast["operator"],
+        incident_id=incident.pk, assignee=cast["approver"].username, actor=cast["operator"],
         now=timezone.now(),
     )  # fmt: skip
     incident.refresh_from_db()

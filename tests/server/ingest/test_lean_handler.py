@@ -74,12 +74,19 @@ def test_a_batch_is_stored_and_answered_as_through_the_full_stack(apps, agent_to
     wsgi, full = apps
     token = agent_token("node-1")
     first = json.dumps(make_batch([_sample()], seq=11)).encode()
-    second = json.dumps(make_batch([_sample()], seq=12)).encode()
+    # Another agent of the node: both answers report a first batch (the same bytes).
+    second = json.dumps(make_batch([_sample()], seq=12, agent_id="agent-lean-0002")).encode()
     lean_answer = call(wsgi, first, token=token)
     full_answer = call(full, second, token=token)
     assert lean_answer[0] == full_answer[0] == 202
     assert lean_answer[1] == full_answer[1]  # every header, security headers included
-    assert json.loads(lean_answer[2]) == {"ack_seq": 11, "duplicate": False, "actions": []}
+    assert json.loads(lean_answer[2]) == {
+        "ack_seq": 11,
+        "duplicate": False,
+        "actions": [],
+        "high_water": None,  # the agent's first batch
+        "gaps": [],
+    }
     assert DeviceSample.objects.count() == 2
     replay = call(wsgi, first, token=token)
     assert (replay[0], json.loads(replay[2])["duplicate"]) == (202, True)

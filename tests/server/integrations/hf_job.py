@@ -85,6 +85,10 @@ def main() -> None:
         model=model, args=args, train_dataset=Tokens(64), callbacks=[FaultlineCallback()]
     )
     trainer.train()
+    # As a training script should: a process group left to the interpreter's exit can abort
+    # the rank there ("terminate called without an active exception", seen under load).
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -91,6 +91,32 @@ def test_it_refuses_a_forced_comment_from_a_viewer(client, cast, training_group)
     assert incident.comments.count() == 0
 
 
+@pytest.mark.parametrize("name", ["approver", "nobody-by-this-name", ""])
+def test_a_viewers_forced_assign_is_refused_alike_whoever_it_names(
+    client, cast, training_group, name
+):
+    # The same 403 for a real user, an unknown name and none: no oracle for which names exist.
+    client.force_login(cast["viewer"])
+    incident = training_group["incident"]
+    response = client.post(_url(incident, "assign"), {"assignee": name})
+    assert response.status_code == 403
+    incident.refresh_from_db()
+    assert incident.assignee is None
+
+
+def test_an_operator_naming_an_unknown_user_is_told_and_nothing_changes(
+    client, cast, training_group
+):
+    client.force_login(cast["operator"])
+    incident = training_group["incident"]
+    response = client.post(
+        _url(incident, "assign"), {"assignee": "nobody-by-this-name"}, follow=True
+    )
+    assert "no active user named &#x27;nobody-by-this-name&#x27;" in response.content.decode()
+    incident.refresh_from_db()
+    assert incident.assignee is None
+
+
 def test_it_acknowledges_through_the_form_and_shows_it_on_the_timeline(
     client, cast, training_group
 ):

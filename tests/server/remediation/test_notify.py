@@ -219,9 +219,9 @@ def test_a_page_and_its_retries_go_to_the_notify_queue_not_behind_diagnosis(monk
 
 
 def _admin():
-    from console.accounts import create_user
+    from console.actions import create_user
 
-    return create_user(username="silencer", role="admin", password="pw-silencer-123")
+    return create_user(actor="test", username="silencer", role="admin", password="pw-silencer-123")
 
 
 def test_it_expires_stale_proposals_in_the_sweep(pool, cast, now):

@@ -21,8 +21,7 @@ import pytest
 from django.contrib.auth.models import AnonymousUser
 
 from console import actions
-from console.accounts import create_user
-from console.actions import notifications
+from console.actions import create_user, notifications
 from console.models import Action, EscalationPolicy, Incident, NotificationChannel
 from console.policy.roles import Permission, Role, can
 from console.policy.votes import VoteRefused
@@ -61,7 +60,9 @@ def _rule_proposal(now: datetime) -> Action:
 def setup_objects(cast: dict[str, Any], actor: Any, now: datetime) -> dict[str, Any]:
     """What any verb below needs: an incident, proposals (the actor's own and another's),
     a dispatched action, a silence, a policy, a channel, a user to edit, an open breaker."""
-    other = create_user(username="proposer", role="operator", password="pw-proposer-123")
+    other = create_user(
+        actor="test", username="proposer", role="operator", password="pw-proposer-123"
+    )
     own = _rule_proposal(now)
     if getattr(actor, "pk", None) is not None:
         Action.objects.filter(pk=own.pk).update(proposed_by=actor)
@@ -85,7 +86,9 @@ def setup_objects(cast: dict[str, Any], actor: Any, now: datetime) -> dict[str, 
         "channel": NotificationChannel.objects.create(
             name="hook", kind="slack", url="https://hooks.slack.com/services/x"
         ),
-        "user": create_user(username="edited", role="viewer", password="pw-edited-123"),
+        "user": create_user(
+            actor="test", username="edited", role="viewer", password="pw-edited-123"
+        ),
         "other": other,
     }
 
@@ -97,7 +100,7 @@ VERBS: list[Verb] = [
              incident_id=o["incident"].pk, actor=a, now=now)),
     Verb("assign_incident", Permission.ASSIGN,
          lambda a, o, now: actions.assign_incident(
-             incident_id=o["incident"].pk, assignee=o["other"], actor=a, now=now)),
+             incident_id=o["incident"].pk, assignee=o["other"].username, actor=a, now=now)),
     Verb("comment_on_incident", Permission.COMMENT,
          lambda a, o, now: actions.comment_on_incident(
              incident_id=o["incident"].pk, actor=a, body="looking", now=now)),
@@ -173,6 +176,8 @@ VERBS: list[Verb] = [
          lambda a, o, now: actions.record_password_change(actor=a, user=o["user"], now=now)),
     Verb("set_role", Permission.MANAGE_USERS,
          lambda a, o, now: actions.set_role(actor=a, user=o["user"], role="operator", now=now)),
+    Verb("remove_role", Permission.MANAGE_USERS,
+         lambda a, o, now: actions.remove_role(actor=a, user=o["user"], now=now)),
 ]  # fmt: skip
 
 # Verbs with a person's `actor` that the table does not gate, and why.
@@ -263,7 +268,7 @@ def test_a_token_is_allowed_exactly_what_its_users_role_is(
     role: str, permission: Permission, method: str, path: str, body: dict[str, Any],
     client: Any, pool: Any, cast: dict[str, Any], now: datetime,
 ) -> None:  # fmt: skip
-    from console.tokens import issue_api_token
+    from console.actions import issue_api_token
 
     actions.set_breaker(open=True, actor=cast["admin"], reason="perm test", now=now)
     token = issue_api_token(username=role, actor="admin", now=now)

@@ -116,7 +116,7 @@ def test_adding_and_deleting_a_user_are_audited(site: Any) -> None:
     assert response.status_code == 302, response.content[:800]
     newbie = get_user_model().objects.get(username="newbie")
     assert role_of(newbie) == "viewer"
-    (created,) = _rows("user.created")
+    (created,) = [row for row in _rows("user.created") if row.object_id == str(newbie.pk)]
     assert created.actor == "admin" and created.data["fields"] == ["username"]
     response = site.post(f"/admin/auth/user/{newbie.pk}/delete/", {"post": "yes"})
     assert response.status_code == 302

@@ -11,8 +11,8 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
+from console.actions import issue_api_token, revoke_api_tokens
 from console.models import ApiToken, AuditLog
-from console.tokens import issue_api_token, revoke_api_tokens
 
 pytestmark = pytest.mark.django_db
 
