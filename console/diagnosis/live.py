@@ -137,8 +137,10 @@ class LiveGroup:
                 self._active = None
             elif gen > st.gen:
                 st.gen = gen
+                st.node = None  # a new generation may run elsewhere (as build_snapshot)
+                st.frozen_procs = None
                 self._active = None
-            if get("node") and (st.node is None or (ts, order) >= st.node[:2]):
+            if gen == st.gen and get("node") and (st.node is None or (ts, order) >= st.node[:2]):
                 st.node = (ts, order, r["node"])
             if kind == "step":
                 steps = st.steps
@@ -351,7 +353,10 @@ class LiveGroup:
         st.expires = min(expires) if expires else None
         frozen = st.frozen_procs
         if frozen is None:  # processes change rarely: steps every pass
-            gpu = next((p[2].gpu for p in reversed(st.procs) if p[2].gpu), None)
+            gen = st.gen
+            gpu = next(
+                (p[2].gpu for p in reversed(st.procs) if p[2].gpu and p[2].generation == gen), None
+            )
             frozen = st.frozen_procs = (tuple(map(_item, st.procs)), gpu)
         procs, gpu = frozen
         # The retention keeps a suffix of the steps: with only appends since the last

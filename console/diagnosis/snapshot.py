@@ -380,14 +380,22 @@ def build_snapshot(
             if r.get("rank") is None:
                 continue  # validated upstream; a rankless per-rank record says nothing here
             rank = int(r["rank"])
-            rank_gens[rank] = max(rank_gens.get(rank, gen), gen)
-            if r.get("node"):
+            known = rank_gens.get(rank)
+            if known is None or gen > known:
+                rank_gens[rank] = gen
+                if known is not None:
+                    # A new generation may run elsewhere: where the rank ran before is not
+                    # where it runs now until one of its new records says so.
+                    rank_node.pop(rank, None)
+                    rank_gpu.pop(rank, None)
+            current = gen == rank_gens[rank]
+            if current and r.get("node"):
                 rank_node[rank] = r["node"]
         if kind == "step":
             steps[rank].append(_step(r))
         elif kind == "process":
             procs[rank].append(_process(r))
-            if r.get("gpu"):
+            if current and r.get("gpu"):
                 rank_gpu[rank] = r["gpu"]
         elif kind == "collective":
             if gen == generation:

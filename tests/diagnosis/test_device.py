@@ -16,6 +16,7 @@ from tests.diagnosis.factory import (
     rank_subject,
     sample,
     snap,
+    step,
     training,
     transition,
 )
@@ -381,3 +382,26 @@ def test_a_first_generation_with_no_rank_named_judges_every_event() -> None:
     recs.append(_xid(3, 79, at=T0 - timedelta(seconds=40)))
     d = diagnose(snap(recs, nodes=heartbeats(16, NOW)), NOW)
     assert [f.subject for f in of_kind(d, "xid")] == [f"gpu:{gpu_of(3)}"]
+
+
+@pytest.mark.parametrize("says", ["process", "step"])
+def test_a_rank_that_moved_is_not_tied_to_the_gpu_it_left(says) -> None:
+    """Generation 2 runs where generation 1 did, except rank 3, which moved off the GPU
+    that stopped generation 1 and says only its new node: it is not that GPU's rank, and
+    the dead GPU (which no rank of generation 2 names) is no finding of generation 2."""
+    at = T0 + timedelta(seconds=1)
+    now = at + timedelta(seconds=5)
+    moved = {"node": "node-05", "gpu": None}
+    recs = [*training(ranks=16), transition(at, "restarting", "running", gen=2),
+            _xid(3, 79, at=T0 - timedelta(seconds=2))]  # fmt: skip
+    recs += [process(rk, at, "started", gen=2) for rk in range(16) if rk != 3]
+    recs += [step(rk, 1, at + timedelta(seconds=2), gen=2) for rk in range(16) if rk != 3]
+    if says == "process":
+        recs += [{**process(3, at, "started", gen=2), **moved}]
+        recs += [step(3, 1, at + timedelta(seconds=2), gen=2)]
+    else:
+        recs += [{**step(3, 1, at + timedelta(seconds=2), gen=2), "node": "node-05"}]
+    s = snap(recs, gen=2, nodes={**heartbeats(16, now), "node-05": now})
+    (rank3,) = [r for r in s.ranks if r.rank == 3]
+    assert (rank3.node, rank3.gpu) == ("node-05", None)
+    assert of_kind(diagnose(s, now), "xid") == []

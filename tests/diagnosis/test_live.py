@@ -58,7 +58,8 @@ def record(draw: st.DrawFn, *, fixed: bool) -> dict[str, Any]:
             "kind": "process",
             "event": event,
             "pid": rank,
-            "gpu": draw(st.sampled_from([None, f"GPU-{rank}"])),
+            # Another GPU too: a rank of a later generation may run elsewhere.
+            "gpu": draw(st.sampled_from([None, f"GPU-{rank}", f"GPU-{rank + 4}"])),
             "exit_code": 1 if event == "exited" else None,
         }
     if kind == "collective":

@@ -57,3 +57,34 @@ def test_covered_ranks_are_the_ranks_covered_says_are_covered() -> None:
         rule(ctx)
         assert ctx.covered_ranks() == {rk for rk in ctx.ranks if ctx.covered(rk)}, name
     assert {*range(8), 9, 17} <= ctx.covered_ranks() and 12 not in ctx.covered_ranks()
+
+
+def _silent_old_node(*, gen2_ranks: bool) -> list:
+    """node-02 went silent; the group restarted at T0 + 1 s (generation 2), its ranks not
+    reported yet unless `gen2_ranks` (then every rank is back, stepping, on node-03 or later)."""
+    from tests.diagnosis.factory import process, transition
+
+    at = T0 + timedelta(seconds=1)
+    now = at + timedelta(seconds=40)
+    recs = [*training(ranks=16), transition(at, "restarting", "running", gen=2)]
+    if gen2_ranks:
+        recs += [{**process(rk, at, "started", gen=2), "node": "node-03"} for rk in range(16)]
+        recs += [{**step(rk, 200, now), "generation": 2} for rk in range(16)]
+    hb = {**heartbeats(16, now), "node-02": T0 - timedelta(minutes=5)}
+    d = diagnose(snap(recs, gen=2, nodes=hb), now)
+    return [f for f in of_kind(d, "agent_silent") if f.subject == "node:node-02"]
+
+
+def test_a_silent_agent_says_why_its_node_is_not_called_down() -> None:
+    """The minor finding's reason is true of the node: its ranks progress; the generation
+    has not said where it runs yet (after a restart); or none of the group's ranks run there."""
+    hb = {**heartbeats(16, T0), "node-02": T0 - timedelta(minutes=5)}
+    (busy,) = of_kind(diagnose(snap(training(ranks=16), nodes=hb), T0 + timedelta(seconds=1)),
+                      "agent_silent")  # fmt: skip
+    assert busy.summary.endswith("its ranks still progress")
+    (waiting,) = _silent_old_node(gen2_ranks=False)
+    assert waiting.severity == "minor"
+    assert waiting.summary.endswith("this generation's ranks have not said where they run yet")
+    (left,) = _silent_old_node(gen2_ranks=True)
+    assert left.severity == "minor"
+    assert left.summary.endswith("no rank of this group runs there")

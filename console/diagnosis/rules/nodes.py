@@ -50,6 +50,12 @@ def run(ctx: Context) -> None:
         else:
             # Ranks still progress (or the node hosts none of this group): the agent, not
             # the node, is the problem — low severity, never a root cause of waits.
+            if ranks:
+                why = "its ranks still progress"
+            elif ctx.placement_unknown_since is not None:
+                why = "this generation's ranks have not said where they run yet"
+            else:
+                why = "no rank of this group runs there"
             ctx.put(
                 ctx.new(
                     kind="agent_silent",
@@ -57,7 +63,7 @@ def run(ctx: Context) -> None:
                     role=ROOT_CAUSE,
                     severity=MINOR,
                     summary=f"Agent on {node.name} silent for "
-                    f"{'ever' if age is None else f'{age:.0f}s'}; its ranks still progress",
+                    f"{'ever' if age is None else f'{age:.0f}s'}; {why}",
                     first_seen=seen,
                     last_seen=ctx.now,
                     evidence=ev,
