@@ -2,7 +2,10 @@
 may deliver it, or beside a healthy neighbour's noise, must settle on the same verdict.
 
 Each scenario is one fault of the seed's matrix (faultline/drill/matrix.py), on 16 ranks
-over two nodes (factory.py's layout), with the nodes' heartbeats. A *delivery plan* is how
+over two nodes (factory.py's layout), with the nodes' heartbeats; three cross a restart (a
+GPU's Xid stops generation 1; generation 2 restarts onto it, or rank 5 moves to a spare
+naming its new GPU or only its node, and a rank of generation 2 fails): the dead GPU
+heads generation 2's verdict only in the first. A *delivery plan* is how
 those records reach the service: each node's agent sends a batch every send interval (at
 most 5 s, agents/wire.py), process exits and device/host events at once, one node's
 batches in order (its spool is FIFO) but nodes interleaved; the plans vary that: random
@@ -51,6 +54,7 @@ from tests.diagnosis.factory import (
     sample,
     step,
     training,
+    transition,
 )
 
 RANKS = 16
@@ -76,6 +80,9 @@ class Scenario:
     silent: frozenset[str] = frozenset()  # nodes that stop reporting at the fault
     state: str = "running"
     death: Callable[[Record], bool] | None = None  # a death its peers' errors precede
+    generation: int = 1  # the group's generation when the evidence settled
+    spares: tuple[str, ...] = ()  # nodes beside NODES that beat (a restart's spare)
+    absent: tuple[str, str] | None = None  # (kind, subject) that must head nothing
 
     def __str__(self) -> str:
         return self.name
@@ -99,7 +106,9 @@ def _base(
     return recs
 
 
-def _waits(ranks: list[int], seq: int = 45, *, at: datetime = WAIT_AT, **odd: Any) -> list[Record]:
+def _waits(
+    ranks: list[int], seq: int = 45, *, at: datetime = WAIT_AT, gen: int = 1, **odd: Any
+) -> list[Record]:
     """Ranks in `ranks` entered all_reduce `seq` at `at` and wait there; their watchdog sends
     the window 2 s later (agents/torch.py). `odd`: rank -> fields of its call."""
     out = []
@@ -118,7 +127,7 @@ def _waits(ranks: list[int], seq: int = 45, *, at: datetime = WAIT_AT, **odd: An
         ]
         last = {**done[-1], "seq": seq, "state": "started", "started_ts": at}
         last.update(odd.get(str(rk), {}))
-        out.append(collective(rk, at + timedelta(seconds=2), [*done, last]))
+        out.append(collective(rk, at + timedelta(seconds=2), [*done, last], gen=gen))
     return out
 
 
@@ -320,6 +329,73 @@ def _throttled() -> list[Record]:
     return out
 
 
+RESTART_AT = FAULT_AT + timedelta(seconds=3)
+FAULT2_AT = RESTART_AT + timedelta(seconds=4)
+SPARE = "node-03"
+
+
+def _restarted(moved: dict[str, Any] | None) -> list[Record]:
+    """Generation 1 stops on an Xid 79 on rank 5's GPU (its peers wait in all_reduce);
+    generation 2 starts at RESTART_AT on the same GPUs, except that with `moved` rank 5
+    starts elsewhere (`moved`: the fields its generation-2 records carry, a node and maybe a
+    GPU); every rank of generation 2 steps each second."""
+    out = [
+        *_base(),
+        device_event(5, FAULT_AT, "xid", 79),
+        *_waits([rk for rk in range(RANKS) if rk != 5]),
+        transition(FAULT_AT + timedelta(seconds=2), "running", "restarting"),
+        transition(RESTART_AT, "restarting", "running", gen=2, restart_count=1),
+    ]
+    for rk in range(RANKS):
+        placed = moved if moved is not None and rk == 5 else {}
+        start = RESTART_AT + timedelta(seconds=0.5)
+        out.append({**process(rk, start, "started", gen=2), **placed})
+        t, n = RESTART_AT + timedelta(seconds=1), 100
+        while t < FAULT2_AT:
+            out.append({**step(rk, n, t, gen=2), **({"node": placed["node"]} if placed else {})})
+            t, n = t + timedelta(seconds=1), n + 1
+    return out
+
+
+def _restart_scenarios() -> list[Scenario]:
+    """Evidence across a restart, in any order: the GPU that stopped generation 1 is
+    generation 2's root cause only while a rank of generation 2 still runs on it."""
+    waiting = _waits([rk for rk in range(RANKS) if rk != 5], at=FAULT2_AT, gen=2)
+    out = [
+        Scenario(
+            "restart_onto_the_dead_gpu",
+            [*_restarted(None), *waiting],
+            ("xid", f"gpu:{gpu_of(5)}"),
+            _is("device_event", gpu=gpu_of(5)),
+            generation=2,
+        )
+    ]
+    for name, moved in (
+        ("restart_moved_off_the_dead_gpu", {"node": SPARE, "gpu": "GPU-0003-0"}),
+        ("restart_moved_naming_only_its_node", {"node": SPARE, "gpu": None}),
+    ):
+        others = [rk for rk in range(RANKS) if rk != 9]
+        recs = [
+            *_restarted(moved),
+            {**_exit(9, FAULT2_AT, exit_code=1, reason="exception", error_type="ValueError"),
+             "generation": 2},
+            *[{**w, "node": SPARE} if w["rank"] == 5 else w
+              for w in _waits(others, at=FAULT2_AT + timedelta(seconds=0.2), gen=2)],
+        ]  # fmt: skip
+        out.append(
+            Scenario(
+                name,
+                recs,
+                ("exception", _rank(9)),
+                lambda r: r["kind"] == "process" and r["rank"] == 9 and r["generation"] == 2,
+                generation=2,
+                spares=(SPARE,),
+                absent=("xid", f"gpu:{gpu_of(5)}"),
+            )
+        )
+    return out
+
+
 def _scenarios() -> list[Scenario]:
     others = [rk for rk in range(RANKS) if rk != 5]
     hung_steps = [
@@ -440,6 +516,7 @@ def _scenarios() -> list[Scenario]:
             lambda r: False,  # its silence is the fault
             silent=frozenset({"node-02"}),
         ),
+        *_restart_scenarios(),
     ]
     return out
 
@@ -464,7 +541,7 @@ def _urgent(r: Record) -> bool:
 
 def _heartbeats(sc: Scenario, until: datetime) -> list[Record]:
     out = []
-    for node in NODES:
+    for node in (*NODES, *sc.spares):
         stop = FAULT_AT - timedelta(seconds=0.5) if node in sc.silent else until
         t = T0 - timedelta(seconds=30)
         while t <= stop:
@@ -589,7 +666,7 @@ def _reference(records: list[Record], sc: Scenario, now: datetime) -> Any:
     nodes, recs = _snapshot_inputs(records)
     snap = build_snapshot(
         group=GROUP,
-        generation=1,
+        generation=sc.generation,
         state=sc.state,
         records=recs,
         nodes=nodes,
@@ -601,7 +678,7 @@ def _reference(records: list[Record], sc: Scenario, now: datetime) -> Any:
 
 def _replay(sc: Scenario, deliveries: list[Delivery], now: datetime) -> Any:
     """A pass after every delivery, as the service runs them; the last at `now`."""
-    live = LiveGroup(group=GROUP, generation=1)
+    live = LiveGroup(group=GROUP, generation=sc.generation)
     delivered: list[Record] = []
     result = None
     times = sorted({d.at for d in deliveries})
@@ -641,6 +718,9 @@ def _check(
     expected = _verdict(_reference(base, sc, now))
     assert any(k[:2] == sc.expect and k[2] != SYMPTOM for k in expected), (
         f"{sc.name}: the base evidence does not name {sc.expect}: {sorted(expected)}"
+    )
+    assert not any(k[:2] == sc.absent for k in expected), (
+        f"{sc.name}: the base evidence heads {sc.absent}: {sorted(expected)}"
     )
     kept = [d for d in deliveries if lose is None or not lose(d)]
     got = _verdict(_replay(sc, kept, now))
