@@ -170,23 +170,24 @@ class Reporter:
             pass
 
     # -- transport -------------------------------------------------------------------
-    def _send(self, rec: dict[str, Any]) -> None:
+    def _send(self, rec: dict[str, Any]) -> bool:
+        """Send one record; whether it left (False: counted as dropped)."""
         try:
             data = _encode(rec).encode()
         except (TypeError, ValueError):
             self.dropped += 1
-            return
-        self._send_data(data)
+            return False
+        return self._send_data(data)
 
-    def _send_data(self, data: bytes) -> None:
+    def _send_data(self, data: bytes) -> bool:
         if len(data) > MAX_DATAGRAM:
             self.dropped += 1
-            return
+            return False
         if self._unix is not None and time.monotonic() >= self._unix_retry_at:
             try:
                 self._unix.sendto(data, self.socket_path)
                 self.sent += 1
-                return
+                return True
             except (FileNotFoundError, ConnectionRefusedError):
                 # No agent: stop paying for failing syscalls for a second.
                 self._unix_retry_at = time.monotonic() + 1.0
@@ -194,15 +195,16 @@ class Reporter:
                 pass  # full buffer (agent busy): drop this one, try the next
             if self._udp is None:
                 self.dropped += 1
-                return
+                return False
         if self._udp is not None:
             try:
                 self._udp.send(data)
                 self.sent += 1
-                return
+                return True
             except OSError:
                 pass
         self.dropped += 1
+        return False
 
     def _scoped(
         self, kind: str, group: str | None, generation: int | None, rank: int | None
@@ -382,14 +384,17 @@ class Reporter:
         group: str | None = None,
         generation: int | None = None,
         rank: int | None = None,
-    ) -> None:
-        """The process groups this rank belongs to: [{pg, size, ranks, desc, backend}]."""
+    ) -> bool:
+        """The process groups this rank belongs to: [{pg, size, ranks, desc, backend}].
+        Whether the record left: it is sent rarely (agents/torch.py), so a caller resends
+        one the agent's full buffer dropped instead of waiting for the next period."""
         try:
             rec = self._scoped("process_groups", group, generation, rank)
             rec["groups"] = list(groups)[:1024]
-            self._send(rec)
+            return self._send(rec)
         except Exception:  # noqa: BLE001 -- never raise into the workload; count it
             self.dropped += 1
+            return False
 
     # -- end of the process-group block ---------------------------------------------------
 

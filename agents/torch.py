@@ -408,7 +408,8 @@ class Recorder:
         send = getattr(self.reporter, "process_groups", None)
         if send is None:
             return
-        send(groups)
+        if send(groups) is False:
+            return  # dropped (the agent's buffer was full): tried again on the next step
         self._groups_sent, self._groups_sent_at = groups, now
 
     WATCH_AFTER_S = 2.0

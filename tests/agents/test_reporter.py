@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -319,3 +320,41 @@ def test_a_socket_path_too_long_to_bind_says_which_path_and_what_to_do(short_dir
     deep = short_dir / ("d" * 120) / "reporter.sock"
     with pytest.raises(ValueError, match=r"over the 107 a Unix socket allows: .*--state-dir"):
         Listener(lambda rec: None, socket_path=deep).start()
+
+
+def test_process_groups_say_whether_they_left_and_are_sent_again_until_they_do(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Membership is sent once a minute: one datagram the agent's full buffer dropped hid a
+    rank's process groups for that long (rank 2 and 4 of six, in CI). The reporter says
+    whether the record left; the recorder tries again on the next step until it does."""
+    import socket
+
+    from agents.torch import Recorder
+
+    stuck = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    stuck.bind(str(short_dir / "stuck.sock"))
+    stuck.setblocking(False)
+    rep = Reporter(socket_path=str(short_dir / "stuck.sock"), group="g")
+    groups = [{"pg": "default", "size": 2}]
+    while rep.dropped == 0:
+        rep.step(1)  # until its queue is full
+    rec = Recorder(rep)
+    monkeypatch.setattr(rec, "process_groups", lambda: groups)
+    rec._send_groups()
+    assert rec._groups_sent is None  # dropped: not taken as sent
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            stuck.recv(65536)  # the agent catches up
+    rec._send_groups()
+    assert rec._groups_sent == groups
+    sent = rep.sent
+    rec._send_groups()
+    assert rep.sent == sent  # sent, unchanged and fresh: not again
+    received = []
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            received.append(json.loads(stuck.recv(65536)))
+    stuck.close()
+    assert [r["kind"] for r in received] == ["process_groups"]
+    assert received[0]["groups"] == groups

@@ -291,7 +291,7 @@ def test_it_keeps_an_xid_seen_outside_the_dedup_window_apart() -> None:
 def _restarted(extra: list[dict], *, gen2_ranks: bool = False, at=T0 + timedelta(seconds=1)):
     """Generation 1 ran on ranks 0-15; generation 2 began at `at`, its ranks not reported
     yet unless `gen2_ranks` (then rank 3 is back on its old GPU)."""
-    recs = [*training(ranks=16), transition(at, "restarting", "running", gen=2), *extra]
+    recs = [*training(ranks=16), transition(at, "recovering", "running", gen=2), *extra]
     if gen2_ranks:
         recs.append(process(3, at, "started", gen=2))
     now = at + timedelta(seconds=2)
@@ -345,7 +345,7 @@ def test_a_rank_that_names_only_its_node_ends_the_window() -> None:
     """A generation-2 rank that says which node it runs on but not which GPU: the group's
     nodes are its own again, and their GPUs are judged with their whole history."""
     at = T0 + timedelta(seconds=1)
-    recs = [*training(ranks=16), transition(at, "restarting", "running", gen=2),
+    recs = [*training(ranks=16), transition(at, "recovering", "running", gen=2),
             _xid(3, 79, at=T0 - timedelta(seconds=2)),
             _node_only(at)]  # fmt: skip
     now = at + timedelta(seconds=2)
@@ -360,7 +360,7 @@ def test_a_gpu_judged_clean_inside_the_window_is_judged_again_after_it() -> None
     from tests.diagnosis.factory import GROUP
 
     at = T0 + timedelta(seconds=1)
-    before = [*training(ranks=16), transition(at, "restarting", "running", gen=2),
+    before = [*training(ranks=16), transition(at, "recovering", "running", gen=2),
               _xid(3, 79, at=T0 - timedelta(seconds=2))]  # fmt: skip
     named = [*before, _node_only(at)]
     now = at + timedelta(seconds=2)
@@ -392,7 +392,7 @@ def test_a_rank_that_moved_is_not_tied_to_the_gpu_it_left(says) -> None:
     at = T0 + timedelta(seconds=1)
     now = at + timedelta(seconds=5)
     moved = {"node": "node-05", "gpu": None}
-    recs = [*training(ranks=16), transition(at, "restarting", "running", gen=2),
+    recs = [*training(ranks=16), transition(at, "recovering", "running", gen=2),
             _xid(3, 79, at=T0 - timedelta(seconds=2))]  # fmt: skip
     recs += [process(rk, at, "started", gen=2) for rk in range(16) if rk != 3]
     recs += [step(rk, 1, at + timedelta(seconds=2), gen=2) for rk in range(16) if rk != 3]

@@ -137,7 +137,7 @@ def _restarted(extra: list[dict], *, gen2_ranks: bool = False):
     """Generation 1 ran on ranks 0-15; generation 2 began at NOW - 2 s, its ranks not
     reported yet unless `gen2_ranks` (then rank 3 is back on its old node)."""
     began = NOW - timedelta(seconds=2)
-    recs = [*training(ranks=16), transition(began, "restarting", "running", gen=2), *extra]
+    recs = [*training(ranks=16), transition(began, "recovering", "running", gen=2), *extra]
     if gen2_ranks:
         recs.append(process(3, began, "started", gen=2))
     return diagnose(snap(recs, gen=2, nodes=heartbeats(16, NOW)), NOW)

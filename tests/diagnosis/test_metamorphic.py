@@ -343,8 +343,8 @@ def _restarted(moved: dict[str, Any] | None) -> list[Record]:
         *_base(),
         device_event(5, FAULT_AT, "xid", 79),
         *_waits([rk for rk in range(RANKS) if rk != 5]),
-        transition(FAULT_AT + timedelta(seconds=2), "running", "restarting"),
-        transition(RESTART_AT, "restarting", "running", gen=2, restart_count=1),
+        transition(FAULT_AT + timedelta(seconds=2), "running", "recovering"),
+        transition(RESTART_AT, "recovering", "running", gen=2, restart_count=1),
     ]
     for rk in range(RANKS):
         placed = moved if moved is not None and rk == 5 else {}

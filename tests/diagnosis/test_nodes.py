@@ -66,7 +66,7 @@ def _silent_old_node(*, gen2_ranks: bool) -> list:
 
     at = T0 + timedelta(seconds=1)
     now = at + timedelta(seconds=40)
-    recs = [*training(ranks=16), transition(at, "restarting", "running", gen=2)]
+    recs = [*training(ranks=16), transition(at, "recovering", "running", gen=2)]
     if gen2_ranks:
         recs += [{**process(rk, at, "started", gen=2), "node": "node-03"} for rk in range(16)]
         recs += [{**step(rk, 200, now), "generation": 2} for rk in range(16)]

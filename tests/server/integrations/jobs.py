@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -49,6 +50,9 @@ def run(
     lis.start()
     port = _port()
     procs = []
+    # Each rank's stderr goes to a file, not a pipe: a rank that filled its pipe while the
+    # test waited on the other blocked on write, and the other in its next allreduce.
+    errs = [out.parent / f"rank{rank}.stderr" for rank in range(WORLD)]
     try:
         for rank in range(WORLD):
             env = {
@@ -64,13 +68,20 @@ def run(
                 "FAULTLINE_GROUP": group,
                 **launcher(rank),
             }
-            cmd = [sys.executable, "-m", module, "--out", str(out), *args]
-            procs.append(
-                subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
-            )
+            cmd = [sys.executable, "-c", _BOOT, module, "--out", str(out), *args]
+            with errs[rank].open("w") as err:
+                procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=err))
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.1)
+        if any(p.poll() is None for p in procs):
+            for proc in procs:  # every thread's stack, to stderr (_BOOT), before the kill
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            raise AssertionError(f"the job ran past {WAIT_S} s:\n{_tails(errs)}")
         for proc in procs:
-            _, err = proc.communicate(timeout=WAIT_S)
-            assert proc.returncode == 0, err[-4000:]
+            assert proc.returncode == 0, _tails(errs)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and not any(
             r["kind"] == "process" and r["event"] == "exited" and r["rank"] == 0 for r in got
@@ -83,6 +94,24 @@ def run(
                 proc.wait()
         lis.stop()
     return got
+
+
+# Runs the job's module as `python -m` would, with faulthandler on SIGUSR1: a job that
+# hangs shows where each of its threads waits.
+_BOOT = (
+    "import faulthandler, runpy, signal, sys; "
+    "faulthandler.register(signal.SIGUSR1, all_threads=True); "
+    "sys.argv = sys.argv[1:]; "
+    "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)"
+)
+
+
+def _tails(errs: list[Path]) -> str:
+    return "\n".join(
+        f"--- rank {k} stderr (last 4000 characters):\n"
+        + (e.read_text(errors="replace")[-4000:] if e.exists() else "(none)")
+        for k, e in enumerate(errs)
+    )
 
 
 def judge(post_batch: Callable[..., Any], records: list[dict[str, Any]], group: str) -> datetime:

@@ -32,7 +32,7 @@ from agents.wire import MAX_SEND_INTERVAL_S
 from console import pipeline
 from console.models import VERDICT_SETTLES_AFTER, Action, ConsistencyGroup, Incident
 from tests.conftest import make_batch
-from tests.server.scenarios.timeline import HEALTHY_S, PER_NODE, Timeline
+from tests.server.scenarios.timeline import HEALTHY_S, PER_NODE, Timeline, _default_phases
 
 pytestmark = pytest.mark.django_db
 
@@ -211,6 +211,54 @@ def _input_stall(t: Timeline) -> None:
     t.steps(first=HEALTHY_S, count=40, at=FAULT, phases=phases)
 
 
+def _restart_moved(t: Timeline) -> None:
+    """Rank 5's GPU falls off the bus (Xid 79) and stops generation 1; the launcher starts
+    generation 2 with rank 5 on a spare node (a new GPU), the other ranks where they were;
+    rank 2 of generation 2 then fails. The dead GPU is generation 1's cause, not 2's."""
+    _xid(t)
+    restart, spare = FAULT + 3, f"{getattr(t, 'tag', '')}-node-spare"
+    t.add(
+        t.node(0),
+        t.at(restart),
+        {"kind": "transition", "group": t.group, "generation": 2, "from_state": "recovering",
+         "to_state": "running", "restart_count": 1, "world_size": t.ranks},
+    )  # fmt: skip
+    for i in range(0, int(HEALTHY_S + 40) + 1, 5):
+        t.add(spare, t.at(i), {"kind": "heartbeat", "uptime_s": float(i)})
+    for rk in range(t.ranks):
+        node, gpu = (spare, f"GPU-{t.group}-spare-0") if rk == 5 else (t.node(rk), t.gpu(rk))
+        t.add(
+            node,
+            t.at(restart + 0.5),
+            {"kind": "process", "group": t.group, "generation": 2, "rank": rk,
+             "event": "started", "pid": 200 + rk, "gpu": gpu},
+        )  # fmt: skip
+        for k in range(3):
+            t.add(
+                node,
+                t.at(restart + 1 + k),
+                {"kind": "step", "group": t.group, "generation": 2, "rank": rk,
+                 "step": 100 + k, "tokens": 4096, "duration_ms": 1000.0,
+                 "phases": _default_phases(rk, k), "loss": 1.9},
+            )  # fmt: skip
+    failed = restart + 4
+    t.add(
+        t.node(2),
+        t.at(failed),
+        {"kind": "process", "group": t.group, "generation": 2, "rank": 2, "event": "exited",
+         "gpu": t.gpu(2), "exit_code": 1, "reason": "exception", "error_type": "ValueError"},
+    )  # fmt: skip
+    t.generation = 2
+    t.collectives(seq=103, at=failed + 0.2, entered=[r for r in range(t.ranks) if r != 2])
+    t.generation = 1
+    old = t.records[t.node(5)]
+    moved = [
+        r for r in old if r["kind"] == "collective" and r["generation"] == 2 and r["rank"] == 5
+    ]
+    t.records[t.node(5)] = [r for r in old if not any(r is m for m in moved)]
+    t.records[spare] += moved
+
+
 SCENARIOS: dict[str, tuple[Callable[[Timeline], None], str, Callable[[Timeline], str]]] = {
     "kill": (_kill, "process_exit", lambda t: f"rank:{t.group}/5"),
     "xid": (_xid, "xid", lambda t: f"gpu:{t.gpu(5)}"),
@@ -221,7 +269,17 @@ SCENARIOS: dict[str, tuple[Callable[[Timeline], None], str, Callable[[Timeline],
     "wrong_group": (_wrong_group, "collective_mismatch", lambda t: f"rank:{t.group}/3"),
     "split_brain": (_split_brain, "split_brain", lambda t: f"group:{t.group}"),
     "input_stall": (_input_stall, "input_stall", lambda t: f"rank:{t.group}/2"),
+    "restart_moved": (_restart_moved, "exception", lambda t: f"rank:{t.group}/2"),
 }
+
+# Scenarios across a restart. A spool replayed after an outage brings generation 1's cause
+# after the restart, when the group's proposals for it (restart_group, the node's drain
+# through the group) are moot: they may only be fewer (the node's own incident drains
+# it). And it brings the launcher's transition after the other nodes' generation-2
+# records, which ingest stores "ahead" without applying them to the live rank rows: the
+# collective waits of those ranks are then not folded under the root cause as symptoms
+# (a known gap: docs/diagnosis.md). The incidents' root causes must be equal.
+ACROSS_A_RESTART = frozenset({"restart_moved"})
 
 
 # -- delivery --------------------------------------------------------------------------------
@@ -386,6 +444,8 @@ def _run(post: Any, name: str, plan: Plan, tag: str) -> Run:
         plan.name,
         sorted(got),
     )
+    if name in ACROSS_A_RESTART:  # the GPU that stopped generation 1 is not generation 2's
+        assert not [k for k in got if k != "proposals" and k[0] == "xid"], (plan.name, got)
     return Run(t, posts)
 
 
@@ -421,11 +481,15 @@ def _compare(post: Any, name: str, plans: list[Plan]) -> None:
     expected = _verdict(ref.t)
     for k, plan in enumerate(plans):
         run = _run(post, name, plan, f"{name.replace('_', '-')}-v{k}")
-        got = _verdict(run.t)
-        assert got == expected, (
+        got, want = _verdict(run.t), expected
+        if name in ACROSS_A_RESTART and plan.outage is not None:
+            made = got.pop("proposals")
+            assert set(made) <= set(expected["proposals"]), (name, plan.name, made, expected)
+            got, want = sorted(got), sorted(k for k in expected if k != "proposals")
+        assert got == want, (
             f"scenario {name}, plan {plan.name}: the settled incidents differ.\nposts:\n  "
             + "\n  ".join(map(repr, run.posts))
-            + f"\nexpected {expected}\ngot      {got}"
+            + f"\nexpected {want}\ngot      {got}"
         )
 
 
