@@ -42,6 +42,7 @@ from console.diagnosis.snapshot import (
     heartbeats_of,
     new_rank_state,
     node_states,
+    rank_placement,
 )
 
 __all__ = ["LiveGroup", "Retention"]
@@ -75,7 +76,8 @@ class _Rank:
     report: _Keyed | None = None  # newest process_groups report of the group's generation
     state: RankState | None = None  # cached; None when the records changed
     # `procs` frozen, and the GPU the newest of them names; None when `procs` changed.
-    frozen_procs: tuple[tuple[ProcessRecord, ...], str | None] | None = None
+    # Its processes, the GPU its generation named, the GPU an older one named last.
+    frozen_procs: tuple[tuple[ProcessRecord, ...], str | None, str | None] | None = None
     # The steps of the last state built, and whether `steps` is still them followed by
     # records appended since (no record went in between): then the next state's steps are
     # a slide of them (RankState.slid_from).
@@ -213,6 +215,11 @@ class LiveGroup:
             st = ranks_of[rk]
             cached = st.state
             if cached is None or (st.expires is not None and now > st.expires):
+                touched += 1
+                cached = st.state = self._rank_state(rk, st, now, dev_node)
+            elif moved and (f := st.frozen_procs) is not None and f[1] is None and f[2]:
+                # Its GPU is an older generation's, kept while on the node it names: a GPU
+                # that moved node may change that (rank_placement).
                 touched += 1
                 cached = st.state = self._rank_state(rk, st, now, dev_node)
             elif st.node is None and cached.node != dev_node.get(cached.gpu or ""):
@@ -357,8 +364,13 @@ class LiveGroup:
             gpu = next(
                 (p[2].gpu for p in reversed(st.procs) if p[2].gpu and p[2].generation == gen), None
             )
-            frozen = st.frozen_procs = (tuple(map(_item, st.procs)), gpu)
-        procs, gpu = frozen
+            older = next(
+                (p[2].gpu for p in reversed(st.procs) if p[2].gpu and p[2].generation < gen), None
+            )
+            frozen = st.frozen_procs = (tuple(map(_item, st.procs)), gpu, older)
+        procs, gpu, older = frozen
+        named = st.node[2] if st.node else None
+        gpu = rank_placement(gpu, older, named, dev_node)
         # The retention keeps a suffix of the steps: with only appends since the last
         # state, the new steps are the old ones less the trimmed, plus the appended.
         old = st.shown
@@ -372,7 +384,7 @@ class LiveGroup:
             steps = tuple(map(_item, st.steps))
         st.shown, st.grown = steps, True
         window: CollectiveWindow | None = st.window[2] if st.window else None
-        node = (st.node[2] if st.node else None) or dev_node.get(gpu or "")
+        node = named or dev_node.get(gpu or "")
         return new_rank_state(rk, node, gpu, steps, procs, window, self.generation, slid)
 
 

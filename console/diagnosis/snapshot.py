@@ -256,6 +256,18 @@ def _ints(values: Any) -> tuple[int, ...] | None:
     return None if values is None else tuple(int(v) for v in values)
 
 
+def rank_placement(
+    gpu: str | None, older: str | None, node: str | None, dev_node: Mapping[str, str | None]
+) -> str | None:
+    """A rank's GPU: the one its current generation named; else the one an older
+    generation named, while the rank names no other node than that GPU's (a restart in
+    place whose start record was lost or stored ahead of its transition still runs there;
+    a rank that moved to another node does not)."""
+    if gpu is not None or older is None:
+        return gpu
+    return older if node is None or dev_node.get(older) == node else None
+
+
 def _process_groups(reports: Mapping[int, Mapping[str, Any]]) -> tuple[ProcessGroup, ...]:
     """Merge each rank's `process_groups` report into one view per pg.
 
@@ -345,6 +357,7 @@ def build_snapshot(
     rank_gens: dict[int, int] = {}
     rank_gpu: dict[int, str] = {}
     rank_node: dict[int, str] = {}
+    older_gpu: dict[int, str] = {}  # the GPU an older generation of the rank named last
     dev_recs: dict[str, list[Mapping[str, Any]]] = {}  # GPU -> its records, oldest first
     ckpt: dict[str, list[CheckpointEvent]] = defaultdict(list)
     transitions: list[Transition] = []
@@ -385,9 +398,11 @@ def build_snapshot(
                 rank_gens[rank] = gen
                 if known is not None:
                     # A new generation may run elsewhere: where the rank ran before is not
-                    # where it runs now until one of its new records says so.
+                    # where it runs now until one of its new records says so (its old GPU
+                    # stands only while the rank names no other node: rank_placement).
                     rank_node.pop(rank, None)
-                    rank_gpu.pop(rank, None)
+                    if rank in rank_gpu:
+                        older_gpu[rank] = rank_gpu.pop(rank)
             current = gen == rank_gens[rank]
             if current and r.get("node"):
                 rank_node[rank] = r["node"]
@@ -395,8 +410,11 @@ def build_snapshot(
             steps[rank].append(_step(r))
         elif kind == "process":
             procs[rank].append(_process(r))
-            if current and r.get("gpu"):
-                rank_gpu[rank] = r["gpu"]
+            if r.get("gpu"):
+                if current:
+                    rank_gpu[rank] = r["gpu"]
+                else:
+                    older_gpu[rank] = r["gpu"]
         elif kind == "collective":
             if gen == generation:
                 windows[rank] = _window(r)
@@ -475,11 +493,15 @@ def build_snapshot(
     # Ranks of the active generation; if it has reported nothing yet, nobody is
     # expected to make progress (a fresh generation is warming up).
     active = sorted(rk for rk, g in rank_gens.items() if g == generation)
+    placed = {
+        rk: rank_placement(rank_gpu.get(rk), older_gpu.get(rk), rank_node.get(rk), dev_node)
+        for rk in active
+    }
     ranks = tuple(
         RankState(
             rank=rk,
-            node=rank_node.get(rk) or dev_node.get(rank_gpu.get(rk, "")),
-            gpu=rank_gpu.get(rk),
+            node=rank_node.get(rk) or dev_node.get(placed[rk] or ""),
+            gpu=placed[rk],
             steps=tuple(steps.get(rk, ())),
             processes=tuple(procs.get(rk, ())),
             collective=windows.get(rk),

@@ -11,6 +11,7 @@ from tests.diagnosis.factory import (
     device_event,
     gpu_of,
     heartbeats,
+    node_of,
     of_kind,
     process,
     rank_subject,
@@ -405,3 +406,28 @@ def test_a_rank_that_moved_is_not_tied_to_the_gpu_it_left(says) -> None:
     (rank3,) = [r for r in s.ranks if r.rank == 3]
     assert (rank3.node, rank3.gpu) == ("node-05", None)
     assert of_kind(diagnose(s, now), "xid") == []
+
+
+@pytest.mark.parametrize("says", ["process", "step"])
+def test_a_rank_restarted_in_place_keeps_its_gpu_when_its_start_names_none(says) -> None:
+    """Generation 2 restarted in place (torchrun); rank 3's records name its node, the
+    same as before, but no GPU (its start record lost, or stored ahead of the transition):
+    it still runs on its GPU, and a fault of that GPU after the restart is its."""
+    at = T0 + timedelta(seconds=1)
+    now = at + timedelta(seconds=5)
+    node = node_of(3)
+    recs = [*training(ranks=16), transition(at, "recovering", "running", gen=2),
+            _xid(3, 79, at=at + timedelta(seconds=3))]  # fmt: skip
+    recs += [process(rk, at, "started", gen=2) for rk in range(16) if rk != 3]
+    recs += [step(rk, 1, at + timedelta(seconds=2), gen=2) for rk in range(16) if rk != 3]
+    if says == "process":
+        recs += [{**process(3, at, "started", gen=2), "gpu": None, "node": node}]
+        recs += [step(3, 1, at + timedelta(seconds=2), gen=2)]
+    else:
+        recs += [{**step(3, 1, at + timedelta(seconds=2), gen=2), "node": node}]
+    s = snap(recs, gen=2, nodes=heartbeats(16, now))
+    (rank3,) = [r for r in s.ranks if r.rank == 3]
+    assert (rank3.node, rank3.gpu) == (node, gpu_of(3))
+    assert [(f.subject, f.role) for f in of_kind(diagnose(s, now), "xid")] == [
+        (f"gpu:{gpu_of(3)}", ROOT_CAUSE)
+    ]

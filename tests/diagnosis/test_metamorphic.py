@@ -2,19 +2,19 @@
 may deliver it, or beside a healthy neighbour's noise, must settle on the same verdict.
 
 Each scenario is one fault of the seed's matrix (faultline/drill/matrix.py), on 16 ranks
-over two nodes (factory.py's layout), with the nodes' heartbeats; three cross a restart (a
-GPU's Xid stops generation 1; generation 2 restarts onto it, or rank 5 moves to a spare
-naming its new GPU or only its node, and a rank of generation 2 fails): the dead GPU
-heads generation 2's verdict only in the first. A *delivery plan* is how
-those records reach the service: each node's agent sends a batch every send interval (at
-most 5 s, agents/wire.py), process exits and device/host events at once, one node's
-batches in order (its spool is FIFO) but nodes interleaved; the plans vary that: random
-latencies (nodes interleaved), the root cause's batch held back by up to a send interval,
-a batch retried after a timeout (its first attempt lost), a node's spool replayed after an
-outage. A *noise* variant adds what a healthy neighbour says: a straggler within the
-tolerance, an informational Xid, a corrected AER. A *stamping* variant stamps a death up
-to the ordering tolerance after its peers' errors (the launcher reaps the dead process
-after its sockets closed).
+over two nodes (factory.py's layout), with the nodes' heartbeats; four cross a restart (a
+GPU's Xid stops generation 1; generation 2 restarts onto it, naming it or only its node, or
+rank 5 moves to a spare naming its new GPU or only its node, and a rank of generation 2
+fails): the dead GPU heads generation 2's verdict only when rank 5 is back on it. A
+*delivery plan* is how those records reach the service: each node's agent sends a batch
+every send interval (at most 5 s, agents/wire.py), process exits and device/host events at
+once, one node's batches in order (its spool is FIFO) but nodes interleaved; the plans vary
+that: random latencies (nodes interleaved), the root cause's batch held back by up to a send
+interval, a batch retried after a timeout (its first attempt lost), a node's spool replayed
+after an outage. A *noise* variant adds what a healthy neighbour says: a straggler within
+the tolerance, an informational Xid, a corrected AER. A *stamping* variant stamps a death up
+to the ordering tolerance after its peers' errors (the launcher reaps the dead process after
+its sockets closed).
 
 Each plan is replayed through `LiveGroup` with a pass (and its memo) after every delivery,
 as the service runs them; once the evidence settled (one send interval after the last
@@ -363,11 +363,17 @@ def _restart_scenarios() -> list[Scenario]:
     waiting = _waits([rk for rk in range(RANKS) if rk != 5], at=FAULT2_AT, gen=2)
     out = [
         Scenario(
-            "restart_onto_the_dead_gpu",
-            [*_restarted(None), *waiting],
+            name,
+            [*_restarted(placed), *waiting],
             ("xid", f"gpu:{gpu_of(5)}"),
             _is("device_event", gpu=gpu_of(5)),
             generation=2,
+        )
+        # Back in place: its start names the GPU, or (lost, or stored ahead of the
+        # transition) only its records' node, the same as before.
+        for name, placed in (
+            ("restart_onto_the_dead_gpu", None),
+            ("restart_in_place_naming_only_its_node", {"node": node_of(5), "gpu": None}),
         )
     ]
     for name, moved in (
