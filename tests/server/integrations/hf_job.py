@@ -11,6 +11,7 @@ would make it).
 from __future__ import annotations
 
 import argparse
+import gc
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -87,7 +88,13 @@ def main() -> None:
     trainer.train()
     # As a training script should: a process group left to the interpreter's exit can abort
     # the rank there ("terminate called without an active exception", seen under load).
+    # The DDP wrapper goes first, while its process group lives: freed after it (main's
+    # locals at its return), the NaN rank hung there once in CI under load, its stack at
+    # `main()`'s return line and gloo's thread with no Python frame.
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()  # both ranks past their last collective
+        del trainer, model
+        gc.collect()
         torch.distributed.destroy_process_group()
 
 
