@@ -385,39 +385,15 @@ def test_a_first_generation_with_no_rank_named_judges_every_event() -> None:
     assert [f.subject for f in of_kind(d, "xid")] == [f"gpu:{gpu_of(3)}"]
 
 
-@pytest.mark.parametrize("says", ["process", "step"])
-def test_a_rank_that_moved_is_not_tied_to_the_gpu_it_left(says) -> None:
-    """Generation 2 runs where generation 1 did, except rank 3, which moved off the GPU
-    that stopped generation 1 and says only its new node: it is not that GPU's rank, and
-    the dead GPU (which no rank of generation 2 names) is no finding of generation 2."""
+def _rank3_placed(node: str, says: str, xid_at):
+    """Generation 1 ran on ranks 0-15 and rank 3's GPU faulted (Xid 79 at `xid_at`);
+    generation 2 began at T0 + 1 s, every rank back on its GPU except rank 3, whose
+    records (its start and a step, or only a step: `says`) name `node` and no GPU. Rank 3's
+    state in generation 2 and the diagnosis."""
     at = T0 + timedelta(seconds=1)
     now = at + timedelta(seconds=5)
-    moved = {"node": "node-05", "gpu": None}
     recs = [*training(ranks=16), transition(at, "recovering", "running", gen=2),
-            _xid(3, 79, at=T0 - timedelta(seconds=2))]  # fmt: skip
-    recs += [process(rk, at, "started", gen=2) for rk in range(16) if rk != 3]
-    recs += [step(rk, 1, at + timedelta(seconds=2), gen=2) for rk in range(16) if rk != 3]
-    if says == "process":
-        recs += [{**process(3, at, "started", gen=2), **moved}]
-        recs += [step(3, 1, at + timedelta(seconds=2), gen=2)]
-    else:
-        recs += [{**step(3, 1, at + timedelta(seconds=2), gen=2), "node": "node-05"}]
-    s = snap(recs, gen=2, nodes={**heartbeats(16, now), "node-05": now})
-    (rank3,) = [r for r in s.ranks if r.rank == 3]
-    assert (rank3.node, rank3.gpu) == ("node-05", None)
-    assert of_kind(diagnose(s, now), "xid") == []
-
-
-@pytest.mark.parametrize("says", ["process", "step"])
-def test_a_rank_restarted_in_place_keeps_its_gpu_when_its_start_names_none(says) -> None:
-    """Generation 2 restarted in place (torchrun); rank 3's records name its node, the
-    same as before, but no GPU (its start record lost, or stored ahead of the transition):
-    it still runs on its GPU, and a fault of that GPU after the restart is its."""
-    at = T0 + timedelta(seconds=1)
-    now = at + timedelta(seconds=5)
-    node = node_of(3)
-    recs = [*training(ranks=16), transition(at, "recovering", "running", gen=2),
-            _xid(3, 79, at=at + timedelta(seconds=3))]  # fmt: skip
+            _xid(3, 79, at=xid_at)]  # fmt: skip
     recs += [process(rk, at, "started", gen=2) for rk in range(16) if rk != 3]
     recs += [step(rk, 1, at + timedelta(seconds=2), gen=2) for rk in range(16) if rk != 3]
     if says == "process":
@@ -425,9 +401,26 @@ def test_a_rank_restarted_in_place_keeps_its_gpu_when_its_start_names_none(says)
         recs += [step(3, 1, at + timedelta(seconds=2), gen=2)]
     else:
         recs += [{**step(3, 1, at + timedelta(seconds=2), gen=2), "node": node}]
-    s = snap(recs, gen=2, nodes=heartbeats(16, now))
+    s = snap(recs, gen=2, nodes={**heartbeats(16, now), node: now})
     (rank3,) = [r for r in s.ranks if r.rank == 3]
-    assert (rank3.node, rank3.gpu) == (node, gpu_of(3))
-    assert [(f.subject, f.role) for f in of_kind(diagnose(s, now), "xid")] == [
-        (f"gpu:{gpu_of(3)}", ROOT_CAUSE)
-    ]
+    return rank3, diagnose(s, now)
+
+
+@pytest.mark.parametrize("says", ["process", "step"])
+def test_a_rank_that_moved_is_not_tied_to_the_gpu_it_left(says) -> None:
+    """Generation 2 runs where generation 1 did, except rank 3, which moved off the GPU
+    that stopped generation 1 and says only its new node: it is not that GPU's rank, and
+    the dead GPU (which no rank of generation 2 names) is no finding of generation 2."""
+    rank3, d = _rank3_placed("node-05", says, xid_at=T0 - timedelta(seconds=2))
+    assert (rank3.node, rank3.gpu) == ("node-05", None)
+    assert of_kind(d, "xid") == []
+
+
+@pytest.mark.parametrize("says", ["process", "step"])
+def test_a_rank_restarted_in_place_keeps_its_gpu_when_its_start_names_none(says) -> None:
+    """Generation 2 restarted in place (torchrun); rank 3's records name its node, the
+    same as before, but no GPU (its start record lost, or stored ahead of the transition):
+    it still runs on its GPU, and a fault of that GPU after the restart is its."""
+    rank3, d = _rank3_placed(node_of(3), says, xid_at=T0 + timedelta(seconds=4))
+    assert (rank3.node, rank3.gpu) == (node_of(3), gpu_of(3))
+    assert [(f.subject, f.role) for f in of_kind(d, "xid")] == [(f"gpu:{gpu_of(3)}", ROOT_CAUSE)]
